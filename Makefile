@@ -1,0 +1,36 @@
+# myprobe: see ../shared/DESIGN.md (layout) and scripts/ (setup, throwaway MariaDB servers).
+#   make setup   install the Debian packages the project needs, mount tracefs (root)
+#   make build   cargo build --release
+#   make test    setup + build + cargo test against a throwaway MariaDB (scripts/run-tests)
+#   make demo    profile a throwaway MariaDB under sysbench load; writes demo-out/ (scripts/demo)
+#   make bench   overhead of the collectors on sysbench TPS (bench/overhead; COLLECTORS="cpu offcpu")
+#   make clean   cargo clean, remove demo-out/ bench-out/, stop the demo and bench servers
+
+SHELL := /bin/bash
+CARGO ?= cargo
+COLLECTORS ?=
+
+.PHONY: all build setup test demo bench clean
+
+all: build
+
+build:
+	$(CARGO) build --release
+
+setup:
+	scripts/setup
+
+test:
+	scripts/run-tests
+
+demo:
+	scripts/demo
+
+bench:
+	bench/overhead $(COLLECTORS)
+
+clean:
+	-scripts/testdb stop /tmp/myprobe-demo --clean
+	-scripts/testdb stop /tmp/myprobe-bench --clean
+	$(CARGO) clean
+	rm -rf demo-out bench-out

@@ -1,0 +1,132 @@
+// Off-CPU time: when a target thread leaves the CPU its stack is captured; when it comes back the time away
+// is split into blocked (switch-out to wakeup) and runnable (wakeup, or preemption, to switch-in: waiting for
+// a CPU) and sent with the stack. Waits shorter than min_block_ns are dropped in the kernel.
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "stack_event.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile __u32 target_tgid = 0;
+const volatile bool kernel_stacks = false;
+const volatile __u64 min_block_ns = 1000;
+
+#define TASK_RUNNING 0
+
+struct thread_state {
+	__u64 off_ts;   /* when it left the CPU; 0 while on CPU */
+	__u64 wake_ts;  /* when it was woken, if it blocked */
+	__u32 preempted;
+	__u32 _pad;
+	struct stack_event ev;
+};
+
+/* Bounded by the number of server threads; entries go when the thread exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} zero_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 * 1024 * 1024);
+} events SEC(".maps");
+
+static __always_inline struct thread_state *state_of(__u32 tid, bool create)
+{
+	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	if (st || !create)
+		return st;
+	__u32 zero = 0;
+	struct thread_state *init = bpf_map_lookup_elem(&zero_state, &zero);
+	if (!init)
+		return 0;
+	if (bpf_map_update_elem(&threads, &tid, init, BPF_NOEXIST) && bpf_map_lookup_elem(&threads, &tid) == 0) {
+		count_lost(LOST_STATE);
+		return 0;
+	}
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (prev->tgid == target_tgid) {
+		struct thread_state *st = state_of(prev->pid, true);
+		if (st) {
+			st->off_ts = now;
+			st->wake_ts = 0;
+			st->preempted = preempt || prev_state == TASK_RUNNING;
+			st->ev.tid = prev->pid;
+			capture_stacks(ctx, &st->ev, kernel_stacks);
+		}
+	}
+
+	if (next->tgid == target_tgid) {
+		struct thread_state *st = state_of(next->pid, false);
+		if (!st || !st->off_ts)
+			return 0;
+		__u64 off = now - st->off_ts;
+		__u64 woke = st->wake_ts;
+		st->off_ts = 0;
+		if (off < min_block_ns)
+			return 0;
+		if (st->preempted || woke < now - off || woke > now) {
+			/* preempted: all of it was waiting for a CPU; a missed wakeup: count it all as blocked */
+			st->ev.value[0] = st->preempted ? 0 : off;
+			st->ev.value[1] = st->preempted ? off : 0;
+		} else {
+			st->ev.value[0] = woke - (now - off);
+			st->ev.value[1] = now - woke;
+		}
+		submit_stack_event(&events, &st->ev);
+	}
+	return 0;
+}
+
+static __always_inline void mark_woken(struct task_struct *p)
+{
+	if (p->tgid != target_tgid)
+		return;
+	struct thread_state *st = state_of(p->pid, false);
+	if (st && st->off_ts && !st->wake_ts)
+		st->wake_ts = bpf_ktime_get_ns();
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_wakeup, struct task_struct *p)
+{
+	mark_woken(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_wakeup_new, struct task_struct *p)
+{
+	mark_woken(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	if (p->tgid == target_tgid) {
+		__u32 tid = p->pid;
+		bpf_map_delete_elem(&threads, &tid);
+	}
+	return 0;
+}

@@ -1,0 +1,144 @@
+//! `myprobe diff BEFORE.folded AFTER.folded [-o OUT.svg] [--normalize]`: a red/blue differential
+//! flame graph drawn on AFTER, as `difffolded.pl BEFORE AFTER | flamegraph.pl` draws it (inferno's
+//! `differential` then `flamegraph`). Red frames grew, blue ones shrank.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cmd::flame::read_folded;
+use crate::profile::{folded, Unit};
+use crate::render::{self, Format, Palette, RenderOptions};
+
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// Folded stacks of the baseline; `-` reads standard input.
+    #[arg(value_name = "BEFORE.folded")]
+    pub before: String,
+    /// Folded stacks to compare with the baseline; the graph is drawn on these.
+    #[arg(value_name = "AFTER.folded")]
+    pub after: String,
+    /// Output: .svg draws the graph, .folded/.txt writes the differential lines
+    /// (`stack BEFORE AFTER`). Without it, the SVG goes to standard output.
+    #[arg(short = 'o', long = "output", value_name = "OUT.svg")]
+    pub output: Option<PathBuf>,
+    /// Scale BEFORE's values so that its total matches AFTER's (compare shapes, not load).
+    #[arg(long)]
+    pub normalize: bool,
+    /// Title of the flame graph.
+    #[arg(long, default_value = "Differential Flame Graph")]
+    pub title: String,
+    /// What the values count (printed after them).
+    #[arg(long = "countname", value_name = "U", default_value = "samples")]
+    pub count_name: String,
+    /// Background palette (frames are coloured red/blue by their change).
+    #[arg(long = "colors", value_enum, default_value_t = Palette::Hot)]
+    pub colors: Palette,
+}
+
+pub fn run(a: DiffArgs) -> Result<()> {
+    if a.before == "-" && a.after == "-" {
+        bail!("BEFORE and AFTER cannot both be standard input");
+    }
+    let format = a.output.as_deref().map(render::format_for).transpose()?;
+    if let (Some(Format::Json | Format::Pprof), Some(path)) = (format, &a.output) {
+        bail!("diff writes .svg or .folded/.txt, not {}", path.display());
+    }
+    let lines = differential(&a.before, &a.after, a.normalize)?;
+    let opts = RenderOptions {
+        title: a.title,
+        palette: a.colors,
+        ..Default::default()
+    };
+    let write = |w: &mut dyn Write| -> Result<()> {
+        if format == Some(Format::Folded) {
+            for line in &lines {
+                writeln!(w, "{line}")?;
+            }
+            w.flush()?;
+            Ok(())
+        } else {
+            render::svg::write_lines(lines.iter().map(String::as_str), &opts, &a.count_name, w)
+        }
+    };
+    match &a.output {
+        Some(path) => {
+            let file =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            write(&mut BufWriter::new(file)).with_context(|| format!("writing {}", path.display()))
+        }
+        None => write(&mut BufWriter::new(io::stdout().lock())).context("writing to stdout"),
+    }
+}
+
+/// The differential folded lines `stack BEFORE AFTER` of two folded files, sorted by stack.
+/// Both inputs are checked (a corrupt line is an error naming its file and line) and handed
+/// to inferno's `differential`, which merges them and, with `normalize`, scales BEFORE.
+pub fn differential(before: &str, after: &str, normalize: bool) -> Result<Vec<String>> {
+    let canonical = |input: &str| -> Result<Vec<u8>> {
+        let profile = read_folded(input, Unit::Samples)?;
+        let mut text = Vec::new();
+        folded::write(&profile, &mut text)?;
+        Ok(text)
+    };
+    let (b, af) = (canonical(before)?, canonical(after)?);
+    let opt = inferno::differential::Options {
+        normalize,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    inferno::differential::from_readers(opt, b.as_slice(), af.as_slice(), &mut out)
+        .context("computing the differential")?;
+    let text = String::from_utf8(out).context("differential output is not UTF-8")?;
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort_by(|x, y| stack_of(x).cmp(stack_of(y)).then(x.cmp(y)));
+    Ok(lines)
+}
+
+/// The stack part of a differential line (before its two value columns).
+fn stack_of(line: &str) -> &str {
+    let mut s = line;
+    for _ in 0..2 {
+        s = s.rsplit_once(' ').map_or(s, |(head, _)| head);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_part() {
+        assert_eq!(stack_of("main;a;x 10 15"), "main;a;x");
+        assert_eq!(stack_of("main;f(a, b) 1 2"), "main;f(a, b)");
+    }
+
+    #[test]
+    fn merges_and_normalizes() {
+        let dir = std::env::temp_dir().join(format!("myprobe-diff-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (b, a) = (dir.join("b.folded"), dir.join("a.folded"));
+        std::fs::write(&b, "main;a;x 10\nmain;b 5\n").unwrap();
+        std::fs::write(&a, "main;a;x 15\nmain;b 2\nmain;c 4\n").unwrap();
+        let (bs, as_) = (b.to_str().unwrap(), a.to_str().unwrap());
+        assert_eq!(
+            differential(bs, as_, false).unwrap(),
+            ["main;a;x 10 15", "main;b 5 2", "main;c 0 4"]
+        );
+        // BEFORE total 15 scaled to AFTER total 21: 10 → 14, 5 → 7.
+        assert_eq!(
+            differential(bs, as_, true).unwrap(),
+            ["main;a;x 14 15", "main;b 7 2", "main;c 0 4"]
+        );
+        std::fs::write(&b, "main;a;x 10\nmain;b five\n").unwrap();
+        let err = format!("{:#}", differential(bs, as_, false).unwrap_err());
+        assert!(
+            err.ends_with("b.folded: line 2: expected `frame;frame VALUE`, got \"main;b five\""),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

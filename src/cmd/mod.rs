@@ -1,0 +1,5 @@
+//! One module per subcommand: options → collector → renderer.
+
+pub mod diff;
+pub mod flame;
+pub mod profile;

@@ -1,0 +1,202 @@
+//! `myprobe profile cpu|offcpu`: trace, symbolize, aggregate into a Profile, render.
+
+use std::{path::PathBuf, rc::Rc, time::{Duration, Instant}};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+
+use crate::{
+    collect::{self, CollectOptions, Collected, RawStack},
+    profile::{Profile, Unit},
+    render::{self, Palette, RenderOptions},
+    symbolize::Symbolizer,
+    target::{self, Target},
+};
+
+#[derive(Subcommand)]
+pub enum ProfileCommand {
+    /// On-CPU flame graph: sample the server's stacks at a fixed rate.
+    Cpu(CpuArgs),
+    /// Off-CPU flame graph: time each thread spends off CPU by stack, split into [blocked] and [runnable].
+    Offcpu(OffcpuArgs),
+}
+
+/// Options every tracing profile shares.
+#[derive(Args)]
+pub struct TraceArgs {
+    /// Server process to trace [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Tracing duration in seconds (Ctrl-C ends early and still writes results)
+    #[arg(short = 'd', long = "duration", default_value_t = 10)]
+    pub duration: u64,
+    /// Output file; the extension picks the format: .folded/.txt, .svg, .json, .pb.gz [default: folded on stdout]
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Add kernel frames (suffixed _[k]) below the user frames
+    #[arg(long)]
+    pub kernel: bool,
+    /// Start every stack with a frame naming its thread (`thread 1234 (name)`)
+    #[arg(long)]
+    pub per_thread: bool,
+    /// Trace a process that is not mariadbd/mysqld (e.g. a test program)
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Flame graph title (SVG output)
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+#[derive(Args)]
+pub struct CpuArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Sampling frequency per CPU, in Hz
+    #[arg(short = 'F', long = "frequency", default_value_t = 99)]
+    pub frequency: u64,
+}
+
+#[derive(Args)]
+pub struct OffcpuArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Ignore off-CPU periods shorter than this many microseconds (filtered in the kernel, like offcputime -m)
+    #[arg(long, default_value_t = 1)]
+    pub min_block_us: u64,
+}
+
+pub fn run(c: ProfileCommand) -> Result<()> {
+    match c {
+        ProfileCommand::Cpu(a) => {
+            anyhow::ensure!((1..=10_000).contains(&a.frequency), "-F must be between 1 and 10000 Hz");
+            let (target, opts) = prepare(&a.trace)?;
+            eprintln!("myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early", a.frequency, a.trace.duration);
+            let collected = collect::cpu::collect(&opts, a.frequency)?;
+            let ended = Instant::now();
+            let profile = build_profile(&target, &collected, Unit::Samples, &a.trace, |_, v| vec![(None, v[0])])?;
+            finish(&target, &a.trace, &collected, &profile, ended, "CPU", Palette::Hot)
+        }
+        ProfileCommand::Offcpu(a) => {
+            let (target, opts) = prepare(&a.trace)?;
+            eprintln!(
+                "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
+                a.min_block_us, a.trace.duration
+            );
+            let collected = collect::offcpu::collect(&opts, a.min_block_us)?;
+            let ended = Instant::now();
+            // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
+            let profile = build_profile(&target, &collected, Unit::Microseconds, &a.trace, |_, v| {
+                vec![(Some("[blocked]"), v[0] / 1000), (Some("[runnable]"), v[1] / 1000)]
+            })?;
+            finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
+        }
+    }
+}
+
+fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions)> {
+    anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
+    if let Some(out) = &a.output {
+        render::format_for(out)?;
+    }
+    target::check_environment(a.btf.as_deref())?;
+    let target = target::resolve(a.pid, a.any_process)?;
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: Duration::from_secs(a.duration),
+        kernel_stacks: a.kernel,
+        btf: a.btf.clone(),
+    };
+    Ok((target, opts))
+}
+
+/// Symbolizes each unique stack once and adds it to a profile, root first; `split` turns a stack's two values
+/// into (leaf marker frame, value) parts.
+fn build_profile(
+    target: &Target,
+    collected: &Collected,
+    unit: Unit,
+    a: &TraceArgs,
+    split: impl Fn(&RawStack, [u64; 2]) -> Vec<(Option<&'static str>, u64)>,
+) -> Result<Profile> {
+    let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
+    let mut profile = Profile::new(unit);
+    let mut thread_names = std::collections::HashMap::new();
+    for (raw, &values) in &collected.stacks {
+        let mut frames: Vec<Rc<str>> = Vec::with_capacity(raw.ips.len() + 2);
+        if a.per_thread {
+            let name = thread_names.entry(raw.tid).or_insert_with(|| thread_frame(target.pid, raw.tid));
+            frames.push(Rc::clone(name));
+        }
+        let user = symbolizer.user_stack(raw.user());
+        frames.extend(user.into_iter().rev());
+        let kernel = symbolizer.kernel_stack(raw.kernel());
+        frames.extend(kernel.into_iter().rev());
+        for (leaf, value) in split(raw, values) {
+            if value == 0 {
+                continue;
+            }
+            let mut ids: Vec<u32> = frames.iter().map(|f| profile.intern(f)).collect();
+            if let Some(leaf) = leaf {
+                ids.push(profile.intern(leaf));
+            }
+            profile.add_ids(ids, value);
+        }
+    }
+    Ok(profile)
+}
+
+fn thread_frame(pid: u32, tid: u32) -> Rc<str> {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+    let name = name.trim();
+    if name.is_empty() { format!("thread {tid}").into() } else { format!("thread {tid} ({name})").into() }
+}
+
+/// Writes the results and reports on stderr: time to results, losses, top functions.
+fn finish(
+    target: &Target,
+    a: &TraceArgs,
+    collected: &Collected,
+    profile: &Profile,
+    ended: Instant,
+    what: &str,
+    palette: Palette,
+) -> Result<()> {
+    let mut meta = serde_json::Map::new();
+    meta.insert("pid".into(), target.pid.into());
+    meta.insert("process".into(), target.comm.clone().into());
+    meta.insert("flavor".into(), target.flavor.to_string().into());
+    meta.insert("version".into(), target.version.clone().into());
+    meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
+    meta.insert("events".into(), collected.events.into());
+    meta.insert("lost".into(), serde_json::json!(collected.lost));
+    let opts = RenderOptions {
+        title: a.title.clone().unwrap_or_else(|| format!("{what} flame graph: {target}")),
+        count_name: None,
+        palette,
+        meta,
+    };
+    render::write_profile(profile, a.output.as_deref(), &opts)?;
+    let ms = ended.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "myprobe: {} events, {} stacks, {} {} traced in {:.1} s",
+        collected.events,
+        profile.len(),
+        profile.total(),
+        profile.unit.count_name(),
+        collected.traced.as_secs_f64()
+    );
+    for line in collected.lost_report() {
+        eprintln!("myprobe: warning: {line}");
+    }
+    if let Some(out) = &a.output {
+        eprintln!("myprobe: wrote {}", out.display());
+    }
+    eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
+    if !profile.is_empty() {
+        eprint!("{}", render::summary::top_functions(profile, 10));
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints, split into blocked and runnable time.
+
+use std::mem::MaybeUninit;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{
+    skel::{OpenSkel, Skel},
+    MapCore, MapFlags,
+};
+
+use super::{drain, monotonic_ns, open_skel, CollectOptions, Collected, RawStack};
+
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
+}
+use skel::*;
+
+/// `value[0]` of each stack is blocked ns, `value[1]` runnable ns.
+pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = open_skel(OffcpuSkelBuilder::default(), &mut object, opts)?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
+    rodata.target_tgid = opts.pid;
+    rodata.kernel_stacks = opts.kernel_stacks;
+    rodata.min_block_ns = min_block_us.saturating_mul(1000);
+    let mut skel = open.load().context("loading the off-CPU programs into the kernel")?;
+    let started_ns = monotonic_ns();
+    skel.attach().context("attaching to the scheduler tracepoints")?;
+
+    let bss = &skel.maps.bss_data;
+    let mut collected = drain(&skel.maps.events, opts, "profile offcpu", || bss.as_ref().map(|b| b.lost).unwrap_or_default())?;
+    add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut collected);
+    Ok(collected)
+}
+
+/// Threads still off CPU when tracing ends (an idle connection blocked throughout) have sent nothing yet:
+/// count their wait up to now, clipped to the start of tracing. The map holds one entry per thread.
+fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, collected: &mut Collected) {
+    let now = monotonic_ns();
+    for key in threads.keys() {
+        let Ok(Some(bytes)) = threads.lookup(&key, MapFlags::ANY) else { continue };
+        if bytes.len() < std::mem::size_of::<types::thread_state>() {
+            continue;
+        }
+        // SAFETY: the value is a `struct thread_state` of the size checked above; read unaligned.
+        let st: types::thread_state = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if st.off_ts == 0 || st.off_ts > now || now - st.off_ts < min_ns {
+            continue;
+        }
+        let off = st.off_ts.max(started_ns);
+        let values = if st.preempted != 0 {
+            [0, now - off]
+        } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
+            let wake = st.wake_ts.max(off);
+            [wake - off, now - wake]
+        } else {
+            [now - off, 0]
+        };
+        let frames = (st.ev.user_len as usize + st.ev.kernel_len as usize).min(st.ev.ips.len());
+        let stack = RawStack { tid: st.ev.tid, kind: 0, user_len: st.ev.user_len, ips: st.ev.ips[..frames].into() };
+        collected.add(stack, values);
+    }
+}

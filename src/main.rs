@@ -1,0 +1,46 @@
+//! myprobe: a production-safe eBPF performance analyser for MySQL and MariaDB.
+
+mod cmd;
+mod collect;
+mod profile;
+mod render;
+mod symbolize;
+mod target;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "myprobe", version, about = "Production-safe eBPF performance analyser for MySQL and MariaDB")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Profile a running server: where it burns CPU, where its threads wait.
+    #[command(subcommand)]
+    Profile(cmd::profile::ProfileCommand),
+    /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
+    Flame(cmd::flame::FlameArgs),
+    /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
+    Diff(cmd::diff::DiffArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Profile(c) => cmd::profile::run(c),
+        Command::Flame(a) => cmd::flame::run(a),
+        Command::Diff(a) => cmd::diff::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("myprobe: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The aggregation model shared by every collector: stacks of interned frames → value, with a unit.
+
+pub mod folded;
+
+use std::collections::HashMap;
+
+/// What a profile's values count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    Samples,
+    Nanoseconds,
+    Microseconds,
+    Bytes,
+    Count,
+}
+
+impl Unit {
+    /// The name flame graphs print after a value ("--countname").
+    pub fn count_name(self) -> &'static str {
+        match self {
+            Unit::Samples => "samples",
+            Unit::Nanoseconds => "ns",
+            Unit::Microseconds => "us",
+            Unit::Bytes => "bytes",
+            Unit::Count => "calls",
+        }
+    }
+}
+
+/// A set of stacks, each a list of frame ids (root first), with a value per stack.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub unit: Unit,
+    frames: Vec<String>,
+    frame_ids: HashMap<String, u32>,
+    stacks: HashMap<Vec<u32>, u64>,
+}
+
+impl Profile {
+    pub fn new(unit: Unit) -> Self {
+        Profile { unit, frames: Vec::new(), frame_ids: HashMap::new(), stacks: HashMap::new() }
+    }
+
+    /// The id of a frame name, interning it on first use.
+    pub fn intern(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.frame_ids.get(name) {
+            return id;
+        }
+        let id = self.frames.len() as u32;
+        self.frames.push(name.to_string());
+        self.frame_ids.insert(name.to_string(), id);
+        id
+    }
+
+    pub fn frame(&self, id: u32) -> &str {
+        &self.frames[id as usize]
+    }
+
+    /// Adds `value` to the stack of interned frame ids (root first).
+    pub fn add_ids(&mut self, stack: Vec<u32>, value: u64) {
+        if value > 0 {
+            *self.stacks.entry(stack).or_insert(0) += value;
+        }
+    }
+
+    /// Adds `value` to a stack given by frame names (root first).
+    pub fn add<S: AsRef<str>>(&mut self, stack: &[S], value: u64) {
+        let ids = stack.iter().map(|f| self.intern(f.as_ref())).collect();
+        self.add_ids(ids, value);
+    }
+
+    /// Stacks as frame names (root first) with their values, sorted by stack for stable output.
+    pub fn stacks(&self) -> Vec<(Vec<&str>, u64)> {
+        let mut out: Vec<(Vec<&str>, u64)> =
+            self.stacks.iter().map(|(ids, &v)| (ids.iter().map(|&i| self.frame(i)).collect(), v)).collect();
+        out.sort();
+        out
+    }
+
+    pub fn total(&self) -> u64 {
+        self.stacks.values().sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Keeps only the stacks for which `keep` says yes (given the frame names, root first).
+    pub fn retain(&mut self, mut keep: impl FnMut(&[&str]) -> bool) {
+        let frames = &self.frames;
+        self.stacks.retain(|ids, _| {
+            let names: Vec<&str> = ids.iter().map(|&i| frames[i as usize].as_str()).collect();
+            keep(&names)
+        });
+    }
+}

@@ -1,0 +1,143 @@
+//! A short text summary of a profile for the terminal: the top functions by self and by total value.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+use crate::profile::Profile;
+
+/// Leaf frames that mark a kind of time (`[blocked]`, `[runnable]`) rather than a function.
+fn is_marker(frame: &str) -> bool {
+    frame == "[blocked]" || frame == "[runnable]"
+}
+
+/// Per function: (self value, total value). Self is the value of the stacks where the function is
+/// the leaf (below it, at most a marker frame such as `[blocked]`, which is not a function);
+/// total (inclusive) counts each stack once per function, even when it recurses.
+pub fn function_values(profile: &Profile) -> HashMap<&str, (u64, u64)> {
+    let mut values: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut seen = HashSet::new();
+    for (frames, value) in profile.stacks() {
+        if let Some(&leaf) = frames.iter().rev().find(|f| !is_marker(f)) {
+            values.entry(leaf).or_default().0 += value;
+        }
+        seen.clear();
+        for &f in frames.iter().filter(|f| !is_marker(f)) {
+            if seen.insert(f) {
+                values.entry(f).or_default().1 += value;
+            }
+        }
+    }
+    values
+}
+
+/// An aligned table of the top `n` functions by self value and by total (inclusive) value, with
+/// percentages of the profile's total and its unit; for printing on stderr at the end of a run.
+pub fn top_functions(profile: &Profile, n: usize) -> String {
+    let unit = profile.unit.count_name();
+    let total = profile.total();
+    if total == 0 {
+        return format!("no {unit} recorded\n");
+    }
+    let values = function_values(profile);
+    let mut out = String::new();
+    let _ = writeln!(out, "total: {total} {unit}");
+    for (i, (heading, pick)) in [
+        ("self", (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64),
+        ("total", |v: &(u64, u64)| v.1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut rows: Vec<(&str, u64)> = values
+            .iter()
+            .map(|(&f, v)| (f, pick(v)))
+            .filter(|&(_, v)| v > 0)
+            .collect();
+        // Largest first, then by name so that ties print in a stable order.
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        rows.truncate(n);
+        if i > 0 {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "top {} functions by {heading} {unit}:", rows.len());
+        let width = rows
+            .iter()
+            .map(|r| r.1.to_string().len())
+            .chain([heading.len()])
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(out, "  {heading:>width$}  {:>7}  function", "%");
+        for (f, v) in rows {
+            let pct = 100.0 * v as f64 / total as f64;
+            let _ = writeln!(out, "  {v:>width$}  {:>6.2}%  {f}", pct);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Unit;
+
+    fn sample() -> Profile {
+        let mut p = Profile::new(Unit::Samples);
+        p.add(&["main", "a", "x"], 10);
+        p.add(&["main", "b"], 5);
+        p.add(&["main", "a", "a", "a"], 3); // recursion: a counted once per stack in total
+        p.add(&["main"], 2);
+        p
+    }
+
+    #[test]
+    fn self_and_total_values() {
+        let p = sample();
+        let v = function_values(&p);
+        assert_eq!(v["main"], (2, 20));
+        assert_eq!(v["a"], (3, 13));
+        assert_eq!(v["x"], (10, 10));
+        assert_eq!(v["b"], (5, 5));
+        assert_eq!(v.len(), 4);
+    }
+
+    #[test]
+    fn wait_markers_are_not_functions() {
+        let mut p = Profile::new(Unit::Microseconds);
+        p.add(&["main", "poll", "[blocked]"], 7);
+        p.add(&["main", "poll", "[runnable]"], 2);
+        p.add(&["main", "[runnable]"], 1);
+        let v = function_values(&p);
+        assert_eq!(v["poll"], (9, 9));
+        assert_eq!(v["main"], (1, 10));
+        assert_eq!(v.len(), 2);
+    }
+
+    #[test]
+    fn table() {
+        let p = sample();
+        let t = top_functions(&p, 3);
+        let expected = "\
+total: 20 samples
+top 3 functions by self samples:
+  self        %  function
+    10   50.00%  x
+     5   25.00%  b
+     3   15.00%  a
+
+top 3 functions by total samples:
+  total        %  function
+     20  100.00%  main
+     13   65.00%  a
+     10   50.00%  x
+";
+        assert_eq!(t, expected);
+    }
+
+    #[test]
+    fn empty() {
+        assert_eq!(
+            top_functions(&Profile::new(Unit::Bytes), 5),
+            "no bytes recorded\n"
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! What the symbolizer needs to know of one mapped ELF file: its loadable segments (file offset → ELF virtual
+//! address), build-id, whether debug information exists for it, and the function table of its `.eh_frame`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use gimli::UnwindSection;
+use object::read::ReadCache;
+use object::{Object, ObjectSection, ObjectSegment};
+
+/// Directories searched for split debug information (Debian's `-dbg`/`-dbgsym` packages install
+/// `/usr/lib/debug/.build-id/xx/yyyy.debug`).
+pub const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
+/// One `PT_LOAD` segment.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    offset: u64,
+    filesz: u64,
+    vaddr: u64,
+    memsz: u64,
+    exec: bool,
+}
+
+/// Header facts of an ELF file.
+#[derive(Debug, Clone)]
+pub struct ElfInfo {
+    segments: Vec<Segment>,
+    pub build_id: Option<Vec<u8>>,
+    /// DWARF in the file itself.
+    pub has_debug_info: bool,
+    /// The file has a `.symtab` (not stripped).
+    pub has_symtab: bool,
+    /// A separate debug file found on this machine (by build-id or `.gnu_debuglink`), and whether it has a
+    /// `.symtab` (`objcopy --only-keep-debug` keeps it: all functions, static ones included).
+    pub debug_file: Option<(PathBuf, bool)>,
+}
+
+impl ElfInfo {
+    /// Reads the headers of `path` (only the parts needed: program and section headers, notes).
+    /// `extra_debug_dirs` are searched after [`DEBUG_DIRS`] (e.g. the target's `/proc/PID/root/usr/lib/debug`).
+    pub fn read(path: &Path, symbolic_path: &Path, extra_debug_dirs: &[PathBuf]) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let cache = ReadCache::new(file);
+        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let segments = obj
+            .segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                let exec = match s.flags() {
+                    object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                    _ => true,
+                };
+                Segment { offset, filesz, vaddr: s.address(), memsz: s.size(), exec }
+            })
+            .collect();
+        let build_id = obj.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let has_debug_info = obj.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
+        let has_symtab = obj.section_by_name(".symtab").is_some_and(|s| s.size() > 0);
+        let debuglink = obj
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .and_then(|(name, _crc)| std::str::from_utf8(name).ok().map(str::to_owned));
+        let mut dirs: Vec<PathBuf> = DEBUG_DIRS.iter().map(PathBuf::from).collect();
+        dirs.extend(extra_debug_dirs.iter().cloned());
+        let debug_file = find_debug_file(&dirs, build_id.as_deref(), debuglink.as_deref(), symbolic_path, path);
+        Ok(ElfInfo { segments, build_id, has_debug_info, has_symtab, debug_file })
+    }
+
+    /// Whether `vaddr` lies in an executable segment.
+    pub fn is_exec(&self, vaddr: u64) -> bool {
+        self.segments.iter().any(|s| s.exec && vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz)
+    }
+
+    /// ELF virtual address of the byte at `file_off` in the file, if a loadable segment holds it.
+    pub fn file_offset_to_vaddr(&self, file_off: u64) -> Option<u64> {
+        let in_file = self
+            .segments
+            .iter()
+            .find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
+        // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
+        // zero-filled tail past the file size.
+        let seg = in_file.or_else(|| {
+            self.segments
+                .iter()
+                .find(|s| file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz))
+        })?;
+        Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
+    }
+}
+
+/// The same search order as blazesym's debug link resolution: build-id directories first, then the debug
+/// link name in the debug directories, next to the binary, and under the debug directories mirrored. A file
+/// found by name must carry the same build-id (when both have one): a debug file of another build would name
+/// the wrong functions. Returns the path and whether the debug file has a `.symtab`.
+fn find_debug_file(
+    dirs: &[PathBuf],
+    build_id: Option<&[u8]>,
+    debuglink: Option<&str>,
+    symbolic_path: &Path,
+    open_path: &Path,
+) -> Option<(PathBuf, bool)> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(id) = build_id.filter(|id| id.len() >= 8) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        for d in dirs {
+            candidates.push(d.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..])));
+        }
+    }
+    if let Some(link) = debuglink {
+        candidates.extend(dirs.iter().map(|d| d.join(link)));
+        if let Some(parent) = symbolic_path.parent() {
+            candidates.push(parent.join(link));
+            candidates.push(parent.join(".debug").join(link));
+            let rel = parent.strip_prefix("/").unwrap_or(parent);
+            candidates.extend(dirs.iter().map(|d| d.join(rel).join(link)));
+        }
+    }
+    for p in candidates {
+        if !p.is_file() || p == symbolic_path || p == open_path {
+            continue;
+        }
+        let Ok(file) = File::open(&p) else { continue };
+        let cache = ReadCache::new(file);
+        let Ok(obj) = object::File::parse(&cache) else { continue };
+        let other_id = obj.build_id().ok().flatten();
+        if let (Some(a), Some(b)) = (build_id, other_id) {
+            if a != b {
+                continue;
+            }
+        }
+        let has_symtab = obj.section_by_name(".symtab").is_some_and(|s| s.size() > 0);
+        return Some((p, has_symtab));
+    }
+    None
+}
+
+/// Function ranges from `.eh_frame` (one per FDE), sorted by start address.
+#[derive(Debug, Default)]
+pub struct EhTable {
+    starts: Vec<u64>,
+    lens: Vec<u32>,
+}
+
+impl EhTable {
+    /// Parses every FDE of the file's `.eh_frame`. A file without one gives an empty table; a malformed entry
+    /// ends the parse with what was read so far.
+    pub fn read(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let cache = ReadCache::new(file);
+        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let Some(section) = obj.section_by_name(".eh_frame") else {
+            return Ok(Self::default());
+        };
+        let data = section.data().with_context(|| format!("reading .eh_frame of {}", path.display()))?;
+        let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = obj.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = obj.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        if let Some(hdr) = obj.section_by_name(".eh_frame_hdr") {
+            bases = bases.set_eh_frame_hdr(hdr.address());
+        }
+        let endian = if obj.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let mut eh = gimli::EhFrame::new(data, endian);
+        eh.set_address_size(if obj.is_64() { 8 } else { 4 });
+
+        let mut cies = HashMap::new();
+        let mut ranges: Vec<(u64, u32)> = Vec::new();
+        let mut entries = eh.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let gimli::CieOrFde::Fde(partial) = entry else { continue };
+            let fde = partial.parse(|section, bases, offset| {
+                if let Some(cie) = cies.get(&offset) {
+                    return Ok(Clone::clone(cie));
+                }
+                let cie = section.cie_from_offset(bases, offset)?;
+                cies.insert(offset, cie.clone());
+                Ok(cie)
+            });
+            if let Ok(fde) = fde {
+                if fde.len() > 0 {
+                    ranges.push((fde.initial_address(), u32::try_from(fde.len()).unwrap_or(u32::MAX)));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        ranges.dedup_by_key(|r| r.0);
+        Ok(EhTable { starts: ranges.iter().map(|r| r.0).collect(), lens: ranges.iter().map(|r| r.1).collect() })
+    }
+
+    /// The `[start, end)` of the function (FDE) that holds `vaddr`.
+    pub fn find(&self, vaddr: u64) -> Option<(u64, u64)> {
+        self.last_at_or_before(vaddr).filter(|&(_, end)| vaddr < end)
+    }
+
+    /// The `[start, end)` of the last function (FDE) starting at or before `vaddr`, whether it holds `vaddr`
+    /// or not.
+    pub fn last_at_or_before(&self, vaddr: u64) -> Option<(u64, u64)> {
+        let i = self.starts.partition_point(|&s| s <= vaddr).checked_sub(1)?;
+        Some((self.starts[i], self.starts[i] + u64::from(self.lens[i])))
+    }
+}
+
+#[cfg(test)]
+impl EhTable {
+    pub fn starts_for_tests(&self) -> &[u64] {
+        &self.starts
+    }
+
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn ranges_for_tests(&self) -> Vec<(u64, u64)> {
+        self.starts.iter().zip(&self.lens).map(|(&s, &l)| (s, s + u64::from(l))).collect()
+    }
+}

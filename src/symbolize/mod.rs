@@ -1,0 +1,708 @@
+//! Symbolization: raw instruction pointers of the traced process and of the kernel → frame names for flame
+//! graphs.
+//!
+//! - Once per unique address: names are cached (address → name), the misses of one stack go to blazesym in
+//!   one call per binary, and equal names share one `Rc<str>`.
+//! - Return addresses (every IP but the first) are looked up at `ip - 1`, so that a call at the very end of a
+//!   function names that function (and not the next one, or nothing).
+//! - Mappings come from `/proc/PID/maps`; each mapped ELF file is symbolized through its own blazesym ELF
+//!   source, with debug information (DWARF, or a separate debug file such as Debian's
+//!   `/usr/lib/debug/.build-id/xx/yyyy.debug`) only where some exists for that file, so that neither a
+//!   stripped `mariadbd` nor a `libc.so.6` with `libc6-dbg` loses names.
+//! - Addresses without a symbol (stripped binaries, static functions) are named by the start of the function
+//!   holding them, from the binary's `.eh_frame`: `mariadbd+0x8a1c00`, the ELF virtual address that
+//!   `addr2line -e` takes. Sizeless symbols that blazesym stretches over a following function are checked
+//!   against the same table.
+//! - Names are cleaned (see [`clean`]): demangled, no argument lists, no clone suffixes, no `;`.
+//! - Kernel frames come from `/proc/kallsyms` and end in `_[k]`.
+
+mod clean;
+mod elf;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
+use blazesym::symbolize::{Input, Symbolized};
+use blazesym::MaybeDefault;
+
+pub use clean::clean_name;
+use elf::{EhTable, ElfInfo};
+
+/// How long to wait before reading `/proc/PID/maps` again for addresses that fall in no known mapping (a
+/// library loaded after [`Symbolizer::new`]).
+const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Counters for diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizeStats {
+    /// Unique addresses symbolized (user + kernel), i.e. cache misses.
+    pub unique_addrs: usize,
+    /// Of which user space.
+    pub user_addrs: usize,
+    /// Of which kernel.
+    pub kernel_addrs: usize,
+    /// Addresses without a symbol: named from `.eh_frame` (`mariadbd+0x…`), after their mapping (`[anon]`,
+    /// `[vdso]`, …) or `[unknown]`.
+    pub no_symbol: usize,
+    /// Of which named `[unknown]` (or `[unknown]_[k]`).
+    pub unknown: usize,
+    /// Errors reported by blazesym (the frames concerned fell back to `.eh_frame` names).
+    pub errors: usize,
+    /// Time spent in [`Symbolizer::new`] and in resolving cache misses.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for SymbolizeStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} unique addresses ({} user, {} kernel), {} without symbol ({} unknown), {} errors, {:.1} ms",
+            self.unique_addrs,
+            self.user_addrs,
+            self.kernel_addrs,
+            self.no_symbol,
+            self.unknown,
+            self.errors,
+            self.elapsed.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    exec: bool,
+    kind: MapKind,
+}
+
+#[derive(Debug, Clone)]
+enum MapKind {
+    /// A mapped file; index into `Symbolizer::binaries`.
+    File(usize),
+    /// The vDSO: blazesym reads its symbols from the process memory.
+    Vdso,
+    /// Anything else (`[anon]`, `[heap]`, `[stack]`, `[anon:name]`, …): named after the mapping.
+    Named(Rc<str>),
+}
+
+/// A mapped file, loaded lazily on its first address.
+struct Binary {
+    /// Path as in the maps (without ` (deleted)`).
+    symbolic: PathBuf,
+    /// Path through which we (and blazesym) read it.
+    open_path: PathBuf,
+    /// File name, the prefix of `.eh_frame` names.
+    basename: String,
+    /// `None` until first used; `Some(None)` when the file is not a readable ELF file.
+    info: Option<Option<ElfInfo>>,
+    /// Where its symbols come from.
+    mode: SymMode,
+    /// `None` until first needed.
+    eh: Option<Rc<EhTable>>,
+}
+
+/// Where the symbols of a binary come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SymMode {
+    /// Its own ELF symbols (`.symtab` if not stripped, else `.dynsym`).
+    Own,
+    /// The `.symtab` of its separate debug file (Debian's `-dbg`/`-dbgsym` packages): every function, static
+    /// ones included, at the cost of reading one symbol table (1 ms for glibc, against 50 ms for its DWARF).
+    DebugFile(PathBuf),
+    /// DWARF, through blazesym's debug link resolution: only for binaries whose debug information comes
+    /// without a symbol table.
+    Dwarf,
+}
+
+/// Address → frame name for one process and the kernel. Not thread-safe (names are `Rc<str>`).
+pub struct Symbolizer {
+    pid: u32,
+    /// blazesym without demangling: every lookup goes here.
+    raw: blazesym::symbolize::Symbolizer,
+    /// blazesym with demangling: one lookup per new mangled name.
+    demangling: blazesym::symbolize::Symbolizer,
+    /// Raw symbol name → cleaned name (`None`: nothing usable).
+    clean_names: HashMap<Box<str>, Option<Rc<str>>>,
+    maps: Vec<Mapping>,
+    maps_read: Instant,
+    binaries: Vec<Binary>,
+    binary_index: HashMap<(String, u64, PathBuf), usize>,
+    /// `.eh_frame` tables by build-id, shared by files with the same contents.
+    eh_by_build_id: HashMap<Vec<u8>, Rc<EhTable>>,
+    extra_debug_dirs: Vec<PathBuf>,
+    user_cache: HashMap<u64, Rc<str>>,
+    kernel_cache: HashMap<u64, Rc<str>>,
+    /// Whether kernel symbols can be had; `None` until first needed.
+    kallsyms_ok: Option<bool>,
+    names: HashSet<Rc<str>>,
+    stats: SymbolizeStats,
+}
+
+impl Symbolizer {
+    /// For the process `pid` (must be alive while symbolizing; mappings are read from /proc/PID/maps).
+    pub fn new(pid: u32) -> Result<Self> {
+        let t0 = Instant::now();
+        // Debug files of a process in another mount namespace (a container) are in its own file system.
+        let mut extra_debug_dirs = Vec::new();
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        if std::fs::read_link(&root).map(|r| r != Path::new("/")).unwrap_or(false) {
+            for d in elf::DEBUG_DIRS {
+                extra_debug_dirs.push(root.join(d.trim_start_matches('/')));
+            }
+        }
+        let mut debug_dirs: Vec<PathBuf> = elf::DEBUG_DIRS.iter().map(PathBuf::from).collect();
+        debug_dirs.extend(extra_debug_dirs.iter().cloned());
+        let blaze = |demangle: bool| {
+            blazesym::symbolize::Symbolizer::builder()
+                .enable_demangling(demangle)
+                .enable_code_info(false)
+                .enable_inlined_fns(false)
+                .enable_auto_reload(false)
+                .set_debug_dirs(Some(&debug_dirs))
+                .build()
+        };
+        let mut s = Symbolizer {
+            pid,
+            raw: blaze(false),
+            demangling: blaze(true),
+            clean_names: HashMap::new(),
+            maps: Vec::new(),
+            maps_read: Instant::now(),
+            binaries: Vec::new(),
+            binary_index: HashMap::new(),
+            eh_by_build_id: HashMap::new(),
+            extra_debug_dirs,
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+            kallsyms_ok: None,
+            names: HashSet::new(),
+            stats: SymbolizeStats::default(),
+        };
+        s.read_maps().with_context(|| format!("reading the mappings of process {pid}"))?;
+        s.stats.elapsed += t0.elapsed();
+        Ok(s)
+    }
+
+    /// Names for a user stack, leaf first, same length as `ips` (one name per address; never drops frames).
+    pub fn user_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
+        let lookups: Vec<u64> = lookup_addrs(ips);
+        let mut misses: Vec<u64> = lookups.iter().copied().filter(|a| !self.user_cache.contains_key(a)).collect();
+        if !misses.is_empty() {
+            let t0 = Instant::now();
+            misses.sort_unstable();
+            misses.dedup();
+            self.resolve_user(&misses);
+            self.stats.elapsed += t0.elapsed();
+        }
+        lookups.iter().map(|a| Rc::clone(&self.user_cache[a])).collect()
+    }
+
+    /// Names for a kernel stack, leaf first, each suffixed "_[k]" (the FlameGraph convention).
+    pub fn kernel_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
+        let lookups: Vec<u64> = lookup_addrs(ips);
+        let mut misses: Vec<u64> = lookups.iter().copied().filter(|a| !self.kernel_cache.contains_key(a)).collect();
+        if !misses.is_empty() {
+            let t0 = Instant::now();
+            misses.sort_unstable();
+            misses.dedup();
+            self.resolve_kernel(&misses);
+            self.stats.elapsed += t0.elapsed();
+        }
+        lookups.iter().map(|a| Rc::clone(&self.kernel_cache[a])).collect()
+    }
+
+    /// Counters for diagnostics: unique addresses symbolized, how many had no symbol, time spent.
+    pub fn stats(&self) -> SymbolizeStats {
+        self.stats
+    }
+
+    /// Optional: does now the work that the first lookups would do (about 100 ms for a MariaDB server and
+    /// the kernel, mostly the kernel writing /proc/kallsyms): loads the kernel symbols (if `kernel`) and the
+    /// symbol and `.eh_frame` tables of every executable file mapping. Calling it right after attaching,
+    /// while the trace runs, shortens the time from the end of tracing to the results.
+    pub fn preload(&mut self, kernel: bool) {
+        let t0 = Instant::now();
+        if kernel && self.kallsyms_usable() && self.raw.symbolize(&Self::kernel_source(), Input::AbsAddr(&[])).is_err()
+        {
+            self.stats.errors += 1;
+            self.kallsyms_ok = Some(false);
+        }
+        let mut bins: Vec<(usize, u64)> = Vec::new();
+        for m in &self.maps {
+            if let (MapKind::File(bin), true) = (&m.kind, m.exec) {
+                if !bins.iter().any(|b| b.0 == *bin) {
+                    bins.push((*bin, m.offset));
+                }
+            }
+        }
+        for (bin, offset) in bins {
+            let Some(vaddr) = self.binary_info(bin).and_then(|i| i.file_offset_to_vaddr(offset)) else { continue };
+            let _ = self.eh_table(bin);
+            let mode = self.binaries[bin].mode.clone();
+            for blaze in [&self.raw, &self.demangling] {
+                if self.blaze_elf(blaze, bin, &mode, &[vaddr]).is_err() {
+                    self.stats.errors += 1;
+                }
+            }
+        }
+        self.stats.elapsed += t0.elapsed();
+    }
+
+    fn intern(&mut self, name: &str) -> Rc<str> {
+        if let Some(n) = self.names.get(name) {
+            return Rc::clone(n);
+        }
+        let n: Rc<str> = Rc::from(name);
+        self.names.insert(Rc::clone(&n));
+        n
+    }
+
+    fn read_maps(&mut self) -> Result<()> {
+        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        let mut maps = Vec::new();
+        for line in text.lines() {
+            if let Some(m) = self.parse_maps_line(line) {
+                maps.push(m);
+            }
+        }
+        maps.sort_by_key(|m| m.start);
+        self.maps = maps;
+        self.maps_read = Instant::now();
+        Ok(())
+    }
+
+    fn parse_maps_line(&mut self, line: &str) -> Option<Mapping> {
+        // start-end perms offset dev inode [path]; the path may hold spaces.
+        let mut rest = line;
+        let mut field = || {
+            let t = rest.trim_start();
+            let end = t.find(' ').unwrap_or(t.len());
+            let (f, r) = t.split_at(end);
+            rest = r;
+            f
+        };
+        let range = field();
+        let exec = field().contains('x');
+        let offset = field();
+        let dev = field().to_owned();
+        let inode = field();
+        let path = rest.trim_start();
+        let (start, end) = range.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        let offset = u64::from_str_radix(offset, 16).ok()?;
+        let inode: u64 = inode.parse().ok()?;
+        let kind = if path.is_empty() {
+            MapKind::Named(self.intern("[anon]"))
+        } else if path == "[vdso]" {
+            MapKind::Vdso
+        } else if path.starts_with('[') || inode == 0 {
+            MapKind::Named(self.intern(path))
+        } else {
+            let symbolic = PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path));
+            let key = (dev, inode, symbolic.clone());
+            let idx = match self.binary_index.get(&key) {
+                Some(&i) => i,
+                None => {
+                    let open_path = self.open_path(&symbolic, inode, start, end);
+                    let basename = symbolic
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| symbolic.to_string_lossy().into_owned());
+                    self.binaries.push(Binary {
+                        symbolic,
+                        open_path,
+                        basename,
+                        info: None,
+                        mode: SymMode::Own,
+                        eh: None,
+                    });
+                    self.binary_index.insert(key, self.binaries.len() - 1);
+                    self.binaries.len() - 1
+                }
+            };
+            MapKind::File(idx)
+        };
+        Some(Mapping { start, end, offset, exec, kind })
+    }
+
+    /// The file as the process sees it (`/proc/PID/root/...`, so that debug links next to it resolve), or the
+    /// mapping itself (`/proc/PID/map_files/...`: deleted or replaced files, other mount namespaces).
+    fn open_path(&self, symbolic: &Path, inode: u64, start: u64, end: u64) -> PathBuf {
+        use std::os::unix::fs::MetadataExt;
+        let rooted = Path::new(&format!("/proc/{}/root", self.pid)).join(symbolic.strip_prefix("/").unwrap_or(symbolic));
+        if std::fs::metadata(&rooted).map(|m| m.ino() == inode).unwrap_or(false) {
+            return rooted;
+        }
+        let mapped = PathBuf::from(format!("/proc/{}/map_files/{start:x}-{end:x}", self.pid));
+        if mapped.exists() {
+            return mapped;
+        }
+        symbolic.to_path_buf()
+    }
+
+    fn find_mapping(&self, addr: u64) -> Option<usize> {
+        let i = self.maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
+        (addr < self.maps[i].end).then_some(i)
+    }
+
+    fn binary_info(&mut self, bin: usize) -> Option<&ElfInfo> {
+        if self.binaries[bin].info.is_none() {
+            let b = &self.binaries[bin];
+            let info = ElfInfo::read(&b.open_path, &b.symbolic, &self.extra_debug_dirs).ok();
+            let b = &mut self.binaries[bin];
+            b.mode = match info.as_ref().map(|i| (&i.debug_file, i.has_debug_info, i.has_symtab)) {
+                Some((Some((path, true)), _, _)) => SymMode::DebugFile(path.clone()),
+                Some((Some((_, false)), _, _)) | Some((None, true, false)) => SymMode::Dwarf,
+                _ => SymMode::Own,
+            };
+            b.info = Some(info);
+        }
+        self.binaries[bin].info.as_ref().and_then(Option::as_ref)
+    }
+
+    fn eh_table(&mut self, bin: usize) -> Rc<EhTable> {
+        if let Some(eh) = &self.binaries[bin].eh {
+            return Rc::clone(eh);
+        }
+        let build_id = self.binary_info(bin).and_then(|i| i.build_id.clone());
+        let cached = build_id.as_ref().and_then(|id| self.eh_by_build_id.get(id)).cloned();
+        let eh = cached.unwrap_or_else(|| {
+            let eh = Rc::new(EhTable::read(&self.binaries[bin].open_path).unwrap_or_default());
+            if let Some(id) = build_id {
+                self.eh_by_build_id.insert(id, Rc::clone(&eh));
+            }
+            eh
+        });
+        self.binaries[bin].eh = Some(Rc::clone(&eh));
+        eh
+    }
+
+    fn resolve_user(&mut self, misses: &[u64]) {
+        self.stats.user_addrs += misses.len();
+        self.stats.unique_addrs += misses.len();
+        let mut unmapped = Vec::new();
+        let mut by_binary: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        let mut vdso = Vec::new();
+        let mut pending: Vec<u64> = misses.to_vec();
+        for round in 0..2 {
+            for &addr in &pending {
+                let Some(i) = self.find_mapping(addr) else {
+                    unmapped.push(addr);
+                    continue;
+                };
+                let m = &self.maps[i];
+                match &m.kind {
+                    MapKind::File(bin) => {
+                        let file_off = addr - m.start + m.offset;
+                        by_binary.entry(*bin).or_default().push((addr, file_off));
+                    }
+                    MapKind::Vdso => vdso.push(addr),
+                    MapKind::Named(name) => {
+                        let name = Rc::clone(name);
+                        self.stats.no_symbol += 1;
+                        self.user_cache.insert(addr, name);
+                    }
+                }
+            }
+            // Addresses in no mapping: maybe a library loaded since; read the maps again (not too often).
+            if round == 0 && !unmapped.is_empty() && self.maps_read.elapsed() >= MAPS_REFRESH_INTERVAL {
+                if self.read_maps().is_ok() {
+                    pending = std::mem::take(&mut unmapped);
+                    continue;
+                }
+            }
+            break;
+        }
+        for addr in unmapped {
+            self.stats.no_symbol += 1;
+            self.stats.unknown += 1;
+            let name = self.intern("[unknown]");
+            self.user_cache.insert(addr, name);
+        }
+        let mut bins: Vec<_> = by_binary.into_iter().collect();
+        bins.sort_unstable_by_key(|(bin, _)| *bin);
+        for (bin, addrs) in bins {
+            self.resolve_in_binary(bin, &addrs);
+        }
+        if !vdso.is_empty() {
+            self.resolve_vdso(&vdso);
+        }
+    }
+
+    /// `addrs`: (absolute address, file offset) pairs inside mappings of binary `bin`.
+    fn resolve_in_binary(&mut self, bin: usize, addrs: &[(u64, u64)]) {
+        let vaddrs: Vec<Option<u64>> = match self.binary_info(bin) {
+            Some(info) => addrs.iter().map(|&(_, off)| info.file_offset_to_vaddr(off)).collect(),
+            None => vec![None; addrs.len()],
+        };
+        let query: Vec<u64> = vaddrs.iter().flatten().copied().collect();
+        let mut found: Vec<Option<Found>> = vec![None; query.len()];
+        let primary = self.binaries[bin].mode.clone();
+        if !query.is_empty() && self.binaries[bin].info.as_ref().is_some_and(Option::is_some) {
+            match self.blaze_elf(&self.raw, bin, &primary, &query) {
+                Ok(f) => found = f,
+                Err(_) => {
+                    self.stats.errors += 1;
+                    if primary != SymMode::Own {
+                        // Debug information that blazesym cannot use: the binary's own symbols from now on.
+                        self.binaries[bin].mode = SymMode::Own;
+                    }
+                }
+            }
+            // What the debug information lacks, the binary's own symbols may have.
+            if primary != SymMode::Own {
+                let missing: Vec<usize> = (0..query.len()).filter(|&i| found[i].is_none()).collect();
+                if !missing.is_empty() {
+                    let q: Vec<u64> = missing.iter().map(|&i| query[i]).collect();
+                    match self.blaze_elf(&self.raw, bin, &SymMode::Own, &q) {
+                        Ok(f) => missing.iter().zip(f).for_each(|(&i, f)| {
+                            found[i] = f.map(|f| Found { own: true, ..f });
+                        }),
+                        Err(_) => self.stats.errors += 1,
+                    }
+                }
+            }
+        }
+        self.demangle_new_names(bin, &primary, &query, &found);
+        let mut found = found.into_iter();
+        for (&(addr, _), vaddr) in addrs.iter().zip(vaddrs) {
+            let name = match vaddr {
+                Some(vaddr) => {
+                    let sym = found.next().flatten();
+                    self.name_in_binary(bin, vaddr, sym)
+                }
+                None => {
+                    self.stats.no_symbol += 1;
+                    let name = format!("[{}]", self.binaries[bin].basename);
+                    self.intern(&name)
+                }
+            };
+            self.user_cache.insert(addr, name);
+        }
+    }
+
+    /// Fills `clean_names` for the raw names of `found` not seen before. Demangling is the costly part of
+    /// symbolization (3 to 7 µs a C++ name): it is done once per symbol, by asking the demangling blazesym
+    /// instance about the first address found in each symbol.
+    fn demangle_new_names(&mut self, bin: usize, primary: &SymMode, query: &[u64], found: &[Option<Found>]) {
+        let mut todo: [Vec<(&str, u64, u64)>; 2] = [Vec::new(), Vec::new()];
+        let mut seen: HashSet<&str> = HashSet::new();
+        for (f, &vaddr) in found.iter().zip(query) {
+            let Some(f) = f else { continue };
+            if self.clean_names.contains_key(f.raw.as_str()) || !seen.insert(f.raw.as_str()) {
+                continue;
+            }
+            if f.raw.starts_with("_Z") || f.raw.starts_with("_R") {
+                todo[usize::from(f.own)].push((f.raw.as_str(), vaddr, f.start));
+            } else {
+                let name = clean_name(&f.raw).map(|n| self.intern(&n));
+                self.clean_names.insert(f.raw.clone().into_boxed_str(), name);
+            }
+        }
+        for (own, list) in todo.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let mode = if own == 1 { SymMode::Own } else { primary.clone() };
+            let vaddrs: Vec<u64> = list.iter().map(|t| t.1).collect();
+            let demangled: Vec<Option<String>> = match self.blaze_elf(&self.demangling, bin, &mode, &vaddrs) {
+                Ok(f) => f.into_iter().map(|f| f.map(|f| (f.raw, f.start))).zip(&list).map(|(d, t)| {
+                    // The same symbol as the raw lookup (same instance settings but demangling).
+                    d.filter(|d| d.1 == t.2).map(|d| d.0)
+                }).collect(),
+                Err(_) => {
+                    self.stats.errors += 1;
+                    vec![None; list.len()]
+                }
+            };
+            for ((raw, _, _), d) in list.into_iter().zip(demangled) {
+                let name = clean_name(d.as_deref().unwrap_or(raw)).map(|n| self.intern(&n));
+                self.clean_names.insert(raw.into(), name);
+            }
+        }
+    }
+
+    /// One call of blazesym instance `blaze` for ELF virtual addresses of one binary, from the symbol source
+    /// `mode`.
+    fn blaze_elf(
+        &self,
+        blaze: &blazesym::symbolize::Symbolizer,
+        bin: usize,
+        mode: &SymMode,
+        vaddrs: &[u64],
+    ) -> Result<Vec<Option<Found>>> {
+        let b = &self.binaries[bin];
+        let src = match mode {
+            SymMode::Own | SymMode::Dwarf => {
+                let mut src = Elf::new(&b.open_path);
+                src.debug_syms = *mode == SymMode::Dwarf;
+                src
+            }
+            SymMode::DebugFile(path) => {
+                let mut src = Elf::new(path);
+                src.debug_syms = false;
+                src
+            }
+        };
+        let syms = blaze.symbolize(&Source::Elf(src), Input::VirtOffset(vaddrs))?;
+        Ok(syms
+            .into_iter()
+            .map(|s| match s {
+                Symbolized::Sym(sym) if !sym.name.is_empty() => Some(Found {
+                    raw: sym.name.into_owned(),
+                    start: sym.addr,
+                    sized: sym.size.is_some(),
+                    own: *mode == SymMode::Own,
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The name of `vaddr` in binary `bin` given blazesym's answer: its symbol, unless the symbol is sizeless
+    /// and `.eh_frame` shows another function starting between it and the address (blazesym stretches
+    /// sizeless `.symtab` symbols up to the next symbol), or the address lies outside the code; else the start
+    /// of the FDE holding it.
+    fn name_in_binary(&mut self, bin: usize, vaddr: u64, sym: Option<Found>) -> Rc<str> {
+        if let Some(f) = sym {
+            let trusted = f.sized || {
+                let eh = self.eh_table(bin);
+                match eh.last_at_or_before(vaddr) {
+                    Some((fde_start, _)) if fde_start > f.start => false,
+                    Some((_, fde_end)) if vaddr < fde_end => true,
+                    _ => self.binary_info(bin).is_some_and(|i| i.is_exec(vaddr) && i.is_exec(f.start)),
+                }
+            };
+            if trusted {
+                if let Some(Some(name)) = self.clean_names.get(f.raw.as_str()) {
+                    return Rc::clone(name);
+                }
+            }
+        }
+        self.stats.no_symbol += 1;
+        let eh = self.eh_table(bin);
+        let start = eh.find(vaddr).map_or(vaddr, |(s, _)| s);
+        let name = format!("{}+0x{start:x}", self.binaries[bin].basename);
+        self.intern(&name)
+    }
+
+    fn resolve_vdso(&mut self, addrs: &[u64]) {
+        let mut src = Process::new(self.pid.into());
+        src.debug_syms = false;
+        src.perf_map = false;
+        src.map_files = false;
+        src.vdso = true;
+        let found: Vec<Option<String>> = match self.raw.symbolize(&Source::Process(src), Input::AbsAddr(addrs)) {
+            Ok(syms) => syms
+                .into_iter()
+                .map(|s| match s {
+                    Symbolized::Sym(sym) => clean_name(&sym.name),
+                    Symbolized::Unknown(_) => None,
+                })
+                .collect(),
+            Err(_) => {
+                self.stats.errors += 1;
+                vec![None; addrs.len()]
+            }
+        };
+        for (&addr, name) in addrs.iter().zip(found) {
+            let name = name.unwrap_or_else(|| {
+                self.stats.no_symbol += 1;
+                "[vdso]".to_owned()
+            });
+            let name = self.intern(&name);
+            self.user_cache.insert(addr, name);
+        }
+    }
+
+    /// Whether `/proc/kallsyms` shows real addresses (it shows zeros without CAP_SYSLOG or with
+    /// `kernel.kptr_restrict=2`, and every address would then get the name of the last symbol).
+    fn kallsyms_usable(&mut self) -> bool {
+        *self.kallsyms_ok.get_or_insert_with(|| {
+            use std::io::BufRead;
+            let Ok(f) = std::fs::File::open("/proc/kallsyms") else { return false };
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(f).read_line(&mut line);
+            line.split_whitespace().next().and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a != 0)
+        })
+    }
+
+    fn kernel_source() -> Source<'static> {
+        let mut src = Kernel::default();
+        src.vmlinux = MaybeDefault::None;
+        src.debug_syms = false;
+        Source::Kernel(src)
+    }
+
+    fn resolve_kernel(&mut self, misses: &[u64]) {
+        self.stats.kernel_addrs += misses.len();
+        self.stats.unique_addrs += misses.len();
+        let result = if self.kallsyms_usable() {
+            self.raw.symbolize(&Self::kernel_source(), Input::AbsAddr(misses)).map_err(|_| ())
+        } else {
+            Err(())
+        };
+        let found: Vec<Option<String>> = match result {
+            Ok(syms) => syms
+                .into_iter()
+                .map(|s| match s {
+                    Symbolized::Sym(sym) => clean_name(&sym.name),
+                    Symbolized::Unknown(_) => None,
+                })
+                .collect(),
+            Err(()) => {
+                if self.kallsyms_ok == Some(true) {
+                    // Not again for every stack.
+                    self.stats.errors += 1;
+                    self.kallsyms_ok = Some(false);
+                }
+                vec![None; misses.len()]
+            }
+        };
+        for (&addr, name) in misses.iter().zip(found) {
+            let name = match name {
+                Some(n) => format!("{n}_[k]"),
+                None => {
+                    self.stats.no_symbol += 1;
+                    self.stats.unknown += 1;
+                    "[unknown]_[k]".to_owned()
+                }
+            };
+            let name = self.intern(&name);
+            self.kernel_cache.insert(addr, name);
+        }
+    }
+}
+
+/// A symbol found by blazesym.
+#[derive(Debug, Clone)]
+struct Found {
+    /// Name as in the symbol table (mangled).
+    raw: String,
+    /// Start (ELF virtual address).
+    start: u64,
+    /// Whether its size is known.
+    sized: bool,
+    /// Found in the binary's own symbols (else in its debug information).
+    own: bool,
+}
+
+/// The addresses to look up for a stack, leaf first: the first as is, the others (return addresses) minus one.
+fn lookup_addrs(ips: &[u64]) -> Vec<u64> {
+    ips.iter()
+        .enumerate()
+        .map(|(i, &ip)| if i == 0 { ip } else { ip.saturating_sub(1) })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Shared test helpers: the throwaway MariaDB that `make test` (scripts/run-tests) started, and the binary.
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio},
+};
+
+/// The throwaway server described by the MYPROBE_TEST_* variables.
+pub struct TestDb {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub pid: u32,
+    testdb: PathBuf,
+}
+
+pub fn testdb() -> TestDb {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: run the tests with `make test`, which starts a throwaway MariaDB for them")
+        })
+    };
+    TestDb {
+        dir: var("MYPROBE_TEST_DIR").into(),
+        socket: var("MYPROBE_TEST_SOCKET").into(),
+        pid: var("MYPROBE_TEST_PID").parse().expect("MYPROBE_TEST_PID is a number"),
+        testdb: var("MYPROBE_TESTDB").into(),
+    }
+}
+
+impl TestDb {
+    /// Starts sysbench oltp_read_write against the server for `secs` seconds, in the background.
+    pub fn load(&self, secs: u32) -> Load {
+        let child = Command::new(&self.testdb)
+            .arg("load")
+            .arg(&self.dir)
+            .arg(secs.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting sysbench load");
+        Load(Some(child))
+    }
+
+    /// Runs SQL through the mariadb client as root; returns its tab-separated output.
+    pub fn sql(&self, sql: &str) -> String {
+        let out = Command::new("mariadb")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(["-uroot", "-N", "-B", "-e", sql])
+            .output()
+            .expect("running the mariadb client");
+        assert!(out.status.success(), "SQL failed: {sql}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A client connection kept open by a `mariadb` process reading statements from a pipe.
+    pub fn session(&self) -> Session {
+        let mut child = Command::new("mariadb")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(["-uroot", "-N", "-B", "--unbuffered"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the mariadb client");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Session { child, stdin, stdout }
+    }
+}
+
+/// A running sysbench load; `wait` asserts that it ran, so a broken load never passes for a tracer bug.
+pub struct Load(Option<Child>);
+
+impl Load {
+    pub fn wait(mut self) {
+        let out = self.0.take().unwrap().wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "sysbench load failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub struct Session {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Session {
+    /// Sends one statement that returns one row, and reads that row.
+    pub fn query_row(&mut self, sql: &str) -> String {
+        writeln!(self.stdin, "{sql};").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    }
+
+    /// The OS thread id serving this connection (MariaDB's processlist TID column).
+    pub fn server_tid(&mut self) -> u32 {
+        self.query_row("SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()")
+            .parse()
+            .expect("TID is a number")
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn myprobe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_myprobe"))
+}
+
+/// Runs myprobe, asserting success; returns stderr for inspection.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().expect("running myprobe");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "myprobe failed: {cmd:?}\nstderr:\n{stderr}");
+    stderr
+}
+
+/// A fresh temporary directory for one test's files.
+pub fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("myprobe-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Parses folded text into (frames root first, value).
+pub fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (stack, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line {l:?}"));
+            (stack.split(';').map(str::to_string).collect(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Sum of the values of stacks that contain a frame for which `pred` holds.
+pub fn value_with_frame(stacks: &[(Vec<String>, u64)], pred: impl Fn(&str) -> bool) -> u64 {
+    stacks.iter().filter(|(f, _)| f.iter().any(|x| pred(x))).map(|(_, v)| v).sum()
+}
