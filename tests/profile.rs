@@ -55,7 +55,7 @@ fn offcpu_profile_of_an_idle_connection_shows_the_socket_wait() {
     let mut session = db.session();
     let tid = session.server_tid();
     let folded = dir.join("offcpu.folded");
-    let mut tracer = myprobe()
+    let tracer = myprobe()
         .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "-o"])
         .arg(&folded)
         .stderr(std::process::Stdio::piped())

@@ -72,15 +72,15 @@ pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
         ProfileCommand::Cpu(a) => {
             anyhow::ensure!((1..=10_000).contains(&a.frequency), "-F must be between 1 and 10000 Hz");
-            let (target, opts) = prepare(&a.trace)?;
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!("myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early", a.frequency, a.trace.duration);
             let collected = collect::cpu::collect(&opts, a.frequency)?;
             let ended = Instant::now();
-            let profile = build_profile(&target, &collected, Unit::Samples, &a.trace, |_, v| vec![(None, v[0])])?;
+            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Samples, &a.trace, |_, v| vec![(None, v[0])])?;
             finish(&target, &a.trace, &collected, &profile, ended, "CPU", Palette::Hot)
         }
         ProfileCommand::Offcpu(a) => {
-            let (target, opts) = prepare(&a.trace)?;
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!(
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
@@ -88,7 +88,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let collected = collect::offcpu::collect(&opts, a.min_block_us)?;
             let ended = Instant::now();
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
-            let profile = build_profile(&target, &collected, Unit::Microseconds, &a.trace, |_, v| {
+            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Microseconds, &a.trace, |_, v| {
                 vec![(Some("[blocked]"), v[0] / 1000), (Some("[runnable]"), v[1] / 1000)]
             })?;
             finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
@@ -96,7 +96,9 @@ pub fn run(c: ProfileCommand) -> Result<()> {
     }
 }
 
-fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions)> {
+/// Checks and resolves everything before tracing, including the symbolizer's one-time work, so that
+/// results come right after tracing ends.
+fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions, Symbolizer)> {
     anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
     if let Some(out) = &a.output {
         render::format_for(out)?;
@@ -109,19 +111,21 @@ fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions)> {
         kernel_stacks: a.kernel,
         btf: a.btf.clone(),
     };
-    Ok((target, opts))
+    let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
+    symbolizer.preload(a.kernel);
+    Ok((target, opts, symbolizer))
 }
 
 /// Symbolizes each unique stack once and adds it to a profile, root first; `split` turns a stack's two values
 /// into (leaf marker frame, value) parts.
 fn build_profile(
     target: &Target,
+    symbolizer: &mut Symbolizer,
     collected: &Collected,
     unit: Unit,
     a: &TraceArgs,
     split: impl Fn(&RawStack, [u64; 2]) -> Vec<(Option<&'static str>, u64)>,
 ) -> Result<Profile> {
-    let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     let mut profile = Profile::new(unit);
     let mut thread_names = std::collections::HashMap::new();
     for (raw, &values) in &collected.stacks {
@@ -167,6 +171,7 @@ fn finish(
     let mut meta = serde_json::Map::new();
     meta.insert("pid".into(), target.pid.into());
     meta.insert("process".into(), target.comm.clone().into());
+    meta.insert("exe".into(), target.exe.display().to_string().into());
     meta.insert("flavor".into(), target.flavor.to_string().into());
     meta.insert("version".into(), target.version.clone().into());
     meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());

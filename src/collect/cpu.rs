@@ -3,7 +3,7 @@
 use std::{mem::MaybeUninit, os::fd::{FromRawFd, OwnedFd, AsRawFd}};
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::{OpenSkel, Skel};
+use libbpf_rs::skel::OpenSkel;
 use perf_event_open_sys as perf;
 
 use super::{drain, open_skel, online_cpus, CollectOptions, Collected};

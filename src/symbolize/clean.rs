@@ -18,13 +18,22 @@ const SPECIAL_PREFIXES: &[&str] = &[
 
 /// Operator spellings after `operator`, longest first so that `<<=` wins over `<<` and `<`.
 const OPERATORS: &[&str] = &[
-    "->*", "<=>", "<<=", ">>=", "()", "[]", "->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "++", "--",
-    "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<", ">", "+", "-", "*", "/", "%", "&", "|", "^", "!", "~",
-    "=", ",",
+    "->*", "<=>", "<<=", ">>=", "()", "[]", "->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||",
+    "++", "--", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<", ">", "+", "-", "*", "/", "%",
+    "&", "|", "^", "!", "~", "=", ",",
 ];
 
 /// GCC/LLVM suffixes of local clones of a function (`foo.isra.0`, `foo.cold`, `foo.constprop.0.isra.0`).
-const CLONE_SUFFIXES: &[&str] = &["isra", "constprop", "part", "cold", "lto_priv", "llvm", "localalias", "clone"];
+const CLONE_SUFFIXES: &[&str] = &[
+    "isra",
+    "constprop",
+    "part",
+    "cold",
+    "lto_priv",
+    "llvm",
+    "localalias",
+    "clone",
+];
 
 /// Cleans a (demangled) symbol name. Returns `None` when nothing usable is left.
 pub fn clean_name(raw: &str) -> Option<String> {
@@ -32,7 +41,10 @@ pub fn clean_name(raw: &str) -> Option<String> {
     let mut prefix = String::new();
     // cpp_demangle spells thunks `{virtual override thunk({offset(-168)}, X::~X())}`; c++filt (and so gdb,
     // perf and the users' scripts) `non-virtual thunk to X::~X()`.
-    if let Some(inner) = s.strip_prefix("{virtual override thunk(").and_then(|r| r.strip_suffix(")}")) {
+    if let Some(inner) = s
+        .strip_prefix("{virtual override thunk(")
+        .and_then(|r| r.strip_suffix(")}"))
+    {
         let mut rest = inner;
         let mut offsets = Vec::new();
         while rest.starts_with('{') {
@@ -97,7 +109,11 @@ fn clean_function(name: &str) -> String {
         }
         for q in [" const", " volatile", " &&", " &", " noexcept", " throw()"] {
             if let Some(rest) = s.strip_suffix(q) {
-                if rest.ends_with(')') || rest.ends_with(']') || rest.ends_with('&') || rest.ends_with("const") {
+                if rest.ends_with(')')
+                    || rest.ends_with(']')
+                    || rest.ends_with('&')
+                    || rest.ends_with("const")
+                {
                     s = rest.trim_end();
                 }
             }
@@ -217,7 +233,9 @@ fn strip_clone_suffixes(mut s: &str) -> &str {
         let head = &s[..dot];
         if !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) {
             // A number: only a clone suffix when it follows one of the keywords.
-            let Some(dot2) = head.rfind('.') else { return s };
+            let Some(dot2) = head.rfind('.') else {
+                return s;
+            };
             if dot2 == 0 || !CLONE_SUFFIXES.contains(&&head[dot2 + 1..]) {
                 return s;
             }
@@ -240,10 +258,16 @@ mod tests {
 
     #[test]
     fn argument_lists_and_qualifiers() {
-        assert_eq!(c("dispatch_command(enum_server_command, THD*, char*, unsigned int, bool)"), "dispatch_command");
+        assert_eq!(
+            c("dispatch_command(enum_server_command, THD*, char*, unsigned int, bool)"),
+            "dispatch_command"
+        );
         assert_eq!(c("do_command(THD*, bool)"), "do_command");
         assert_eq!(c("Item_func_sleep::val_int()"), "Item_func_sleep::val_int");
-        assert_eq!(c("handler::ha_index_next(unsigned char*) const"), "handler::ha_index_next");
+        assert_eq!(
+            c("handler::ha_index_next(unsigned char*) const"),
+            "handler::ha_index_next"
+        );
         assert_eq!(c("Foo::bar() const &"), "Foo::bar");
         assert_eq!(c("vio_socket_io_wait"), "vio_socket_io_wait");
         assert_eq!(
@@ -275,14 +299,32 @@ mod tests {
         assert_eq!(c("Foo::operator()()"), "Foo::operator()");
         assert_eq!(c("operator new(unsigned long)"), "operator new");
         assert_eq!(c("operator delete[](void*)"), "operator delete[]");
-        assert_eq!(c("String::operator<(String const&) const"), "String::operator<");
-        assert_eq!(c("bool operator< <int>(A<int> const&, A<int> const&)"), "operator< <int>");
-        assert_eq!(c("Foo::operator unsigned long() const"), "Foo::operator unsigned long");
-        assert_eq!(c("(anonymous namespace)::helper(int)"), "(anonymous namespace)::helper");
-        assert_eq!(c("f()::{lambda(int)#1}::operator()(int) const"), "f()::{lambda(int)#1}::operator()");
+        assert_eq!(
+            c("String::operator<(String const&) const"),
+            "String::operator<"
+        );
+        assert_eq!(
+            c("bool operator< <int>(A<int> const&, A<int> const&)"),
+            "operator< <int>"
+        );
+        assert_eq!(
+            c("Foo::operator unsigned long() const"),
+            "Foo::operator unsigned long"
+        );
+        assert_eq!(
+            c("(anonymous namespace)::helper(int)"),
+            "(anonymous namespace)::helper"
+        );
+        assert_eq!(
+            c("f()::{lambda(int)#1}::operator()(int) const"),
+            "f()::{lambda(int)#1}::operator()"
+        );
         assert_eq!(c("std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_create[abi:cxx11](unsigned long&, unsigned long)"),
             "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_create[abi:cxx11]");
-        assert_eq!(c("non-virtual thunk to ha_innobase::info(unsigned int)"), "non-virtual thunk to ha_innobase::info");
+        assert_eq!(
+            c("non-virtual thunk to ha_innobase::info(unsigned int)"),
+            "non-virtual thunk to ha_innobase::info"
+        );
         assert_eq!(
             c("{virtual override thunk({offset(-168)}, Item_func_history::~Item_func_history())}"),
             "non-virtual thunk to Item_func_history::~Item_func_history"

@@ -44,7 +44,8 @@ impl ElfInfo {
     pub fn read(path: &Path, symbolic_path: &Path, extra_debug_dirs: &[PathBuf]) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let cache = ReadCache::new(file);
-        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let obj = object::File::parse(&cache)
+            .with_context(|| format!("parsing ELF {}", path.display()))?;
         let segments = obj
             .segments()
             .map(|s| {
@@ -53,11 +54,19 @@ impl ElfInfo {
                     object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
                     _ => true,
                 };
-                Segment { offset, filesz, vaddr: s.address(), memsz: s.size(), exec }
+                Segment {
+                    offset,
+                    filesz,
+                    vaddr: s.address(),
+                    memsz: s.size(),
+                    exec,
+                }
             })
             .collect();
         let build_id = obj.build_id().ok().flatten().map(<[u8]>::to_vec);
-        let has_debug_info = obj.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
+        let has_debug_info = obj
+            .section_by_name(".debug_info")
+            .is_some_and(|s| s.size() > 0);
         let has_symtab = obj.section_by_name(".symtab").is_some_and(|s| s.size() > 0);
         let debuglink = obj
             .gnu_debuglink()
@@ -66,13 +75,27 @@ impl ElfInfo {
             .and_then(|(name, _crc)| std::str::from_utf8(name).ok().map(str::to_owned));
         let mut dirs: Vec<PathBuf> = DEBUG_DIRS.iter().map(PathBuf::from).collect();
         dirs.extend(extra_debug_dirs.iter().cloned());
-        let debug_file = find_debug_file(&dirs, build_id.as_deref(), debuglink.as_deref(), symbolic_path, path);
-        Ok(ElfInfo { segments, build_id, has_debug_info, has_symtab, debug_file })
+        let debug_file = find_debug_file(
+            &dirs,
+            build_id.as_deref(),
+            debuglink.as_deref(),
+            symbolic_path,
+            path,
+        );
+        Ok(ElfInfo {
+            segments,
+            build_id,
+            has_debug_info,
+            has_symtab,
+            debug_file,
+        })
     }
 
     /// Whether `vaddr` lies in an executable segment.
     pub fn is_exec(&self, vaddr: u64) -> bool {
-        self.segments.iter().any(|s| s.exec && vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz)
+        self.segments
+            .iter()
+            .any(|s| s.exec && vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz)
     }
 
     /// ELF virtual address of the byte at `file_off` in the file, if a loadable segment holds it.
@@ -84,9 +107,9 @@ impl ElfInfo {
         // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
         // zero-filled tail past the file size.
         let seg = in_file.or_else(|| {
-            self.segments
-                .iter()
-                .find(|s| file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz))
+            self.segments.iter().find(|s| {
+                file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz)
+            })
         })?;
         Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
     }
@@ -107,7 +130,11 @@ fn find_debug_file(
     if let Some(id) = build_id.filter(|id| id.len() >= 8) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         for d in dirs {
-            candidates.push(d.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..])));
+            candidates.push(
+                d.join(".build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..])),
+            );
         }
     }
     if let Some(link) = debuglink {
@@ -125,7 +152,9 @@ fn find_debug_file(
         }
         let Ok(file) = File::open(&p) else { continue };
         let cache = ReadCache::new(file);
-        let Ok(obj) = object::File::parse(&cache) else { continue };
+        let Ok(obj) = object::File::parse(&cache) else {
+            continue;
+        };
         let other_id = obj.build_id().ok().flatten();
         if let (Some(a), Some(b)) = (build_id, other_id) {
             if a != b {
@@ -151,11 +180,14 @@ impl EhTable {
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let cache = ReadCache::new(file);
-        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let obj = object::File::parse(&cache)
+            .with_context(|| format!("parsing ELF {}", path.display()))?;
         let Some(section) = obj.section_by_name(".eh_frame") else {
             return Ok(Self::default());
         };
-        let data = section.data().with_context(|| format!("reading .eh_frame of {}", path.display()))?;
+        let data = section
+            .data()
+            .with_context(|| format!("reading .eh_frame of {}", path.display()))?;
         let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
         if let Some(text) = obj.section_by_name(".text") {
             bases = bases.set_text(text.address());
@@ -166,7 +198,11 @@ impl EhTable {
         if let Some(hdr) = obj.section_by_name(".eh_frame_hdr") {
             bases = bases.set_eh_frame_hdr(hdr.address());
         }
-        let endian = if obj.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let endian = if obj.is_little_endian() {
+            gimli::RunTimeEndian::Little
+        } else {
+            gimli::RunTimeEndian::Big
+        };
         let mut eh = gimli::EhFrame::new(data, endian);
         eh.set_address_size(if obj.is_64() { 8 } else { 4 });
 
@@ -174,7 +210,9 @@ impl EhTable {
         let mut ranges: Vec<(u64, u32)> = Vec::new();
         let mut entries = eh.entries(&bases);
         while let Ok(Some(entry)) = entries.next() {
-            let gimli::CieOrFde::Fde(partial) = entry else { continue };
+            let gimli::CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
             let fde = partial.parse(|section, bases, offset| {
                 if let Some(cie) = cies.get(&offset) {
                     return Ok(Clone::clone(cie));
@@ -185,24 +223,34 @@ impl EhTable {
             });
             if let Ok(fde) = fde {
                 if fde.len() > 0 {
-                    ranges.push((fde.initial_address(), u32::try_from(fde.len()).unwrap_or(u32::MAX)));
+                    ranges.push((
+                        fde.initial_address(),
+                        u32::try_from(fde.len()).unwrap_or(u32::MAX),
+                    ));
                 }
             }
         }
         ranges.sort_unstable();
         ranges.dedup_by_key(|r| r.0);
-        Ok(EhTable { starts: ranges.iter().map(|r| r.0).collect(), lens: ranges.iter().map(|r| r.1).collect() })
+        Ok(EhTable {
+            starts: ranges.iter().map(|r| r.0).collect(),
+            lens: ranges.iter().map(|r| r.1).collect(),
+        })
     }
 
     /// The `[start, end)` of the function (FDE) that holds `vaddr`.
     pub fn find(&self, vaddr: u64) -> Option<(u64, u64)> {
-        self.last_at_or_before(vaddr).filter(|&(_, end)| vaddr < end)
+        self.last_at_or_before(vaddr)
+            .filter(|&(_, end)| vaddr < end)
     }
 
     /// The `[start, end)` of the last function (FDE) starting at or before `vaddr`, whether it holds `vaddr`
     /// or not.
     pub fn last_at_or_before(&self, vaddr: u64) -> Option<(u64, u64)> {
-        let i = self.starts.partition_point(|&s| s <= vaddr).checked_sub(1)?;
+        let i = self
+            .starts
+            .partition_point(|&s| s <= vaddr)
+            .checked_sub(1)?;
         Some((self.starts[i], self.starts[i] + u64::from(self.lens[i])))
     }
 }
@@ -218,6 +266,10 @@ impl EhTable {
     }
 
     pub fn ranges_for_tests(&self) -> Vec<(u64, u64)> {
-        self.starts.iter().zip(&self.lens).map(|(&s, &l)| (s, s + u64::from(l))).collect()
+        self.starts
+            .iter()
+            .zip(&self.lens)
+            .map(|(&s, &l)| (s, s + u64::from(l)))
+            .collect()
     }
 }

@@ -1,20 +1,25 @@
 //! Symbolization: raw instruction pointers of the traced process and of the kernel → frame names for flame
 //! graphs.
 //!
-//! - Once per unique address: names are cached (address → name), the misses of one stack go to blazesym in
-//!   one call per binary, and equal names share one `Rc<str>`.
+//! - Once per unique address: names are cached (address → name); the misses of one stack go to blazesym in
+//!   one call per binary; equal names share one `Rc<str>`.
 //! - Return addresses (every IP but the first) are looked up at `ip - 1`, so that a call at the very end of a
 //!   function names that function (and not the next one, or nothing).
 //! - Mappings come from `/proc/PID/maps`; each mapped ELF file is symbolized through its own blazesym ELF
-//!   source, with debug information (DWARF, or a separate debug file such as Debian's
-//!   `/usr/lib/debug/.build-id/xx/yyyy.debug`) only where some exists for that file, so that neither a
-//!   stripped `mariadbd` nor a `libc.so.6` with `libc6-dbg` loses names.
+//!   source, and the source is chosen per file: its own symbols; or the `.symtab` of its separate debug file
+//!   when one is installed (Debian's `libc6-dbg`, `*-dbgsym`: `/usr/lib/debug/.build-id/xx/yyyy.debug`, or a
+//!   `.gnu_debuglink` target with the same build-id), which names static functions too and costs 1 ms where
+//!   DWARF costs 50 ms for glibc (and seconds for a `mariadbd` with debug info); or DWARF through blazesym's
+//!   debug link resolution, for debug files without a symbol table. A stripped `mariadbd` never gets
+//!   `debug_syms`, and what a debug file lacks is looked up in the binary's own symbols.
 //! - Addresses without a symbol (stripped binaries, static functions) are named by the start of the function
 //!   holding them, from the binary's `.eh_frame`: `mariadbd+0x8a1c00`, the ELF virtual address that
-//!   `addr2line -e` takes. Sizeless symbols that blazesym stretches over a following function are checked
-//!   against the same table.
-//! - Names are cleaned (see [`clean`]): demangled, no argument lists, no clone suffixes, no `;`.
+//!   `addr2line -e` takes. blazesym honours symbol sizes; sizeless symbols (which it stretches up to the next
+//!   symbol in `.symtab`) are checked against the same table.
+//! - Names are cleaned (see [`clean_name`]): demangled, no argument lists, no clone suffixes, no `;`.
+//!   Demangling (3 to 7 µs a C++ name) is done once per symbol, not once per address.
 //! - Kernel frames come from `/proc/kallsyms` and end in `_[k]`.
+//! - A blazesym error never loses a frame: `.eh_frame` name, then the mapping's name, then `[unknown]`.
 
 mod clean;
 mod elf;
@@ -153,7 +158,10 @@ impl Symbolizer {
         // Debug files of a process in another mount namespace (a container) are in its own file system.
         let mut extra_debug_dirs = Vec::new();
         let root = PathBuf::from(format!("/proc/{pid}/root"));
-        if std::fs::read_link(&root).map(|r| r != Path::new("/")).unwrap_or(false) {
+        if std::fs::read_link(&root)
+            .map(|r| r != Path::new("/"))
+            .unwrap_or(false)
+        {
             for d in elf::DEBUG_DIRS {
                 extra_debug_dirs.push(root.join(d.trim_start_matches('/')));
             }
@@ -186,7 +194,8 @@ impl Symbolizer {
             names: HashSet::new(),
             stats: SymbolizeStats::default(),
         };
-        s.read_maps().with_context(|| format!("reading the mappings of process {pid}"))?;
+        s.read_maps()
+            .with_context(|| format!("reading the mappings of process {pid}"))?;
         s.stats.elapsed += t0.elapsed();
         Ok(s)
     }
@@ -194,7 +203,11 @@ impl Symbolizer {
     /// Names for a user stack, leaf first, same length as `ips` (one name per address; never drops frames).
     pub fn user_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
         let lookups: Vec<u64> = lookup_addrs(ips);
-        let mut misses: Vec<u64> = lookups.iter().copied().filter(|a| !self.user_cache.contains_key(a)).collect();
+        let mut misses: Vec<u64> = lookups
+            .iter()
+            .copied()
+            .filter(|a| !self.user_cache.contains_key(a))
+            .collect();
         if !misses.is_empty() {
             let t0 = Instant::now();
             misses.sort_unstable();
@@ -202,13 +215,20 @@ impl Symbolizer {
             self.resolve_user(&misses);
             self.stats.elapsed += t0.elapsed();
         }
-        lookups.iter().map(|a| Rc::clone(&self.user_cache[a])).collect()
+        lookups
+            .iter()
+            .map(|a| Rc::clone(&self.user_cache[a]))
+            .collect()
     }
 
     /// Names for a kernel stack, leaf first, each suffixed "_[k]" (the FlameGraph convention).
     pub fn kernel_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
         let lookups: Vec<u64> = lookup_addrs(ips);
-        let mut misses: Vec<u64> = lookups.iter().copied().filter(|a| !self.kernel_cache.contains_key(a)).collect();
+        let mut misses: Vec<u64> = lookups
+            .iter()
+            .copied()
+            .filter(|a| !self.kernel_cache.contains_key(a))
+            .collect();
         if !misses.is_empty() {
             let t0 = Instant::now();
             misses.sort_unstable();
@@ -216,10 +236,14 @@ impl Symbolizer {
             self.resolve_kernel(&misses);
             self.stats.elapsed += t0.elapsed();
         }
-        lookups.iter().map(|a| Rc::clone(&self.kernel_cache[a])).collect()
+        lookups
+            .iter()
+            .map(|a| Rc::clone(&self.kernel_cache[a]))
+            .collect()
     }
 
     /// Counters for diagnostics: unique addresses symbolized, how many had no symbol, time spent.
+    #[allow(dead_code)] // API for the commands' diagnostics
     pub fn stats(&self) -> SymbolizeStats {
         self.stats
     }
@@ -228,9 +252,15 @@ impl Symbolizer {
     /// the kernel, mostly the kernel writing /proc/kallsyms): loads the kernel symbols (if `kernel`) and the
     /// symbol and `.eh_frame` tables of every executable file mapping. Calling it right after attaching,
     /// while the trace runs, shortens the time from the end of tracing to the results.
+    #[allow(dead_code)] // API for the collectors
     pub fn preload(&mut self, kernel: bool) {
         let t0 = Instant::now();
-        if kernel && self.kallsyms_usable() && self.raw.symbolize(&Self::kernel_source(), Input::AbsAddr(&[])).is_err()
+        if kernel
+            && self.kallsyms_usable()
+            && self
+                .raw
+                .symbolize(&Self::kernel_source(), Input::AbsAddr(&[]))
+                .is_err()
         {
             self.stats.errors += 1;
             self.kallsyms_ok = Some(false);
@@ -244,7 +274,12 @@ impl Symbolizer {
             }
         }
         for (bin, offset) in bins {
-            let Some(vaddr) = self.binary_info(bin).and_then(|i| i.file_offset_to_vaddr(offset)) else { continue };
+            let Some(vaddr) = self
+                .binary_info(bin)
+                .and_then(|i| i.file_offset_to_vaddr(offset))
+            else {
+                continue;
+            };
             let _ = self.eh_table(bin);
             let mode = self.binaries[bin].mode.clone();
             for blaze in [&self.raw, &self.demangling] {
@@ -331,15 +366,25 @@ impl Symbolizer {
             };
             MapKind::File(idx)
         };
-        Some(Mapping { start, end, offset, exec, kind })
+        Some(Mapping {
+            start,
+            end,
+            offset,
+            exec,
+            kind,
+        })
     }
 
     /// The file as the process sees it (`/proc/PID/root/...`, so that debug links next to it resolve), or the
     /// mapping itself (`/proc/PID/map_files/...`: deleted or replaced files, other mount namespaces).
     fn open_path(&self, symbolic: &Path, inode: u64, start: u64, end: u64) -> PathBuf {
         use std::os::unix::fs::MetadataExt;
-        let rooted = Path::new(&format!("/proc/{}/root", self.pid)).join(symbolic.strip_prefix("/").unwrap_or(symbolic));
-        if std::fs::metadata(&rooted).map(|m| m.ino() == inode).unwrap_or(false) {
+        let rooted = Path::new(&format!("/proc/{}/root", self.pid))
+            .join(symbolic.strip_prefix("/").unwrap_or(symbolic));
+        if std::fs::metadata(&rooted)
+            .map(|m| m.ino() == inode)
+            .unwrap_or(false)
+        {
             return rooted;
         }
         let mapped = PathBuf::from(format!("/proc/{}/map_files/{start:x}-{end:x}", self.pid));
@@ -350,7 +395,10 @@ impl Symbolizer {
     }
 
     fn find_mapping(&self, addr: u64) -> Option<usize> {
-        let i = self.maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
+        let i = self
+            .maps
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
         (addr < self.maps[i].end).then_some(i)
     }
 
@@ -359,7 +407,10 @@ impl Symbolizer {
             let b = &self.binaries[bin];
             let info = ElfInfo::read(&b.open_path, &b.symbolic, &self.extra_debug_dirs).ok();
             let b = &mut self.binaries[bin];
-            b.mode = match info.as_ref().map(|i| (&i.debug_file, i.has_debug_info, i.has_symtab)) {
+            b.mode = match info
+                .as_ref()
+                .map(|i| (&i.debug_file, i.has_debug_info, i.has_symtab))
+            {
                 Some((Some((path, true)), _, _)) => SymMode::DebugFile(path.clone()),
                 Some((Some((_, false)), _, _)) | Some((None, true, false)) => SymMode::Dwarf,
                 _ => SymMode::Own,
@@ -374,7 +425,10 @@ impl Symbolizer {
             return Rc::clone(eh);
         }
         let build_id = self.binary_info(bin).and_then(|i| i.build_id.clone());
-        let cached = build_id.as_ref().and_then(|id| self.eh_by_build_id.get(id)).cloned();
+        let cached = build_id
+            .as_ref()
+            .and_then(|id| self.eh_by_build_id.get(id))
+            .cloned();
         let eh = cached.unwrap_or_else(|| {
             let eh = Rc::new(EhTable::read(&self.binaries[bin].open_path).unwrap_or_default());
             if let Some(id) = build_id {
@@ -414,11 +468,13 @@ impl Symbolizer {
                 }
             }
             // Addresses in no mapping: maybe a library loaded since; read the maps again (not too often).
-            if round == 0 && !unmapped.is_empty() && self.maps_read.elapsed() >= MAPS_REFRESH_INTERVAL {
-                if self.read_maps().is_ok() {
-                    pending = std::mem::take(&mut unmapped);
-                    continue;
-                }
+            if round == 0
+                && !unmapped.is_empty()
+                && self.maps_read.elapsed() >= MAPS_REFRESH_INTERVAL
+                && self.read_maps().is_ok()
+            {
+                pending = std::mem::take(&mut unmapped);
+                continue;
             }
             break;
         }
@@ -441,13 +497,21 @@ impl Symbolizer {
     /// `addrs`: (absolute address, file offset) pairs inside mappings of binary `bin`.
     fn resolve_in_binary(&mut self, bin: usize, addrs: &[(u64, u64)]) {
         let vaddrs: Vec<Option<u64>> = match self.binary_info(bin) {
-            Some(info) => addrs.iter().map(|&(_, off)| info.file_offset_to_vaddr(off)).collect(),
+            Some(info) => addrs
+                .iter()
+                .map(|&(_, off)| info.file_offset_to_vaddr(off))
+                .collect(),
             None => vec![None; addrs.len()],
         };
         let query: Vec<u64> = vaddrs.iter().flatten().copied().collect();
         let mut found: Vec<Option<Found>> = vec![None; query.len()];
         let primary = self.binaries[bin].mode.clone();
-        if !query.is_empty() && self.binaries[bin].info.as_ref().is_some_and(Option::is_some) {
+        if !query.is_empty()
+            && self.binaries[bin]
+                .info
+                .as_ref()
+                .is_some_and(Option::is_some)
+        {
             match self.blaze_elf(&self.raw, bin, &primary, &query) {
                 Ok(f) => found = f,
                 Err(_) => {
@@ -460,7 +524,8 @@ impl Symbolizer {
             }
             // What the debug information lacks, the binary's own symbols may have.
             if primary != SymMode::Own {
-                let missing: Vec<usize> = (0..query.len()).filter(|&i| found[i].is_none()).collect();
+                let missing: Vec<usize> =
+                    (0..query.len()).filter(|&i| found[i].is_none()).collect();
                 if !missing.is_empty() {
                     let q: Vec<u64> = missing.iter().map(|&i| query[i]).collect();
                     match self.blaze_elf(&self.raw, bin, &SymMode::Own, &q) {
@@ -493,7 +558,13 @@ impl Symbolizer {
     /// Fills `clean_names` for the raw names of `found` not seen before. Demangling is the costly part of
     /// symbolization (3 to 7 µs a C++ name): it is done once per symbol, by asking the demangling blazesym
     /// instance about the first address found in each symbol.
-    fn demangle_new_names(&mut self, bin: usize, primary: &SymMode, query: &[u64], found: &[Option<Found>]) {
+    fn demangle_new_names(
+        &mut self,
+        bin: usize,
+        primary: &SymMode,
+        query: &[u64],
+        found: &[Option<Found>],
+    ) {
         let mut todo: [Vec<(&str, u64, u64)>; 2] = [Vec::new(), Vec::new()];
         let mut seen: HashSet<&str> = HashSet::new();
         for (f, &vaddr) in found.iter().zip(query) {
@@ -505,25 +576,36 @@ impl Symbolizer {
                 todo[usize::from(f.own)].push((f.raw.as_str(), vaddr, f.start));
             } else {
                 let name = clean_name(&f.raw).map(|n| self.intern(&n));
-                self.clean_names.insert(f.raw.clone().into_boxed_str(), name);
+                self.clean_names
+                    .insert(f.raw.clone().into_boxed_str(), name);
             }
         }
         for (own, list) in todo.into_iter().enumerate() {
             if list.is_empty() {
                 continue;
             }
-            let mode = if own == 1 { SymMode::Own } else { primary.clone() };
-            let vaddrs: Vec<u64> = list.iter().map(|t| t.1).collect();
-            let demangled: Vec<Option<String>> = match self.blaze_elf(&self.demangling, bin, &mode, &vaddrs) {
-                Ok(f) => f.into_iter().map(|f| f.map(|f| (f.raw, f.start))).zip(&list).map(|(d, t)| {
-                    // The same symbol as the raw lookup (same instance settings but demangling).
-                    d.filter(|d| d.1 == t.2).map(|d| d.0)
-                }).collect(),
-                Err(_) => {
-                    self.stats.errors += 1;
-                    vec![None; list.len()]
-                }
+            let mode = if own == 1 {
+                SymMode::Own
+            } else {
+                primary.clone()
             };
+            let vaddrs: Vec<u64> = list.iter().map(|t| t.1).collect();
+            let demangled: Vec<Option<String>> =
+                match self.blaze_elf(&self.demangling, bin, &mode, &vaddrs) {
+                    Ok(f) => f
+                        .into_iter()
+                        .map(|f| f.map(|f| (f.raw, f.start)))
+                        .zip(&list)
+                        .map(|(d, t)| {
+                            // The same symbol as the raw lookup (same instance settings but demangling).
+                            d.filter(|d| d.1 == t.2).map(|d| d.0)
+                        })
+                        .collect(),
+                    Err(_) => {
+                        self.stats.errors += 1;
+                        vec![None; list.len()]
+                    }
+                };
             for ((raw, _, _), d) in list.into_iter().zip(demangled) {
                 let name = clean_name(d.as_deref().unwrap_or(raw)).map(|n| self.intern(&n));
                 self.clean_names.insert(raw.into(), name);
@@ -579,7 +661,9 @@ impl Symbolizer {
                 match eh.last_at_or_before(vaddr) {
                     Some((fde_start, _)) if fde_start > f.start => false,
                     Some((_, fde_end)) if vaddr < fde_end => true,
-                    _ => self.binary_info(bin).is_some_and(|i| i.is_exec(vaddr) && i.is_exec(f.start)),
+                    _ => self
+                        .binary_info(bin)
+                        .is_some_and(|i| i.is_exec(vaddr) && i.is_exec(f.start)),
                 }
             };
             if trusted {
@@ -601,7 +685,10 @@ impl Symbolizer {
         src.perf_map = false;
         src.map_files = false;
         src.vdso = true;
-        let found: Vec<Option<String>> = match self.raw.symbolize(&Source::Process(src), Input::AbsAddr(addrs)) {
+        let found: Vec<Option<String>> = match self
+            .raw
+            .symbolize(&Source::Process(src), Input::AbsAddr(addrs))
+        {
             Ok(syms) => syms
                 .into_iter()
                 .map(|s| match s {
@@ -629,25 +716,39 @@ impl Symbolizer {
     fn kallsyms_usable(&mut self) -> bool {
         *self.kallsyms_ok.get_or_insert_with(|| {
             use std::io::BufRead;
-            let Ok(f) = std::fs::File::open("/proc/kallsyms") else { return false };
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(f).read_line(&mut line);
-            line.split_whitespace().next().and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a != 0)
+            let Ok(f) = std::fs::File::open("/proc/kallsyms") else {
+                return false;
+            };
+            // The first text symbol (per-CPU symbols at 0 may come before it).
+            std::io::BufReader::new(f)
+                .lines()
+                .take(10_000)
+                .map_while(|l| l.ok())
+                .find_map(|l| {
+                    let mut f = l.split_whitespace();
+                    let addr = f.next()?;
+                    matches!(f.next()?, "T" | "t").then(|| u64::from_str_radix(addr, 16).ok())
+                })
+                .flatten()
+                .is_some_and(|a| a != 0)
         })
     }
 
     fn kernel_source() -> Source<'static> {
-        let mut src = Kernel::default();
-        src.vmlinux = MaybeDefault::None;
-        src.debug_syms = false;
-        Source::Kernel(src)
+        Source::Kernel(Kernel {
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        })
     }
 
     fn resolve_kernel(&mut self, misses: &[u64]) {
         self.stats.kernel_addrs += misses.len();
         self.stats.unique_addrs += misses.len();
         let result = if self.kallsyms_usable() {
-            self.raw.symbolize(&Self::kernel_source(), Input::AbsAddr(misses)).map_err(|_| ())
+            self.raw
+                .symbolize(&Self::kernel_source(), Input::AbsAddr(misses))
+                .map_err(|_| ())
         } else {
             Err(())
         };

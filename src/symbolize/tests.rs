@@ -12,7 +12,10 @@ use object::{Object, ObjectSymbol};
 
 use super::*;
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/symbolize/known_stacks.c");
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/symbolize/known_stacks.c"
+);
 
 /// Builds the fixture once per test run: (unstripped, stripped) paths.
 fn fixture_binaries() -> &'static (PathBuf, PathBuf) {
@@ -22,7 +25,12 @@ fn fixture_binaries() -> &'static (PathBuf, PathBuf) {
         let tmp = std::env::temp_dir();
         for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
             let name = e.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("myprobe-symbolize-test-")) else { continue };
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("myprobe-symbolize-test-"))
+            else {
+                continue;
+            };
             if !Path::new("/proc").join(pid).exists() {
                 let _ = std::fs::remove_dir_all(e.path());
             }
@@ -32,7 +40,14 @@ fn fixture_binaries() -> &'static (PathBuf, PathBuf) {
         let plain = dir.join("known_stacks");
         let stripped = dir.join("known_stacks_stripped");
         let status = Command::new("cc")
-            .args(["-O1", "-g", "-rdynamic", "-fno-inline", "-fno-optimize-sibling-calls", "-fno-toplevel-reorder"])
+            .args([
+                "-O1",
+                "-g",
+                "-rdynamic",
+                "-fno-inline",
+                "-fno-optimize-sibling-calls",
+                "-fno-toplevel-reorder",
+            ])
             .arg("-o")
             .arg(&plain)
             .arg(FIXTURE)
@@ -40,7 +55,10 @@ fn fixture_binaries() -> &'static (PathBuf, PathBuf) {
             .expect("running cc");
         assert!(status.success(), "cc failed");
         std::fs::copy(&plain, &stripped).unwrap();
-        let status = Command::new("strip").arg(&stripped).status().expect("running strip");
+        let status = Command::new("strip")
+            .arg(&stripped)
+            .status()
+            .expect("running strip");
         assert!(status.success(), "strip failed");
         (plain, stripped)
     })
@@ -61,6 +79,26 @@ fn nm(path: &Path) -> HashMap<String, u64> {
         .collect()
 }
 
+/// `nm -S` of a binary: symbol name → size.
+fn nm_sizes(path: &Path) -> HashMap<String, u64> {
+    let out = Command::new("nm")
+        .arg("-S")
+        .arg(path)
+        .output()
+        .expect("running nm");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let [_addr, size, _kind, name] = f[..] else {
+                return None;
+            };
+            Some((name.to_owned(), u64::from_str_radix(size, 16).ok()?))
+        })
+        .collect()
+}
+
 /// A running fixture, killed on drop; `addrs` holds what it printed.
 struct Running {
     child: Child,
@@ -69,7 +107,10 @@ struct Running {
 
 impl Running {
     fn start(path: &Path) -> Running {
-        let mut child = Command::new(path).stdout(Stdio::piped()).spawn().expect("starting fixture");
+        let mut child = Command::new(path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting fixture");
         let mut addrs = HashMap::new();
         let stdout = child.stdout.take().unwrap();
         for line in BufReader::new(stdout).lines() {
@@ -78,9 +119,15 @@ impl Running {
                 break;
             }
             let (name, addr) = line.split_once(' ').unwrap();
-            addrs.insert(name.to_owned(), u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap());
+            addrs.insert(
+                name.to_owned(),
+                u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap(),
+            );
         }
-        assert!(addrs.contains_key("ret_into_a"), "fixture did not report: {addrs:?}");
+        assert!(
+            addrs.contains_key("ret_into_a"),
+            "fixture did not report: {addrs:?}"
+        );
         Running { child, addrs }
     }
 
@@ -112,20 +159,50 @@ fn unstripped_fixture_names_functions() {
     let bias = fx.addr("exported_fn") - syms["exported_fn"];
     let mut s = Symbolizer::new(fx.pid()).unwrap();
 
-    // The chain: leaf first, return addresses after. ret_into_c is the first byte of chain_b (chain_c ends
-    // with its call): only the -1 rule names chain_c.
-    assert_eq!(fx.addr("ret_into_c"), bias + syms["chain_b"], "fixture layout changed");
-    let stack = [fx.addr("chain_leaf") + 4, fx.addr("ret_into_c"), fx.addr("ret_into_b"), fx.addr("ret_into_a")];
-    assert_eq!(names(&s.user_stack(&stack)), ["chain_leaf", "chain_c", "chain_b", "chain_a"]);
-    // As the leaf (the exact IP), the same address is chain_b's first byte.
-    assert_eq!(names(&s.user_stack(&[fx.addr("ret_into_c")])), ["chain_b"]);
+    // The chain: leaf first, return addresses after. ret_into_c points just past chain_c (chain_c ends with
+    // its call), at chain_b's first byte or in alignment padding: only the -1 rule names chain_c.
+    let sizes = nm_sizes(plain);
+    assert_eq!(
+        fx.addr("ret_into_c"),
+        bias + syms["chain_c"] + sizes["chain_c"],
+        "the call must be the last instruction of chain_c"
+    );
+    let stack = [
+        fx.addr("chain_leaf") + 4,
+        fx.addr("ret_into_c"),
+        fx.addr("ret_into_b"),
+        fx.addr("ret_into_a"),
+    ];
+    assert_eq!(
+        names(&s.user_stack(&stack)),
+        ["chain_leaf", "chain_c", "chain_b", "chain_a"]
+    );
+    // As the leaf (the exact IP), the same address is not in chain_c.
+    let leaf = s.user_stack(&[fx.addr("ret_into_c")]);
+    if fx.addr("ret_into_c") == bias + syms["chain_b"] {
+        assert_eq!(names(&leaf), ["chain_b"]);
+    } else {
+        assert_ne!(&*leaf[0], "chain_c");
+    }
 
-    assert_eq!(names(&s.user_stack(&[fx.addr("static_fn") + 4])), ["static_fn"]);
-    assert_eq!(names(&s.user_stack(&[fx.addr("exported_fn")])), ["exported_fn"]);
+    assert_eq!(
+        names(&s.user_stack(&[fx.addr("static_fn") + 4])),
+        ["static_fn"]
+    );
+    assert_eq!(
+        names(&s.user_stack(&[fx.addr("exported_fn")])),
+        ["exported_fn"]
+    );
     // The sizeless `asm_nosize` symbol must not swallow the unnamed function after it.
     let unnamed_vaddr = fx.addr("unnamed") - bias;
-    assert_eq!(names(&s.user_stack(&[fx.addr("unnamed") + 3])), [format!("known_stacks+0x{unnamed_vaddr:x}")]);
-    assert_eq!(names(&s.user_stack(&[fx.addr("asm_nosize")])), ["asm_nosize"]);
+    assert_eq!(
+        names(&s.user_stack(&[fx.addr("unnamed") + 3])),
+        [format!("known_stacks+0x{unnamed_vaddr:x}")]
+    );
+    assert_eq!(
+        names(&s.user_stack(&[fx.addr("asm_nosize")])),
+        ["asm_nosize"]
+    );
 }
 
 #[test]
@@ -138,16 +215,31 @@ fn stripped_fixture_uses_dynsym_then_eh_frame() {
 
     // Exported functions are in .dynsym (-rdynamic); the static ones are named by their FDE start, which is
     // their `nm` address in the unstripped copy.
-    let stack = [fx.addr("chain_leaf") + 4, fx.addr("ret_into_c"), fx.addr("ret_into_b"), fx.addr("ret_into_a")];
+    let stack = [
+        fx.addr("chain_leaf") + 4,
+        fx.addr("ret_into_c"),
+        fx.addr("ret_into_b"),
+        fx.addr("ret_into_a"),
+    ];
     let chain_c = format!("known_stacks_stripped+0x{:x}", syms["chain_c"]);
-    assert_eq!(names(&s.user_stack(&stack)), ["chain_leaf", chain_c.as_str(), "chain_b", "chain_a"]);
+    assert_eq!(
+        names(&s.user_stack(&stack)),
+        ["chain_leaf", chain_c.as_str(), "chain_b", "chain_a"]
+    );
 
     // static_fn comes right after exported_fn: it must not be named exported_fn.
     let static_fn = format!("known_stacks_stripped+0x{:x}", syms["static_fn"]);
     for off in [0, 4, 0x20] {
-        assert_eq!(names(&s.user_stack(&[fx.addr("static_fn") + off])), [static_fn.as_str()], "static_fn+{off}");
+        assert_eq!(
+            names(&s.user_stack(&[fx.addr("static_fn") + off])),
+            [static_fn.as_str()],
+            "static_fn+{off}"
+        );
     }
-    assert_eq!(names(&s.user_stack(&[fx.addr("exported_fn") + 2])), ["exported_fn"]);
+    assert_eq!(
+        names(&s.user_stack(&[fx.addr("exported_fn") + 2])),
+        ["exported_fn"]
+    );
     let unnamed_vaddr = fx.addr("unnamed") - bias;
     assert_eq!(
         names(&s.user_stack(&[fx.addr("unnamed") + 3])),
@@ -160,7 +252,10 @@ fn stripped_fixture_uses_dynsym_then_eh_frame() {
 
 /// Runs a tool of binutils, panicking on failure.
 fn run(tool: &str, args: &[&std::ffi::OsStr]) {
-    let status = Command::new(tool).args(args).status().unwrap_or_else(|e| panic!("running {tool}: {e}"));
+    let status = Command::new(tool)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("running {tool}: {e}"));
     assert!(status.success(), "{tool} {args:?} failed");
 }
 
@@ -172,16 +267,36 @@ fn separate_debug_files() {
     // Two stripped copies with a .gnu_debuglink to a debug file next to them: one with the symbol table
     // (`objcopy --only-keep-debug`, like Debian's -dbgsym packages), one with DWARF only.
     let mut built = Vec::new();
-    for (name, keep_symtab) in [("known_stacks_dbglink", true), ("known_stacks_dwarfonly", false)] {
+    for (name, keep_symtab) in [
+        ("known_stacks_dbglink", true),
+        ("known_stacks_dwarfonly", false),
+    ] {
         let bin = dir.join(name);
         let debug = dir.join(format!("{name}.debug"));
         if !bin.exists() {
-            run("objcopy", &["--only-keep-debug".as_ref(), plain.as_os_str(), debug.as_os_str()]);
+            run(
+                "objcopy",
+                &[
+                    "--only-keep-debug".as_ref(),
+                    plain.as_os_str(),
+                    debug.as_os_str(),
+                ],
+            );
             if !keep_symtab {
-                run("objcopy", &["--strip-all".as_ref(), "--keep-section=.debug_*".as_ref(), debug.as_os_str()]);
+                run(
+                    "objcopy",
+                    &[
+                        "--strip-all".as_ref(),
+                        "--keep-section=.debug_*".as_ref(),
+                        debug.as_os_str(),
+                    ],
+                );
             }
             let tmp = dir.join(format!("{name}.tmp"));
-            run("strip", &["-o".as_ref(), tmp.as_os_str(), plain.as_os_str()]);
+            run(
+                "strip",
+                &["-o".as_ref(), tmp.as_os_str(), plain.as_os_str()],
+            );
             // The link is looked up by name next to the binary.
             let status = Command::new("objcopy")
                 .arg(format!("--add-gnu-debuglink={name}.debug"))
@@ -197,8 +312,18 @@ fn separate_debug_files() {
     for bin in built {
         let fx = Running::start(&bin);
         let mut s = Symbolizer::new(fx.pid()).unwrap();
-        let stack = [fx.addr("static_fn") + 4, fx.addr("ret_into_c"), fx.addr("ret_into_b"), fx.addr("ret_into_a")];
-        assert_eq!(names(&s.user_stack(&stack)), ["static_fn", "chain_c", "chain_b", "chain_a"], "{}", bin.display());
+        let stack = [
+            fx.addr("static_fn") + 4,
+            fx.addr("ret_into_c"),
+            fx.addr("ret_into_b"),
+            fx.addr("ret_into_a"),
+        ];
+        assert_eq!(
+            names(&s.user_stack(&stack)),
+            ["static_fn", "chain_c", "chain_b", "chain_a"],
+            "{}",
+            bin.display()
+        );
         let bias = fx.addr("exported_fn") - syms["exported_fn"];
         let base = bin.file_name().unwrap().to_str().unwrap();
         assert_eq!(
@@ -214,7 +339,14 @@ fn cache_identity_and_stats() {
     let (plain, _) = fixture_binaries();
     let fx = Running::start(plain);
     let mut s = Symbolizer::new(fx.pid()).unwrap();
-    let stack = [fx.addr("chain_leaf"), fx.addr("ret_into_c"), fx.addr("ret_into_b"), 0, 8, u64::MAX];
+    let stack = [
+        fx.addr("chain_leaf"),
+        fx.addr("ret_into_c"),
+        fx.addr("ret_into_b"),
+        0,
+        8,
+        u64::MAX,
+    ];
     let a = s.user_stack(&stack);
     let misses = s.stats().unique_addrs;
     assert_eq!(misses, 6);
@@ -222,7 +354,11 @@ fn cache_identity_and_stats() {
     assert_eq!(&*a[3], "[unknown]");
     assert_eq!(&*a[5], "[unknown]");
     let b = s.user_stack(&stack);
-    assert_eq!(s.stats().unique_addrs, misses, "second call must hit the cache");
+    assert_eq!(
+        s.stats().unique_addrs,
+        misses,
+        "second call must hit the cache"
+    );
     for (x, y) in a.iter().zip(&b) {
         assert!(Rc::ptr_eq(x, y));
     }
@@ -236,6 +372,27 @@ fn cache_identity_and_stats() {
     assert_eq!(names(&s.user_stack(&stack)), names(&a));
 }
 
+#[test]
+fn preload_and_errors() {
+    assert!(Symbolizer::new(u32::MAX - 1).is_err(), "no such process");
+    let (_, stripped) = fixture_binaries();
+    let fx = Running::start(stripped);
+    let mut plain = Symbolizer::new(fx.pid()).unwrap();
+    let mut pre = Symbolizer::new(fx.pid()).unwrap();
+    pre.preload(true);
+    let stack = [
+        fx.addr("static_fn") + 4,
+        fx.addr("ret_into_c"),
+        fx.addr("ret_into_b"),
+        fx.addr("ret_into_a"),
+    ];
+    assert_eq!(
+        names(&pre.user_stack(&stack)),
+        names(&plain.user_stack(&stack))
+    );
+    assert_eq!(pre.stats().errors, 0);
+}
+
 /// Load bias of libc in this process and the file behind it.
 fn libc_in_self() -> (u64, PathBuf) {
     let malloc = libc::malloc as *const () as usize as u64;
@@ -243,12 +400,18 @@ fn libc_in_self() -> (u64, PathBuf) {
     for line in maps.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (a, b) = f[0].split_once('-').unwrap();
-        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
         if (a..b).contains(&malloc) {
             let path = PathBuf::from(f[5]);
             let data = std::fs::read(&path).unwrap();
             let obj = object::File::parse(&*data).unwrap();
-            let sym = obj.dynamic_symbols().find(|s| s.name() == Ok("malloc")).unwrap();
+            let sym = obj
+                .dynamic_symbols()
+                .find(|s| s.name() == Ok("malloc"))
+                .unwrap();
             return (malloc - sym.address(), path);
         }
     }
@@ -259,7 +422,14 @@ fn libc_in_self() -> (u64, PathBuf) {
 fn libc_of_this_process() {
     // An anonymous mapping (made before new(): the maps are read then).
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     assert_ne!(p, libc::MAP_FAILED);
     let mut s = Symbolizer::new(std::process::id()).unwrap();
@@ -285,11 +455,20 @@ fn libc_static_functions_from_debug_file() {
     let (bias, path) = libc_in_self();
     let data = std::fs::read(&path).unwrap();
     let obj = object::File::parse(&*data).unwrap();
-    let Some(id) = obj.build_id().unwrap() else { return };
+    let Some(id) = obj.build_id().unwrap() else {
+        return;
+    };
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    let debug = PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+    let debug = PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &hex[..2],
+        &hex[2..]
+    ));
     if !debug.is_file() {
-        eprintln!("skipped: no debug file for {} (install libc6-dbg)", path.display());
+        eprintln!(
+            "skipped: no debug file for {} (install libc6-dbg)",
+            path.display()
+        );
         return;
     }
     let ddata = std::fs::read(&debug).unwrap();
@@ -297,16 +476,28 @@ fn libc_static_functions_from_debug_file() {
     let mut s = Symbolizer::new(std::process::id()).unwrap();
     let mut checked = 0;
     for name in ["__futex_abstimed_wait_common", "_int_malloc", "_int_free"] {
-        let Some(sym) = dobj.symbols().find(|s| s.name() == Ok(name) && s.size() > 16) else { continue };
+        let Some(sym) = dobj
+            .symbols()
+            .find(|s| s.name() == Ok(name) && s.size() > 16)
+        else {
+            continue;
+        };
         // Only the debug file knows it.
-        assert!(obj.dynamic_symbols().all(|s| s.name() != Ok(name)), "{name} is exported");
+        assert!(
+            obj.dynamic_symbols().all(|s| s.name() != Ok(name)),
+            "{name} is exported"
+        );
         let addr = bias + sym.address() + 8;
         // As a return address (the usual case): +1 so that the lookup is at +8.
         let n = s.user_stack(&[0, addr + 1]);
         assert_eq!(&*n[1], name);
         checked += 1;
     }
-    assert!(checked >= 2, "glibc internals not found in {}", debug.display());
+    assert!(
+        checked >= 2,
+        "glibc internals not found in {}",
+        debug.display()
+    );
     assert_eq!(s.stats().errors, 0);
 }
 
@@ -319,7 +510,12 @@ fn vdso_functions() {
     // Size of the vDSO image: its mapping.
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let line = maps.lines().find(|l| l.ends_with("[vdso]")).unwrap();
-    let (a, b) = line.split_whitespace().next().unwrap().split_once('-').unwrap();
+    let (a, b) = line
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split_once('-')
+        .unwrap();
     let len = u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap();
     let image = unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) };
     let obj = object::File::parse(image).unwrap();
@@ -328,7 +524,11 @@ fn vdso_functions() {
         .find(|s| s.name().is_ok_and(|n| n.ends_with("clock_gettime")))
         .expect("clock_gettime in vdso");
     // The vDSO is linked at 0 (or its own base): its symbol values are offsets from the first load segment.
-    let first_load = obj.segments().next().map(|s| object::ObjectSegment::address(&s)).unwrap_or(0);
+    let first_load = obj
+        .segments()
+        .next()
+        .map(|s| object::ObjectSegment::address(&s))
+        .unwrap_or(0);
     let addr = base + (sym.address() - first_load) + 2;
     let mut s = Symbolizer::new(std::process::id()).unwrap();
     let n = s.user_stack(&[addr]);
@@ -345,7 +545,8 @@ fn kallsyms() -> Vec<(u64, String)> {
             let addr = u64::from_str_radix(f.next()?, 16).ok()?;
             let kind = f.next()?;
             let name = f.next()?;
-            (f.next().is_none() && (kind == "T" || kind == "t") && addr != 0).then(|| (addr, name.to_owned()))
+            (f.next().is_none() && (kind == "T" || kind == "t") && addr != 0)
+                .then(|| (addr, name.to_owned()))
         })
         .collect();
     v.sort();
@@ -359,7 +560,10 @@ fn kernel_names_and_return_address_rule() {
         eprintln!("skipped: /proc/kallsyms hides addresses (not root?)");
         return;
     }
-    let i = syms.iter().position(|(_, n)| n == "schedule").expect("schedule in kallsyms");
+    let i = syms
+        .iter()
+        .position(|(_, n)| n == "schedule")
+        .expect("schedule in kallsyms");
     let start = syms[i].0;
     let next = syms[i + 1..].iter().find(|(a, _)| *a > start).unwrap().0;
     let mut s = Symbolizer::new(std::process::id()).unwrap();
@@ -374,14 +578,17 @@ fn kernel_names_and_return_address_rule() {
     assert_eq!(s.stats().kernel_addrs, 4);
 }
 
-/// By hand against a real server: `MYPROBE_SYM_PID=<pid> cargo test symbolize::tests::manual -- --ignored
-/// --nocapture`. Prints new() + first symbolization cost for ~1000 addresses spread over the server binary
-/// (every n-th FDE start + 3), the cost of a first kernel symbolization of ~1000 addresses (kallsyms)
-/// apply all bt` output), then the names of the stacks in the file `MYPROBE_SYM_STACKS` if given.
+/// By hand against a real server: `MYPROBE_SYM_PID=<pid> cargo test --release symbolize::tests::manual --
+/// --ignored --nocapture`. Prints the cost of new() + a first symbolization of ~1000 addresses spread over the
+/// server binary (every n-th FDE start + 3), of a heavy profile (~70,000 unique addresses in stacks of 30), of
+/// a first kernel symbolization of ~1000 addresses, of preload(); then the names of the stacks in the file
+/// `MYPROBE_SYM_STACKS` (one stack a line, hex addresses leaf first, e.g. from gdb's `thread apply all bt`).
 #[test]
 #[ignore]
 fn manual() {
-    let Ok(pid) = std::env::var("MYPROBE_SYM_PID") else { return };
+    let Ok(pid) = std::env::var("MYPROBE_SYM_PID") else {
+        return;
+    };
     let pid: u32 = pid.parse().unwrap();
     // Addresses: every 40th FDE of the main binary, relocated.
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
@@ -392,7 +599,12 @@ fn manual() {
         .map(|l| u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap())
         .unwrap();
     let eh = elf::EhTable::read(&exe).unwrap();
-    let mut addrs: Vec<u64> = eh.starts_for_tests().iter().step_by(eh.len() / 1000).map(|a| base + a + 3).collect();
+    let mut addrs: Vec<u64> = eh
+        .starts_for_tests()
+        .iter()
+        .step_by(eh.len() / 1000)
+        .map(|a| base + a + 3)
+        .collect();
     addrs.truncate(1000);
     let t0 = Instant::now();
     let mut s = Symbolizer::new(pid).unwrap();
@@ -410,14 +622,26 @@ fn manual() {
         s.stats()
     );
     let named = names1.iter().filter(|n| !n.contains("+0x")).count();
-    println!("{named} of {} FDE addresses named by a symbol; some:", names1.len());
-    for n in names1.iter().filter(|n| !n.contains("+0x")).step_by(named / 40 + 1) {
+    println!(
+        "{named} of {} FDE addresses named by a symbol; some:",
+        names1.len()
+    );
+    for n in names1
+        .iter()
+        .filter(|n| !n.contains("+0x"))
+        .step_by(named / 40 + 1)
+    {
         println!("  {n}");
     }
     // A heavy profile: 100,000 unique addresses, 50 in each of 2,000 functions, in stacks of 30 frames.
     let ranges = eh.ranges_for_tests();
     let mut heavy = Vec::new();
-    for &(start, end) in ranges.iter().filter(|r| r.1 - r.0 >= 200).step_by(7).take(2000) {
+    for &(start, end) in ranges
+        .iter()
+        .filter(|r| r.1 - r.0 >= 200)
+        .step_by(7)
+        .take(2000)
+    {
         heavy.extend((0..50).map(|i| base + start + 1 + i * (end - start - 2) / 50));
     }
     let t0 = Instant::now();
@@ -426,14 +650,28 @@ fn manual() {
     for stack in heavy.chunks(30) {
         n += s3.user_stack(stack).len();
     }
-    println!("heavy: {n} frames, {} stacks: {:.1} ms; {}", heavy.len().div_ceil(30), t0.elapsed().as_secs_f64() * 1e3, s3.stats());
+    println!(
+        "heavy: {n} frames, {} stacks: {:.1} ms; {}",
+        heavy.len().div_ceil(30),
+        t0.elapsed().as_secs_f64() * 1e3,
+        s3.stats()
+    );
 
     let k = kallsyms();
     let t1 = Instant::now();
     let mut s2 = Symbolizer::new(pid).unwrap();
-    let kaddrs: Vec<u64> = k.iter().step_by(k.len() / 1000 + 1).map(|(a, _)| a + 1).collect();
+    let kaddrs: Vec<u64> = k
+        .iter()
+        .step_by(k.len() / 1000 + 1)
+        .map(|(a, _)| a + 1)
+        .collect();
     let kn = s2.kernel_stack(&kaddrs);
-    println!("kernel: {} addrs in {:.1} ms, e.g. {:?}", kaddrs.len(), t1.elapsed().as_secs_f64() * 1e3, &kn[..4]);
+    println!(
+        "kernel: {} addrs in {:.1} ms, e.g. {:?}",
+        kaddrs.len(),
+        t1.elapsed().as_secs_f64() * 1e3,
+        &kn[..4]
+    );
     // With preload() done while tracing: what is left after it.
     let t2 = Instant::now();
     let mut s4 = Symbolizer::new(pid).unwrap();
@@ -450,8 +688,10 @@ fn manual() {
     // One stack a line (hex addresses, leaf first): print "address name" lines, a blank line between stacks.
     if let Ok(file) = std::env::var("MYPROBE_SYM_STACKS") {
         for line in std::fs::read_to_string(file).unwrap().lines() {
-            let ips: Vec<u64> =
-                line.split_whitespace().map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap()).collect();
+            let ips: Vec<u64> = line
+                .split_whitespace()
+                .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
+                .collect();
             for (ip, n) in ips.iter().zip(s.user_stack(&ips)) {
                 println!("{ip:#x} {n}");
             }
