@@ -3,6 +3,7 @@
 mod cmd;
 mod collect;
 mod profile;
+mod query;
 mod render;
 mod symbolize;
 mod target;
@@ -23,6 +24,8 @@ enum Command {
     /// Profile a running server: where it burns CPU, where its threads wait.
     #[command(subcommand)]
     Profile(cmd::profile::ProfileCommand),
+    /// Every statement the server runs, with where its time went: CPU, run queue, locks, disk, network.
+    Queries(cmd::queries::QueriesArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Profile(c) => cmd::profile::run(c),
+        Command::Queries(a) => cmd::queries::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -3,3 +3,4 @@
 pub mod diff;
 pub mod flame;
 pub mod profile;
+pub mod queries;

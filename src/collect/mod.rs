@@ -3,6 +3,7 @@
 
 pub mod cpu;
 pub mod offcpu;
+pub mod queries;
 
 use std::{
     collections::HashMap,
@@ -131,53 +132,19 @@ impl Collected {
     }
 }
 
-/// Reads a collector's ring buffer until `duration` passes or Ctrl-C; then reads what is left.
-/// `lost` reads the collector's in-kernel loss counters at the end.
+/// Reads a collector's ring buffer of `struct stack_event` until `duration` passes or Ctrl-C; then reads what
+/// is left. `lost` reads the collector's in-kernel loss counters at the end.
 pub fn drain(events: &dyn MapCore, opts: &CollectOptions, what: &str, lost: impl Fn() -> [u64; 4]) -> Result<Collected> {
     let collected = std::cell::RefCell::new(Collected::default());
-    let mut builder = RingBufferBuilder::new();
-    builder
-        .add(events, |data: &[u8]| {
-            collected.borrow_mut().add_event(data);
-            0
-        })
-        .context("setting up the ring buffer reader")?;
-    let ring = builder.build().context("setting up the ring buffer reader")?;
-
-    install_stop_handler();
-    let started = Instant::now();
-    let progress = std::io::stderr().is_terminal();
-    let mut last_progress = started;
-    while !STOP.load(Ordering::SeqCst) {
-        let left = opts.duration.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            break;
-        }
-        // The BPF side wakes us only once a batch has accumulated; the timeout bounds the delay otherwise.
-        match ring.poll(left.min(Duration::from_millis(100))) {
-            Ok(()) => {}
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("reading the ring buffer"),
-        }
-        if progress && last_progress.elapsed() >= Duration::from_secs(1) {
-            last_progress = Instant::now();
+    let traced = poll_ring(
+        events,
+        opts.duration,
+        |data| collected.borrow_mut().add_event(data),
+        |elapsed| {
             let c = collected.borrow();
-            eprint!(
-                "\r{what}: {:>4}/{} s, {} events, {} lost   ",
-                started.elapsed().as_secs(),
-                opts.duration.as_secs(),
-                c.events,
-                c.lost_total() + lost()[0]
-            );
-        }
-    }
-    let traced = started.elapsed();
-    // Anything the kernel sent before this point is read now; the programs stay attached until the caller drops them.
-    ring.consume().context("reading the ring buffer")?;
-    if progress {
-        eprintln!();
-    }
-    drop(ring);
+            Ok(format!("{what}: {:>4}/{} s, {} events, {} lost", elapsed.as_secs(), opts.duration.as_secs(), c.events, c.lost_total() + lost()[0]))
+        },
+    )?;
     let mut c = collected.into_inner();
     let in_kernel = lost();
     for (total, k) in c.lost.iter_mut().zip(in_kernel) {
@@ -185,6 +152,55 @@ pub fn drain(events: &dyn MapCore, opts: &CollectOptions, what: &str, lost: impl
     }
     c.traced = traced;
     Ok(c)
+}
+
+/// Calls `on_event` for every record of a ring buffer until `duration` passes or Ctrl-C, then for what is
+/// left. `tick` runs after every poll (at least every 100 ms) and returns a status line, shown once a second
+/// on a terminal. Returns the time traced. The programs stay attached until the caller drops them.
+pub fn poll_ring(
+    events: &dyn MapCore,
+    duration: Duration,
+    mut on_event: impl FnMut(&[u8]),
+    mut tick: impl FnMut(Duration) -> Result<String>,
+) -> Result<Duration> {
+    let mut builder = RingBufferBuilder::new();
+    builder
+        .add(events, |data: &[u8]| {
+            on_event(data);
+            0
+        })
+        .context("setting up the ring buffer reader")?;
+    let ring = builder.build().context("setting up the ring buffer reader")?;
+
+    install_stop_handler();
+    let started = Instant::now();
+    let show_progress = std::io::stderr().is_terminal();
+    let mut last_progress = started;
+    while !STOP.load(Ordering::SeqCst) {
+        let left = duration.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        // The BPF side wakes us only once a batch has accumulated; otherwise what it sent without a wakeup is
+        // read when the timeout expires, so nothing waits more than 100 ms.
+        match ring.poll(left.min(Duration::from_millis(100))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading the ring buffer"),
+        }
+        ring.consume().context("reading the ring buffer")?;
+        let status = tick(started.elapsed())?;
+        if show_progress && last_progress.elapsed() >= Duration::from_secs(1) {
+            last_progress = Instant::now();
+            eprint!("\r{status}   ");
+        }
+    }
+    let traced = started.elapsed();
+    ring.consume().context("reading the ring buffer")?;
+    if show_progress {
+        eprintln!();
+    }
+    Ok(traced)
 }
 
 /// The CPUs perf events can be opened on.

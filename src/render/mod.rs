@@ -3,6 +3,7 @@
 
 pub mod json;
 pub mod pprof;
+pub mod queries;
 pub mod summary;
 pub mod svg;
 

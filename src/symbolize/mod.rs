@@ -22,6 +22,7 @@
 //! - A blazesym error never loses a frame: `.eh_frame` name, then the mapping's name, then `[unknown]`.
 
 mod clean;
+pub mod data;
 mod elf;
 
 use std::collections::{HashMap, HashSet};

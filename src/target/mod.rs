@@ -1,5 +1,7 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
+pub mod probes;
+
 use std::{
     fs,
     path::{Path, PathBuf},

@@ -30,6 +30,25 @@ pub fn testdb() -> TestDb {
 }
 
 impl TestDb {
+    /// Starts another throwaway server in `dir` with extra mariadbd options; it is stopped and removed on drop.
+    pub fn start_another(&self, dir: &Path, options: &[&str]) -> OtherServer {
+        let out = Command::new(&self.testdb).arg("start").arg(dir).args(options).output().expect("running testdb start");
+        assert!(out.status.success(), "testdb start failed: {}", String::from_utf8_lossy(&out.stderr));
+        let env = String::from_utf8_lossy(&out.stdout).into_owned();
+        let var = |name: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("testdb start printed no {name}: {env}"))
+                .to_string()
+        };
+        OtherServer(TestDb {
+            dir: dir.to_path_buf(),
+            socket: var("MYPROBE_TEST_SOCKET").into(),
+            pid: var("MYPROBE_TEST_PID").parse().unwrap(),
+            testdb: self.testdb.clone(),
+        })
+    }
+
     /// Starts sysbench oltp_read_write against the server for `secs` seconds, in the background.
     pub fn load(&self, secs: u32) -> Load {
         let child = Command::new(&self.testdb)
@@ -57,10 +76,21 @@ impl TestDb {
 
     /// A client connection kept open by a `mariadb` process reading statements from a pipe.
     pub fn session(&self) -> Session {
+        self.session_in(None)
+    }
+
+    /// A session whose default database is `db` (set by the client at connect time, in the handshake).
+    pub fn session_in(&self, db: Option<&str>) -> Session {
+        self.session_with(db.map(|d| format!("--database={d}")).as_slice())
+    }
+
+    /// A session with extra client options (e.g. `--ssl`).
+    pub fn session_with<S: AsRef<std::ffi::OsStr>>(&self, options: &[S]) -> Session {
         let mut child = Command::new("mariadb")
             .arg("-S")
             .arg(&self.socket)
             .args(["-uroot", "-N", "-B", "--unbuffered"])
+            .args(options)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -69,6 +99,15 @@ impl TestDb {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Session { child, stdin, stdout }
+    }
+}
+
+/// A server of a test's own (see [`TestDb::start_another`]).
+pub struct OtherServer(pub TestDb);
+
+impl Drop for OtherServer {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.0.testdb).arg("stop").arg(&self.0.dir).arg("--clean").output();
     }
 }
 
@@ -107,6 +146,30 @@ impl Session {
     pub fn query_row(&mut self, sql: &str) -> String {
         writeln!(self.stdin, "{sql};").unwrap();
         self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    }
+
+    /// Runs statements that return no rows, and waits until the server has answered them.
+    pub fn exec(&mut self, sql: &str) {
+        writeln!(self.stdin, "{sql}; SELECT 'myprobe-done';").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        while line.trim_end() != "myprobe-done" {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the client exited while running: {sql}");
+        }
+    }
+
+    /// Sends statements without waiting for their answer.
+    pub fn send(&mut self, sql: &str) {
+        writeln!(self.stdin, "{sql};").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Reads one line of output (the answer to something sent).
+    pub fn read_line(&mut self) -> String {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         line.trim_end().to_string()
@@ -163,4 +226,80 @@ pub fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
 /// Sum of the values of stacks that contain a frame for which `pred` holds.
 pub fn value_with_frame(stacks: &[(Vec<String>, u64)], pred: impl Fn(&str) -> bool) -> u64 {
     stacks.iter().filter(|(f, _)| f.iter().any(|x| pred(x))).map(|(_, v)| v).sum()
+}
+
+/// A myprobe run in the background, e.g. `queries`: stdout and stderr are read as they come.
+pub struct Background {
+    child: Child,
+    stdout: Option<std::thread::JoinHandle<String>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Starts myprobe with `args` and waits until its stderr has a line containing `ready`.
+    pub fn start(args: &[&str], ready: &str) -> Background {
+        let mut child = myprobe()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting myprobe");
+        let mut out = child.stdout.take().unwrap();
+        let stdout = std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+            s
+        });
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = BufReader::new(child.stderr.take().unwrap());
+        let shared = stderr.clone();
+        let stderr_thread = std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                shared.lock().unwrap().push_str(&line);
+                shared.lock().unwrap().push('\n');
+                let _ = tx.send(line);
+            }
+        });
+        let mut bg = Background { child, stdout: Some(stdout), stderr, stderr_thread: Some(stderr_thread) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(ready) => return bg,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = bg.child.kill();
+                    let _ = bg.child.wait();
+                    panic!("myprobe {args:?} did not get ready; stderr:\n{}", bg.stderr.lock().unwrap());
+                }
+            }
+        }
+    }
+
+    /// Ends the run with SIGINT (as Ctrl-C does) and waits for it; asserts success; returns (stdout, stderr).
+    pub fn stop(self) -> (String, String) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.wait()
+    }
+
+    /// Waits for the run to end by itself; asserts success; returns (stdout, stderr).
+    pub fn wait(mut self) -> (String, String) {
+        let status = self.child.wait().unwrap();
+        let stdout = self.stdout.take().unwrap().join().unwrap();
+        self.stderr_thread.take().unwrap().join().unwrap();
+        let stderr = self.stderr.lock().unwrap().clone();
+        assert!(status.success(), "myprobe failed ({status}); stderr:\n{stderr}");
+        (stdout, stderr)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

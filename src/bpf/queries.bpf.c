@@ -1,0 +1,477 @@
+// Per-statement accounting by following the client/server protocol through the server's socket syscalls.
+//
+// A connection thread reads a request as recv(fd, 4) (header: length, sequence 0) then recv(fd, length) (the
+// command byte and its arguments); the statement runs; the reply leaves through one or more send(fd) calls;
+// the thread then calls recv(fd) for the next request. So a statement starts at the header read, its
+// record is complete at the last send before the next recv, and is sent to user space when that recv is
+// entered. Meanwhile the thread's syscalls (by class), futex waits and scheduler events are accounted.
+// Packets outside a statement (the server's greeting, the client's handshake response) are sent to user
+// space as they are, so that it learns connection ids, users and databases.
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "queries.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile __u32 target_tgid = 0;
+/* Argument layout of the server's dispatch_command (TLS fallback): enum dispatch_abi. */
+const volatile __u32 dispatch_abi = 0;
+/* Syscall number → enum syscall_class, filled by user space from the C library's numbers for this arch. */
+const volatile __u8 syscall_class[MAX_SYSCALL_NR] = {};
+
+#define TASK_RUNNING 0
+
+#define COM_QUIT 0x01
+#define COM_QUERY 0x03
+#define COM_STMT_SEND_LONG_DATA 0x18
+#define COM_STMT_CLOSE 0x19
+
+/* FUTEX_* operations that wait (op & FUTEX_CMD_MASK). */
+#define FUTEX_CMD_MASK 127
+#define FUTEX_WAIT 0
+#define FUTEX_LOCK_PI 6
+#define FUTEX_WAIT_BITSET 9
+#define FUTEX_WAIT_REQUEUE_PI 11
+#define FUTEX_LOCK_PI2 13
+
+enum phase {
+	PHASE_IDLE = 0,   /* between statements */
+	PHASE_BODY,       /* header read, the body comes next */
+	PHASE_RUNNING,    /* request read, no reply yet */
+	PHASE_REPLIED,    /* at least one reply send done: the record is ready, more sends may follow */
+};
+
+struct query_thread {
+	__u8 phase;
+	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
+	__u8 header_seq;
+	__u8 in_syscall;
+	__u8 syscall_cls;
+	__u8 _pad[3];
+	__s32 fd;               /* the client socket of the statement */
+	__u32 header_len;       /* payload length announced by the header */
+	__u32 futex_op;
+	__u64 header_ts;
+	__u64 sys_ts;           /* current syscall: entry time and the arguments needed at exit */
+	__u64 sys_arg0;
+	__u64 sys_arg1;
+	__u64 on_cpu_since;     /* while a statement is in flight: last switch-in */
+	__u64 runnable_since;   /* preempted or woken, not yet back on a CPU */
+	struct query_counters c;
+	struct query_event ev;  /* the statement being built; ev.c is the snapshot at the last reply send */
+};
+
+/* Bounded by the number of connection threads; entries go when a thread exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_THREADS);
+	__type(key, __u32);
+	__type(value, struct query_thread);
+} threads SEC(".maps");
+
+/* Zeroed template for new entries: the value is larger than the BPF stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct query_thread);
+} zero_thread SEC(".maps");
+
+/* Packet events are built here (they are not part of a thread's state). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct query_event);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 * 1024 * 1024);
+} events SEC(".maps");
+
+/* Loss counters in .bss, read by user space at the end (enum query_lost). */
+__u64 lost[QLOST_REASONS];
+
+static __always_inline void count_lost(__u32 why)
+{
+	if (why < QLOST_REASONS)
+		__sync_fetch_and_add(&lost[why], 1);
+}
+
+static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
+{
+	struct query_thread *st = bpf_map_lookup_elem(&threads, &tid);
+	if (st || !create)
+		return st;
+	__u32 zero = 0;
+	struct query_thread *init = bpf_map_lookup_elem(&zero_thread, &zero);
+	if (!init)
+		return 0;
+	if (bpf_map_update_elem(&threads, &tid, init, BPF_NOEXIST) && !bpf_map_lookup_elem(&threads, &tid)) {
+		count_lost(QLOST_THREADS);
+		return 0;
+	}
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+#define RINGBUF_WAKE_BYTES (256 * 1024)
+
+static __always_inline void submit(struct query_event *e)
+{
+	__u64 size = QUERY_EVENT_HEADER_BYTES + (e->text_len & (MAX_TEXT - 1));
+	if (e->text_len >= MAX_TEXT)
+		size = sizeof(*e);
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
+											 : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, e, size, flags))
+		count_lost(QLOST_RINGBUF);
+}
+
+static __always_inline bool in_statement(struct query_thread *st)
+{
+	return st->phase == PHASE_RUNNING || st->phase == PHASE_REPLIED;
+}
+
+/* Copies up to MAX_TEXT bytes of user memory into e->text. */
+static __always_inline void capture_text(struct query_event *e, __u64 src, long n)
+{
+	if (n > MAX_TEXT)
+		n = MAX_TEXT;
+	if (n <= 0 || bpf_probe_read_user(e->text, n, (void *)src)) {
+		e->text_len = 0;
+		return;
+	}
+	e->text_len = n;
+}
+
+/* A packet outside any statement (handshake, authentication), sent for user space to parse: for PACKET_IN the
+ * payload (its header is in packet_len/seq), for PACKET_OUT the bytes sent, headers included. */
+static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, struct query_thread *st, __u64 buf, long n,
+					__u64 now)
+{
+	__u32 zero = 0;
+	struct query_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return;
+	e->kind = kind;
+	e->tid = tid;
+	e->fd = fd;
+	e->packet_len = st->header_len;
+	e->seq = st->header_seq;
+	e->start_ns = now;
+	e->end_ns = now;
+	e->reply_len = 0;
+	if (n > MAX_PACKET_TEXT)
+		n = MAX_PACKET_TEXT;
+	capture_text(e, buf, n);
+	submit(e);
+}
+
+static __always_inline void start_statement(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
+{
+	__builtin_memset(&st->c, 0, sizeof(st->c));
+	st->phase = PHASE_RUNNING;
+	st->via_dispatch = 0;
+	st->on_cpu_since = now;
+	st->runnable_since = 0;
+	st->ev.kind = EVENT_STATEMENT;
+	st->ev.tid = tid;
+	st->ev.fd = st->fd;
+	st->ev.packet_len = st->header_len;
+	st->ev.seq = 0;
+	st->ev.start_ns = st->header_ts;
+	st->ev.end_ns = 0;
+	st->ev.reply_len = 0;
+	capture_text(&st->ev, buf, n);
+	/* Commands the server does not answer: no record (the socket may even be reused before a send). */
+	__u8 cmd = st->ev.text[0];
+	if (st->ev.text_len == 0 || cmd == COM_QUIT || cmd == COM_STMT_SEND_LONG_DATA || cmd == COM_STMT_CLOSE)
+		st->phase = PHASE_IDLE;
+}
+
+/* The reply (or more of it) went out: the record as of now is what will be sent. */
+static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
+{
+	if (st->phase == PHASE_RUNNING) {
+		long m = n > REPLY_HEAD ? REPLY_HEAD : n;
+		if (m <= 0 || bpf_probe_read_user(st->ev.reply, m, (void *)buf))
+			m = 0;
+		st->ev.reply_len = m;
+		st->phase = PHASE_REPLIED;
+	}
+	st->ev.end_ns = now;
+	st->ev.c = st->c;
+	st->ev.c.cpu_ns += now - st->on_cpu_since;
+}
+
+static __always_inline void finish_statement(struct query_thread *st)
+{
+	if (st->phase == PHASE_REPLIED)
+		submit(&st->ev);
+	st->phase = PHASE_IDLE;
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if ((__u32)(pid_tgid >> 32) != target_tgid || id < 0 || id >= MAX_SYSCALL_NR)
+		return 0;
+	__u8 cls = syscall_class[id];
+	bool net = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_SEND;
+	struct query_thread *st = thread_state((__u32)pid_tgid, net);
+	if (!st)
+		return 0;
+	if (!net && !in_statement(st))
+		return 0;
+	__u64 arg0 = PT_REGS_PARM1_CORE_SYSCALL(regs);
+	if (cls == SYSCALL_NET_RECV && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
+		finish_statement(st);
+	st->in_syscall = 1;
+	st->syscall_cls = cls;
+	st->sys_ts = bpf_ktime_get_ns();
+	st->sys_arg0 = arg0;
+	st->sys_arg1 = PT_REGS_PARM2_CORE_SYSCALL(regs);
+	if (cls == SYSCALL_FUTEX)
+		st->futex_op = PT_REGS_PARM2_CORE_SYSCALL(regs) & FUTEX_CMD_MASK;
+	return 0;
+}
+
+/* A recv on a socket returned n > 0 bytes at buf. */
+static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
+{
+	if (st->phase == PHASE_BODY && fd == st->fd) {
+		if (st->header_seq == 0)
+			start_statement(st, tid, buf, n, now);
+		else {
+			send_packet(EVENT_PACKET_IN, tid, fd, st, buf, n, now);
+			st->phase = PHASE_IDLE;
+		}
+		return;
+	}
+	if (in_statement(st))
+		return; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
+	if (n < 4)
+		return;
+	/* A packet header: 3 bytes length, 1 byte sequence. */
+	__u8 hdr[4];
+	if (bpf_probe_read_user(hdr, 4, (void *)buf))
+		return;
+	st->fd = fd;
+	st->header_len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16);
+	st->header_seq = hdr[3];
+	st->header_ts = now;
+	if (n == 4) {
+		st->phase = PHASE_BODY;
+	} else if (st->header_seq == 0) {
+		start_statement(st, tid, buf + 4, n - 4, now); /* header and body in one read */
+	} else {
+		send_packet(EVENT_PACKET_IN, tid, fd, st, buf + 4, n - 4, now);
+	}
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if ((__u32)(pid_tgid >> 32) != target_tgid)
+		return 0;
+	__u32 tid = (__u32)pid_tgid;
+	struct query_thread *st = thread_state(tid, false);
+	if (!st || !st->in_syscall)
+		return 0;
+	st->in_syscall = 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 took = now - st->sys_ts;
+	__u8 cls = st->syscall_cls;
+	__s32 fd = (__s32)st->sys_arg0;
+	bool counted = in_statement(st);
+
+	if (cls == SYSCALL_NET_RECV && ret > 0)
+		on_recv(st, tid, fd, st->sys_arg1, ret, now);
+	else if (cls == SYSCALL_NET_SEND && ret > 0 && !counted)
+		send_packet(EVENT_PACKET_OUT, tid, fd, st, st->sys_arg1, ret, now);
+
+	if (!counted)
+		return 0;
+	struct query_counters *c = &st->c;
+	c->syscalls++;
+	switch (cls) {
+	case SYSCALL_NET_RECV:
+	case SYSCALL_NET_SEND:
+	case SYSCALL_NET_POLL:
+		c->net_ns += took;
+		if (ret > 0 && cls != SYSCALL_NET_POLL)
+			c->net_bytes += ret;
+		break;
+	case SYSCALL_READ:
+		c->read_ns += took;
+		if (ret > 0)
+			c->read_bytes += ret;
+		break;
+	case SYSCALL_WRITE:
+		c->write_ns += took;
+		if (ret > 0)
+			c->write_bytes += ret;
+		break;
+	case SYSCALL_SYNC:
+		c->sync_ns += took;
+		c->syncs++;
+		break;
+	case SYSCALL_FUTEX:
+		if (st->futex_op == FUTEX_WAIT || st->futex_op == FUTEX_WAIT_BITSET || st->futex_op == FUTEX_LOCK_PI ||
+		    st->futex_op == FUTEX_LOCK_PI2 || st->futex_op == FUTEX_WAIT_REQUEUE_PI) {
+			c->lock_ns += took;
+			c->lock_waits++;
+			if (took > c->lock_max_ns) {
+				c->lock_max_ns = took;
+				c->lock_addr = st->sys_arg0;
+			}
+		} else {
+			c->other_ns += took;
+		}
+		break;
+	default:
+		c->other_ns += took;
+	}
+	if (cls == SYSCALL_NET_SEND && ret > 0 && fd == st->fd)
+		reply_sent(st, st->sys_arg1, ret, now);
+	return 0;
+}
+
+/* TLS fallback: where the socket carries encrypted bytes, statements are seen at the server's command
+ * dispatcher instead. Attached by user space only when needed; a statement the socket path already started
+ * is left alone. */
+SEC("uprobe")
+int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if ((__u32)(pid_tgid >> 32) != target_tgid)
+		return 0;
+	__u32 tid = (__u32)pid_tgid;
+	struct query_thread *st = thread_state(tid, true);
+	if (!st || (in_statement(st) && !st->via_dispatch))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u8 command;
+	__u64 text;
+	__u32 len;
+	if (dispatch_abi == DISPATCH_MYSQL) {
+		/* dispatch_command(THD *, const COM_DATA *, enum_server_command): COM_QUERY's text and length
+		 * lead the COM_DATA union; other commands keep no text here. */
+		command = arg2;
+		text = 0;
+		len = 0;
+		if (command == COM_QUERY) {
+			bpf_probe_read_user(&text, sizeof(text), (void *)arg1);
+			bpf_probe_read_user(&len, sizeof(len), (void *)(arg1 + 8));
+		}
+	} else {
+		/* MariaDB: dispatch_command(enum_server_command, THD *, char *packet, uint length, bool) */
+		command = arg0;
+		text = arg2;
+		len = arg3;
+	}
+	if (command == COM_QUIT || command == COM_STMT_SEND_LONG_DATA || command == COM_STMT_CLOSE)
+		return 0;
+	st->fd = -1;
+	st->header_len = len + 1;
+	st->header_ts = now;
+	start_statement(st, tid, 0, 0, now);
+	st->phase = PHASE_RUNNING;
+	st->via_dispatch = 1;
+	st->ev.text[0] = command;
+	long n = len;
+	if (n > MAX_TEXT - 1)
+		n = MAX_TEXT - 1;
+	if (n <= 0 || !text || bpf_probe_read_user(&st->ev.text[1], n, (void *)text))
+		n = 0;
+	st->ev.text_len = n + 1;
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(on_dispatch_return)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct query_thread *st = thread_state(tid, false);
+	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	st->ev.end_ns = now;
+	st->ev.c = st->c;
+	st->ev.c.cpu_ns += now - st->on_cpu_since;
+	st->phase = PHASE_REPLIED;
+	finish_statement(st);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	__u64 now = 0;
+	if (prev->tgid == target_tgid) {
+		__u32 tid = prev->pid;
+		struct query_thread *st = thread_state(tid, false);
+		if (st && in_statement(st)) {
+			now = bpf_ktime_get_ns();
+			st->c.cpu_ns += now - st->on_cpu_since;
+			st->runnable_since = (preempt || prev_state == TASK_RUNNING) ? now : 0;
+		}
+	}
+	if (next->tgid == target_tgid) {
+		__u32 tid = next->pid;
+		struct query_thread *st = thread_state(tid, false);
+		if (st && in_statement(st)) {
+			if (!now)
+				now = bpf_ktime_get_ns();
+			if (st->runnable_since && st->runnable_since <= now)
+				st->c.runq_ns += now - st->runnable_since;
+			st->runnable_since = 0;
+			st->on_cpu_since = now;
+		}
+	}
+	return 0;
+}
+
+static __always_inline void mark_woken(struct task_struct *p)
+{
+	if (p->tgid != target_tgid)
+		return;
+	__u32 tid = p->pid;
+	struct query_thread *st = thread_state(tid, false);
+	if (st && in_statement(st) && !st->runnable_since)
+		st->runnable_since = bpf_ktime_get_ns();
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_wakeup, struct task_struct *p)
+{
+	mark_woken(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_wakeup_new, struct task_struct *p)
+{
+	mark_woken(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	if (p->tgid != target_tgid)
+		return 0;
+	__u32 tid = p->pid;
+	struct query_thread *st = thread_state(tid, false);
+	if (st) {
+		finish_statement(st);
+		bpf_map_delete_elem(&threads, &tid);
+	}
+	return 0;
+}

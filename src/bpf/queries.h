@@ -1,0 +1,76 @@
+/* What src/bpf/queries.bpf.c sends to user space (src/collect/queries.rs). */
+#pragma once
+
+#define MAX_SYSCALL_NR 512
+#define MAX_THREADS 8192
+#define MAX_TEXT 1024         /* request bytes kept per statement: the SQL text, truncated (power of 2) */
+#define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */
+#define REPLY_HEAD 24         /* bytes kept of the first reply send: header, OK/ERR/PREPARE_OK fields */
+
+/* How a syscall is accounted; user space fills syscall_class[] with these. */
+enum syscall_class {
+	SYSCALL_OTHER = 0,
+	SYSCALL_NET_RECV,   /* recvfrom, recvmsg: requests come in here */
+	SYSCALL_NET_SEND,   /* sendto, sendmsg: replies go out here */
+	SYSCALL_NET_POLL,   /* poll, ppoll: waiting for the client */
+	SYSCALL_READ,       /* read, pread64, readv, preadv, preadv2 */
+	SYSCALL_WRITE,      /* write, pwrite64, writev, pwritev, pwritev2 */
+	SYSCALL_SYNC,       /* fsync, fdatasync, sync_file_range */
+	SYSCALL_FUTEX,
+};
+
+/* How the uprobe on dispatch_command finds the command and its text. */
+enum dispatch_abi {
+	DISPATCH_MARIADB = 0,  /* dispatch_command(enum_server_command, THD *, char *packet, uint length, bool) */
+	DISPATCH_MYSQL = 1,    /* dispatch_command(THD *, const COM_DATA *, enum_server_command) */
+};
+
+enum query_event_kind {
+	EVENT_STATEMENT = 1,
+	EVENT_PACKET_IN = 2,   /* a client packet outside a statement (handshake response) */
+	EVENT_PACKET_OUT = 3,  /* a server send outside a statement (greeting, authentication) */
+};
+
+/* Loss counters; keep in sync with collect/queries.rs. */
+enum query_lost {
+	QLOST_RINGBUF = 0,   /* record dropped: ring buffer full */
+	QLOST_THREADS = 1,   /* thread not traced: per-thread map full */
+	QLOST_REASONS = 2,
+};
+
+struct query_counters {
+	__u64 cpu_ns;
+	__u64 runq_ns;
+	__u64 lock_ns;
+	__u64 lock_max_ns;
+	__u64 lock_addr;      /* futex word of the longest wait */
+	__u64 read_ns;
+	__u64 read_bytes;
+	__u64 write_ns;
+	__u64 write_bytes;
+	__u64 sync_ns;
+	__u64 net_ns;
+	__u64 net_bytes;
+	__u64 other_ns;
+	__u32 lock_waits;
+	__u32 syncs;
+	__u32 syscalls;
+	__u32 _pad;
+};
+
+struct query_event {
+	__u32 kind;
+	__u32 tid;
+	__s32 fd;
+	__u32 packet_len;     /* request payload length from its header (the text may be truncated) */
+	__u64 start_ns;       /* CLOCK_MONOTONIC */
+	__u64 end_ns;
+	struct query_counters c;
+	__u16 text_len;
+	__u8 reply_len;
+	__u8 seq;
+	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
+	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
+};
+
+#define QUERY_EVENT_HEADER_BYTES ((unsigned long)&((struct query_event *)0)->text)

@@ -1,0 +1,189 @@
+//! `myprobe queries`: one record per statement with its time broken down, as lines, JSON, or a digest.
+
+use std::{
+    cell::Cell,
+    collections::HashSet,
+    io::{BufWriter, Write},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::{
+    collect::{
+        self,
+        queries::{DispatchProbe, LOST_REASONS},
+        CollectOptions,
+    },
+    query::{digest::Digest, Notice, QueryRecord, Tracker},
+    render::queries as render,
+    symbolize::data::DataSymbolizer,
+    target::{self, probes},
+};
+
+#[derive(Args)]
+pub struct QueriesArgs {
+    /// Server process to trace [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Tracing duration in seconds [default: until Ctrl-C]
+    #[arg(short = 'd', long = "duration")]
+    pub duration: Option<u64>,
+    /// Report only statements that took at least this long (milliseconds, fractions allowed)
+    #[arg(long, value_name = "N", default_value_t = 0.0)]
+    pub min_ms: f64,
+    /// One JSON object per line on stdout (fields: see DESIGN.md "Query records"), nothing else
+    #[arg(long)]
+    pub json: bool,
+    /// Instead of one line per statement, print a digest per fingerprint at the end (pt-query-digest's table):
+    /// count, total, p50/p95/p99/max latency and the share of CPU, run queue, lock, I/O, network and other syscalls
+    #[arg(long)]
+    pub summary: bool,
+    /// Rows of the digest table
+    #[arg(long, default_value_t = 30)]
+    pub top: usize,
+    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
+    #[arg(long)]
+    pub raw_sql: bool,
+    /// Follow statements through uprobes on the server's dispatch_command from the start, for TLS connections
+    /// opened before tracing (a TLS handshake seen while tracing turns them on by itself)
+    #[arg(long)]
+    pub uprobes: bool,
+    /// Trace a process that is not mariadbd/mysqld
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<std::path::PathBuf>,
+}
+
+pub fn run(a: QueriesArgs) -> Result<()> {
+    anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
+    anyhow::ensure!(a.min_ms >= 0.0 && a.min_ms.is_finite(), "--min-ms must be a number of milliseconds ≥ 0");
+    target::check_environment(a.btf.as_deref())?;
+    let target = target::resolve(a.pid, a.any_process)?;
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
+        kernel_stacks: false,
+        btf: a.btf.clone(),
+    };
+    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
+    let dispatch = probes::find_function(&target.exe, "dispatch_command(")?;
+    match &dispatch {
+        None if a.uprobes => bail!(
+            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
+            target.exe.display()
+        ),
+        Some(f) if a.uprobes => eprintln!("myprobe: following statements through uprobes on {}", f.demangled),
+        _ => {}
+    }
+    let wanted = Cell::new(a.uprobes);
+    let probe = dispatch.as_ref().map(|function| DispatchProbe { binary: &target.exe, function, wanted: &wanted });
+    let mut tracker = Tracker::new(a.raw_sql);
+    let mut digest = Digest::default();
+    let min_us = (a.min_ms * 1000.0) as u64;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let (mut seen, mut reported) = (0u64, 0u64);
+    let mut said = HashSet::new();
+    let mut failed: Option<std::io::Error> = None;
+
+    let until = a.duration.map(|d| format!("for {d} s")).unwrap_or_else(|| "until Ctrl-C".into());
+    let attached = || eprintln!("myprobe: tracing the statements of {target} {until}");
+    if !a.json && !a.summary {
+        let _ = writeln!(out, "{}", render::LINE_HEADER);
+        let _ = out.flush();
+    }
+    let mut last_flush = Instant::now();
+    let lost = collect::queries::collect(&opts, probe, attached, |event| {
+        let record = tracker.handle(event);
+        for n in tracker.notices.drain(..) {
+            if matches!(n, Notice::Tls { .. }) && !wanted.get() {
+                wanted.set(true);
+                match &dispatch {
+                    Some(f) => eprintln!(
+                        "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
+                        f.demangled
+                    ),
+                    None => eprintln!(
+                        "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",
+                        target.exe.display()
+                    ),
+                }
+            }
+            if said.insert(format!("{n:?}")) && !matches!(n, Notice::Tls { .. }) {
+                eprintln!("myprobe: warning: {}", notice_text(&n));
+            }
+        }
+        let Some(mut record) = record else { return };
+        seen += 1;
+        if record.duration_us < min_us {
+            return;
+        }
+        reported += 1;
+        if record.lock_addr_raw != 0 {
+            record.lock_symbol = Some(locks.name(record.lock_addr_raw));
+        }
+        if a.summary {
+            digest.add(&record);
+        } else if failed.is_none() {
+            if let Err(e) = write_record(&mut out, &record, a.json) {
+                failed = Some(e);
+            }
+            // Lines appear as statements finish, yet a busy server does not cost a write per line.
+            if last_flush.elapsed() >= Duration::from_millis(200) {
+                last_flush = Instant::now();
+                let _ = out.flush();
+            }
+        }
+    })?;
+    let ended = Instant::now();
+    if a.summary {
+        let rows = digest.rows();
+        if a.json {
+            for r in &rows {
+                writeln!(out, "{}", serde_json::to_string(r)?)?;
+            }
+        } else if digest.is_empty() {
+            eprintln!("myprobe: no statements{}", if min_us > 0 { " at or above --min-ms" } else { "" });
+        } else {
+            write!(out, "{}", render::digest_table(&rows, a.top))?;
+        }
+    }
+    match failed {
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Some(e) => return Err(e).context("writing the records"),
+        None => out.flush().context("writing the records")?,
+    }
+    eprintln!("myprobe: {seen} statements traced, {reported} reported");
+    for (n, why) in lost.iter().zip(LOST_REASONS) {
+        if *n > 0 {
+            eprintln!("myprobe: warning: {why}: {n}");
+        }
+    }
+    if a.summary {
+        eprintln!("myprobe: results written in {:.0} ms after tracing ended", ended.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(())
+}
+
+fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::Result<()> {
+    if json {
+        serde_json::to_writer(&mut *out, r)?;
+        out.write_all(b"\n")
+    } else {
+        writeln!(out, "{}", render::line(r))
+    }
+}
+
+fn notice_text(n: &Notice) -> String {
+    match n {
+        Notice::Tls { .. } => "a client uses TLS".to_string(),
+        Notice::Compressed { conn, user } => {
+            let conn = conn.map(|c| format!("connection {c}")).unwrap_or_else(|| "a connection".into());
+            format!("{conn} (user {user}) uses the compressed protocol: its statements are not traced")
+        }
+    }
+}

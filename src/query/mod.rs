@@ -1,0 +1,247 @@
+//! Query records: the statements the query collector saw, joined with what user space knows of their
+//! connections (id, user, database, prepared statements), with literals hidden unless asked for.
+
+pub mod digest;
+pub mod fingerprint;
+pub mod protocol;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::collect::queries::{Event, RawStatement};
+use protocol::Reply;
+
+/// One statement, as `myprobe queries --json` prints it (see ../shared/DESIGN.md, "Query records").
+/// Times in microseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct QueryRecord {
+    pub ts: String,
+    pub tid: u32,
+    pub conn: Option<u32>,
+    pub user: Option<String>,
+    pub db: Option<String>,
+    pub command: &'static str,
+    pub query: Option<String>,
+    pub fingerprint: Option<String>,
+    pub duration_us: u64,
+    pub cpu_us: u64,
+    pub runq_us: u64,
+    pub lock_us: u64,
+    pub lock_waits: u32,
+    pub lock_max_us: u64,
+    pub lock_addr: Option<String>,
+    pub lock_symbol: Option<String>,
+    pub read_us: u64,
+    pub read_bytes: u64,
+    pub write_us: u64,
+    pub write_bytes: u64,
+    pub sync_us: u64,
+    pub syncs: u32,
+    pub net_us: u64,
+    pub net_bytes: u64,
+    pub other_sys_us: u64,
+    pub syscalls: u32,
+    pub error: Option<u16>,
+    /// The request was longer than what the tracer keeps: `query` is its beginning.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    #[serde(skip)]
+    pub lock_addr_raw: u64,
+}
+
+/// Prepared statements remembered per connection, at most; beyond it the oldest are forgotten.
+const MAX_PREPARED_PER_CONN: usize = 4096;
+/// Connections remembered, at most (they are keyed by socket fd, so this bounds a leak of closed ones).
+const MAX_CONNS: usize = 65536;
+
+#[derive(Default)]
+struct Conn {
+    id: Option<u32>,
+    user: Option<String>,
+    db: Option<String>,
+    /// Statement id → raw text of COM_STMT_PREPARE.
+    prepared: HashMap<u32, String>,
+}
+
+/// Something user space should say once on stderr.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A client asked for TLS: its statements cannot be read from the socket.
+    Tls { conn: Option<u32> },
+    /// A client uses the compressed protocol, which this tracer does not decode.
+    Compressed { conn: Option<u32>, user: String },
+}
+
+/// Turns the collector's events into records: follows handshakes, `USE`/COM_INIT_DB and prepared statements.
+pub struct Tracker {
+    conns: HashMap<i32, Conn>,
+    raw_sql: bool,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC, ns: turns the kernel's timestamps into wall-clock time.
+    realtime_offset_ns: i128,
+    pub notices: Vec<Notice>,
+}
+
+impl Tracker {
+    pub fn new(raw_sql: bool) -> Self {
+        Tracker { conns: HashMap::new(), raw_sql, realtime_offset_ns: realtime_offset_ns(), notices: Vec::new() }
+    }
+
+    /// Feeds one event; returns a record for a statement.
+    pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
+        match event {
+            Event::PacketOut { fd, bytes, .. } => {
+                // The greeting opens a connection on this socket (a reused fd starts afresh).
+                let (_, seq, payload) = protocol::split_packet(&bytes)?;
+                if seq == 0 {
+                    if let Some(g) = protocol::parse_greeting(payload) {
+                        *self.conn_entry(fd) = Conn { id: Some(g.connection_id), ..Conn::default() };
+                    }
+                }
+                None
+            }
+            Event::PacketIn { fd, seq, payload, .. } => {
+                if seq == 1 {
+                    if let Some(h) = protocol::parse_handshake_response(&payload) {
+                        let conn = self.conn_entry(fd);
+                        if h.ssl_request {
+                            let id = conn.id;
+                            self.notices.push(Notice::Tls { conn: id });
+                        } else {
+                            conn.user = Some(h.user.clone());
+                            conn.db = h.database.clone();
+                            if h.capabilities & protocol::CLIENT_COMPRESS != 0 {
+                                let id = conn.id;
+                                self.notices.push(Notice::Compressed { conn: id, user: h.user });
+                            }
+                        }
+                    }
+                }
+                None
+            }
+            Event::Statement(s) => Some(self.record(s)),
+        }
+    }
+
+    fn conn_entry(&mut self, fd: i32) -> &mut Conn {
+        if self.conns.len() >= MAX_CONNS && !self.conns.contains_key(&fd) {
+            self.conns.clear();
+        }
+        self.conns.entry(fd).or_default()
+    }
+
+    fn record(&mut self, s: RawStatement) -> QueryRecord {
+        let cmd = s.request.first().copied().unwrap_or(0xff);
+        let args = s.request.get(1..).unwrap_or_default();
+        let reply = protocol::parse_reply_stream(&s.reply, cmd);
+        let ok = !matches!(reply, Reply::Err { .. });
+        let truncated = s.packet_len as usize > s.request.len();
+        // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
+        let mut unknown = Conn::default();
+        let conn = if s.fd < 0 { &mut unknown } else { self.conn_entry(s.fd) };
+
+        // The statement's text: its own for Query and Prepare, the prepared one for Execute.
+        let text: Option<String> = match cmd {
+            protocol::COM_QUERY | protocol::COM_STMT_PREPARE => Some(String::from_utf8_lossy(args).into_owned()),
+            protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request)
+                .map(|id| conn.prepared.get(&id).cloned().unwrap_or_else(|| format!("/* statement {id}, prepared before tracing */"))),
+            protocol::COM_INIT_DB => protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`")),
+            _ => None,
+        };
+        // What the statement changes in its connection, once the server accepted it.
+        if ok {
+            match (cmd, &reply) {
+                (protocol::COM_INIT_DB, _) => conn.db = protocol::init_db_name(&s.request).or(conn.db.take()),
+                (protocol::COM_QUERY, _) => {
+                    if let Some(db) = text.as_deref().and_then(protocol::use_statement_db) {
+                        conn.db = Some(db);
+                    }
+                }
+                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) if !truncated => {
+                    if conn.prepared.len() >= MAX_PREPARED_PER_CONN {
+                        conn.prepared.clear();
+                    }
+                    conn.prepared.insert(*statement_id, text.clone().unwrap_or_default());
+                }
+                (protocol::COM_RESET_CONNECTION, _) => conn.prepared.clear(),
+                _ => {}
+            }
+        }
+        let error = match reply {
+            Reply::Err { code, .. } => Some(code),
+            _ => None,
+        };
+        let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
+
+        let c = &s.counters;
+        let us = |ns: u64| (ns + 500) / 1000;
+        let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
+        QueryRecord {
+            ts: format_ts(s.start_ns as i128 + self.realtime_offset_ns),
+            tid: s.tid,
+            conn: id,
+            user,
+            db,
+            command: protocol::command_name(cmd),
+            fingerprint: text.as_deref().map(fingerprint::fingerprint),
+            query: text.map(|t| if self.raw_sql { t } else { fingerprint::normalize(&t) }),
+            duration_us: us(s.end_ns.saturating_sub(s.start_ns)),
+            cpu_us: us(c.cpu_ns),
+            runq_us: us(c.runq_ns),
+            lock_us: us(c.lock_ns),
+            lock_waits: c.lock_waits,
+            lock_max_us: us(c.lock_max_ns),
+            lock_addr: (lock_addr_raw != 0).then(|| format!("{lock_addr_raw:#x}")),
+            lock_symbol: None,
+            read_us: us(c.read_ns),
+            read_bytes: c.read_bytes,
+            write_us: us(c.write_ns),
+            write_bytes: c.write_bytes,
+            sync_us: us(c.sync_ns),
+            syncs: c.syncs,
+            net_us: us(c.net_ns),
+            net_bytes: c.net_bytes,
+            other_sys_us: us(c.other_ns),
+            syscalls: c.syscalls,
+            error,
+            truncated,
+            lock_addr_raw,
+        }
+    }
+}
+
+fn realtime_offset_ns() -> i128 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    now.as_nanos() as i128 - crate::collect::monotonic_ns() as i128
+}
+
+/// `2026-11-22T10:30:01.123456Z` (UTC, microseconds) from nanoseconds since the epoch.
+pub fn format_ts(epoch_ns: i128) -> String {
+    let us = epoch_ns.max(0) / 1000;
+    let (secs, micros) = ((us / 1_000_000) as i64, (us % 1_000_000) as u32);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 → civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
+        // date -u -d @1795343203.498260 → 2026-11-22 10:26:43
+        assert_eq!(format_ts(1_795_343_203_498_260_000), "2026-11-22T10:26:43.498260Z");
+        assert_eq!(format_ts(951_782_400_000_001_000), "2000-02-29T00:00:00.000001Z");
+    }
+}

@@ -1,0 +1,117 @@
+//! Terminal output of `myprobe queries`: one aligned line per statement, and the digest table.
+
+use std::fmt::Write;
+
+use crate::query::{digest::DigestRow, QueryRecord};
+
+/// Microseconds in an adaptive unit, at most 7 characters: `812us`, `3.25ms`, `312.5ms`, `1.234s`, `2m05s`.
+pub fn human_us(us: u64) -> String {
+    match us {
+        0..=999 => format!("{us}us"),
+        1_000..=9_999 => format!("{:.2}ms", us as f64 / 1e3),
+        10_000..=999_999 => format!("{:.1}ms", us as f64 / 1e3),
+        1_000_000..=59_999_999 => format!("{:.3}s", us as f64 / 1e6),
+        _ => format!("{}m{:02}s", us / 60_000_000, us / 1_000_000 % 60),
+    }
+}
+
+pub const LINE_HEADER: &str =
+    "TIME(UTC)        TID     CONN  USER       DB          DURATION   CPU      RUNQ     LOCK     IO       NET      ERR   QUERY";
+
+/// One statement on one line; `-` where nothing is known or nothing was spent.
+pub fn line(r: &QueryRecord) -> String {
+    let time = r.ts.get(11..26).unwrap_or(&r.ts);
+    let opt = |v: u64| if v == 0 { "-".to_string() } else { human_us(v) };
+    let text = r.query.as_deref().map(|q| q.replace(['\n', '\r', '\t'], " ")).unwrap_or_else(|| format!("[{}]", r.command));
+    let mut out = String::with_capacity(160);
+    let _ = write!(
+        out,
+        "{time:<16} {:<7} {:<5} {:<10} {:<11} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<5} ",
+        r.tid,
+        r.conn.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
+        clip(r.user.as_deref().unwrap_or("?"), 10),
+        clip(r.db.as_deref().unwrap_or("?"), 11),
+        human_us(r.duration_us),
+        opt(r.cpu_us),
+        opt(r.runq_us),
+        opt(r.lock_us),
+        opt(r.read_us + r.write_us + r.sync_us),
+        opt(r.net_us),
+        r.error.map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
+    );
+    if r.command != "Query" && r.query.is_some() {
+        let _ = write!(out, "[{}] ", r.command);
+    }
+    out.push_str(&text);
+    if let Some(sym) = &r.lock_symbol {
+        let _ = write!(out, "  (lock: {sym}, {} waits, max {})", r.lock_waits, human_us(r.lock_max_us));
+    }
+    out
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut c: String = s.chars().take(n - 1).collect();
+        c.push('…');
+        c
+    }
+}
+
+/// The digest as an aligned table, largest total first, at most `top` rows.
+pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
+    let mut out = String::new();
+    let grand: u64 = rows.iter().map(|r| r.total_us).sum();
+    let _ = writeln!(
+        out,
+        "{:>4} {:>8} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}  FINGERPRINT",
+        "RANK", "COUNT", "ERRORS", "TOTAL", "SHARE", "P50", "P95", "P99", "MAX", "CPU%", "RUNQ%", "LOCK%", "IO%", "NET%", "SYS%"
+    );
+    for (i, r) in rows.iter().take(top).enumerate() {
+        let share = if grand > 0 { r.total_us as f64 * 100.0 / grand as f64 } else { 0.0 };
+        let _ = write!(
+            out,
+            "{:>4} {:>8} {:>6} {:>8} {:>4.1}% {:>8} {:>8} {:>8} {:>8} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1}  {}",
+            i + 1,
+            r.count,
+            r.errors,
+            human_us(r.total_us),
+            share,
+            human_us(r.p50_us),
+            human_us(r.p95_us),
+            human_us(r.p99_us),
+            human_us(r.max_us),
+            r.cpu_pct,
+            r.runq_pct,
+            r.lock_pct,
+            r.io_pct,
+            r.net_pct,
+            r.sys_pct,
+            r.fingerprint.replace(['\n', '\r', '\t'], " "),
+        );
+        if let Some(lock) = &r.top_lock {
+            let _ = write!(out, "  (top lock: {lock})");
+        }
+        out.push('\n');
+    }
+    if rows.len() > top {
+        let _ = writeln!(out, "... {} more fingerprints", rows.len() - top);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_units() {
+        assert_eq!(human_us(0), "0us");
+        assert_eq!(human_us(812), "812us");
+        assert_eq!(human_us(3_254), "3.25ms");
+        assert_eq!(human_us(312_460), "312.5ms");
+        assert_eq!(human_us(1_234_000), "1.234s");
+        assert_eq!(human_us(125_000_000), "2m05s");
+    }
+}
