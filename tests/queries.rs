@@ -155,45 +155,84 @@ fn user_database_and_connection_id() {
     assert!(r["db"].is_null(), "the old connection has no database: {r}");
 }
 
+/// The C fixture that prepares `SELECT id FROM sbtest1 WHERE id = ?` and executes it on request.
+struct PreparedClient {
+    child: std::process::Child,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl PreparedClient {
+    fn start(db: &TestDb) -> Self {
+        let dir = tempdir("prepared");
+        let exe = dir.join("prepared");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/queries/prepared.c");
+        let cc = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cc -O1 -o {} {src} $(mariadb_config --cflags --libs)", exe.display()))
+            .output()
+            .unwrap();
+        assert!(cc.status.success(), "compiling the fixture: {}", String::from_utf8_lossy(&cc.stderr));
+        let mut child = Command::new(&exe).arg(&db.socket).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        PreparedClient { child, stdout }
+    }
+
+    fn execute(&mut self, times: u32) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{times}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), format!("done {times}"));
+    }
+
+    fn close(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+const PREPARED_TEXT: &str = "SELECT id FROM sbtest1 WHERE id = ?";
+
 #[test]
 fn prepared_statement_executed_100_times() {
     let db = testdb();
-    let dir = tempdir("prepared");
-    let exe = dir.join("prepared");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/queries/prepared.c");
-    let cc = Command::new("sh")
-        .arg("-c")
-        .arg(format!("cc -O1 -o {} {src} $(mariadb_config --cflags --libs)", exe.display()))
-        .output()
-        .unwrap();
-    assert!(cc.status.success(), "compiling the fixture: {}", String::from_utf8_lossy(&cc.stderr));
-
     let tracer = trace(&db, &[]);
-    let mut client = Command::new(&exe)
-        .arg(&db.socket)
-        .arg("100")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(client.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "done 100");
-    writeln!(client.stdin.take().unwrap()).unwrap();
-    assert!(client.wait().unwrap().success());
+    let mut client = PreparedClient::start(&db);
+    client.execute(100);
+    client.close();
     let (out, err) = tracer.stop();
     let all = records(&out);
-    let text = "SELECT id FROM sbtest1 WHERE id = ?";
     let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
     assert_eq!(executes.len(), 100, "expected 100 Execute records\nstderr:\n{err}");
     for r in &executes {
-        assert_eq!(r["query"], text, "{r}");
+        assert_eq!(r["query"], PREPARED_TEXT, "{r}");
         assert_eq!(r["db"], "sbtest", "{r}");
         assert!(r["error"].is_null(), "{r}");
     }
     let prepares: Vec<_> = all.iter().filter(|r| r["command"] == "Prepare").collect();
     assert_eq!(prepares.len(), 1, "{prepares:?}");
-    assert_eq!(prepares[0]["query"], text);
+    assert_eq!(prepares[0]["query"], PREPARED_TEXT);
+}
+
+#[test]
+fn statement_prepared_before_tracing_is_labelled_by_id() {
+    let db = testdb();
+    let mut client = PreparedClient::start(&db);
+    client.execute(1);
+    let tracer = trace(&db, &[]);
+    client.execute(3);
+    client.close();
+    let (out, err) = tracer.stop();
+    let all = records(&out);
+    let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
+    assert_eq!(executes.len(), 3, "{all:?}\nstderr:\n{err}");
+    // Statement ids are the server's: one id, one statement.
+    let fingerprint = executes[0]["fingerprint"].as_str().unwrap();
+    assert!(fingerprint.starts_with("statement prepared before tracing #"), "{}", executes[0]);
+    for r in &executes {
+        assert!(r["query"].is_null(), "the text is unknown, not made up: {r}");
+        assert_eq!(r["fingerprint"], fingerprint, "{r}");
+    }
+    assert!(err.contains("3 executions of statements prepared before tracing"), "{err}");
 }
 
 #[test]
@@ -242,7 +281,7 @@ fn json_records_under_load_have_every_field() {
     let executes = all.iter().filter(|r| r["command"] == "Execute").count();
     let with_text = all
         .iter()
-        .filter(|r| r["command"] == "Execute" && r["query"].as_str().is_some_and(|q| !q.is_empty() && !q.contains("prepared before tracing")))
+        .filter(|r| r["command"] == "Execute" && r["query"].as_str().is_some_and(|q| q.contains("sbtest") || q == "BEGIN" || q == "COMMIT"))
         .count();
     assert!(executes > 100 && with_text * 100 >= executes * 99, "{with_text} of {executes} executions have their text");
     assert!(all.iter().any(|r| r["user"] == "sbtest" && r["db"] == "sbtest"), "no record with sysbench's user and database");

@@ -16,7 +16,7 @@ use crate::{
         queries::{DispatchProbe, LOST_REASONS},
         CollectOptions,
     },
-    query::{digest::Digest, Notice, QueryRecord, Tracker},
+    query::{digest::Digest, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
     symbolize::data::DataSymbolizer,
     target::{self, probes},
@@ -85,7 +85,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
-    let (mut seen, mut reported) = (0u64, 0u64);
+    let (mut seen, mut reported, mut unknown_prepared) = (0u64, 0u64, 0u64);
     let mut said = HashSet::new();
     let mut failed: Option<std::io::Error> = None;
 
@@ -118,6 +118,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         }
         let Some(mut record) = record else { return };
         seen += 1;
+        unknown_prepared += record.fingerprint.as_deref().is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
         if record.duration_us < min_us {
             return;
         }
@@ -158,6 +159,12 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         None => out.flush().context("writing the records")?,
     }
     eprintln!("myprobe: {seen} statements traced, {reported} reported");
+    if unknown_prepared > 0 {
+        eprintln!(
+            "myprobe: note: {unknown_prepared} executions of statements prepared before tracing began: their text is unknown \
+             (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
+        );
+    }
     for (n, why) in lost.iter().zip(LOST_REASONS) {
         if *n > 0 {
             eprintln!("myprobe: warning: {why}: {n}");

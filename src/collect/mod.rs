@@ -43,6 +43,9 @@ pub fn open_skel<'obj, B: SkelBuilder<'obj>>(
     object: &'obj mut MaybeUninit<OpenObject>,
     opts: &CollectOptions,
 ) -> Result<B::Output> {
+    // From here on Ctrl-C ends tracing with results; installed before anything is attached, so that a Ctrl-C
+    // right after attaching still detaches cleanly.
+    install_stop_handler();
     if let Some(btf) = &opts.btf {
         builder.object_builder_mut().btf_custom_path(btf).context("setting the BTF path")?;
     }

@@ -50,6 +50,9 @@ pub struct QueryRecord {
     pub lock_addr_raw: u64,
 }
 
+/// The fingerprint of executions of a statement prepared before tracing began, followed by ` #<statement id>`.
+pub const UNKNOWN_PREPARED: &str = "statement prepared before tracing";
+
 /// Prepared statements remembered per connection, at most; beyond it the oldest are forgotten.
 const MAX_PREPARED_PER_CONN: usize = 4096;
 /// Connections remembered, at most (they are keyed by socket fd, so this bounds a leak of closed ones).
@@ -141,10 +144,16 @@ impl Tracker {
         let conn = if s.fd < 0 { &mut unknown } else { self.conn_entry(s.fd) };
 
         // The statement's text: its own for Query and Prepare, the prepared one for Execute.
+        let mut unknown_statement = None;
         let text: Option<String> = match cmd {
             protocol::COM_QUERY | protocol::COM_STMT_PREPARE => Some(String::from_utf8_lossy(args).into_owned()),
-            protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request)
-                .map(|id| conn.prepared.get(&id).cloned().unwrap_or_else(|| format!("/* statement {id}, prepared before tracing */"))),
+            protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request).and_then(|id| {
+                let known = conn.prepared.get(&id).cloned();
+                if known.is_none() {
+                    unknown_statement = Some(id);
+                }
+                known
+            }),
             protocol::COM_INIT_DB => protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`")),
             _ => None,
         };
@@ -183,7 +192,9 @@ impl Tracker {
             user,
             db,
             command: protocol::command_name(cmd),
-            fingerprint: text.as_deref().map(fingerprint::fingerprint),
+            // Prepared before tracing: its text went by unseen; the server's statement id still tells the
+            // statements apart.
+            fingerprint: text.as_deref().map(fingerprint::fingerprint).or(unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}"))),
             query: text.map(|t| if self.raw_sql { t } else { fingerprint::normalize(&t) }),
             duration_us: us(s.end_ns.saturating_sub(s.start_ns)),
             cpu_us: us(c.cpu_ns),

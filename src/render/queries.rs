@@ -22,7 +22,11 @@ pub const LINE_HEADER: &str =
 pub fn line(r: &QueryRecord) -> String {
     let time = r.ts.get(11..26).unwrap_or(&r.ts);
     let opt = |v: u64| if v == 0 { "-".to_string() } else { human_us(v) };
-    let text = r.query.as_deref().map(|q| q.replace(['\n', '\r', '\t'], " ")).unwrap_or_else(|| format!("[{}]", r.command));
+    let text = match (&r.query, &r.fingerprint) {
+        (Some(q), _) => q.replace(['\n', '\r', '\t'], " "),
+        (None, Some(f)) => format!("[{}] {f}", r.command),
+        (None, None) => format!("[{}]", r.command),
+    };
     let mut out = String::with_capacity(160);
     let _ = write!(
         out,
