@@ -68,6 +68,26 @@ fn sleep_is_one_record_of_blocked_time() {
 }
 
 #[test]
+fn statement_still_running_at_the_end_is_reported_in_flight() {
+    let db = testdb();
+    let mut s = db.session();
+    let tid = s.server_tid();
+    let tracer = trace(&db, &[]);
+    s.send("SELECT SLEEP(2)");
+    std::thread::sleep(Duration::from_millis(800));
+    let (out, err) = tracer.stop();
+    assert_eq!(s.read_line(), "0");
+    let all = records(&out);
+    let sleeps = query_is(&of_thread(&all, tid), "SELECT SLEEP(?)");
+    assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");
+    let r = sleeps[0];
+    assert_eq!(r["in_flight"], true, "{r}");
+    let d = num(r, "duration_us");
+    assert!((600_000..2_000_000).contains(&d), "{r}");
+    assert!(r["error"].is_null(), "{r}");
+}
+
+#[test]
 fn row_lock_wait_is_lock_time_with_an_address() {
     let db = testdb();
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.locktest (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; REPLACE INTO sbtest.locktest VALUES (1, 0)");

@@ -49,7 +49,8 @@ struct query_thread {
 	__u8 header_seq;
 	__u8 in_syscall;
 	__u8 syscall_cls;
-	__u8 _pad[3];
+	__u8 on_cpu;            /* while a statement is in flight */
+	__u8 _pad[2];
 	__s32 fd;               /* the client socket of the statement */
 	__u32 header_len;       /* payload length announced by the header */
 	__u32 futex_op;
@@ -176,6 +177,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	__builtin_memset(&st->c, 0, sizeof(st->c));
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 0;
+	st->on_cpu = 1;
 	st->on_cpu_since = now;
 	st->runnable_since = 0;
 	st->ev.kind = EVENT_STATEMENT;
@@ -420,6 +422,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (st && in_statement(st)) {
 			now = bpf_ktime_get_ns();
 			st->c.cpu_ns += now - st->on_cpu_since;
+			st->on_cpu = 0;
 			st->runnable_since = (preempt || prev_state == TASK_RUNNING) ? now : 0;
 		}
 	}
@@ -432,6 +435,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			if (st->runnable_since && st->runnable_since <= now)
 				st->c.runq_ns += now - st->runnable_since;
 			st->runnable_since = 0;
+			st->on_cpu = 1;
 			st->on_cpu_since = now;
 		}
 	}

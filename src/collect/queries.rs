@@ -6,7 +6,7 @@ use std::{cell::Cell, mem::MaybeUninit, path::Path};
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    Link, UprobeOpts,
+    Link, MapCore, MapFlags, UprobeOpts,
 };
 
 use super::{open_skel, poll_ring, CollectOptions};
@@ -35,6 +35,8 @@ pub struct RawStatement {
     pub start_ns: u64,
     pub end_ns: u64,
     pub counters: Counters,
+    /// Still running when tracing ended: `end_ns` is then, and there is no reply yet.
+    pub in_flight: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -141,7 +143,54 @@ pub fn collect(
         drop(link);
     }
     result?;
+    // A statement still running now is often the reason for tracing at all: report it, as in flight.
+    let now = super::monotonic_ns();
+    for key in skel.maps.threads.keys() {
+        let Ok(Some(bytes)) = skel.maps.threads.lookup(&key, MapFlags::ANY) else { continue };
+        if bytes.len() < std::mem::size_of::<types::query_thread>() {
+            continue;
+        }
+        // SAFETY: the value is a `struct query_thread` (plain integers and arrays) of the size checked above.
+        let st: types::query_thread = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let mut counters = st.c;
+        match st.phase {
+            PHASE_RUNNING => {
+                if st.on_cpu != 0 {
+                    counters.cpu_ns += now.saturating_sub(st.on_cpu_since);
+                } else if st.runnable_since != 0 {
+                    counters.runq_ns += now.saturating_sub(st.runnable_since);
+                }
+                if let Some(s) = statement(&st.ev, counters, now, true) {
+                    on_event(Event::Statement(s));
+                }
+            }
+            PHASE_REPLIED => {
+                if let Some(s) = statement(&st.ev, st.ev.c, st.ev.end_ns, false) {
+                    on_event(Event::Statement(s));
+                }
+            }
+            _ => {}
+        }
+    }
     Ok(lost())
+}
+
+/// `enum phase` of src/bpf/queries.bpf.c.
+const PHASE_RUNNING: u8 = 2;
+const PHASE_REPLIED: u8 = 3;
+
+fn statement(e: &types::query_event, counters: Counters, end_ns: u64, in_flight: bool) -> Option<RawStatement> {
+    Some(RawStatement {
+        tid: e.tid,
+        fd: e.fd,
+        packet_len: e.packet_len,
+        request: e.text.get(..e.text_len as usize)?.to_vec(),
+        reply: e.reply.get(..e.reply_len as usize)?.to_vec(),
+        start_ns: e.start_ns,
+        end_ns,
+        counters,
+        in_flight,
+    })
 }
 
 /// Which argument layout a `dispatch_command` signature has (`enum dispatch_abi` in src/bpf/queries.h).
@@ -158,16 +207,7 @@ fn decode(data: &[u8]) -> Option<Event> {
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut e as *mut types::query_event).cast::<u8>(), n) };
     let text = e.text.get(..e.text_len as usize)?.to_vec();
     match e.kind {
-        1 => Some(Event::Statement(RawStatement {
-            tid: e.tid,
-            fd: e.fd,
-            packet_len: e.packet_len,
-            request: text,
-            reply: e.reply.get(..e.reply_len as usize)?.to_vec(),
-            start_ns: e.start_ns,
-            end_ns: e.end_ns,
-            counters: e.c,
-        })),
+        1 => statement(&e, e.c, e.end_ns, false).map(Event::Statement),
         2 => Some(Event::PacketIn { fd: e.fd, seq: e.seq, payload: text }),
         3 => Some(Event::PacketOut { fd: e.fd, bytes: text }),
         _ => None,

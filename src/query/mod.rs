@@ -46,6 +46,9 @@ pub struct QueryRecord {
     /// The request was longer than what the tracer keeps: `query` is its beginning.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Still running when tracing ended: `duration_us` and the rest are so far.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_flight: bool,
     #[serde(skip)]
     pub lock_addr_raw: u64,
 }
@@ -137,7 +140,7 @@ impl Tracker {
         let cmd = s.request.first().copied().unwrap_or(0xff);
         let args = s.request.get(1..).unwrap_or_default();
         let reply = protocol::parse_reply_stream(&s.reply, cmd);
-        let ok = !matches!(reply, Reply::Err { .. });
+        let ok = !s.in_flight && !matches!(reply, Reply::Err { .. });
         let truncated = s.packet_len as usize > s.request.len();
         // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
         let mut unknown = Conn::default();
@@ -216,6 +219,7 @@ impl Tracker {
             syscalls: c.syscalls,
             error,
             truncated,
+            in_flight: s.in_flight,
             lock_addr_raw,
         }
     }

@@ -47,6 +47,9 @@ pub fn line(r: &QueryRecord) -> String {
         let _ = write!(out, "[{}] ", r.command);
     }
     out.push_str(&text);
+    if r.in_flight {
+        out.push_str("  (still running)");
+    }
     if let Some(sym) = &r.lock_symbol {
         let _ = write!(out, "  (lock: {sym}, {} waits, max {})", r.lock_waits, human_us(r.lock_max_us));
     }
