@@ -89,3 +89,19 @@ fn unknown_output_extension() {
     let line = one_error_line(myprobe().args(["profile", "cpu", "-d", "1", "-o", "/tmp/x.png", "-p", &db.pid.to_string()]));
     assert!(line.contains(".svg"), "the error lists the accepted extensions: {line}");
 }
+
+#[test]
+fn queries_without_a_server() {
+    let line = one_error_line(&mut in_pid_namespace("", "queries -d 1"));
+    assert!(line.contains("no MySQL or MariaDB server"), "{line}");
+}
+
+#[test]
+fn queries_uprobes_on_a_binary_without_dispatch_command() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let line = one_error_line(myprobe().args(["queries", "-d", "1", "--uprobes", "--any-process", "-p", &sleeper.id().to_string()]));
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    assert!(line.contains("has no dispatch_command symbol"), "{line}");
+    assert!(line.contains("--uprobes"), "{line}");
+}
