@@ -7,6 +7,7 @@ mod query;
 mod render;
 mod symbolize;
 mod target;
+mod unwind;
 
 use std::process::ExitCode;
 

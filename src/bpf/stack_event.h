@@ -35,10 +35,16 @@ static __always_inline void count_lost(enum lost_reason why)
 		__sync_fetch_and_add(&lost[why], 1);
 }
 
-/* Fills the user (and optionally kernel) frames of `e` for the current task. */
+#include "unwind.h"
+
+/* Fills the user (and optionally kernel) frames of `e` for the current task: unwound from .eh_frame tables
+ * where user space loaded them, else by frame pointers. */
 static __always_inline void capture_stacks(void *ctx, struct stack_event *e, bool kernel)
 {
-	long n = bpf_get_stack(ctx, e->ips, sizeof(__u64) * MAX_USER_FRAMES, BPF_F_USER_STACK);
+	long frames = unwind_user_stack(e->ips);
+	long n = frames * (long)sizeof(__u64);
+	if (frames < 0)
+		n = bpf_get_stack(ctx, e->ips, sizeof(__u64) * MAX_USER_FRAMES, BPF_F_USER_STACK);
 	if (n < 0) {
 		count_lost(LOST_USER_STACK);
 		n = 0;

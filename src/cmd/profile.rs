@@ -1,6 +1,6 @@
 //! `myprobe profile cpu|offcpu`: trace, symbolize, aggregate into a Profile, render.
 
-use std::{path::PathBuf, rc::Rc, time::{Duration, Instant}};
+use std::{cell::RefCell, path::PathBuf, rc::Rc, time::{Duration, Instant}};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -11,6 +11,7 @@ use crate::{
     render::{self, Palette, RenderOptions},
     symbolize::Symbolizer,
     target::{self, Target},
+    unwind::ProcessTables,
 };
 
 #[derive(Subcommand)]
@@ -48,6 +49,10 @@ pub struct TraceArgs {
     /// Flame graph title (SVG output)
     #[arg(long)]
     pub title: Option<String>,
+    /// Walk user stacks by frame pointers only (as bcc and bpftrace do), not with the .eh_frame unwinder:
+    /// cheaper, but stacks stop at the first function built without frame pointers (Debian's glibc)
+    #[arg(long)]
+    pub frame_pointers: bool,
 }
 
 #[derive(Args)]
@@ -105,11 +110,21 @@ fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions, Symbolizer)> {
     }
     target::check_environment(a.btf.as_deref())?;
     let target = target::resolve(a.pid, a.any_process)?;
+    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
+        None
+    } else {
+        let tables = ProcessTables::load(target.pid).context("reading the unwind tables of the process")?;
+        for w in &tables.warnings {
+            eprintln!("myprobe: warning: {w}");
+        }
+        Some(RefCell::new(tables))
+    };
     let opts = CollectOptions {
         pid: target.pid,
         duration: Duration::from_secs(a.duration),
         kernel_stacks: a.kernel,
         btf: a.btf.clone(),
+        unwind,
     };
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(a.kernel);

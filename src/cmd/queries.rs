@@ -68,6 +68,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
         kernel_stacks: false,
         btf: a.btf.clone(),
+        unwind: None,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let dispatch = probes::find_function(&target.exe, "dispatch_command(")?;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::OpenSkel;
 use perf_event_open_sys as perf;
 
-use super::{drain, open_skel, online_cpus, CollectOptions, Collected};
+use super::{drain, install_unwind, online_cpus, open_skel, refresh_unwind, size_unwind_rows, CollectOptions, Collected};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
@@ -19,7 +19,11 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
     let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
     rodata.target_tgid = opts.pid;
     rodata.kernel_stacks = opts.kernel_stacks;
-    let skel = open.load().context("loading the CPU sampling program into the kernel")?;
+    size_unwind_rows(&mut open.maps.unwind_rows, opts)?;
+    let mut skel = open.load().context("loading the CPU sampling program into the kernel")?;
+    let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
+    let mut installed = 0;
+    install_unwind(opts, &skel.maps.unwind_rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
 
     let mut perf_fds = Vec::new();
     let mut links = Vec::new();
@@ -34,8 +38,13 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
         perf_fds.push(fd);
     }
 
-    let bss = &skel.maps.bss_data;
-    let result = drain(&skel.maps.events, opts, "profile cpu", || bss.as_ref().map(|b| b.lost).unwrap_or_default());
+    let rows = &skel.maps.unwind_rows;
+    let result = drain(&skel.maps.events, opts, "profile cpu", |refresh| {
+        if refresh {
+            refresh_unwind(opts, rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
+        }
+        Ok(bss.lost)
+    });
     drop(links);
     drop(perf_fds);
     result

@@ -6,6 +6,7 @@ pub mod offcpu;
 pub mod queries;
 
 use std::{
+    cell::RefCell,
     collections::HashMap,
     io::IsTerminal,
     mem::MaybeUninit,
@@ -15,7 +16,9 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{skel::SkelBuilder, MapCore, OpenObject, RingBufferBuilder};
+use libbpf_rs::{skel::SkelBuilder, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+
+use crate::unwind::{BpfMapping, ProcessTables};
 
 /// Set by Ctrl-C (or SIGTERM): tracing ends early and results are still written.
 pub static STOP: AtomicBool = AtomicBool::new(false);
@@ -35,6 +38,59 @@ pub struct CollectOptions {
     pub kernel_stacks: bool,
     /// BTF of the running kernel, for kernels without /sys/kernel/btf/vmlinux.
     pub btf: Option<PathBuf>,
+    /// `.eh_frame` tables for unwinding user stacks in the kernel; `None`: frame pointers only.
+    pub unwind: Option<RefCell<ProcessTables>>,
+}
+
+/// Rows the BPF unwinder map holds beyond what the process has now, for libraries loaded while tracing.
+const SPARE_UNWIND_ROWS: usize = 65536;
+
+/// Sizes a collector's unwind_rows map (before loading it).
+pub fn size_unwind_rows(rows: &mut libbpf_rs::OpenMapMut, opts: &CollectOptions) -> Result<()> {
+    let n = opts.unwind.as_ref().map(|t| t.borrow().rows.len() + SPARE_UNWIND_ROWS).unwrap_or(1);
+    rows.set_max_entries(n as u32).context("sizing the unwind table map")
+}
+
+/// Loads the unwind tables into a collector's maps and turns unwinding on; `mappings`, `count` and `enabled`
+/// are the collector's `.bss` variables of src/bpf/unwind.h. Called again after `ProcessTables::update`:
+/// rows are only ever appended, so a stack being unwound meanwhile reads valid rows.
+pub fn install_unwind<M>(
+    opts: &CollectOptions,
+    rows_map: &dyn MapCore,
+    installed_rows: &mut usize,
+    mappings: &mut [M],
+    count: &mut u32,
+    enabled: &mut u32,
+) -> Result<()> {
+    let Some(tables) = &opts.unwind else { return Ok(()) };
+    let tables = tables.borrow();
+    assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<BpfMapping>(), "struct unwind_mapping layout");
+    let capacity = rows_map.max_entries() as usize;
+    let rows = &tables.rows[(*installed_rows).min(tables.rows.len())..tables.rows.len().min(capacity)];
+    for (i, chunk) in rows.chunks(65536).enumerate() {
+        let first = (*installed_rows + i * 65536) as u32;
+        let keys: Vec<u8> = (first..first + chunk.len() as u32).flat_map(u32::to_ne_bytes).collect();
+        // SAFETY: BpfRow is #[repr(C)] plain integers; the bytes are read, never written.
+        let values = unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), std::mem::size_of_val(chunk)) };
+        rows_map
+            .update_batch(&keys, values, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY)
+            .context("loading unwind tables into the kernel")?;
+    }
+    *installed_rows += rows.len();
+    // Mappings whose rows did not fit are unwound with frame pointers.
+    let usable: Vec<BpfMapping> = tables
+        .mappings
+        .iter()
+        .map(|m| if (m.row_start + m.row_count) as usize <= *installed_rows { *m } else { BpfMapping { row_count: 0, ..*m } })
+        .take(mappings.len())
+        .collect();
+    *count = 0;
+    // SAFETY: M and BpfMapping have the same size (asserted) and layout (src/bpf/unwind.h); at most
+    // mappings.len() entries are written.
+    unsafe { std::ptr::copy_nonoverlapping(usable.as_ptr().cast::<u8>(), mappings.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(usable.as_slice())) };
+    *count = usable.len() as u32;
+    *enabled = 1;
+    Ok(())
 }
 
 /// Opens a skeleton, pointing libbpf at a custom BTF file when one is given.
@@ -136,25 +192,55 @@ impl Collected {
 }
 
 /// Reads a collector's ring buffer of `struct stack_event` until `duration` passes or Ctrl-C; then reads what
-/// is left. `lost` reads the collector's in-kernel loss counters at the end.
-pub fn drain(events: &dyn MapCore, opts: &CollectOptions, what: &str, lost: impl Fn() -> [u64; 4]) -> Result<Collected> {
+/// is left. `check` returns the collector's in-kernel loss counters; once a second it is called with `true`
+/// to also pick up what changed in the process (new mappings to unwind).
+pub fn drain(
+    events: &dyn MapCore,
+    opts: &CollectOptions,
+    what: &str,
+    mut check: impl FnMut(bool) -> Result<[u64; 4]>,
+) -> Result<Collected> {
     let collected = std::cell::RefCell::new(Collected::default());
+    let mut last_refresh = Instant::now();
     let traced = poll_ring(
         events,
         opts.duration,
         |data| collected.borrow_mut().add_event(data),
         |elapsed| {
+            let refresh = last_refresh.elapsed() >= Duration::from_secs(1);
+            if refresh {
+                last_refresh = Instant::now();
+            }
+            let lost = check(refresh)?;
             let c = collected.borrow();
-            Ok(format!("{what}: {:>4}/{} s, {} events, {} lost", elapsed.as_secs(), opts.duration.as_secs(), c.events, c.lost_total() + lost()[0]))
+            Ok(format!("{what}: {:>4}/{} s, {} events, {} lost", elapsed.as_secs(), opts.duration.as_secs(), c.events, c.lost_total() + lost[0]))
         },
     )?;
     let mut c = collected.into_inner();
-    let in_kernel = lost();
+    let in_kernel = check(false)?;
     for (total, k) in c.lost.iter_mut().zip(in_kernel) {
         *total += k;
     }
     c.traced = traced;
     Ok(c)
+}
+
+/// Keeps a collector's unwind tables up to date: called once a second, it adds the tables of mappings that
+/// appeared (a plugin loaded) and installs them.
+pub fn refresh_unwind<M>(
+    opts: &CollectOptions,
+    rows_map: &dyn MapCore,
+    installed_rows: &mut usize,
+    mappings: &mut [M],
+    count: &mut u32,
+    enabled: &mut u32,
+) -> Result<()> {
+    let Some(tables) = &opts.unwind else { return Ok(()) };
+    let changed = tables.borrow_mut().update(opts.pid).unwrap_or(false);
+    if changed {
+        install_unwind(opts, rows_map, installed_rows, mappings, count, enabled)?;
+    }
+    Ok(())
 }
 
 /// Calls `on_event` for every record of a ring buffer until `duration` passes or Ctrl-C, then for what is

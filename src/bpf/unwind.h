@@ -1,0 +1,233 @@
+/* User-stack unwinding from .eh_frame tables (src/unwind/), for binaries without frame pointers (Debian's
+ * glibc, libstdc++, liburing). User space compiles each executable mapping's .eh_frame into rows sorted by
+ * address and loads them into unwind_rows; unwind_mappings says which rows belong to which mapping. Where a
+ * mapping has no rows (JIT code, [vdso], tables that did not fit), the unwinder follows frame pointers.
+ * x86_64 only; elsewhere user stacks come from bpf_get_stack (frame pointers). */
+#pragma once
+
+#define MAX_UNWIND_MAPPINGS 256
+#define UNWIND_BUFFER_FRAMES 128   /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
+
+enum unwind_kind {
+	UNWIND_GAP = 0,          /* no information: frame pointers */
+	UNWIND_SP = 1,           /* CFA = sp + cfa_offset */
+	UNWIND_FP = 2,           /* CFA = bp + cfa_offset */
+	UNWIND_PLT = 3,          /* CFA = sp + 8, + 8 more past the stub's push */
+	UNWIND_END = 4,          /* outermost frame */
+	UNWIND_UNSUPPORTED = 5,  /* a rule this unwinder cannot follow: frame pointers */
+};
+
+struct unwind_row {
+	__u32 pc;          /* ELF virtual address where the row starts */
+	__s32 cfa_offset;
+	__s16 fp_offset;   /* caller's frame pointer at CFA + fp_offset; 0: not saved */
+	__u8 kind;
+	__u8 _pad;
+};
+
+struct unwind_mapping {
+	__u64 start;       /* process addresses [start, end) */
+	__u64 end;
+	__u64 bias;        /* ELF virtual address = address - bias */
+	__u32 row_start;   /* its rows: unwind_rows[row_start .. row_start + row_count) */
+	__u32 row_count;
+};
+
+#ifdef __TARGET_ARCH_x86
+
+/* Sized by user space before loading (at least 1 entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+/* Written by user space through the mmapped .bss: sorted by start, count last. */
+struct unwind_mapping unwind_mappings[MAX_UNWIND_MAPPINGS];
+volatile __u32 unwind_mapping_count;
+/* Unwinding on: set by user space once the tables are loaded; else frame pointers (bpf_get_stack). */
+volatile __u32 unwind_enabled;
+
+struct user_unwind {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 n;
+	__u32 done;
+	__u64 *ips;   /* a MAX_USER_FRAMES array in a map value */
+};
+
+/* Binary searches run as bpf_loop callbacks: verified once, not once per iteration and path. */
+struct unwind_search {
+	__u64 target;
+	__u32 lo;
+	__u32 hi;
+	__u32 first;   /* rows: index of the first row searched */
+};
+
+static long mapping_search_step(__u64 i, struct unwind_search *c)
+{
+	if (c->lo >= c->hi)
+		return 1;
+	__u32 mid = (c->lo + c->hi) / 2;
+	if (mid >= MAX_UNWIND_MAPPINGS)
+		return 1;
+	if (unwind_mappings[mid].start <= c->target)
+		c->lo = mid + 1;
+	else
+		c->hi = mid;
+	return 0;
+}
+
+static __always_inline int find_unwind_mapping(__u64 ip)
+{
+	__u32 count = unwind_mapping_count;
+	if (count > MAX_UNWIND_MAPPINGS)
+		count = MAX_UNWIND_MAPPINGS;
+	struct unwind_search c = { .target = ip, .lo = 0, .hi = count };
+	bpf_loop(9, mapping_search_step, &c, 0);
+	if (c.lo == 0 || c.lo > MAX_UNWIND_MAPPINGS)
+		return -1;
+	__u32 m = c.lo - 1;
+	if (m >= MAX_UNWIND_MAPPINGS || ip >= unwind_mappings[m].end)
+		return -1;
+	return m;
+}
+
+static long row_search_step(__u64 i, struct unwind_search *c)
+{
+	if (c->lo >= c->hi)
+		return 1;
+	__u32 mid = (c->lo + c->hi) / 2;
+	__u32 key = c->first + mid;
+	struct unwind_row *r = bpf_map_lookup_elem(&unwind_rows, &key);
+	if (!r) {
+		c->lo = 0;
+		return 1;
+	}
+	if (r->pc <= c->target)
+		c->lo = mid + 1;
+	else
+		c->hi = mid;
+	return 0;
+}
+
+/* The row that holds vaddr among `count` rows from `first`, or 0. */
+static __always_inline struct unwind_row *find_unwind_row(__u32 first, __u32 count, __u64 vaddr)
+{
+	struct unwind_search c = { .target = vaddr, .lo = 0, .hi = count, .first = first };
+	bpf_loop(32, row_search_step, &c, 0);
+	if (c.lo == 0)
+		return 0;
+	__u32 key = first + c.lo - 1;
+	return bpf_map_lookup_elem(&unwind_rows, &key);
+}
+
+static long unwind_step(__u64 index, struct user_unwind *s)
+{
+	if (s->done || s->n >= MAX_USER_FRAMES)
+		return 1;
+	s->ips[s->n & (UNWIND_BUFFER_FRAMES - 1)] = s->ip;
+	s->n++;
+
+	/* A return address points after its call, which may be the last instruction of the function. */
+	__u64 pc = index ? s->ip - 1 : s->ip;
+	__u64 cfa = 0, ra = 0, bp = s->bp;
+	struct unwind_row *row = 0;
+	int m = find_unwind_mapping(pc);
+	if (m >= 0 && m < MAX_UNWIND_MAPPINGS && unwind_mappings[m].row_count)
+		row = find_unwind_row(unwind_mappings[m].row_start, unwind_mappings[m].row_count, pc - unwind_mappings[m].bias);
+
+	__u8 kind = row ? row->kind : UNWIND_GAP;
+	switch (kind) {
+	case UNWIND_END:
+		s->done = 1;
+		return 1;
+	case UNWIND_SP:
+		cfa = s->sp + row->cfa_offset;
+		break;
+	case UNWIND_FP:
+		cfa = s->bp + row->cfa_offset;
+		break;
+	case UNWIND_PLT:
+		cfa = s->sp + 8 + (((s->ip & 15) >= 11) ? 8 : 0);
+		break;
+	default:
+		/* frame pointers: [bp] is the caller's bp, [bp + 8] the return address */
+		if (!s->bp) {
+			s->done = 1;
+			return 1;
+		}
+		cfa = s->bp + 16;
+		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)s->bp)) {
+			s->done = 1;
+			return 1;
+		}
+		break;
+	}
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) || ra == 0) {
+		s->done = 1;
+		return 1;
+	}
+	if (row && (kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && row->fp_offset) {
+		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + row->fp_offset)))
+			bp = 0;
+	}
+	s->ip = ra;
+	s->sp = cfa;
+	s->bp = bp;
+	return 0;
+}
+
+/* Per CPU: where unwinding writes, before the frames are copied into the event. */
+struct unwind_buffer {
+	__u64 ips[UNWIND_BUFFER_FRAMES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_buffer);
+} unwind_buffers SEC(".maps");
+
+/* Unwinds the current task's user stack from the registers it entered the kernel with, into ips;
+ * returns the number of frames, or -1 if unwinding is off or impossible (the caller uses frame pointers). */
+static __always_inline long unwind_user_stack(__u64 *ips)
+{
+	if (!unwind_enabled)
+		return -1;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return -1;
+	__u32 zero = 0;
+	struct unwind_buffer *buf = bpf_map_lookup_elem(&unwind_buffers, &zero);
+	if (!buf)
+		return -1;
+	struct user_unwind s = {
+		.ip = BPF_CORE_READ(regs, ip),
+		.sp = BPF_CORE_READ(regs, sp),
+		.bp = BPF_CORE_READ(regs, bp),
+		.ips = buf->ips,
+	};
+	if (!s.ip)
+		return -1;
+	bpf_loop(MAX_USER_FRAMES, unwind_step, &s, 0);
+	__u32 n = s.n;
+	if (n > MAX_USER_FRAMES)
+		n = MAX_USER_FRAMES;
+	if (n && bpf_probe_read_kernel(ips, n * sizeof(__u64), buf->ips))
+		return -1;
+	return n;
+}
+
+#else
+
+static __always_inline long unwind_user_stack(__u64 *ips)
+{
+	return -1;
+}
+
+#endif

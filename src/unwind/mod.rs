@@ -1,0 +1,128 @@
+//! User-stack unwinding tables for the BPF unwinder (src/bpf/unwind.h): every executable file mapping of the
+//! traced process gets its `.eh_frame` compiled into rows ([`table`]), once per file (by device and inode),
+//! all rows in one array and a sorted list of mappings pointing into it.
+
+pub mod table;
+
+use std::{collections::HashMap, path::PathBuf, rc::Rc};
+
+use anyhow::{Context, Result};
+
+use table::Table;
+
+/// Mappings the BPF side holds (`MAX_UNWIND_MAPPINGS` in src/bpf/unwind.h).
+pub const MAX_MAPPINGS: usize = 256;
+
+/// `struct unwind_row` of src/bpf/unwind.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BpfRow {
+    pub pc: u32,
+    pub cfa_offset: i32,
+    pub fp_offset: i16,
+    pub kind: u8,
+    pub _pad: u8,
+}
+
+/// `struct unwind_mapping` of src/bpf/unwind.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BpfMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub row_start: u32,
+    pub row_count: u32,
+}
+
+/// The tables of one process, ready to load.
+#[derive(Default)]
+pub struct ProcessTables {
+    pub rows: Vec<BpfRow>,
+    /// Sorted by start; at most [`MAX_MAPPINGS`].
+    pub mappings: Vec<BpfMapping>,
+    /// What could not be given a table, for stderr.
+    pub warnings: Vec<String>,
+    /// Rows per file already in `rows`: (first row, count).
+    files: HashMap<(String, u64), (u32, u32)>,
+    tables: HashMap<(String, u64), Rc<Table>>,
+}
+
+impl ProcessTables {
+    /// Reads the executable mappings of `pid` and compiles the tables of their files.
+    pub fn load(pid: u32) -> Result<Self> {
+        let mut t = ProcessTables::default();
+        t.update(pid)?;
+        Ok(t)
+    }
+
+    /// Adds the executable mappings that appeared since the last call (a plugin loaded with dlopen); returns
+    /// whether anything changed.
+    pub fn update(&mut self, pid: u32) -> Result<bool> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
+        let mut changed = false;
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            let path = f.collect::<Vec<_>>().join(" ");
+            if !perms.contains('x') || !path.starts_with('/') {
+                continue;
+            }
+            let (Some((start, end)), Ok(offset), Ok(inode)) =
+                (range.split_once('-'), u64::from_str_radix(offset, 16), inode.parse::<u64>())
+            else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else { continue };
+            if self.mappings.iter().any(|m| m.start == start && m.end == end) {
+                continue;
+            }
+            if self.mappings.len() >= MAX_MAPPINGS {
+                self.warnings.push(format!("more than {MAX_MAPPINGS} executable mappings: {path} is unwound with frame pointers"));
+                break;
+            }
+            let key = (dev.to_string(), inode);
+            let table = match self.tables.get(&key) {
+                Some(t) => Rc::clone(t),
+                None => {
+                    // The mapping itself: right even for deleted or replaced files and other mount namespaces.
+                    let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+                    let table = Rc::new(Table::read(&file).unwrap_or_else(|e| {
+                        self.warnings.push(format!("no unwind table for {path}: {e:#}"));
+                        Table::default()
+                    }));
+                    self.tables.insert(key.clone(), Rc::clone(&table));
+                    table
+                }
+            };
+            let Some(vaddr) = table.vaddr_of_offset(offset) else { continue };
+            let (row_start, row_count) = match self.files.get(&key) {
+                Some(&r) => r,
+                None => {
+                    let fits = table.rows.last().is_some_and(|r| r.pc <= u64::from(u32::MAX));
+                    let r = if fits {
+                        let first = self.rows.len() as u32;
+                        self.rows.extend(table.rows.iter().map(|r| BpfRow {
+                            pc: r.pc as u32,
+                            cfa_offset: r.cfa_offset,
+                            fp_offset: r.fp_offset,
+                            kind: r.kind as u8,
+                            _pad: 0,
+                        }));
+                        (first, table.rows.len() as u32)
+                    } else {
+                        (0, 0)
+                    };
+                    self.files.insert(key, r);
+                    r
+                }
+            };
+            self.mappings.push(BpfMapping { start, end, bias: start.wrapping_sub(vaddr), row_start, row_count });
+            changed = true;
+        }
+        self.mappings.sort_unstable_by_key(|m| m.start);
+        Ok(changed)
+    }
+}

@@ -1,0 +1,179 @@
+//! `.eh_frame` compiled into compact unwind rows: for every address range of every function, how to find the
+//! caller's frame (the CFA: stack or frame pointer plus an offset), its return address (always CFA − 8 on
+//! x86_64) and the caller's saved frame pointer. The BPF unwinder binary-searches these rows by address.
+
+use std::{collections::HashMap, fs::File, path::Path};
+
+use anyhow::{Context, Result};
+use gimli::{CfaRule, RegisterRule, UnwindSection, X86_64};
+use object::{read::ReadCache, Object, ObjectSection, ObjectSegment};
+
+/// How a row finds the CFA; values of `enum unwind_kind` in src/bpf/unwind.h.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// No unwind information here (between functions): the unwinder falls back to frame pointers.
+    Gap = 0,
+    /// CFA = stack pointer + offset.
+    Sp = 1,
+    /// CFA = frame pointer + offset.
+    Fp = 2,
+    /// A PLT stub: CFA = sp + 8, or sp + 16 past the stub's push (the expression every linker emits).
+    Plt = 3,
+    /// The return address is undefined: the outermost frame of a thread (`_start`, `clone3`).
+    End = 4,
+    /// A rule the unwinder cannot follow (other DWARF expressions, registers): falls back to frame pointers.
+    Unsupported = 5,
+}
+
+/// One row: from `pc` (an ELF virtual address) up to the next row's `pc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub pc: u64,
+    pub kind: Kind,
+    pub cfa_offset: i32,
+    /// Where the caller's frame pointer was saved, relative to the CFA; 0 when it was not (unchanged).
+    pub fp_offset: i16,
+}
+
+/// The rows of one binary, sorted by `pc`, with consecutive identical rules merged; and its loadable
+/// segments, to turn process addresses into ELF virtual addresses.
+#[derive(Debug, Default)]
+pub struct Table {
+    pub rows: Vec<Row>,
+    /// (file offset, size in the file, virtual address) of each `PT_LOAD` segment.
+    pub segments: Vec<(u64, u64, u64)>,
+}
+
+impl Table {
+    /// Compiles the `.eh_frame` of an x86_64 ELF file. A file without one gives an empty table; a malformed
+    /// entry is skipped.
+    pub fn read(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let cache = ReadCache::new(file);
+        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let segments = obj.segments().map(|s| (s.file_range().0, s.file_range().1, s.address())).collect();
+        let Some(section) = obj.section_by_name(".eh_frame") else { return Ok(Table { rows: Vec::new(), segments }) };
+        let data = section.data().with_context(|| format!("reading .eh_frame of {}", path.display()))?;
+        let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+        for (name, set) in [
+            (".text", gimli::BaseAddresses::set_text as fn(gimli::BaseAddresses, u64) -> gimli::BaseAddresses),
+            (".got", gimli::BaseAddresses::set_got),
+            (".eh_frame_hdr", gimli::BaseAddresses::set_eh_frame_hdr),
+        ] {
+            if let Some(s) = obj.section_by_name(name) {
+                bases = set(bases, s.address());
+            }
+        }
+        let mut eh = gimli::EhFrame::new(data, gimli::LittleEndian);
+        eh.set_address_size(8);
+
+        let mut cies = HashMap::new();
+        let mut ctx = gimli::UnwindContext::new();
+        // (start, end, row) per FDE row; FDEs are sorted afterwards and gaps between them marked.
+        let mut spans: Vec<(u64, u64, Row)> = Vec::new();
+        let mut entries = eh.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let gimli::CieOrFde::Fde(partial) = entry else { continue };
+            let Ok(fde) = partial.parse(|section, bases, offset| {
+                if let Some(cie) = cies.get(&offset) {
+                    return Ok(Clone::clone(cie));
+                }
+                let cie = section.cie_from_offset(bases, offset)?;
+                cies.insert(offset, cie.clone());
+                Ok(cie)
+            }) else {
+                continue;
+            };
+            let Ok(mut rows) = fde.rows(&eh, &bases, &mut ctx) else { continue };
+            while let Ok(Some(r)) = rows.next_row() {
+                if r.start_address() < r.end_address() {
+                    spans.push((r.start_address(), r.end_address(), compile(r)));
+                }
+            }
+        }
+        spans.sort_unstable_by_key(|s| s.0);
+
+        let mut rows: Vec<Row> = Vec::with_capacity(spans.len() + spans.len() / 4);
+        let mut end = 0;
+        for (start, stop, row) in spans {
+            if start > end && !rows.is_empty() {
+                rows.push(Row { pc: end, kind: Kind::Gap, cfa_offset: 0, fp_offset: 0 });
+            }
+            if start < end {
+                continue; // overlapping FDEs: the first one wins
+            }
+            let same_rule = rows.last().is_some_and(|l| (l.kind, l.cfa_offset, l.fp_offset) == (row.kind, row.cfa_offset, row.fp_offset));
+            if !same_rule {
+                rows.push(Row { pc: start, ..row });
+            }
+            end = stop;
+        }
+        if !rows.is_empty() {
+            rows.push(Row { pc: end, kind: Kind::Gap, cfa_offset: 0, fp_offset: 0 });
+        }
+        Ok(Table { rows, segments })
+    }
+
+    /// The ELF virtual address of file offset `offset`, if a loadable segment holds it.
+    pub fn vaddr_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments.iter().find(|(o, size, _)| (*o..o + size).contains(&offset)).map(|(o, _, v)| v + (offset - o))
+    }
+
+    /// The row that holds `pc`, as the BPF side finds it.
+    pub fn find(&self, pc: u64) -> Option<&Row> {
+        let i = self.rows.partition_point(|r| r.pc <= pc).checked_sub(1)?;
+        self.rows.get(i)
+    }
+}
+
+fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {
+    let unsupported = Row { pc: 0, kind: Kind::Unsupported, cfa_offset: 0, fp_offset: 0 };
+    match r.register(X86_64::RA) {
+        RegisterRule::Undefined => return Row { kind: Kind::End, ..unsupported },
+        RegisterRule::Offset(-8) => {}
+        _ => return unsupported,
+    }
+    let fp_offset = match r.register(X86_64::RBP) {
+        RegisterRule::Offset(o) => match i16::try_from(o) {
+            Ok(o) => o,
+            Err(_) => return unsupported,
+        },
+        RegisterRule::Undefined | RegisterRule::SameValue => 0,
+        _ => return unsupported,
+    };
+    match r.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(cfa_offset) = i32::try_from(*offset) else { return unsupported };
+            let kind = match *register {
+                X86_64::RSP => Kind::Sp,
+                X86_64::RBP => Kind::Fp,
+                _ => return unsupported,
+            };
+            Row { pc: 0, kind, cfa_offset, fp_offset }
+        }
+        // The expression linkers emit for PLT entries (rsp + 8 + ((rip & 15) >= 11 ? 8 : 0)); the only
+        // expression in the binaries that matter here, told apart by its length.
+        CfaRule::Expression(e) if e.length.into_u64() == 11 => Row { pc: 0, kind: Kind::Plt, cfa_offset: 8, fp_offset },
+        CfaRule::Expression(_) => unsupported,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[ignore = "prints the size of the tables of this machine's server and libraries"]
+    fn sizes() {
+        for p in ["/usr/sbin/mariadbd", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libstdc++.so.6"] {
+            let t = std::time::Instant::now();
+            let table = Table::read(Path::new(p)).unwrap();
+            let kinds = table.rows.iter().fold(HashMap::new(), |mut m, r| {
+                *m.entry(r.kind).or_insert(0) += 1;
+                m
+            });
+            eprintln!("{p}: {} rows in {:?}: {kinds:?}", table.rows.len(), t.elapsed());
+        }
+    }
+}
