@@ -53,6 +53,9 @@ pub struct TraceArgs {
     /// cheaper, but stacks stop at the first function built without frame pointers (Debian's glibc)
     #[arg(long)]
     pub frame_pointers: bool,
+    /// Frames as raw addresses (0x…) instead of function names, e.g. to compare with eu-stack or gdb
+    #[arg(long)]
+    pub addresses: bool,
 }
 
 #[derive(Args)]
@@ -149,10 +152,14 @@ fn build_profile(
             let name = thread_names.entry(raw.tid).or_insert_with(|| thread_frame(target.pid, raw.tid));
             frames.push(Rc::clone(name));
         }
-        let user = symbolizer.user_stack(raw.user());
-        frames.extend(user.into_iter().rev());
-        let kernel = symbolizer.kernel_stack(raw.kernel());
-        frames.extend(kernel.into_iter().rev());
+        if a.addresses {
+            frames.extend(raw.ips.iter().rev().map(|ip| Rc::from(format!("{ip:#x}"))));
+        } else {
+            let user = symbolizer.user_stack(raw.user());
+            frames.extend(user.into_iter().rev());
+            let kernel = symbolizer.kernel_stack(raw.kernel());
+            frames.extend(kernel.into_iter().rev());
+        }
         for (leaf, value) in split(raw, values) {
             if value == 0 {
                 continue;

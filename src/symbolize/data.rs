@@ -45,19 +45,20 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized};
 use object::read::ReadCache;
 use object::{
-    Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SectionFlags, SectionIndex,
-    SegmentFlags, SymbolKind, SymbolSection,
+    Object, ObjectSection, ObjectSymbol, ReadRef, SectionFlags, SectionIndex, SymbolKind,
+    SymbolSection,
 };
 
-use super::clean_name;
-use super::elf::{ElfInfo, DEBUG_DIRS};
+use super::elf::{target_debug_dirs, ElfInfo, Segment};
+use super::maps::{MapKind, Mapping, ProcMaps};
+use super::{clean_name, new_blazesym};
 
 /// A lookup that falls in no mapping re-reads `/proc/PID/maps` (a library loaded since), at most this often.
 const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
@@ -65,27 +66,6 @@ const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// User-space addresses are below this on every Linux architecture (57-bit address spaces included); the
 /// ones above (kernel addresses, garbage) never trigger a re-read of the maps.
 const USER_SPACE_END: u64 = 1 << 57;
-
-/// One `PT_LOAD` segment.
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    offset: u64,
-    filesz: u64,
-    vaddr: u64,
-    memsz: u64,
-    writable: bool,
-}
-
-impl Segment {
-    /// `p_vaddr - p_offset`: the same for the segment and for each of its mappings, up to the load bias.
-    fn delta(&self) -> u64 {
-        self.vaddr.wrapping_sub(self.offset)
-    }
-
-    fn holds_vaddr(&self, vaddr: u64) -> bool {
-        vaddr >= self.vaddr && vaddr - self.vaddr < self.memsz
-    }
-}
 
 /// A data symbol of one ELF file.
 #[derive(Debug)]
@@ -248,22 +228,7 @@ impl ElfData {
         if obj.format() != object::BinaryFormat::Elf {
             bail!("{} is not an ELF file", open_path.display());
         }
-        let segments: Vec<Segment> = obj
-            .segments()
-            .map(|s| {
-                let (offset, filesz) = s.file_range();
-                Segment {
-                    offset,
-                    filesz,
-                    vaddr: s.address(),
-                    memsz: s.size(),
-                    writable: match s.flags() {
-                        SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_W != 0,
-                        _ => true,
-                    },
-                }
-            })
-            .collect();
+        let segments = Segment::all(&obj);
         if segments.is_empty() {
             bail!("{} has no loadable segment", open_path.display());
         }
@@ -340,40 +305,12 @@ fn collect_data_symbols<'d, R: ReadRef<'d>>(
     }
 }
 
-/// A mapped file.
-struct Binary {
-    /// Path as in the maps (without ` (deleted)`).
-    symbolic: PathBuf,
-    /// Path through which it is read.
-    open_path: PathBuf,
-    /// Inode, as in the maps.
-    inode: u64,
-    /// File name: the prefix of `file+0x…` names.
-    basename: String,
-    /// `None` until first needed; `Some(None)` when it is not a readable ELF file.
-    elf: Option<Option<ElfData>>,
-}
-
-#[derive(Debug, Clone)]
-enum MapKind {
-    /// A mapped file: index into `binaries`.
-    File { bin: usize },
-    /// An anonymous mapping right after a mapping of file `bin` (or after another such mapping):
-    /// maybe its `.bss`. `file_map` is the index in `maps` of that file mapping, whose bias applies.
-    Tail { bin: usize, file_map: usize },
-    /// Anonymous without name: `[anon]`.
-    Anon,
-    /// Named by the kernel (`[heap]`, `[stack]`, `[anon:name]`, …).
-    Named(String),
-}
-
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    kind: MapKind,
+/// What is known of one mapping of `DataSymbolizer::maps` (same index); rebuilt on each read of the maps.
+#[derive(Debug, Clone, Copy, Default)]
+struct MapState {
+    /// For an anonymous mapping right after a file mapping (or after another such mapping): that file
+    /// mapping, whose bias applies. Maybe the file's `.bss`.
+    tail_of: Option<usize>,
     /// Load bias of a file mapping: `None` until computed; `Some(None)` when unknown (not a readable ELF file).
     bias: Option<Option<u64>>,
 }
@@ -381,12 +318,12 @@ struct Mapping {
 /// Data address → name (variable, or mapping) for one process. Not thread-safe; cheap per address after the
 /// first lookups in a file (symbol tables are read once per file, names cached per address).
 pub struct DataSymbolizer {
-    pid: u32,
-    maps: Vec<Mapping>,
-    maps_read: Instant,
-    binaries: Vec<Binary>,
-    /// (device, inode, path) → index into `binaries`: files stay loaded across re-reads of the maps.
-    binary_index: HashMap<(String, u64, PathBuf), usize>,
+    maps: ProcMaps,
+    /// Per mapping of `maps` (same index).
+    map_state: Vec<MapState>,
+    /// Per file of `maps` (same index, so files stay loaded across re-reads of the maps): `None` until first
+    /// needed; `Some(None)` when it is not a readable ELF file.
+    elf: Vec<Option<Option<ElfData>>>,
     /// The target's own debug directories when it runs in another mount namespace (a container).
     extra_debug_dirs: Vec<PathBuf>,
     cache: HashMap<u64, String>,
@@ -400,37 +337,18 @@ impl DataSymbolizer {
     /// For the process `pid`: reads its `/proc/PID/maps` (an error if that fails: no such process, no
     /// permission). Files are read on the first address that falls in them.
     pub fn new(pid: u32) -> Result<Self> {
-        let mut extra_debug_dirs = Vec::new();
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        if std::fs::read_link(&root)
-            .map(|r| r != Path::new("/"))
-            .unwrap_or(false)
-        {
-            for d in DEBUG_DIRS {
-                extra_debug_dirs.push(root.join(d.trim_start_matches('/')));
-            }
-        }
-        let blaze = |demangle: bool| {
-            blazesym::symbolize::Symbolizer::builder()
-                .enable_demangling(demangle)
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .enable_auto_reload(false)
-                .build()
-        };
-        let mut s = DataSymbolizer {
-            pid,
-            maps: Vec::new(),
-            maps_read: Instant::now(),
-            binaries: Vec::new(),
-            binary_index: HashMap::new(),
-            extra_debug_dirs,
-            cache: HashMap::new(),
-            raw: blaze(false),
-            demangling: blaze(true),
-        };
-        s.read_maps()
+        let maps = ProcMaps::read(pid)
             .with_context(|| format!("reading the mappings of process {pid}"))?;
+        let mut s = DataSymbolizer {
+            maps,
+            map_state: Vec::new(),
+            elf: Vec::new(),
+            extra_debug_dirs: target_debug_dirs(pid),
+            cache: HashMap::new(),
+            raw: new_blazesym(false, None),
+            demangling: new_blazesym(true, None),
+        };
+        s.index_maps();
         Ok(s)
     }
 
@@ -440,13 +358,13 @@ impl DataSymbolizer {
         if let Some(n) = self.cache.get(&addr) {
             return n.clone();
         }
-        let mut map = self.find_mapping(addr);
+        let mut map = self.maps.find(addr);
         if map.is_none()
             && (0x1000..USER_SPACE_END).contains(&addr)
-            && self.maps_read.elapsed() >= MAPS_REFRESH_INTERVAL
+            && self.maps.age() >= MAPS_REFRESH_INTERVAL
             && self.read_maps().is_ok()
         {
-            map = self.find_mapping(addr);
+            map = self.maps.find(addr);
         }
         let name = match map {
             Some(i) => self.name_in_mapping(i, addr),
@@ -465,190 +383,122 @@ impl DataSymbolizer {
     }
 
     fn read_maps(&mut self) -> Result<()> {
-        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
-        let mut maps: Vec<Mapping> = text
-            .lines()
-            .filter_map(|line| self.parse_maps_line(line))
-            .collect();
-        maps.sort_by_key(|m| m.start);
-        for i in 1..maps.len() {
-            if !matches!(maps[i].kind, MapKind::Anon) || maps[i - 1].end != maps[i].start {
-                continue;
-            }
-            maps[i].kind = match maps[i - 1].kind {
-                MapKind::File { bin } => MapKind::Tail {
-                    bin,
-                    file_map: i - 1,
-                },
-                MapKind::Tail { bin, file_map } => MapKind::Tail { bin, file_map },
-                _ => continue,
-            };
-        }
-        self.maps = maps;
-        self.maps_read = Instant::now();
-        self.cache.clear();
+        self.maps.reread()?;
+        self.index_maps();
         Ok(())
     }
 
-    fn parse_maps_line(&mut self, line: &str) -> Option<Mapping> {
-        // start-end perms offset dev inode [path]; the path may hold spaces.
-        let mut rest = line;
-        let mut field = || {
-            let t = rest.trim_start();
-            let end = t.find(' ').unwrap_or(t.len());
-            let (f, r) = t.split_at(end);
-            rest = r;
-            f
-        };
-        let range = field();
-        let _perms = field();
-        let offset = field();
-        let dev = field().to_owned();
-        let inode: u64 = field().parse().ok()?;
-        let path = rest.trim_start();
-        let (start, end) = range.split_once('-')?;
-        let start = u64::from_str_radix(start, 16).ok()?;
-        let end = u64::from_str_radix(end, 16).ok()?;
-        let offset = u64::from_str_radix(offset, 16).ok()?;
-        let kind = if path.is_empty() || path.starts_with("/dev/zero") {
-            // `/dev/zero (deleted)`: shared anonymous memory.
-            MapKind::Anon
-        } else if path.starts_with('[') {
-            MapKind::Named(path.to_owned())
-        } else {
-            let symbolic = PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path));
-            let key = (dev, inode, symbolic.clone());
-            let bin = match self.binary_index.get(&key) {
-                Some(&i) => i,
-                None => {
-                    let open_path = self.open_path(&symbolic, inode, start, end);
-                    let basename = symbolic
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| symbolic.to_string_lossy().into_owned());
-                    self.binaries.push(Binary {
-                        symbolic,
-                        open_path,
-                        inode,
-                        basename,
-                        elf: None,
-                    });
-                    self.binary_index.insert(key, self.binaries.len() - 1);
-                    self.binaries.len() - 1
-                }
+    /// Fits the per-file and per-mapping state to freshly read maps (finding the anonymous tails of files) and
+    /// empties the per-address cache.
+    fn index_maps(&mut self) {
+        self.elf.resize_with(self.maps.file_count(), || None);
+        let maps = self.maps.maps();
+        let mut state = vec![MapState::default(); maps.len()];
+        for i in 1..maps.len() {
+            if maps[i - 1].end != maps[i].start || !self.is_anon(&maps[i]) {
+                continue;
+            }
+            state[i].tail_of = match self.file_of(&maps[i - 1]) {
+                Some(_) => Some(i - 1),
+                None => state[i - 1].tail_of,
             };
-            MapKind::File { bin }
-        };
-        Some(Mapping {
-            start,
-            end,
-            offset,
-            kind,
-            bias: None,
-        })
+        }
+        self.map_state = state;
+        self.cache.clear();
     }
 
-    /// The file as the process sees it (`/proc/PID/root/...`: other mount namespaces, debug links next to it),
-    /// or the mapping itself (`/proc/PID/map_files/...`: deleted or replaced files), or the path as is.
-    fn open_path(&self, symbolic: &Path, inode: u64, start: u64, end: u64) -> PathBuf {
-        use std::os::unix::fs::MetadataExt;
-        let rooted = Path::new(&format!("/proc/{}/root", self.pid))
-            .join(symbolic.strip_prefix("/").unwrap_or(symbolic));
-        if std::fs::metadata(&rooted)
-            .map(|m| m.ino() == inode)
-            .unwrap_or(false)
-        {
-            return rooted;
+    /// The file whose symbols name the addresses of `m`, if it maps one. `/dev/zero (deleted)` is shared
+    /// anonymous memory.
+    fn file_of(&self, m: &Mapping) -> Option<usize> {
+        match m.kind {
+            MapKind::File(bin) if !self.maps.file(bin).symbolic.starts_with("/dev/zero") => {
+                Some(bin)
+            }
+            _ => None,
         }
-        let mapped = PathBuf::from(format!("/proc/{}/map_files/{start:x}-{end:x}", self.pid));
-        if mapped.exists() {
-            return mapped;
-        }
-        symbolic.to_path_buf()
     }
 
-    fn find_mapping(&self, addr: u64) -> Option<usize> {
-        let i = self
-            .maps
-            .partition_point(|m| m.start <= addr)
-            .checked_sub(1)?;
-        (addr < self.maps[i].end).then_some(i)
+    fn is_anon(&self, m: &Mapping) -> bool {
+        match m.kind {
+            MapKind::Anon => true,
+            MapKind::File(_) => self.file_of(m).is_none(),
+            MapKind::Vdso | MapKind::Named(_) => false,
+        }
     }
 
     fn elf(&mut self, bin: usize) -> Option<&ElfData> {
         use std::os::unix::fs::MetadataExt;
-        if self.binaries[bin].elf.is_none() {
-            let b = &self.binaries[bin];
-            let mut elf = ElfData::read(&b.open_path, &b.symbolic, &self.extra_debug_dirs);
+        if self.elf[bin].is_none() {
+            let f = self.maps.file(bin);
+            let mut elf = ElfData::read(&f.open_path, &f.symbolic, &self.extra_debug_dirs);
             // The process exited since the maps were read (its /proc paths are gone): the same file as seen
             // from here, if it is the same file.
             if elf.is_err()
-                && b.open_path != b.symbolic
-                && std::fs::metadata(&b.symbolic).is_ok_and(|m| m.ino() == b.inode)
+                && f.open_path != f.symbolic
+                && std::fs::metadata(&f.symbolic).is_ok_and(|m| m.ino() == f.inode)
             {
-                elf = ElfData::read(&b.symbolic, &b.symbolic, &self.extra_debug_dirs);
+                elf = ElfData::read(&f.symbolic, &f.symbolic, &self.extra_debug_dirs);
             }
-            self.binaries[bin].elf = Some(elf.ok());
+            self.elf[bin] = Some(elf.ok());
         }
-        self.binaries[bin].elf.as_ref().and_then(Option::as_ref)
+        self.elf[bin].as_ref().and_then(Option::as_ref)
     }
 
     fn name_in_mapping(&mut self, map: usize, addr: u64) -> String {
-        let m = &self.maps[map];
-        match m.kind.clone() {
-            MapKind::Anon => "[anon]".to_owned(),
-            MapKind::Named(name) => name,
-            MapKind::File { bin, .. } => {
-                let file_off = addr - m.start + m.offset;
-                match self.bias(map) {
-                    Some(bias) => self.name_at_vaddr(bin, addr.wrapping_sub(bias)),
-                    // Not ELF (or unreadable): the file offset.
-                    None => format!("{}+0x{file_off:x}", self.binaries[bin].basename),
-                }
-            }
-            MapKind::Tail { bin, file_map } => {
-                let Some(bias) = self.bias(file_map) else {
-                    return "[anon]".to_owned();
-                };
-                let vaddr = addr.wrapping_sub(bias);
-                let in_bss = self.elf(bin).is_some_and(|e| {
-                    e.segments
-                        .iter()
-                        .any(|s| s.writable && s.holds_vaddr(vaddr))
-                });
-                if in_bss {
-                    self.name_at_vaddr(bin, vaddr)
-                } else {
-                    "[anon]".to_owned()
-                }
-            }
+        let m = &self.maps.maps()[map];
+        if let Some(bin) = self.file_of(m) {
+            let file_off = addr - m.start + m.offset;
+            return match self.bias(map) {
+                Some(bias) => self.name_at_vaddr(bin, addr.wrapping_sub(bias)),
+                // Not ELF (or unreadable): the file offset.
+                None => format!("{}+0x{file_off:x}", self.maps.file(bin).basename),
+            };
         }
+        if !self.is_anon(m) {
+            return self.maps.label(m).into_owned();
+        }
+        self.map_state[map]
+            .tail_of
+            .and_then(|file_map| self.bss_name(file_map, addr))
+            .unwrap_or_else(|| "[anon]".to_owned())
+    }
+
+    /// The name of `addr`, in an anonymous mapping after file mapping `file_map`, if it lies in the memory of
+    /// one of the file's writable segments (its `.bss`).
+    fn bss_name(&mut self, file_map: usize, addr: u64) -> Option<String> {
+        let bin = self.file_of(&self.maps.maps()[file_map])?;
+        let vaddr = addr.wrapping_sub(self.bias(file_map)?);
+        let in_bss = self
+            .elf(bin)?
+            .segments
+            .iter()
+            .any(|s| s.writable && s.holds_vaddr(vaddr));
+        in_bss.then(|| self.name_at_vaddr(bin, vaddr))
     }
 
     /// The load bias of file mapping `map` (`None`: not a readable ELF file). Computed for all the mappings of
     /// its file at once: each candidate bias (from each segment whose file bytes the mapping holds) is scored
     /// by the number of mappings of the file it explains.
     fn bias(&mut self, map: usize) -> Option<u64> {
-        if let Some(b) = self.maps[map].bias {
+        if let Some(b) = self.map_state[map].bias {
             return b;
         }
-        let MapKind::File { bin, .. } = self.maps[map].kind else {
-            return None;
-        };
+        let bin = self.file_of(&self.maps.maps()[map])?;
         let segments = self.elf(bin).map(|e| e.segments.clone());
-        let members: Vec<usize> = (0..self.maps.len())
-            .filter(|&i| matches!(self.maps[i].kind, MapKind::File { bin: b, .. } if b == bin))
+        let maps = self.maps.maps();
+        let members: Vec<usize> = (0..maps.len())
+            .filter(|&i| self.file_of(&maps[i]) == Some(bin))
             .collect();
         let Some(segments) = segments else {
             for &i in &members {
-                self.maps[i].bias = Some(None);
+                self.map_state[i].bias = Some(None);
             }
             return None;
         };
         let candidates: Vec<Vec<u64>> = members
             .iter()
             .map(|&i| {
-                let m = &self.maps[i];
+                let m = &maps[i];
                 let len = m.end - m.start;
                 segments
                     .iter()
@@ -665,9 +515,9 @@ impl DataSymbolizer {
         for (&i, cands) in members.iter().zip(&candidates) {
             // The first of the best (`min_by_key` keeps the first of equals).
             let best = cands.iter().copied().min_by_key(|&b| Reverse(score(b)));
-            self.maps[i].bias = Some(best);
+            self.map_state[i].bias = Some(best);
         }
-        self.maps[map].bias.flatten()
+        self.map_state[map].bias.flatten()
     }
 
     /// The name of ELF virtual address `vaddr` of file `bin`: its symbol (`+0x` offset), else `file+0x…`.
@@ -677,7 +527,7 @@ impl DataSymbolizer {
             Some((i, e.symbols.syms[i].start))
         });
         let Some((i, start)) = found else {
-            return format!("{}+0x{vaddr:x}", self.binaries[bin].basename);
+            return format!("{}+0x{vaddr:x}", self.maps.file(bin).basename);
         };
         let name = self.symbol_name(bin, i);
         match vaddr - start {
@@ -688,7 +538,7 @@ impl DataSymbolizer {
 
     /// Demangled and cleaned name of symbol `i` of file `bin` (computed once).
     fn symbol_name(&mut self, bin: usize, i: usize) -> String {
-        let Some(Some(elf)) = &self.binaries[bin].elf else {
+        let Some(Some(elf)) = &self.elf[bin] else {
             return String::new();
         };
         let sym = &elf.symbols.syms[i];
@@ -707,7 +557,7 @@ impl DataSymbolizer {
             None
         };
         let name = clean_name(demangled.as_deref().unwrap_or(&raw)).unwrap_or_else(|| raw.clone());
-        if let Some(Some(elf)) = &mut self.binaries[bin].elf {
+        if let Some(Some(elf)) = &mut self.elf[bin] {
             elf.symbols.syms[i].name = Some(name.as_str().into());
         }
         name
@@ -770,27 +620,14 @@ fn anonymous_namespaces(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
-    use std::io::{BufRead, BufReader, Write};
     use std::path::{Path, PathBuf};
-    use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
     use super::*;
-
-    const FIXTURE: &str = "tests/fixtures/data_symbols.c";
-
-    /// The fixture, found from the crate root (or from a crate that includes this file from elsewhere).
-    fn fixture_source() -> PathBuf {
-        let mut dir = Some(Path::new(env!("CARGO_MANIFEST_DIR")));
-        while let Some(d) = dir {
-            if d.join(FIXTURE).is_file() {
-                return d.join(FIXTURE);
-            }
-            dir = d.parent();
-        }
-        Path::new("/work/main").join(FIXTURE)
-    }
+    use crate::symbolize::test_support::{
+        build_dir, compile, fixture_source, nm, strip, MapLine, Running,
+    };
 
     /// The fixture's builds.
     struct Built {
@@ -807,59 +644,16 @@ mod tests {
         cxx: Option<PathBuf>,
     }
 
-    fn cc(args: &[&str], out: &Path) -> bool {
-        Command::new(args[0])
-            .args(&args[1..])
-            .args(["-O0", "-g", "-pthread", "-o"])
-            .arg(out)
-            .arg(fixture_source())
-            .arg("-ldl")
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    fn strip(from: &Path, to: &Path) {
-        std::fs::copy(from, to).unwrap();
-        let status = Command::new("strip")
-            .arg(to)
-            .status()
-            .expect("running strip");
-        assert!(status.success(), "strip failed");
-    }
-
-    fn nm(path: &Path) -> HashMap<String, u64> {
-        let out = Command::new("nm").arg(path).output().expect("running nm");
-        assert!(out.status.success());
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
-                let _kind = f.next()?;
-                Some((f.next()?.to_owned(), addr))
-            })
-            .collect()
+    /// Builds the fixture with `cmd` (compiler and flags) and the flags all builds share.
+    fn cc(cmd: &[&str], out: &Path) -> bool {
+        let cmd = [cmd, &["-O0", "-g", "-pthread"]].concat();
+        compile(&cmd, &fixture_source("data_symbols.c"), out, &["-ldl"])
     }
 
     fn built() -> &'static Built {
         static BUILT: OnceLock<Built> = OnceLock::new();
         BUILT.get_or_init(|| {
-            // One directory per test process; those of test processes that are gone are removed.
-            let tmp = std::env::temp_dir();
-            for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-                let name = e.file_name();
-                let Some(pid) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("myprobe-datasym-test-"))
-                else {
-                    continue;
-                };
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-            let dir = tmp.join(format!("myprobe-datasym-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+            let dir = build_dir("myprobe-datasym-test-");
             let plain = dir.join("data_symbols");
             assert!(cc(&["cc"], &plain), "cc failed");
             let stripped = dir.join("data_symbols_stripped");
@@ -881,115 +675,27 @@ mod tests {
         })
     }
 
-    /// A running fixture, killed on drop; `addrs` holds what it printed.
-    struct Running {
-        child: Child,
-        stdin: ChildStdin,
-        stdout: BufReader<ChildStdout>,
-        addrs: HashMap<String, u64>,
-    }
-
-    impl Running {
-        fn start(path: &Path) -> Running {
-            let mut child = Command::new(path)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("starting fixture");
-            let stdin = child.stdin.take().unwrap();
-            let stdout = BufReader::new(child.stdout.take().unwrap());
-            let mut running = Running {
-                child,
-                stdin,
-                stdout,
-                addrs: HashMap::new(),
-            };
-            running.read_until_ready();
-            assert!(
-                running.addrs.contains_key("big_lock"),
-                "fixture did not report: {:?}",
-                running.addrs
-            );
-            running
-        }
-
-        fn read_until_ready(&mut self) {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                let n = self.stdout.read_line(&mut line).unwrap();
-                assert!(n > 0, "fixture ended early");
-                let line = line.trim_end();
-                if line == "ready" {
-                    return;
-                }
-                let (name, addr) = line.split_once(' ').unwrap();
-                // glibc prints a null pointer as "(nil)".
-                let addr = u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap_or(0);
-                self.addrs.insert(name.to_owned(), addr);
-            }
-        }
-
-        /// Sends a command line and reads the addresses printed in answer.
-        fn command(&mut self, cmd: &str) {
-            writeln!(self.stdin, "{cmd}").unwrap();
-            self.stdin.flush().unwrap();
-            self.read_until_ready();
-        }
-
-        fn pid(&self) -> u32 {
-            self.child.id()
-        }
-
-        fn addr(&self, name: &str) -> u64 {
-            self.addrs[name]
-        }
-
-        /// The mappings of the fixture: (start, end, perms, offset, path).
-        fn maps(&self) -> Vec<(u64, u64, String, u64, String)> {
-            maps_of(self.pid())
-        }
-    }
-
-    impl Drop for Running {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    fn maps_of(pid: u32) -> Vec<(u64, u64, String, u64, String)> {
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let f: Vec<&str> = l.splitn(6, ' ').collect();
-                let (s, e) = f[0].split_once('-').unwrap();
-                (
-                    u64::from_str_radix(s, 16).unwrap(),
-                    u64::from_str_radix(e, 16).unwrap(),
-                    f[1].to_owned(),
-                    u64::from_str_radix(f[2], 16).unwrap(),
-                    f.get(5).map_or("", |p| p.trim()).to_owned(),
-                )
-            })
-            .collect()
+    /// Starts a build of the fixture, and a symbolizer for it.
+    fn start(path: &Path) -> (Running, DataSymbolizer) {
+        let fx = Running::start(path, "big_lock");
+        let s = DataSymbolizer::new(fx.pid()).unwrap();
+        (fx, s)
     }
 
     /// The path of the mapping holding `addr` ("" for an anonymous one).
-    fn mapping_path(maps: &[(u64, u64, String, u64, String)], addr: u64) -> Option<String> {
+    fn mapping_path(maps: &[MapLine], addr: u64) -> Option<String> {
         maps.iter()
-            .find(|m| addr >= m.0 && addr < m.1)
-            .map(|m| m.4.clone())
+            .find(|m| addr >= m.start && addr < m.end)
+            .map(|m| m.path.clone())
     }
 
     /// The load bias of the fixture binary: where its first page (file offset 0) is mapped.
-    fn load_bias(maps: &[(u64, u64, String, u64, String)], binary: &Path) -> u64 {
+    fn load_bias(maps: &[MapLine], binary: &Path) -> u64 {
         let path = binary.to_str().unwrap();
         maps.iter()
-            .find(|m| m.4 == path && m.3 == 0)
+            .find(|m| m.path == path && m.offset == 0)
             .expect("binary not mapped")
-            .0
+            .start
     }
 
     /// Names that do not depend on the fixture's own symbols.
@@ -1016,17 +722,16 @@ mod tests {
         let maps = fx.maps();
         let libc_text = maps
             .iter()
-            .find(|m| m.2.contains('x') && m.4.ends_with("/libc.so.6"))
+            .find(|m| m.perms.contains('x') && m.path.ends_with("/libc.so.6"))
             .expect("libc not mapped");
-        let name = s.name(libc_text.0 + 0x100);
+        let name = s.name(libc_text.start + 0x100);
         assert!(name.starts_with("libc.so.6+0x"), "{name}");
     }
 
     #[test]
     fn unstripped_names_variables() {
         let b = built();
-        let fx = Running::start(&b.plain);
-        let mut s = DataSymbolizer::new(fx.pid()).unwrap();
+        let (fx, mut s) = start(&b.plain);
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");
         assert_eq!(s.name(fx.addr("big_lock") + 16), "big_lock+0x10");
         assert_eq!(s.name(fx.addr("stats")), "stats");
@@ -1055,8 +760,8 @@ mod tests {
         // A static variable of libc named only by its debug file (Debian's libc6-dbg), if installed.
         let libc_path = maps
             .iter()
-            .find(|m| m.4.ends_with("/libc.so.6"))
-            .map(|m| PathBuf::from(&m.4))
+            .find(|m| m.path.ends_with("/libc.so.6"))
+            .map(|m| PathBuf::from(&m.path))
             .unwrap();
         let debug = ElfInfo::read(&libc_path, &libc_path, &[])
             .ok()
@@ -1077,8 +782,7 @@ mod tests {
     #[test]
     fn stripped_names_file_offsets() {
         let b = built();
-        let fx = Running::start(&b.stripped);
-        let mut s = DataSymbolizer::new(fx.pid()).unwrap();
+        let (fx, mut s) = start(&b.stripped);
         let v = |n: &str| b.plain_syms[n];
         assert_eq!(
             s.name(fx.addr("big_lock")),
@@ -1111,8 +815,7 @@ mod tests {
     #[test]
     fn dynsym_only_names_exported_variables() {
         let b = built();
-        let fx = Running::start(&b.dynsym_only);
-        let mut s = DataSymbolizer::new(fx.pid()).unwrap();
+        let (fx, mut s) = start(&b.dynsym_only);
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");
         assert_eq!(s.name(fx.addr("stats_counter")), "stats+0x40");
         // Static: not exported, so only the binary's name and ELF virtual address.
@@ -1133,8 +836,7 @@ mod tests {
             eprintln!("no C++ compiler: skipped");
             return;
         };
-        let fx = Running::start(cxx);
-        let mut s = DataSymbolizer::new(fx.pid()).unwrap();
+        let (fx, mut s) = start(cxx);
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");
         assert_eq!(s.name(fx.addr("stats_counter")), "stats+0x40");
         // `_ZL13big_bss_array`.
@@ -1151,8 +853,7 @@ mod tests {
     #[test]
     fn refresh_finds_dlopened_library() {
         let b = built();
-        let mut fx = Running::start(&b.plain);
-        let mut s = DataSymbolizer::new(fx.pid()).unwrap();
+        let (mut fx, mut s) = start(&b.plain);
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");
         fx.command("dlopen");
         let signgam = fx.addr("signgam");
@@ -1165,12 +866,10 @@ mod tests {
     #[test]
     fn exited_process() {
         let b = built();
-        let mut fx = Running::start(&b.plain);
+        let (mut fx, mut s) = start(&b.plain);
         let pid = fx.pid();
-        let mut s = DataSymbolizer::new(pid).unwrap();
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");
-        fx.child.kill().unwrap();
-        fx.child.wait().unwrap();
+        fx.kill();
         // Known mappings still name what they can; nothing panics.
         s.refresh();
         assert_eq!(s.name(fx.addr("big_lock")), "big_lock");

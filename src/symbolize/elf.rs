@@ -8,20 +8,70 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use gimli::UnwindSection;
 use object::read::ReadCache;
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSection, ObjectSegment, ReadRef, SegmentFlags};
 
 /// Directories searched for split debug information (Debian's `-dbg`/`-dbgsym` packages install
 /// `/usr/lib/debug/.build-id/xx/yyyy.debug`).
 pub const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
 
+/// The debug directories of process `pid` as seen from here when it runs in another mount namespace (a
+/// container): its debug files are in its own file system. Empty otherwise.
+pub fn target_debug_dirs(pid: u32) -> Vec<PathBuf> {
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    if std::fs::read_link(&root)
+        .map(|r| r != Path::new("/"))
+        .unwrap_or(false)
+    {
+        DEBUG_DIRS
+            .iter()
+            .map(|d| root.join(d.trim_start_matches('/')))
+            .collect()
+    } else {
+        Vec::new()
+    }
+}
+
 /// One `PT_LOAD` segment.
 #[derive(Debug, Clone, Copy)]
-struct Segment {
-    offset: u64,
-    filesz: u64,
-    vaddr: u64,
-    memsz: u64,
-    exec: bool,
+pub struct Segment {
+    pub offset: u64,
+    pub filesz: u64,
+    pub vaddr: u64,
+    pub memsz: u64,
+    pub exec: bool,
+    pub writable: bool,
+}
+
+impl Segment {
+    /// The loadable segments of `obj` (flags unknown outside ELF: taken as set).
+    pub fn all<'d, R: ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<Segment> {
+        obj.segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                let flag = |f: u32| match s.flags() {
+                    SegmentFlags::Elf { p_flags } => p_flags & f != 0,
+                    _ => true,
+                };
+                Segment {
+                    offset,
+                    filesz,
+                    vaddr: s.address(),
+                    memsz: s.size(),
+                    exec: flag(object::elf::PF_X),
+                    writable: flag(object::elf::PF_W),
+                }
+            })
+            .collect()
+    }
+
+    /// `p_vaddr - p_offset`: the same for the segment and for each of its mappings, up to the load bias.
+    pub fn delta(&self) -> u64 {
+        self.vaddr.wrapping_sub(self.offset)
+    }
+
+    pub fn holds_vaddr(&self, vaddr: u64) -> bool {
+        vaddr >= self.vaddr && vaddr - self.vaddr < self.memsz
+    }
 }
 
 /// Header facts of an ELF file.
@@ -46,23 +96,7 @@ impl ElfInfo {
         let cache = ReadCache::new(file);
         let obj = object::File::parse(&cache)
             .with_context(|| format!("parsing ELF {}", path.display()))?;
-        let segments = obj
-            .segments()
-            .map(|s| {
-                let (offset, filesz) = s.file_range();
-                let exec = match s.flags() {
-                    object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
-                    _ => true,
-                };
-                Segment {
-                    offset,
-                    filesz,
-                    vaddr: s.address(),
-                    memsz: s.size(),
-                    exec,
-                }
-            })
-            .collect();
+        let segments = Segment::all(&obj);
         let build_id = obj.build_id().ok().flatten().map(<[u8]>::to_vec);
         let has_debug_info = obj
             .section_by_name(".debug_info")
@@ -93,9 +127,7 @@ impl ElfInfo {
 
     /// Whether `vaddr` lies in an executable segment.
     pub fn is_exec(&self, vaddr: u64) -> bool {
-        self.segments
-            .iter()
-            .any(|s| s.exec && vaddr >= s.vaddr && vaddr < s.vaddr + s.memsz)
+        self.segments.iter().any(|s| s.exec && s.holds_vaddr(vaddr))
     }
 
     /// ELF virtual address of the byte at `file_off` in the file, if a loadable segment holds it.

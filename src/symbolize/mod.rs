@@ -24,10 +24,13 @@
 mod clean;
 pub mod data;
 mod elf;
+mod maps;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +41,7 @@ use blazesym::MaybeDefault;
 
 pub use clean::clean_name;
 use elf::{EhTable, ElfInfo};
+use maps::{MapKind, Mapping, ProcMaps};
 
 /// How long to wait before reading `/proc/PID/maps` again for addresses that fall in no known mapping (a
 /// library loaded after [`Symbolizer::new`]).
@@ -79,34 +83,9 @@ impl fmt::Display for SymbolizeStats {
     }
 }
 
-/// One line of `/proc/PID/maps`.
-#[derive(Debug, Clone)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    exec: bool,
-    kind: MapKind,
-}
-
-#[derive(Debug, Clone)]
-enum MapKind {
-    /// A mapped file; index into `Symbolizer::binaries`.
-    File(usize),
-    /// The vDSO: blazesym reads its symbols from the process memory.
-    Vdso,
-    /// Anything else (`[anon]`, `[heap]`, `[stack]`, `[anon:name]`, …): named after the mapping.
-    Named(Rc<str>),
-}
-
-/// A mapped file, loaded lazily on its first address.
+/// What is known of a mapped file, loaded lazily on its first address.
+#[derive(Default)]
 struct Binary {
-    /// Path as in the maps (without ` (deleted)`).
-    symbolic: PathBuf,
-    /// Path through which we (and blazesym) read it.
-    open_path: PathBuf,
-    /// File name, the prefix of `.eh_frame` names.
-    basename: String,
     /// `None` until first used; `Some(None)` when the file is not a readable ELF file.
     info: Option<Option<ElfInfo>>,
     /// Where its symbols come from.
@@ -116,9 +95,10 @@ struct Binary {
 }
 
 /// Where the symbols of a binary come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 enum SymMode {
     /// Its own ELF symbols (`.symtab` if not stripped, else `.dynsym`).
+    #[default]
     Own,
     /// The `.symtab` of its separate debug file (Debian's `-dbg`/`-dbgsym` packages): every function, static
     /// ones included, at the cost of reading one symbol table (1 ms for glibc, against 50 ms for its DWARF).
@@ -137,10 +117,9 @@ pub struct Symbolizer {
     demangling: blazesym::symbolize::Symbolizer,
     /// Raw symbol name → cleaned name (`None`: nothing usable).
     clean_names: HashMap<Box<str>, Option<Rc<str>>>,
-    maps: Vec<Mapping>,
-    maps_read: Instant,
+    maps: ProcMaps,
+    /// Per file of `maps` (same index).
     binaries: Vec<Binary>,
-    binary_index: HashMap<(String, u64, PathBuf), usize>,
     /// `.eh_frame` tables by build-id, shared by files with the same contents.
     eh_by_build_id: HashMap<Vec<u8>, Rc<EhTable>>,
     extra_debug_dirs: Vec<PathBuf>,
@@ -156,37 +135,18 @@ impl Symbolizer {
     /// For the process `pid` (must be alive while symbolizing; mappings are read from /proc/PID/maps).
     pub fn new(pid: u32) -> Result<Self> {
         let t0 = Instant::now();
-        // Debug files of a process in another mount namespace (a container) are in its own file system.
-        let mut extra_debug_dirs = Vec::new();
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        if std::fs::read_link(&root)
-            .map(|r| r != Path::new("/"))
-            .unwrap_or(false)
-        {
-            for d in elf::DEBUG_DIRS {
-                extra_debug_dirs.push(root.join(d.trim_start_matches('/')));
-            }
-        }
+        let maps = ProcMaps::read(pid)
+            .with_context(|| format!("reading the mappings of process {pid}"))?;
+        let extra_debug_dirs = elf::target_debug_dirs(pid);
         let mut debug_dirs: Vec<PathBuf> = elf::DEBUG_DIRS.iter().map(PathBuf::from).collect();
         debug_dirs.extend(extra_debug_dirs.iter().cloned());
-        let blaze = |demangle: bool| {
-            blazesym::symbolize::Symbolizer::builder()
-                .enable_demangling(demangle)
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .enable_auto_reload(false)
-                .set_debug_dirs(Some(&debug_dirs))
-                .build()
-        };
         let mut s = Symbolizer {
             pid,
-            raw: blaze(false),
-            demangling: blaze(true),
+            raw: new_blazesym(false, Some(&debug_dirs)),
+            demangling: new_blazesym(true, Some(&debug_dirs)),
             clean_names: HashMap::new(),
-            maps: Vec::new(),
-            maps_read: Instant::now(),
-            binaries: Vec::new(),
-            binary_index: HashMap::new(),
+            binaries: (0..maps.file_count()).map(|_| Binary::default()).collect(),
+            maps,
             eh_by_build_id: HashMap::new(),
             extra_debug_dirs,
             user_cache: HashMap::new(),
@@ -195,8 +155,6 @@ impl Symbolizer {
             names: HashSet::new(),
             stats: SymbolizeStats::default(),
         };
-        s.read_maps()
-            .with_context(|| format!("reading the mappings of process {pid}"))?;
         s.stats.elapsed += t0.elapsed();
         Ok(s)
     }
@@ -267,10 +225,10 @@ impl Symbolizer {
             self.kallsyms_ok = Some(false);
         }
         let mut bins: Vec<(usize, u64)> = Vec::new();
-        for m in &self.maps {
-            if let (MapKind::File(bin), true) = (&m.kind, m.exec) {
-                if !bins.iter().any(|b| b.0 == *bin) {
-                    bins.push((*bin, m.offset));
+        for m in self.maps.maps() {
+            if let (Some(bin), true) = (binary_of(m), m.exec) {
+                if !bins.iter().any(|b| b.0 == bin) {
+                    bins.push((bin, m.offset));
                 }
             }
         }
@@ -301,112 +259,18 @@ impl Symbolizer {
         n
     }
 
+    /// Re-reads the maps; files seen for the first time get an empty [`Binary`].
     fn read_maps(&mut self) -> Result<()> {
-        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
-        let mut maps = Vec::new();
-        for line in text.lines() {
-            if let Some(m) = self.parse_maps_line(line) {
-                maps.push(m);
-            }
-        }
-        maps.sort_by_key(|m| m.start);
-        self.maps = maps;
-        self.maps_read = Instant::now();
+        self.maps.reread()?;
+        self.binaries
+            .resize_with(self.maps.file_count(), Binary::default);
         Ok(())
-    }
-
-    fn parse_maps_line(&mut self, line: &str) -> Option<Mapping> {
-        // start-end perms offset dev inode [path]; the path may hold spaces.
-        let mut rest = line;
-        let mut field = || {
-            let t = rest.trim_start();
-            let end = t.find(' ').unwrap_or(t.len());
-            let (f, r) = t.split_at(end);
-            rest = r;
-            f
-        };
-        let range = field();
-        let exec = field().contains('x');
-        let offset = field();
-        let dev = field().to_owned();
-        let inode = field();
-        let path = rest.trim_start();
-        let (start, end) = range.split_once('-')?;
-        let start = u64::from_str_radix(start, 16).ok()?;
-        let end = u64::from_str_radix(end, 16).ok()?;
-        let offset = u64::from_str_radix(offset, 16).ok()?;
-        let inode: u64 = inode.parse().ok()?;
-        let kind = if path.is_empty() {
-            MapKind::Named(self.intern("[anon]"))
-        } else if path == "[vdso]" {
-            MapKind::Vdso
-        } else if path.starts_with('[') || inode == 0 {
-            MapKind::Named(self.intern(path))
-        } else {
-            let symbolic = PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path));
-            let key = (dev, inode, symbolic.clone());
-            let idx = match self.binary_index.get(&key) {
-                Some(&i) => i,
-                None => {
-                    let open_path = self.open_path(&symbolic, inode, start, end);
-                    let basename = symbolic
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| symbolic.to_string_lossy().into_owned());
-                    self.binaries.push(Binary {
-                        symbolic,
-                        open_path,
-                        basename,
-                        info: None,
-                        mode: SymMode::Own,
-                        eh: None,
-                    });
-                    self.binary_index.insert(key, self.binaries.len() - 1);
-                    self.binaries.len() - 1
-                }
-            };
-            MapKind::File(idx)
-        };
-        Some(Mapping {
-            start,
-            end,
-            offset,
-            exec,
-            kind,
-        })
-    }
-
-    /// The file as the process sees it (`/proc/PID/root/...`, so that debug links next to it resolve), or the
-    /// mapping itself (`/proc/PID/map_files/...`: deleted or replaced files, other mount namespaces).
-    fn open_path(&self, symbolic: &Path, inode: u64, start: u64, end: u64) -> PathBuf {
-        use std::os::unix::fs::MetadataExt;
-        let rooted = Path::new(&format!("/proc/{}/root", self.pid))
-            .join(symbolic.strip_prefix("/").unwrap_or(symbolic));
-        if std::fs::metadata(&rooted)
-            .map(|m| m.ino() == inode)
-            .unwrap_or(false)
-        {
-            return rooted;
-        }
-        let mapped = PathBuf::from(format!("/proc/{}/map_files/{start:x}-{end:x}", self.pid));
-        if mapped.exists() {
-            return mapped;
-        }
-        symbolic.to_path_buf()
-    }
-
-    fn find_mapping(&self, addr: u64) -> Option<usize> {
-        let i = self
-            .maps
-            .partition_point(|m| m.start <= addr)
-            .checked_sub(1)?;
-        (addr < self.maps[i].end).then_some(i)
     }
 
     fn binary_info(&mut self, bin: usize) -> Option<&ElfInfo> {
         if self.binaries[bin].info.is_none() {
-            let b = &self.binaries[bin];
-            let info = ElfInfo::read(&b.open_path, &b.symbolic, &self.extra_debug_dirs).ok();
+            let f = self.maps.file(bin);
+            let info = ElfInfo::read(&f.open_path, &f.symbolic, &self.extra_debug_dirs).ok();
             let b = &mut self.binaries[bin];
             b.mode = match info
                 .as_ref()
@@ -431,7 +295,7 @@ impl Symbolizer {
             .and_then(|id| self.eh_by_build_id.get(id))
             .cloned();
         let eh = cached.unwrap_or_else(|| {
-            let eh = Rc::new(EhTable::read(&self.binaries[bin].open_path).unwrap_or_default());
+            let eh = Rc::new(EhTable::read(&self.maps.file(bin).open_path).unwrap_or_default());
             if let Some(id) = build_id {
                 self.eh_by_build_id.insert(id, Rc::clone(&eh));
             }
@@ -450,28 +314,27 @@ impl Symbolizer {
         let mut pending: Vec<u64> = misses.to_vec();
         for round in 0..2 {
             for &addr in &pending {
-                let Some(i) = self.find_mapping(addr) else {
+                let Some(i) = self.maps.find(addr) else {
                     unmapped.push(addr);
                     continue;
                 };
-                let m = &self.maps[i];
-                match &m.kind {
-                    MapKind::File(bin) => {
-                        let file_off = addr - m.start + m.offset;
-                        by_binary.entry(*bin).or_default().push((addr, file_off));
-                    }
-                    MapKind::Vdso => vdso.push(addr),
-                    MapKind::Named(name) => {
-                        let name = Rc::clone(name);
-                        self.stats.no_symbol += 1;
-                        self.user_cache.insert(addr, name);
-                    }
+                let m = &self.maps.maps()[i];
+                if let Some(bin) = binary_of(m) {
+                    let file_off = addr - m.start + m.offset;
+                    by_binary.entry(bin).or_default().push((addr, file_off));
+                } else if m.kind == MapKind::Vdso {
+                    vdso.push(addr);
+                } else {
+                    let name = self.maps.label(m).into_owned();
+                    let name = self.intern(&name);
+                    self.stats.no_symbol += 1;
+                    self.user_cache.insert(addr, name);
                 }
             }
             // Addresses in no mapping: maybe a library loaded since; read the maps again (not too often).
             if round == 0
                 && !unmapped.is_empty()
-                && self.maps_read.elapsed() >= MAPS_REFRESH_INTERVAL
+                && self.maps.age() >= MAPS_REFRESH_INTERVAL
                 && self.read_maps().is_ok()
             {
                 pending = std::mem::take(&mut unmapped);
@@ -548,7 +411,7 @@ impl Symbolizer {
                 }
                 None => {
                     self.stats.no_symbol += 1;
-                    let name = format!("[{}]", self.binaries[bin].basename);
+                    let name = format!("[{}]", self.maps.file(bin).basename);
                     self.intern(&name)
                 }
             };
@@ -623,10 +486,9 @@ impl Symbolizer {
         mode: &SymMode,
         vaddrs: &[u64],
     ) -> Result<Vec<Option<Found>>> {
-        let b = &self.binaries[bin];
         let src = match mode {
             SymMode::Own | SymMode::Dwarf => {
-                let mut src = Elf::new(&b.open_path);
+                let mut src = Elf::new(&self.maps.file(bin).open_path);
                 src.debug_syms = *mode == SymMode::Dwarf;
                 src
             }
@@ -676,7 +538,7 @@ impl Symbolizer {
         self.stats.no_symbol += 1;
         let eh = self.eh_table(bin);
         let start = eh.find(vaddr).map_or(vaddr, |(s, _)| s);
-        let name = format!("{}+0x{start:x}", self.binaries[bin].basename);
+        let name = format!("{}+0x{start:x}", self.maps.file(bin).basename);
         self.intern(&name)
     }
 
@@ -796,6 +658,27 @@ struct Found {
     sized: bool,
     /// Found in the binary's own symbols (else in its debug information).
     own: bool,
+}
+
+/// A blazesym instance for names only (no source lines, no inlined functions); `debug_dirs`: where debug
+/// links are looked up (`None`: blazesym's default).
+fn new_blazesym(demangle: bool, debug_dirs: Option<&[PathBuf]>) -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        .enable_demangling(demangle)
+        .enable_code_info(false)
+        .enable_inlined_fns(false)
+        .enable_auto_reload(false)
+        .set_debug_dirs(debug_dirs)
+        .build()
+}
+
+/// The binary (index into `Symbolizer::binaries`) whose symbols name the addresses of `m`: that of a file
+/// mapping, unless its inode is 0 (no real file).
+fn binary_of(m: &Mapping) -> Option<usize> {
+    match m.kind {
+        MapKind::File(bin) if m.inode != 0 => Some(bin),
+        _ => None,
+    }
 }
 
 /// The addresses to look up for a stack, leaf first: the first as is, the others (return addresses) minus one.

@@ -2,81 +2,42 @@
 //! and stripped), the test process itself for libc, and the running kernel.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::rc::Rc;
 use std::sync::OnceLock;
 
 use object::{Object, ObjectSymbol};
 
+use super::test_support::{build_dir, compile, fixture_source, maps_of, nm, strip, Running};
 use super::*;
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/symbolize/known_stacks.c"
-);
 
 /// Builds the fixture once per test run: (unstripped, stripped) paths.
 fn fixture_binaries() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(|| {
-        // One directory per test process; those of test processes that are gone are removed.
-        let tmp = std::env::temp_dir();
-        for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-            let name = e.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("myprobe-symbolize-test-"))
-            else {
-                continue;
-            };
-            if !Path::new("/proc").join(pid).exists() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let dir = tmp.join(format!("myprobe-symbolize-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = build_dir("myprobe-symbolize-test-");
         let plain = dir.join("known_stacks");
         let stripped = dir.join("known_stacks_stripped");
-        let status = Command::new("cc")
-            .args([
-                "-O1",
-                "-g",
-                "-rdynamic",
-                "-fno-inline",
-                "-fno-optimize-sibling-calls",
-                "-fno-toplevel-reorder",
-            ])
-            .arg("-o")
-            .arg(&plain)
-            .arg(FIXTURE)
-            .status()
-            .expect("running cc");
-        assert!(status.success(), "cc failed");
-        std::fs::copy(&plain, &stripped).unwrap();
-        let status = Command::new("strip")
-            .arg(&stripped)
-            .status()
-            .expect("running strip");
-        assert!(status.success(), "strip failed");
+        let flags = [
+            "cc",
+            "-O1",
+            "-g",
+            "-rdynamic",
+            "-fno-inline",
+            "-fno-optimize-sibling-calls",
+            "-fno-toplevel-reorder",
+        ];
+        let source = fixture_source("symbolize/known_stacks.c");
+        assert!(compile(&flags, &source, &plain, &[]), "cc failed");
+        strip(&plain, &stripped);
         (plain, stripped)
     })
 }
 
-/// `nm` of a binary: symbol name → ELF virtual address.
-fn nm(path: &Path) -> HashMap<String, u64> {
-    let out = Command::new("nm").arg(path).output().expect("running nm");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
-            let _kind = f.next()?;
-            Some((f.next()?.to_owned(), addr))
-        })
-        .collect()
+/// Starts a build of the fixture.
+fn start(path: &Path) -> Running {
+    Running::start(path, "ret_into_a")
 }
 
 /// `nm -S` of a binary: symbol name → size.
@@ -99,54 +60,6 @@ fn nm_sizes(path: &Path) -> HashMap<String, u64> {
         .collect()
 }
 
-/// A running fixture, killed on drop; `addrs` holds what it printed.
-struct Running {
-    child: Child,
-    addrs: HashMap<String, u64>,
-}
-
-impl Running {
-    fn start(path: &Path) -> Running {
-        let mut child = Command::new(path)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting fixture");
-        let mut addrs = HashMap::new();
-        let stdout = child.stdout.take().unwrap();
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            if line == "ready" {
-                break;
-            }
-            let (name, addr) = line.split_once(' ').unwrap();
-            addrs.insert(
-                name.to_owned(),
-                u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap(),
-            );
-        }
-        assert!(
-            addrs.contains_key("ret_into_a"),
-            "fixture did not report: {addrs:?}"
-        );
-        Running { child, addrs }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn addr(&self, name: &str) -> u64 {
-        self.addrs[name]
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn names(v: &[Rc<str>]) -> Vec<&str> {
     v.iter().map(|n| &**n).collect()
 }
@@ -155,7 +68,7 @@ fn names(v: &[Rc<str>]) -> Vec<&str> {
 fn unstripped_fixture_names_functions() {
     let (plain, _) = fixture_binaries();
     let syms = nm(plain);
-    let fx = Running::start(plain);
+    let fx = start(plain);
     let bias = fx.addr("exported_fn") - syms["exported_fn"];
     let mut s = Symbolizer::new(fx.pid()).unwrap();
 
@@ -209,7 +122,7 @@ fn unstripped_fixture_names_functions() {
 fn stripped_fixture_uses_dynsym_then_eh_frame() {
     let (plain, stripped) = fixture_binaries();
     let syms = nm(plain);
-    let fx = Running::start(stripped);
+    let fx = start(stripped);
     let bias = fx.addr("exported_fn") - syms["exported_fn"];
     let mut s = Symbolizer::new(fx.pid()).unwrap();
 
@@ -310,7 +223,7 @@ fn separate_debug_files() {
         built.push(bin);
     }
     for bin in built {
-        let fx = Running::start(&bin);
+        let fx = start(&bin);
         let mut s = Symbolizer::new(fx.pid()).unwrap();
         let stack = [
             fx.addr("static_fn") + 4,
@@ -337,7 +250,7 @@ fn separate_debug_files() {
 #[test]
 fn cache_identity_and_stats() {
     let (plain, _) = fixture_binaries();
-    let fx = Running::start(plain);
+    let fx = start(plain);
     let mut s = Symbolizer::new(fx.pid()).unwrap();
     let stack = [
         fx.addr("chain_leaf"),
@@ -376,7 +289,7 @@ fn cache_identity_and_stats() {
 fn preload_and_errors() {
     assert!(Symbolizer::new(u32::MAX - 1).is_err(), "no such process");
     let (_, stripped) = fixture_binaries();
-    let fx = Running::start(stripped);
+    let fx = start(stripped);
     let mut plain = Symbolizer::new(fx.pid()).unwrap();
     let mut pre = Symbolizer::new(fx.pid()).unwrap();
     pre.preload(true);
@@ -396,16 +309,9 @@ fn preload_and_errors() {
 /// Load bias of libc in this process and the file behind it.
 fn libc_in_self() -> (u64, PathBuf) {
     let malloc = libc::malloc as *const () as usize as u64;
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (a, b) = f[0].split_once('-').unwrap();
-        let (a, b) = (
-            u64::from_str_radix(a, 16).unwrap(),
-            u64::from_str_radix(b, 16).unwrap(),
-        );
-        if (a..b).contains(&malloc) {
-            let path = PathBuf::from(f[5]);
+    for m in maps_of(std::process::id()) {
+        if (m.start..m.end).contains(&malloc) {
+            let path = PathBuf::from(m.path);
             let data = std::fs::read(&path).unwrap();
             let obj = object::File::parse(&*data).unwrap();
             let sym = obj
@@ -508,15 +414,9 @@ fn vdso_functions() {
         return;
     }
     // Size of the vDSO image: its mapping.
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let line = maps.lines().find(|l| l.ends_with("[vdso]")).unwrap();
-    let (a, b) = line
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .split_once('-')
-        .unwrap();
-    let len = u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap();
+    let maps = maps_of(std::process::id());
+    let vdso = maps.iter().find(|m| m.path == "[vdso]").unwrap();
+    let len = vdso.end - vdso.start;
     let image = unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) };
     let obj = object::File::parse(image).unwrap();
     let sym = obj
@@ -592,12 +492,11 @@ fn manual() {
     let pid: u32 = pid.parse().unwrap();
     // Addresses: every 40th FDE of the main binary, relocated.
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let base = maps
-        .lines()
-        .find(|l| l.ends_with(exe.to_str().unwrap()))
-        .map(|l| u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap())
-        .unwrap();
+    let base = maps_of(pid)
+        .iter()
+        .find(|m| m.path.ends_with(exe.to_str().unwrap()))
+        .unwrap()
+        .start;
     let eh = elf::EhTable::read(&exe).unwrap();
     let mut addrs: Vec<u64> = eh
         .starts_for_tests()

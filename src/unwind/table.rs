@@ -119,12 +119,6 @@ impl Table {
     pub fn vaddr_of_offset(&self, offset: u64) -> Option<u64> {
         self.segments.iter().find(|(o, size, _)| (*o..o + size).contains(&offset)).map(|(o, _, v)| v + (offset - o))
     }
-
-    /// The row that holds `pc`, as the BPF side finds it.
-    pub fn find(&self, pc: u64) -> Option<&Row> {
-        let i = self.rows.partition_point(|r| r.pc <= pc).checked_sub(1)?;
-        self.rows.get(i)
-    }
 }
 
 fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {

@@ -1,0 +1,203 @@
+//! The memory map of a traced process (`/proc/PID/maps`) and the files behind it, as both the stack
+//! symbolizer and the data symbolizer read it. What a mapping is named, and which mappings count as a
+//! binary's, is left to them.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// `x` in the permissions.
+    pub exec: bool,
+    pub inode: u64,
+    pub kind: MapKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapKind {
+    /// A mapped file: index into [`ProcMaps::file`]. Also what the kernel shows as a path without being a
+    /// regular file (`/dev/zero (deleted)` for shared anonymous memory, paths with inode 0).
+    File(usize),
+    /// Anonymous without name.
+    Anon,
+    /// `[vdso]`.
+    Vdso,
+    /// Other names given by the kernel: `[heap]`, `[stack]`, `[vvar]`, `[anon:name]`, …
+    Named(String),
+}
+
+/// A file mapped by the process.
+#[derive(Debug)]
+pub struct MappedFile {
+    /// Path as in the maps (without ` (deleted)`).
+    pub symbolic: PathBuf,
+    /// Path through which it is read (see [`open_path`]).
+    pub open_path: PathBuf,
+    /// Inode, as in the maps.
+    pub inode: u64,
+    /// File name: the prefix of `file+0x…` names.
+    pub basename: String,
+}
+
+/// The mappings of one process, sorted by address, and the files they map.
+pub struct ProcMaps {
+    pid: u32,
+    maps: Vec<Mapping>,
+    /// Every file seen since the first read: indices stay valid across re-reads, so that what a symbolizer
+    /// loaded for a file (indexed like this) stays loaded.
+    files: Vec<MappedFile>,
+    /// (device, inode, path) → index into `files`.
+    file_index: HashMap<(String, u64, PathBuf), usize>,
+    read_at: Instant,
+}
+
+impl ProcMaps {
+    /// Reads `/proc/PID/maps` (an error if that fails: no such process, no permission).
+    pub fn read(pid: u32) -> Result<Self> {
+        let mut maps = ProcMaps {
+            pid,
+            maps: Vec::new(),
+            files: Vec::new(),
+            file_index: HashMap::new(),
+            read_at: Instant::now(),
+        };
+        maps.reread()?;
+        Ok(maps)
+    }
+
+    /// Reads the maps again (libraries loaded or unloaded since). On error (the process is gone) the old
+    /// mappings are kept.
+    pub fn reread(&mut self) -> Result<()> {
+        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        let mut maps: Vec<Mapping> = text.lines().filter_map(|l| self.parse_line(l)).collect();
+        maps.sort_by_key(|m| m.start);
+        self.maps = maps;
+        self.read_at = Instant::now();
+        Ok(())
+    }
+
+    /// Time since the maps were last read.
+    pub fn age(&self) -> Duration {
+        self.read_at.elapsed()
+    }
+
+    /// Sorted by start address.
+    pub fn maps(&self) -> &[Mapping] {
+        &self.maps
+    }
+
+    /// Index into [`Self::maps`] of the mapping holding `addr`.
+    pub fn find(&self, addr: u64) -> Option<usize> {
+        let i = self
+            .maps
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        (addr < self.maps[i].end).then_some(i)
+    }
+
+    /// The kernel's name of mapping `m`: its path, `[heap]`, `[vdso]`, …, or `[anon]`.
+    pub fn label<'a>(&'a self, m: &'a Mapping) -> Cow<'a, str> {
+        match &m.kind {
+            MapKind::File(i) => self.files[*i].symbolic.to_string_lossy(),
+            MapKind::Anon => "[anon]".into(),
+            MapKind::Vdso => "[vdso]".into(),
+            MapKind::Named(name) => name.as_str().into(),
+        }
+    }
+
+    pub fn file(&self, i: usize) -> &MappedFile {
+        &self.files[i]
+    }
+
+    /// How many files have been seen: per-file state indexed like [`MapKind::File`] needs this many entries.
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    fn parse_line(&mut self, line: &str) -> Option<Mapping> {
+        // start-end perms offset dev inode [path]; the path may hold spaces.
+        let mut rest = line;
+        let mut field = || {
+            let t = rest.trim_start();
+            let end = t.find(' ').unwrap_or(t.len());
+            let (f, r) = t.split_at(end);
+            rest = r;
+            f
+        };
+        let range = field();
+        let exec = field().contains('x');
+        let offset = field();
+        let dev = field().to_owned();
+        let inode: u64 = field().parse().ok()?;
+        let path = rest.trim_start();
+        let (start, end) = range.split_once('-')?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        let offset = u64::from_str_radix(offset, 16).ok()?;
+        let kind = if path.is_empty() {
+            MapKind::Anon
+        } else if path == "[vdso]" {
+            MapKind::Vdso
+        } else if path.starts_with('[') {
+            MapKind::Named(path.to_owned())
+        } else {
+            let symbolic = PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path));
+            let key = (dev, inode, symbolic.clone());
+            let i = match self.file_index.get(&key) {
+                Some(&i) => i,
+                None => {
+                    let open_path = open_path(self.pid, &symbolic, inode, start, end);
+                    let basename = symbolic
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| symbolic.to_string_lossy().into_owned());
+                    self.files.push(MappedFile {
+                        symbolic,
+                        open_path,
+                        inode,
+                        basename,
+                    });
+                    self.file_index.insert(key, self.files.len() - 1);
+                    self.files.len() - 1
+                }
+            };
+            MapKind::File(i)
+        };
+        Some(Mapping {
+            start,
+            end,
+            offset,
+            exec,
+            inode,
+            kind,
+        })
+    }
+}
+
+/// The file as the process sees it (`/proc/PID/root/...`: other mount namespaces, and debug links next to it
+/// resolve), or the mapping itself (`/proc/PID/map_files/...`: deleted or replaced files), or the path as is.
+fn open_path(pid: u32, symbolic: &Path, inode: u64, start: u64, end: u64) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let rooted = Path::new(&format!("/proc/{pid}/root"))
+        .join(symbolic.strip_prefix("/").unwrap_or(symbolic));
+    if std::fs::metadata(&rooted)
+        .map(|m| m.ino() == inode)
+        .unwrap_or(false)
+    {
+        return rooted;
+    }
+    let mapped = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+    if mapped.exists() {
+        return mapped;
+    }
+    symbolic.to_path_buf()
+}
