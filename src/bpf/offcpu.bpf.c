@@ -1,6 +1,7 @@
-// Off-CPU time: when a target thread leaves the CPU its stack is captured; when it comes back the time away
-// is split into blocked (switch-out to wakeup) and runnable (wakeup, or preemption, to switch-in: waiting for
-// a CPU) and sent with the stack. Waits shorter than min_block_ns are dropped in the kernel.
+// Off-CPU time: when a target thread leaves the CPU its stack is captured (or kept, when it leaves at the
+// same place as last time); when it comes back the time away is split into blocked (switch-out to wakeup)
+// and runnable (wakeup, or preemption, to switch-in: waiting for a CPU) and summed on that stack, which is
+// sent when the thread next waits elsewhere. Waits shorter than min_block_ns are dropped in the kernel.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -20,8 +21,17 @@ struct thread_state {
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u32 preempted;
 	__u32 _pad;
+	/* User registers when ev's stack was captured: a thread that leaves the CPU again at the same
+	 * instruction with the same stack and frame pointers is in the same call chain, whose unwinding is reused. */
+	__u64 stack_ip;
+	__u64 stack_sp;
+	__u64 stack_bp;
 	struct stack_event ev;
 };
+
+/* Stacks captured, and reused from the thread's previous wait at the same place: for the benchmark figures. */
+__u64 stacks_unwound;
+__u64 stacks_reused;
 
 /* Bounded by the number of server threads; entries go when the thread exits. */
 struct {
@@ -72,7 +82,24 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->wake_ts = 0;
 			st->preempted = preempt || prev_state == TASK_RUNNING;
 			st->ev.tid = prev->pid;
-			capture_stacks(ctx, &st->ev, kernel_stacks);
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+			__u64 ip = regs ? BPF_CORE_READ(regs, ip) : 0;
+			__u64 sp = regs ? BPF_CORE_READ(regs, sp) : 0;
+			__u64 bp = regs ? BPF_CORE_READ(regs, bp) : 0;
+			if (!kernel_stacks && ip && ip == st->stack_ip && sp == st->stack_sp && bp == st->stack_bp) {
+				__sync_fetch_and_add(&stacks_reused, 1);
+			} else {
+				/* Another call chain: what was summed on the previous one goes to user space first. */
+				if (st->ev.value[0] || st->ev.value[1])
+					submit_stack_event(&events, &st->ev);
+				st->ev.value[0] = 0;
+				st->ev.value[1] = 0;
+				capture_stacks(ctx, &st->ev, kernel_stacks);
+				st->stack_ip = ip;
+				st->stack_sp = sp;
+				st->stack_bp = bp;
+				__sync_fetch_and_add(&stacks_unwound, 1);
+			}
 		}
 	}
 
@@ -85,15 +112,15 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		st->off_ts = 0;
 		if (off < min_block_ns)
 			return 0;
+		/* Summed on the thread's current stack; sent when the thread waits in another call chain, or read
+		 * from this map at the end: one event per change of place, not one per wait. */
 		if (st->preempted || woke < now - off || woke > now) {
 			/* preempted: all of it was waiting for a CPU; a missed wakeup: count it all as blocked */
-			st->ev.value[0] = st->preempted ? 0 : off;
-			st->ev.value[1] = st->preempted ? off : 0;
+			st->ev.value[st->preempted ? 1 : 0] += off;
 		} else {
-			st->ev.value[0] = woke - (now - off);
-			st->ev.value[1] = now - woke;
+			st->ev.value[0] += woke - (now - off);
+			st->ev.value[1] += now - woke;
 		}
-		submit_stack_event(&events, &st->ev);
 	}
 	return 0;
 }
@@ -126,6 +153,9 @@ int BPF_PROG(on_exit, struct task_struct *p)
 {
 	if (p->tgid == target_tgid) {
 		__u32 tid = p->pid;
+		struct thread_state *st = state_of(tid, false);
+		if (st && (st->ev.value[0] || st->ev.value[1]))
+			submit_stack_event(&events, &st->ev);
 		bpf_map_delete_elem(&threads, &tid);
 	}
 	return 0;

@@ -230,16 +230,16 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		return 0;
 	if (!net && !in_statement(st))
 		return 0;
-	__u64 arg0 = PT_REGS_PARM1_CORE_SYSCALL(regs);
+	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
 	if (cls == SYSCALL_NET_RECV && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
 		finish_statement(st);
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
 	st->sys_ts = bpf_ktime_get_ns();
 	st->sys_arg0 = arg0;
-	st->sys_arg1 = PT_REGS_PARM2_CORE_SYSCALL(regs);
+	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
 	if (cls == SYSCALL_FUTEX)
-		st->futex_op = PT_REGS_PARM2_CORE_SYSCALL(regs) & FUTEX_CMD_MASK;
+		st->futex_op = PT_REGS_PARM2_SYSCALL(regs) & FUTEX_CMD_MASK;
 	return 0;
 }
 

@@ -19,6 +19,11 @@ pub enum ProfileCommand {
     /// On-CPU flame graph: sample the server's stacks at a fixed rate.
     Cpu(CpuArgs),
     /// Off-CPU flame graph: time each thread spends off CPU by stack, split into [blocked] and [runnable].
+    ///
+    /// Every wait is timed; its user stack is captured when the thread leaves the CPU, unwound from .eh_frame,
+    /// or reused from the same thread's previous wait when it leaves the CPU at the same instruction with the
+    /// same stack and frame pointers (the same call chain): no wait is sampled away.
+    #[command(verbatim_doc_comment)]
     Offcpu(OffcpuArgs),
 }
 

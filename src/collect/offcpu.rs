@@ -39,12 +39,16 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
         }
         Ok(bss.lost)
     })?;
+    eprintln!(
+        "myprobe: {} user stacks captured, {} reused from the same thread's previous wait at the same place",
+        bss.stacks_unwound, bss.stacks_reused
+    );
     add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut collected);
     Ok(collected)
 }
 
-/// Threads still off CPU when tracing ends (an idle connection blocked throughout) have sent nothing yet:
-/// count their wait up to now, clipped to the start of tracing. The map holds one entry per thread.
+/// What the threads have not sent yet: the waits summed on their current stack, and the wait of those still
+/// off CPU when tracing ends (an idle connection blocked throughout), up to now. One map entry per thread.
 fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, collected: &mut Collected) {
     let now = monotonic_ns();
     for key in threads.keys() {
@@ -54,18 +58,23 @@ fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, collected
         }
         // SAFETY: the value is a `struct thread_state` of the size checked above; read unaligned.
         let st: types::thread_state = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        if st.off_ts == 0 || st.off_ts > now || now - st.off_ts < min_ns {
+        // Summed on the thread's current stack and not sent yet.
+        let mut values = st.ev.value;
+        if st.off_ts != 0 && st.off_ts <= now && now - st.off_ts >= min_ns {
+            let off = st.off_ts.max(started_ns);
+            let open = if st.preempted != 0 {
+                [0, now - off]
+            } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
+                let wake = st.wake_ts.max(off);
+                [wake - off, now - wake]
+            } else {
+                [now - off, 0]
+            };
+            values = [values[0] + open[0], values[1] + open[1]];
+        }
+        if values == [0, 0] {
             continue;
         }
-        let off = st.off_ts.max(started_ns);
-        let values = if st.preempted != 0 {
-            [0, now - off]
-        } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
-            let wake = st.wake_ts.max(off);
-            [wake - off, now - wake]
-        } else {
-            [now - off, 0]
-        };
         let frames = (st.ev.user_len as usize + st.ev.kernel_len as usize).min(st.ev.ips.len());
         let stack = RawStack { tid: st.ev.tid, kind: 0, user_len: st.ev.user_len, ips: st.ev.ips[..frames].into() };
         collected.add(stack, values);

@@ -1,0 +1,168 @@
+//! User stacks unwound in the kernel from .eh_frame: complete stacks on Debian's glibc and mariadbd, frame for
+//! frame what eu-stack (elfutils) reads from the same thread.
+
+mod common;
+use std::{
+    collections::HashSet,
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+
+/// The outermost frame of a thread created by glibc: stacks that reach it are complete.
+const ROOTS: [&str; 3] = ["__clone3", "clone3", "start_thread"];
+
+/// Of the stacks of threads `tids` (from --per-thread output), the share of the value on stacks that start
+/// at a thread root.
+fn root_share(stacks: &[(Vec<String>, u64)], tids: &HashSet<u32>) -> (f64, u64) {
+    let (mut total, mut rooted) = (0, 0);
+    for (frames, v) in stacks {
+        let tid = frames[0].strip_prefix("thread ").and_then(|t| t.split(' ').next()).and_then(|t| t.parse::<u32>().ok());
+        if !tid.is_some_and(|t| tids.contains(&t)) {
+            continue;
+        }
+        total += v;
+        if frames.get(1).is_some_and(|f| ROOTS.contains(&f.as_str())) {
+            rooted += v;
+        }
+    }
+    (if total > 0 { rooted as f64 / total as f64 } else { 0.0 }, total)
+}
+
+#[test]
+fn connection_thread_stacks_reach_the_thread_root_under_load() {
+    let db = testdb();
+    let dir = tempdir("unwind-load");
+    let load = db.load(9);
+    std::thread::sleep(Duration::from_millis(1500));
+    let tids: HashSet<u32> = db
+        .sql("SELECT TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(!tids.is_empty(), "no sysbench connection threads");
+    let pid = db.pid.to_string();
+    let (off, cpu) = (dir.join("off.folded"), dir.join("cpu.folded"));
+    let off_err = run_ok(myprobe().args(["profile", "offcpu", "-p", &pid, "-d", "3", "--per-thread", "-o"]).arg(&off));
+    let cpu_err = run_ok(myprobe().args(["profile", "cpu", "-p", &pid, "-d", "3", "-F", "199", "--per-thread", "-o"]).arg(&cpu));
+    load.wait();
+    let (share, total) = root_share(&read_folded(&off), &tids);
+    assert!(total > 100_000, "too little off-CPU time of connection threads: {total} us\n{off_err}");
+    assert!(share >= 0.90, "only {:.1}% of connection threads' off-CPU time reaches the thread root\n{off_err}", share * 100.0);
+    let (share, total) = root_share(&read_folded(&cpu), &tids);
+    assert!(total > 50, "too few CPU samples of connection threads: {total}\n{cpu_err}");
+    assert!(share >= 0.90, "only {:.1}% of connection threads' CPU samples reach the thread root\n{cpu_err}", share * 100.0);
+}
+
+/// The frames eu-stack prints for thread `tid` of `pid`, leaf first.
+fn eu_stack(pid: u32, tid: u32) -> Vec<u64> {
+    let out = Command::new("eu-stack").args(["-p", &pid.to_string()]).output().expect("running eu-stack");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut frames = Vec::new();
+    let mut mine = false;
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("TID ") {
+            mine = t.trim_end_matches(':') == tid.to_string();
+        } else if mine {
+            if let Some(addr) = line.split_whitespace().nth(1).and_then(|a| a.strip_prefix("0x")) {
+                frames.push(u64::from_str_radix(addr, 16).unwrap());
+            }
+        }
+    }
+    assert!(!frames.is_empty(), "eu-stack printed no frames for thread {tid}:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    frames
+}
+
+/// The user frames (as addresses, leaf first) of the largest off-CPU stack of thread `tid` in `--per-thread
+/// --addresses` output.
+fn traced_stack(stacks: &[(Vec<String>, u64)], tid: u32) -> Vec<u64> {
+    let prefix = format!("thread {tid}");
+    let (frames, _) = stacks
+        .iter()
+        .filter(|(f, _)| f[0].starts_with(&prefix))
+        .max_by_key(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no stack of thread {tid}: {stacks:?}"));
+    frames[1..]
+        .iter()
+        .filter_map(|f| f.strip_prefix("0x").map(|a| u64::from_str_radix(a, 16).unwrap()))
+        .rev()
+        .collect()
+}
+
+/// eu-stack's frames are ours, in order; ours may go one frame further (`_start`, whose return address is
+/// undefined, where eu-stack stops before it).
+fn assert_same_frames(ours: &[u64], eu: &[u64], what: &str) {
+    let hex = |v: &[u64]| v.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(" ");
+    assert!(
+        ours.len() >= eu.len() && ours.len() <= eu.len() + 1 && ours[..eu.len()] == *eu,
+        "{what}: frames differ\n  myprobe:  {}\n  eu-stack: {}",
+        hex(ours),
+        hex(eu)
+    );
+}
+
+#[test]
+fn fixture_frames_equal_eu_stack() {
+    let dir = tempdir("unwind-fixture");
+    let exe = dir.join("known_stack");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/unwind/known_stack.c");
+    let cc = Command::new("cc").args(["-O1", "-g", "-fomit-frame-pointer", "-o"]).arg(&exe).arg(src).output().unwrap();
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let mut child = Command::new(&exe).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    let folded = dir.join("fixture.folded");
+    let names = dir.join("names.folded");
+    let p = pid.to_string();
+    let common = ["profile", "offcpu", "--any-process", "-p", &p, "-d", "1", "--per-thread"];
+    let result = std::panic::catch_unwind(|| {
+        run_ok(myprobe().args(common).arg("--addresses").arg("-o").arg(&folded));
+        run_ok(myprobe().args(common).arg("-o").arg(&names));
+        let ours = traced_stack(&read_folded(&folded), pid);
+        let eu = eu_stack(pid, pid);
+        assert_same_frames(&ours, &eu, "fixture");
+        // And by name: the fixture's own functions, in order, under glibc's nanosleep.
+        let named = read_folded(&names);
+        let chain = ["main", "outer_frame", "middle_frame", "inner_frame"];
+        assert!(
+            named.iter().any(|(f, _)| f.windows(4).any(|w| w == chain)),
+            "no stack with main;outer_frame;middle_frame;inner_frame: {named:?}"
+        );
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn server_thread_frames_equal_eu_stack() {
+    let db = testdb();
+    let dir = tempdir("unwind-server");
+    let mut s = db.session();
+    let tid = s.server_tid();
+    let folded = dir.join("server.folded");
+    let tracer = myprobe()
+        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "--addresses", "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The thread waits inside SLEEP() for the whole time eu-stack looks at it and the tracer ends.
+    s.send("SELECT SLEEP(2.5)");
+    std::thread::sleep(Duration::from_millis(700));
+    let eu = eu_stack(db.pid, tid);
+    let out = tracer.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(s.read_line(), "0");
+    let ours = traced_stack(&read_folded(&folded), tid);
+    assert_same_frames(&ours, &eu, "mariadbd connection thread in SLEEP()");
+    assert!(ours.len() >= 10, "a suspiciously short server stack: {ours:x?}");
+}
