@@ -31,6 +31,11 @@ struct unwind_mapping {
 	__u64 bias;        /* ELF virtual address = address - bias */
 	__u32 row_start;   /* its rows: unwind_rows[row_start .. row_start + row_count) */
 	__u32 row_count;
+	/* Page index: for the page_count + 1 pages of 4 KiB from first_page, unwind_pages[page_start + i] is the
+	 * row (relative to row_start) in force at the page's first byte; a search looks only between two. */
+	__u64 first_page;
+	__u32 page_start;
+	__u32 page_count;
 };
 
 #ifdef __TARGET_ARCH_x86
@@ -42,6 +47,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");
+
+/* Sized by user space before loading (at least 1 entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} unwind_pages SEC(".maps");
 
 /* Written by user space through the mmapped .bss: sorted by start, count last. */
 struct unwind_mapping unwind_mappings[MAX_UNWIND_MAPPINGS];
@@ -55,7 +68,9 @@ struct user_unwind {
 	__u64 bp;
 	__u32 n;
 	__u32 done;
-	__u64 *ips;   /* a MAX_USER_FRAMES array in a map value */
+	__u32 mapping;  /* the mapping of the previous frame */
+	__u32 _pad;
+	__u64 *ips;     /* a MAX_USER_FRAMES array in a map value */
 };
 
 /* Binary searches run as bpf_loop callbacks: verified once, not once per iteration and path. */
@@ -80,8 +95,11 @@ static long mapping_search_step(__u64 i, struct unwind_search *c)
 	return 0;
 }
 
-static __always_inline int find_unwind_mapping(__u64 ip)
+static __always_inline int find_unwind_mapping(__u64 ip, __u32 last)
 {
+	/* Most frames are in the same binary as the one before. */
+	if (last < MAX_UNWIND_MAPPINGS && unwind_mappings[last].start <= ip && ip < unwind_mappings[last].end)
+		return last;
 	__u32 count = unwind_mapping_count;
 	if (count > MAX_UNWIND_MAPPINGS)
 		count = MAX_UNWIND_MAPPINGS;
@@ -113,14 +131,27 @@ static long row_search_step(__u64 i, struct unwind_search *c)
 	return 0;
 }
 
-/* The row that holds vaddr among `count` rows from `first`, or 0. */
-static __always_inline struct unwind_row *find_unwind_row(__u32 first, __u32 count, __u64 vaddr)
+static __always_inline __s64 page_row(__u32 index)
 {
-	struct unwind_search c = { .target = vaddr, .lo = 0, .hi = count, .first = first };
-	bpf_loop(32, row_search_step, &c, 0);
-	if (c.lo == 0)
+	__u32 *row = bpf_map_lookup_elem(&unwind_pages, &index);
+	return row ? *row : -1;
+}
+
+/* The row of mapping m that holds vaddr, or 0. */
+static __always_inline struct unwind_row *find_unwind_row(struct unwind_mapping *m, __u64 vaddr)
+{
+	__u64 page = (vaddr >> 12) - m->first_page;
+	if ((vaddr >> 12) < m->first_page || page >= m->page_count)
 		return 0;
-	__u32 key = first + c.lo - 1;
+	__s64 lo = page_row(m->page_start + page);
+	__s64 hi = page_row(m->page_start + page + 1);
+	if (lo < 0 || hi < lo || hi >= m->row_count)
+		return 0;
+	struct unwind_search c = { .target = vaddr, .lo = lo, .hi = hi + 1, .first = m->row_start };
+	bpf_loop(32, row_search_step, &c, 0);
+	if (c.lo <= lo)
+		return 0;
+	__u32 key = m->row_start + c.lo - 1;
 	return bpf_map_lookup_elem(&unwind_rows, &key);
 }
 
@@ -135,9 +166,12 @@ static long unwind_step(__u64 index, struct user_unwind *s)
 	__u64 pc = index ? s->ip - 1 : s->ip;
 	__u64 cfa = 0, ra = 0, bp = s->bp;
 	struct unwind_row *row = 0;
-	int m = find_unwind_mapping(pc);
-	if (m >= 0 && m < MAX_UNWIND_MAPPINGS && unwind_mappings[m].row_count)
-		row = find_unwind_row(unwind_mappings[m].row_start, unwind_mappings[m].row_count, pc - unwind_mappings[m].bias);
+	int m = find_unwind_mapping(pc, s->mapping);
+	if (m >= 0 && m < MAX_UNWIND_MAPPINGS) {
+		s->mapping = m;
+		if (unwind_mappings[m].row_count)
+			row = find_unwind_row(&unwind_mappings[m], pc - unwind_mappings[m].bias);
+	}
 
 	__u8 kind = row ? row->kind : UNWIND_GAP;
 	switch (kind) {
@@ -210,6 +244,7 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 		.ip = BPF_CORE_READ(regs, ip),
 		.sp = BPF_CORE_READ(regs, sp),
 		.bp = BPF_CORE_READ(regs, bp),
+		.mapping = MAX_UNWIND_MAPPINGS,
 		.ips = buf->ips,
 	};
 	if (!s.ip)

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::OpenSkel;
 use perf_event_open_sys as perf;
 
-use super::{drain, install_unwind, online_cpus, open_skel, refresh_unwind, size_unwind_rows, CollectOptions, Collected};
+use super::{drain, install_unwind, Installed, online_cpus, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
@@ -19,11 +19,12 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
     let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
     rodata.target_tgid = opts.pid;
     rodata.kernel_stacks = opts.kernel_stacks;
-    size_unwind_rows(&mut open.maps.unwind_rows, opts)?;
+    size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the CPU sampling program into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let mut installed = 0;
-    install_unwind(opts, &skel.maps.unwind_rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
+    let mut installed = Installed::default();
+    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
+    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
 
     let mut perf_fds = Vec::new();
     let mut links = Vec::new();
@@ -38,10 +39,9 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
         perf_fds.push(fd);
     }
 
-    let rows = &skel.maps.unwind_rows;
     let result = drain(&skel.maps.events, opts, "profile cpu", |refresh| {
         if refresh {
-            refresh_unwind(opts, rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
+            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }
         Ok(bss.lost)
     });

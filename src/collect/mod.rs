@@ -1,6 +1,20 @@
 //! Collectors: load and attach BPF programs, drain their events until the duration ends or Ctrl-C,
 //! and hand raw stacks (addresses) to the symbolizer. One module per collector, all of this shape.
 
+/// The [`UnwindMaps`] of a collector, from its unwind maps and its skeleton's `.bss` (every collector
+/// includes src/bpf/unwind.h, so the names are the same).
+macro_rules! unwind_maps {
+    ($rows:expr, $pages:expr, $bss:expr) => {
+        $crate::collect::UnwindMaps {
+            rows: $rows,
+            pages: $pages,
+            mappings: &mut $bss.unwind_mappings,
+            count: &mut $bss.unwind_mapping_count,
+            enabled: &mut $bss.unwind_enabled,
+        }
+    };
+}
+
 pub mod cpu;
 pub mod offcpu;
 pub mod queries;
@@ -42,54 +56,87 @@ pub struct CollectOptions {
     pub unwind: Option<RefCell<ProcessTables>>,
 }
 
-/// Rows the BPF unwinder map holds beyond what the process has now, for libraries loaded while tracing.
+/// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
+/// loaded while tracing.
 const SPARE_UNWIND_ROWS: usize = 65536;
 
-/// Sizes a collector's unwind_rows map (before loading it).
-pub fn size_unwind_rows(rows: &mut libbpf_rs::OpenMapMut, opts: &CollectOptions) -> Result<()> {
-    let n = opts.unwind.as_ref().map(|t| t.borrow().rows.len() + SPARE_UNWIND_ROWS).unwrap_or(1);
-    rows.set_max_entries(n as u32).context("sizing the unwind table map")
+/// Sizes a collector's unwind_rows and unwind_pages maps (before loading them).
+pub fn size_unwind_maps(rows: &mut libbpf_rs::OpenMapMut, pages: &mut libbpf_rs::OpenMapMut, opts: &CollectOptions) -> Result<()> {
+    let (r, p) = opts.unwind.as_ref().map(|t| (t.borrow().rows.len(), t.borrow().pages.len())).unwrap_or((0, 0));
+    let size = |n: usize| if opts.unwind.is_some() { (n + SPARE_UNWIND_ROWS) as u32 } else { 1 };
+    rows.set_max_entries(size(r)).context("sizing the unwind table map")?;
+    pages.set_max_entries(size(p)).context("sizing the unwind page map")
 }
 
-/// Loads the unwind tables into a collector's maps and turns unwinding on; `mappings`, `count` and `enabled`
-/// are the collector's `.bss` variables of src/bpf/unwind.h. Called again after `ProcessTables::update`:
-/// rows are only ever appended, so a stack being unwound meanwhile reads valid rows.
-pub fn install_unwind<M>(
-    opts: &CollectOptions,
-    rows_map: &dyn MapCore,
-    installed_rows: &mut usize,
-    mappings: &mut [M],
-    count: &mut u32,
-    enabled: &mut u32,
-) -> Result<()> {
+/// One collector's side of the unwinder (src/bpf/unwind.h): its maps and `.bss` variables, and how much of
+/// the tables it holds.
+pub struct UnwindMaps<'a, M> {
+    pub rows: &'a dyn MapCore,
+    pub pages: &'a dyn MapCore,
+    pub mappings: &'a mut [M],
+    pub count: &'a mut u32,
+    pub enabled: &'a mut u32,
+}
+
+/// How much of the tables a collector's maps hold (rows and pages are only ever appended).
+#[derive(Default)]
+pub struct Installed {
+    rows: usize,
+    pages: usize,
+}
+
+/// Writes `items[*done..]` into an array map at the same indexes, as far as it holds; returns how far it got.
+fn append_array<T>(map: &dyn MapCore, done: &mut usize, items: &[T]) -> Result<usize> {
+    let end = items.len().min(map.max_entries() as usize);
+    for (i, chunk) in items[(*done).min(end)..end].chunks(65536).enumerate() {
+        let first = (*done + i * 65536) as u32;
+        let keys: Vec<u8> = (first..first + chunk.len() as u32).flat_map(u32::to_ne_bytes).collect();
+        // SAFETY: T is a #[repr(C)] plain-integer type of the map's value layout; the bytes are only read.
+        let values = unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), std::mem::size_of_val(chunk)) };
+        map.update_batch(&keys, values, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY)
+            .context("loading unwind tables into the kernel")?;
+    }
+    *done = end;
+    Ok(end)
+}
+
+/// Loads the unwind tables into a collector's maps and turns unwinding on; called again after
+/// `ProcessTables::update`. Rows and pages are appended before the mappings that use them are published, so a
+/// stack being unwound meanwhile reads valid entries.
+pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: UnwindMaps<M>) -> Result<()> {
     let Some(tables) = &opts.unwind else { return Ok(()) };
     let tables = tables.borrow();
     assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<BpfMapping>(), "struct unwind_mapping layout");
-    let capacity = rows_map.max_entries() as usize;
-    let rows = &tables.rows[(*installed_rows).min(tables.rows.len())..tables.rows.len().min(capacity)];
-    for (i, chunk) in rows.chunks(65536).enumerate() {
-        let first = (*installed_rows + i * 65536) as u32;
-        let keys: Vec<u8> = (first..first + chunk.len() as u32).flat_map(u32::to_ne_bytes).collect();
-        // SAFETY: BpfRow is #[repr(C)] plain integers; the bytes are read, never written.
-        let values = unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), std::mem::size_of_val(chunk)) };
-        rows_map
-            .update_batch(&keys, values, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY)
-            .context("loading unwind tables into the kernel")?;
-    }
-    *installed_rows += rows.len();
-    // Mappings whose rows did not fit are unwound with frame pointers.
+    let rows = append_array(maps.rows, &mut installed.rows, &tables.rows)?;
+    let pages = append_array(maps.pages, &mut installed.pages, &tables.pages)?;
+    // Mappings whose rows or pages did not fit are unwound with frame pointers.
     let usable: Vec<BpfMapping> = tables
         .mappings
         .iter()
-        .map(|m| if (m.row_start + m.row_count) as usize <= *installed_rows { *m } else { BpfMapping { row_count: 0, ..*m } })
-        .take(mappings.len())
+        .map(|m| {
+            let fits = (m.row_start + m.row_count) as usize <= rows && (m.page_start + m.page_count + 1) as usize <= pages;
+            if fits { *m } else { BpfMapping { row_count: 0, ..*m } }
+        })
+        .take(maps.mappings.len())
         .collect();
-    *count = 0;
+    *maps.count = 0;
     // SAFETY: M and BpfMapping have the same size (asserted) and layout (src/bpf/unwind.h); at most
     // mappings.len() entries are written.
-    unsafe { std::ptr::copy_nonoverlapping(usable.as_ptr().cast::<u8>(), mappings.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(usable.as_slice())) };
-    *count = usable.len() as u32;
-    *enabled = 1;
+    unsafe {
+        std::ptr::copy_nonoverlapping(usable.as_ptr().cast::<u8>(), maps.mappings.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(usable.as_slice()))
+    };
+    *maps.count = usable.len() as u32;
+    *maps.enabled = 1;
+    Ok(())
+}
+
+/// Called once a second: adds the tables of mappings that appeared (a plugin loaded) and installs them.
+pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: UnwindMaps<M>) -> Result<()> {
+    let Some(tables) = &opts.unwind else { return Ok(()) };
+    let changed = tables.borrow_mut().update(opts.pid).unwrap_or(false);
+    if changed {
+        install_unwind(opts, installed, maps)?;
+    }
     Ok(())
 }
 
@@ -223,24 +270,6 @@ pub fn drain(
     }
     c.traced = traced;
     Ok(c)
-}
-
-/// Keeps a collector's unwind tables up to date: called once a second, it adds the tables of mappings that
-/// appeared (a plugin loaded) and installs them.
-pub fn refresh_unwind<M>(
-    opts: &CollectOptions,
-    rows_map: &dyn MapCore,
-    installed_rows: &mut usize,
-    mappings: &mut [M],
-    count: &mut u32,
-    enabled: &mut u32,
-) -> Result<()> {
-    let Some(tables) = &opts.unwind else { return Ok(()) };
-    let changed = tables.borrow_mut().update(opts.pid).unwrap_or(false);
-    if changed {
-        install_unwind(opts, rows_map, installed_rows, mappings, count, enabled)?;
-    }
-    Ok(())
 }
 
 /// Calls `on_event` for every record of a ring buffer until `duration` passes or Ctrl-C, then for what is

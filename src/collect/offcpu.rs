@@ -8,7 +8,7 @@ use libbpf_rs::{
     MapCore, MapFlags,
 };
 
-use super::{drain, install_unwind, monotonic_ns, open_skel, refresh_unwind, size_unwind_rows, CollectOptions, Collected, RawStack};
+use super::{drain, install_unwind, Installed, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, RawStack};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
@@ -23,19 +23,20 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
     rodata.target_tgid = opts.pid;
     rodata.kernel_stacks = opts.kernel_stacks;
     rodata.min_block_ns = min_block_us.saturating_mul(1000);
-    size_unwind_rows(&mut open.maps.unwind_rows, opts)?;
+    size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the off-CPU programs into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let mut installed = 0;
-    install_unwind(opts, &skel.maps.unwind_rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
+    let mut installed = Installed::default();
+    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
+    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
     let started_ns = monotonic_ns();
     skel.attach().context("attaching to the scheduler tracepoints")?;
 
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let rows = &skel.maps.unwind_rows;
+    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     let mut collected = drain(&skel.maps.events, opts, "profile offcpu", |refresh| {
         if refresh {
-            refresh_unwind(opts, rows, &mut installed, &mut bss.unwind_mappings, &mut bss.unwind_mapping_count, &mut bss.unwind_enabled)?;
+            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }
         Ok(bss.lost)
     })?;

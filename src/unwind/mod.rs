@@ -33,18 +33,34 @@ pub struct BpfMapping {
     pub bias: u64,
     pub row_start: u32,
     pub row_count: u32,
+    pub first_page: u64,
+    pub page_start: u32,
+    pub page_count: u32,
+}
+
+/// Where a file's rows and page index are in the process-wide arrays.
+#[derive(Clone, Copy, Default)]
+struct FileRows {
+    row_start: u32,
+    row_count: u32,
+    first_page: u64,
+    page_start: u32,
+    page_count: u32,
 }
 
 /// The tables of one process, ready to load.
 #[derive(Default)]
 pub struct ProcessTables {
     pub rows: Vec<BpfRow>,
+    /// Per file, for each 4 KiB page of its code and one more: the row (relative to the file's first) in force
+    /// at the page's first byte.
+    pub pages: Vec<u32>,
     /// Sorted by start; at most [`MAX_MAPPINGS`].
     pub mappings: Vec<BpfMapping>,
     /// What could not be given a table, for stderr.
     pub warnings: Vec<String>,
-    /// Rows per file already in `rows`: (first row, count).
-    files: HashMap<(String, u64), (u32, u32)>,
+    /// Where each file's rows are, once added.
+    files: HashMap<(String, u64), FileRows>,
     tables: HashMap<(String, u64), Rc<Table>>,
 }
 
@@ -98,31 +114,61 @@ impl ProcessTables {
                 }
             };
             let Some(vaddr) = table.vaddr_of_offset(offset) else { continue };
-            let (row_start, row_count) = match self.files.get(&key) {
-                Some(&r) => r,
+            let f = match self.files.get(&key) {
+                Some(&f) => f,
                 None => {
-                    let fits = table.rows.last().is_some_and(|r| r.pc <= u64::from(u32::MAX));
-                    let r = if fits {
-                        let first = self.rows.len() as u32;
-                        self.rows.extend(table.rows.iter().map(|r| BpfRow {
-                            pc: r.pc as u32,
-                            cfa_offset: r.cfa_offset,
-                            fp_offset: r.fp_offset,
-                            kind: r.kind as u8,
-                            _pad: 0,
-                        }));
-                        (first, table.rows.len() as u32)
-                    } else {
-                        (0, 0)
-                    };
-                    self.files.insert(key, r);
-                    r
+                    let f = self.add_rows(&table);
+                    self.files.insert(key, f);
+                    f
                 }
             };
-            self.mappings.push(BpfMapping { start, end, bias: start.wrapping_sub(vaddr), row_start, row_count });
+            self.mappings.push(BpfMapping {
+                start,
+                end,
+                bias: start.wrapping_sub(vaddr),
+                row_start: f.row_start,
+                row_count: f.row_count,
+                first_page: f.first_page,
+                page_start: f.page_start,
+                page_count: f.page_count,
+            });
             changed = true;
         }
         self.mappings.sort_unstable_by_key(|m| m.start);
         Ok(changed)
+    }
+
+    /// Appends a file's rows and their page index; a table whose addresses do not fit the rows' 32 bits gets
+    /// none (frame pointers).
+    fn add_rows(&mut self, table: &Table) -> FileRows {
+        let (Some(first), Some(last)) = (table.rows.first(), table.rows.last()) else { return FileRows::default() };
+        if last.pc > u64::from(u32::MAX) {
+            return FileRows::default();
+        }
+        let row_start = self.rows.len() as u32;
+        self.rows.extend(table.rows.iter().map(|r| BpfRow {
+            pc: r.pc as u32,
+            cfa_offset: r.cfa_offset,
+            fp_offset: r.fp_offset,
+            kind: r.kind as u8,
+            _pad: 0,
+        }));
+        let (first_page, last_page) = (first.pc >> 12, last.pc >> 12);
+        let page_start = self.pages.len() as u32;
+        let mut row = 0usize;
+        for page in first_page..=last_page + 1 {
+            let base = page << 12;
+            while row + 1 < table.rows.len() && table.rows[row + 1].pc <= base {
+                row += 1;
+            }
+            self.pages.push(row as u32);
+        }
+        FileRows {
+            row_start,
+            row_count: table.rows.len() as u32,
+            first_page,
+            page_start,
+            page_count: (last_page - first_page + 1) as u32,
+        }
     }
 }
