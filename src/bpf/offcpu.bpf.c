@@ -16,16 +16,29 @@ const volatile __u64 min_block_ns = 1000;
 
 #define TASK_RUNNING 0
 
+/* A thread that leaves the CPU again at the same instruction with the same stack and frame pointers is in the
+ * same call chain: the user stacks of its last few places are kept, keyed by those registers, and reused. */
+#define STACK_CACHE_SLOTS 4
+
+struct cached_stack {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 user_len;
+	__u32 _pad;
+	__u64 ips[MAX_USER_FRAMES];
+};
+
 struct thread_state {
 	__u64 off_ts;   /* when it left the CPU; 0 while on CPU */
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u32 preempted;
-	__u32 _pad;
-	/* User registers when ev's stack was captured: a thread that leaves the CPU again at the same
-	 * instruction with the same stack and frame pointers is in the same call chain, whose unwinding is reused. */
+	__u32 next_slot;
+	/* User registers of the place ev's stack belongs to. */
 	__u64 stack_ip;
 	__u64 stack_sp;
 	__u64 stack_bp;
+	struct cached_stack cache[STACK_CACHE_SLOTS];
 	struct stack_event ev;
 };
 
@@ -37,7 +50,7 @@ __u64 stacks_reused;
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
@@ -70,6 +83,48 @@ static __always_inline struct thread_state *state_of(__u32 tid, bool create)
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
+/* Puts the user stack of the place (ip, sp, bp) into st->ev: from the cache, else unwound and cached. */
+static __always_inline void set_stack(void *ctx, struct thread_state *st, __u64 ip, __u64 sp, __u64 bp)
+{
+	st->stack_ip = ip;
+	st->stack_sp = sp;
+	st->stack_bp = bp;
+	if (kernel_stacks || !ip) {
+		capture_stacks(ctx, &st->ev, kernel_stacks);
+		__sync_fetch_and_add(&stacks_unwound, 1);
+		return;
+	}
+	for (int i = 0; i < STACK_CACHE_SLOTS; i++) {
+		struct cached_stack *c = &st->cache[i];
+		if (c->ip == ip && c->sp == sp && c->bp == bp) {
+			__u32 n = c->user_len;
+			if (n > MAX_USER_FRAMES)
+				n = MAX_USER_FRAMES;
+			if (n && bpf_probe_read_kernel(st->ev.ips, n * sizeof(__u64), c->ips))
+				break;
+			st->ev.user_len = n;
+			st->ev.kernel_len = 0;
+			__sync_fetch_and_add(&stacks_reused, 1);
+			return;
+		}
+	}
+	capture_stacks(ctx, &st->ev, false);
+	__sync_fetch_and_add(&stacks_unwound, 1);
+	struct cached_stack *c = &st->cache[st->next_slot % STACK_CACHE_SLOTS];
+	st->next_slot++;
+	__u32 n = st->ev.user_len;
+	if (n > MAX_USER_FRAMES)
+		n = MAX_USER_FRAMES;
+	if (n && bpf_probe_read_kernel(c->ips, n * sizeof(__u64), st->ev.ips)) {
+		c->ip = 0;
+		return;
+	}
+	c->ip = ip;
+	c->sp = sp;
+	c->bp = bp;
+	c->user_len = n;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
@@ -94,11 +149,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 					submit_stack_event(&events, &st->ev);
 				st->ev.value[0] = 0;
 				st->ev.value[1] = 0;
-				capture_stacks(ctx, &st->ev, kernel_stacks);
-				st->stack_ip = ip;
-				st->stack_sp = sp;
-				st->stack_bp = bp;
-				__sync_fetch_and_add(&stacks_unwound, 1);
+				set_stack(ctx, st, ip, sp, bp);
 			}
 		}
 	}

@@ -20,9 +20,10 @@ pub enum ProfileCommand {
     Cpu(CpuArgs),
     /// Off-CPU flame graph: time each thread spends off CPU by stack, split into [blocked] and [runnable].
     ///
-    /// Every wait is timed; its user stack is captured when the thread leaves the CPU, unwound from .eh_frame,
-    /// or reused from the same thread's previous wait when it leaves the CPU at the same instruction with the
-    /// same stack and frame pointers (the same call chain): no wait is sampled away.
+    /// Every wait is timed, none is sampled away. Its user stack is captured when the thread leaves the CPU:
+    /// unwound from .eh_frame, or reused when the thread left the CPU at the same instruction with the same
+    /// stack and frame pointers (the same call chain) at one of its last four places; waits on one stack are
+    /// summed in the kernel and sent when the thread waits elsewhere.
     #[command(verbatim_doc_comment)]
     Offcpu(OffcpuArgs),
 }
@@ -164,6 +165,10 @@ fn build_profile(
             frames.extend(user.into_iter().rev());
             let kernel = symbolizer.kernel_stack(raw.kernel());
             frames.extend(kernel.into_iter().rev());
+            // Threads of the process that never run user code (io_uring's workers), or an unreadable stack.
+            if raw.ips.is_empty() {
+                frames.push(Rc::from(NO_STACK));
+            }
         }
         for (leaf, value) in split(raw, values) {
             if value == 0 {
@@ -178,6 +183,9 @@ fn build_profile(
     }
     Ok(profile)
 }
+
+/// The frame of a stack with no frames at all.
+const NO_STACK: &str = "[no user stack]";
 
 fn thread_frame(pid: u32, tid: u32) -> Rc<str> {
     let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();

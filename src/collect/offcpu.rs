@@ -41,7 +41,7 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
         Ok(bss.lost)
     })?;
     eprintln!(
-        "myprobe: {} user stacks captured, {} reused from the same thread's previous wait at the same place",
+        "myprobe: {} user stacks unwound, {} reused from the same thread's earlier wait at the same place",
         bss.stacks_unwound, bss.stacks_reused
     );
     add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut collected);
