@@ -166,3 +166,48 @@ fn server_thread_frames_equal_eu_stack() {
     assert_same_frames(&ours, &eu, "mariadbd connection thread in SLEEP()");
     assert!(ours.len() >= 10, "a suspiciously short server stack: {ours:x?}");
 }
+
+#[test]
+fn library_loaded_while_tracing_is_unwound() {
+    let dir = tempdir("unwind-late");
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/unwind");
+    let (lib, exe) = (dir.join("liblate.so"), dir.join("late_loader"));
+    for args in [
+        vec!["-O1", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-o", lib.to_str().unwrap(), &format!("{fixtures}/late_library.c")],
+        vec!["-O1", "-g", "-fomit-frame-pointer", "-o", exe.to_str().unwrap(), &format!("{fixtures}/late_loader.c"), "-ldl"],
+    ] {
+        let cc = Command::new("cc").args(&args).output().unwrap();
+        assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    }
+    let mut child = Command::new(&exe).arg(&lib).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    let folded = dir.join("late.folded");
+    let tracer = myprobe()
+        .args(["profile", "offcpu", "--any-process", "-p", &child.id().to_string(), "-d", "3", "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    // The library appears only now, while tracing.
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"load\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let out = tracer.wait_with_output().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(line.trim(), "loaded");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stacks = read_folded(&folded);
+    let chain = ["main", "late_outer", "late_inner"];
+    let complete: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.first().is_some_and(|r| r == "_start") && f.windows(3).any(|w| w == chain))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(complete >= 1_000_000, "no complete stack through the library loaded while tracing: {stacks:?}");
+}

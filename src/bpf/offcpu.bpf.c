@@ -34,6 +34,8 @@ struct thread_state {
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u32 preempted;
 	__u32 next_slot;
+	__u32 generation;   /* unwind_generation the kept stacks were unwound with */
+	__u32 _pad;
 	/* User registers of the place ev's stack belongs to. */
 	__u64 stack_ip;
 	__u64 stack_sp;
@@ -137,6 +139,13 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->wake_ts = 0;
 			st->preempted = preempt || prev_state == TASK_RUNNING;
 			st->ev.tid = prev->pid;
+			if (st->generation != unwind_generation) {
+				/* New tables: forget the kept stacks, which may have stopped short. */
+				st->generation = unwind_generation;
+				st->stack_ip = 0;
+				for (int i = 0; i < STACK_CACHE_SLOTS; i++)
+					st->cache[i].ip = 0;
+			}
 			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 			__u64 ip = regs ? BPF_CORE_READ(regs, ip) : 0;
 			__u64 sp = regs ? BPF_CORE_READ(regs, sp) : 0;

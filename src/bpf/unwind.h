@@ -61,6 +61,8 @@ struct unwind_mapping unwind_mappings[MAX_UNWIND_MAPPINGS];
 volatile __u32 unwind_mapping_count;
 /* Unwinding on: set by user space once the tables are loaded; else frame pointers (bpf_get_stack). */
 volatile __u32 unwind_enabled;
+/* Bumped by user space whenever tables are added: stacks kept from before may now unwind further. */
+volatile __u32 unwind_generation;
 
 struct user_unwind {
 	__u64 ip;
@@ -264,5 +266,7 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 {
 	return -1;
 }
+
+static const __u32 unwind_generation = 0;
 
 #endif

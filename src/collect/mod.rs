@@ -11,6 +11,7 @@ macro_rules! unwind_maps {
             mappings: &mut $bss.unwind_mappings,
             count: &mut $bss.unwind_mapping_count,
             enabled: &mut $bss.unwind_enabled,
+            generation: &mut $bss.unwind_generation,
         }
     };
 }
@@ -76,6 +77,7 @@ pub struct UnwindMaps<'a, M> {
     pub mappings: &'a mut [M],
     pub count: &'a mut u32,
     pub enabled: &'a mut u32,
+    pub generation: &'a mut u32,
 }
 
 /// How much of the tables a collector's maps hold (rows and pages are only ever appended).
@@ -83,6 +85,7 @@ pub struct UnwindMaps<'a, M> {
 pub struct Installed {
     rows: usize,
     pages: usize,
+    warned: bool,
 }
 
 /// Writes `items[*done..]` into an array map at the same indexes, as far as it holds; returns how far it got.
@@ -109,6 +112,14 @@ pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<BpfMapping>(), "struct unwind_mapping layout");
     let rows = append_array(maps.rows, &mut installed.rows, &tables.rows)?;
     let pages = append_array(maps.pages, &mut installed.pages, &tables.pages)?;
+    if (rows < tables.rows.len() || pages < tables.pages.len()) && !installed.warned {
+        installed.warned = true;
+        eprintln!(
+            "myprobe: warning: the unwind tables of code loaded while tracing do not fit ({} rows for {}): its stacks are walked with frame pointers",
+            maps.rows.max_entries(),
+            tables.rows.len()
+        );
+    }
     // Mappings whose rows or pages did not fit are unwound with frame pointers.
     let usable: Vec<BpfMapping> = tables
         .mappings
@@ -127,6 +138,7 @@ pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     };
     *maps.count = usable.len() as u32;
     *maps.enabled = 1;
+    *maps.generation = maps.generation.wrapping_add(1);
     Ok(())
 }
 
