@@ -147,9 +147,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 					st->cache[i].ip = 0;
 			}
 			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-			__u64 ip = regs ? BPF_CORE_READ(regs, ip) : 0;
-			__u64 sp = regs ? BPF_CORE_READ(regs, sp) : 0;
-			__u64 bp = regs ? BPF_CORE_READ(regs, bp) : 0;
+			__u64 ip = regs ? PT_REGS_IP(regs) : 0;
+			__u64 sp = regs ? PT_REGS_SP(regs) : 0;
+			__u64 bp = regs ? PT_REGS_FP(regs) : 0;
 			if (!kernel_stacks && ip && ip == st->stack_ip && sp == st->stack_sp && bp == st->stack_bp) {
 				__sync_fetch_and_add(&stacks_reused, 1);
 			} else {

@@ -243,9 +243,9 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 	if (!buf)
 		return -1;
 	struct user_unwind s = {
-		.ip = BPF_CORE_READ(regs, ip),
-		.sp = BPF_CORE_READ(regs, sp),
-		.bp = BPF_CORE_READ(regs, bp),
+		.ip = PT_REGS_IP(regs),
+		.sp = PT_REGS_SP(regs),
+		.bp = PT_REGS_FP(regs),
 		.mapping = MAX_UNWIND_MAPPINGS,
 		.ips = buf->ips,
 	};
