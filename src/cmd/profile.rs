@@ -26,6 +26,9 @@ pub enum ProfileCommand {
     /// summed in the kernel and sent when the thread waits elsewhere.
     #[command(verbatim_doc_comment)]
     Offcpu(OffcpuArgs),
+    /// Allocation flame graph: bytes (or calls) asked of malloc, calloc, realloc, aligned_alloc, posix_memalign,
+    /// memalign, valloc and pvalloc (C++ new reaches them), by user stack.
+    Alloc(AllocArgs),
 }
 
 /// Options every tracing profile shares.
@@ -82,6 +85,24 @@ pub struct OffcpuArgs {
     pub min_block_us: u64,
 }
 
+#[derive(Args)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Trace every N-th allocation call and scale the results by N
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub sample: u64,
+    /// Only allocations of at least this many bytes
+    #[arg(short = 'z', long = "min-size", value_name = "BYTES")]
+    pub min_size: Option<u64>,
+    /// Only allocations of at most this many bytes
+    #[arg(short = 'Z', long = "max-size", value_name = "BYTES")]
+    pub max_size: Option<u64>,
+    /// Count calls instead of bytes
+    #[arg(long)]
+    pub calls: bool,
+}
+
 pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
         ProfileCommand::Cpu(a) => {
@@ -106,6 +127,20 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 vec![(Some("[blocked]"), v[0] / 1000), (Some("[runnable]"), v[1] / 1000)]
             })?;
             finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
+        }
+        ProfileCommand::Alloc(a) => {
+            anyhow::ensure!(a.sample >= 1, "--sample must be at least 1");
+            let (min_size, max_size) = (a.min_size.unwrap_or(0), a.max_size.unwrap_or(u64::MAX));
+            anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let every = if a.sample > 1 { format!("every {}th call", a.sample) } else { "every call".into() };
+            eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
+            let alloc = collect::alloc::AllocOptions { sample_every: a.sample, min_size, max_size };
+            let collected = collect::alloc::collect(&opts, &alloc)?;
+            let ended = Instant::now();
+            let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
+            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * a.sample)])?;
+            finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
         }
     }
 }

@@ -16,6 +16,7 @@ macro_rules! unwind_maps {
     };
 }
 
+pub mod alloc;
 pub mod cpu;
 pub mod offcpu;
 pub mod queries;

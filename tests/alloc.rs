@@ -1,0 +1,109 @@
+//! `profile alloc` on a fixture with known allocations, and on the throwaway MariaDB under load.
+
+mod common;
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, ChildStdout, Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+
+/// tests/fixtures/alloc/leaky.c, running and waiting for its go.
+struct Leaky {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Leaky {
+    fn start(dir: &std::path::Path) -> Leaky {
+        let exe = dir.join("leaky");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alloc/leaky.c");
+        let cc = Command::new("cc").args(["-O1", "-g", "-o"]).arg(&exe).arg(src).output().unwrap();
+        assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+        let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        Leaky { child, stdout }
+    }
+
+    /// Makes its 100 leaks and 600 short-lived allocations, and waits until they are done.
+    fn allocate(&mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "done");
+    }
+}
+
+impl Drop for Leaky {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Traces the fixture's allocations with `extra` options; returns the folded stacks.
+fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let dir = tempdir(name);
+    let mut leaky = Leaky::start(&dir);
+    let folded = dir.join("alloc.folded");
+    let pid = leaky.child.id().to_string();
+    let tracer = myprobe()
+        .args(["profile", "alloc", "--any-process", "-p", &pid, "-d", "3", "-o"])
+        .arg(&folded)
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The probes are in place well within this.
+    std::thread::sleep(Duration::from_millis(1500));
+    leaky.allocate();
+    let out = tracer.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    read_folded(&folded)
+}
+
+#[test]
+fn allocation_bytes_of_a_known_leak_are_exact() {
+    let stacks = traced_allocations("alloc-exact", &[]);
+    let leak = value_with_frame(&stacks, |f| f == "leak_here");
+    assert_eq!(leak, 409_600, "bytes allocated by leak_here: {stacks:?}");
+    let churn = value_with_frame(&stacks, |f| f == "churn");
+    // 100 iterations of six mallocs of 64 + 8k + i % 5 bytes.
+    let expected: u64 = (0..100u64).map(|i| (0..6u64).map(|k| 64 + 8 * k + i % 5).sum::<u64>()).sum();
+    assert_eq!(churn, expected, "bytes allocated by churn: {stacks:?}");
+    for (frames, _) in stacks.iter().filter(|(f, _)| f.iter().any(|x| x == "leak_here")) {
+        assert_eq!(frames.last().map(String::as_str), Some("malloc"), "{frames:?}");
+        assert_eq!(frames.first().map(String::as_str), Some("_start"), "the stack is complete: {frames:?}");
+    }
+}
+
+#[test]
+fn sampled_allocations_are_scaled() {
+    let stacks = traced_allocations("alloc-sampled", &["--sample", "10"]);
+    let leak = value_with_frame(&stacks, |f| f == "leak_here");
+    assert!((368_640..=450_560).contains(&leak), "sampled bytes of leak_here {leak} are not within 10% of 409600");
+    let calls = traced_allocations("alloc-calls", &["--calls", "-z", "4096", "-Z", "4096"]);
+    assert_eq!(value_with_frame(&calls, |f| f == "leak_here"), 100, "calls of exactly 4096 bytes: {calls:?}");
+    assert_eq!(value_with_frame(&calls, |f| f == "churn"), 0, "-z/-Z leave out the small ones: {calls:?}");
+}
+
+#[test]
+fn allocation_profile_of_the_server_under_load() {
+    let db = testdb();
+    let dir = tempdir("alloc-server");
+    let load = db.load(4);
+    std::thread::sleep(Duration::from_millis(1000));
+    let svg = dir.join("alloc.svg");
+    let folded = dir.join("alloc.folded");
+    let pid = db.pid.to_string();
+    run_ok(myprobe().args(["profile", "alloc", "-p", &pid, "-d", "2", "-o"]).arg(&folded));
+    load.wait();
+    run_ok(myprobe().args(["flame"]).arg(&folded).args(["--colors", "mem", "--countname", "bytes", "-o"]).arg(&svg));
+    let stacks = read_folded(&folded);
+    assert!(value_with_frame(&stacks, |f| f == "do_command") > 0, "no allocation under do_command: {} stacks", stacks.len());
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("malloc"));
+}
