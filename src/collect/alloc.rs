@@ -3,7 +3,7 @@
 use std::{mem::MaybeUninit, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::{skel::OpenSkel, Link, UprobeOpts};
+use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeOpts};
 
 use super::{drain, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
 
@@ -64,14 +64,29 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected>
         eprintln!("myprobe: note: {} has no {}: not traced", libc.display(), missing.join(", "));
     }
 
-    let result = drain(&skel.maps.events, opts, "profile alloc", |refresh| {
+    // The events define stacks (value[0]: their id); the amounts are summed in the totals map.
+    let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }
         Ok(bss.lost)
     });
     drop(links);
-    result
+    let definitions = definitions?;
+    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
+    for (stack, [id, _]) in definitions.stacks {
+        let Ok(Some(bytes)) = skel.maps.totals.lookup(&id.to_ne_bytes(), MapFlags::ANY) else { continue };
+        if bytes.len() < 16 {
+            continue;
+        }
+        let total = u64::from_ne_bytes(bytes[0..8].try_into().unwrap());
+        let calls = u64::from_ne_bytes(bytes[8..16].try_into().unwrap());
+        if calls > 0 {
+            collected.add(stack, [total, calls]);
+            collected.events += calls - 1;
+        }
+    }
+    Ok(collected)
 }
 
 /// The C library the process uses, as the process sees it.

@@ -173,7 +173,7 @@ pub const LOST_REASONS: [&str; 4] = [
     "events dropped: ring buffer full",
     "stacks without user frames: user stack unreadable",
     "stacks without kernel frames: kernel stack unreadable",
-    "waits not timed: per-thread state map full",
+    "not counted: a per-thread or per-stack map is full",
 ];
 
 /// A stack as captured: user frames then kernel frames, both leaf first.
