@@ -47,12 +47,17 @@ impl Drop for Leaky {
 
 /// Traces the fixture's allocations with `extra` options; returns the folded stacks.
 fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
+    traced(name, "alloc", extra).0
+}
+
+/// Runs `profile <what>` on the fixture while it allocates; returns the folded stacks and stderr.
+fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
     let mut leaky = Leaky::start(&dir);
     let folded = dir.join("alloc.folded");
     let pid = leaky.child.id().to_string();
     let tracer = myprobe()
-        .args(["profile", "alloc", "--any-process", "-p", &pid, "-d", "3", "-o"])
+        .args(["profile", what, "--any-process", "-p", &pid, "-d", "3", "-o"])
         .arg(&folded)
         .args(extra)
         .stderr(Stdio::piped())
@@ -62,8 +67,22 @@ fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
     std::thread::sleep(Duration::from_millis(1500));
     leaky.allocate();
     let out = tracer.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    read_folded(&folded)
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (read_folded(&folded), stderr)
+}
+
+#[test]
+fn memleak_reports_exactly_the_known_leak() {
+    let (stacks, stderr) = traced("memleak", "memleak", &[]);
+    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+    // Everything else the fixture allocated while traced was freed.
+    assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
+    let line = stderr.lines().find(|l| l.contains("leak_here")).unwrap_or_else(|| panic!("no table line for leak_here:\n{stderr}"));
+    assert!(line.trim_start().starts_with("409600 bytes in 100 allocations from"), "{line}");
+    // --older: the leaks are younger than 60 s when tracing ends.
+    let (stacks, _) = traced("memleak-older", "memleak", &["--older", "60000"]);
+    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 0, "{stacks:?}");
 }
 
 #[test]

@@ -29,6 +29,9 @@ pub enum ProfileCommand {
     /// Allocation flame graph: bytes (or calls) asked of malloc, calloc, realloc, aligned_alloc, posix_memalign,
     /// memalign, valloc and pvalloc (C++ new reaches them), by user stack.
     Alloc(AllocArgs),
+    /// Allocations not freed yet, by stack: what the traced allocations still hold when tracing ends
+    /// (realloc and free tracked; free(NULL) ignored). A table of the top stacks goes to stderr.
+    Memleak(MemleakArgs),
 }
 
 /// Options every tracing profile shares.
@@ -103,6 +106,27 @@ pub struct AllocArgs {
     pub calls: bool,
 }
 
+#[derive(Args)]
+pub struct MemleakArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Leave out allocations younger than this many milliseconds when tracing ends
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub older: u64,
+    /// Stacks in the table on stderr
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// Track every N-th allocation and scale the results by N
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub sample: u64,
+    /// Only allocations of at least this many bytes
+    #[arg(short = 'z', long = "min-size", value_name = "BYTES")]
+    pub min_size: Option<u64>,
+    /// Only allocations of at most this many bytes
+    #[arg(short = 'Z', long = "max-size", value_name = "BYTES")]
+    pub max_size: Option<u64>,
+}
+
 pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
         ProfileCommand::Cpu(a) => {
@@ -135,12 +159,33 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             let every = if a.sample > 1 { format!("every {}th call", a.sample) } else { "every call".into() };
             eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
-            let alloc = collect::alloc::AllocOptions { sample_every: a.sample, min_size, max_size };
+            let alloc = collect::alloc::AllocOptions { sample_every: a.sample, min_size, max_size, outstanding_older_than: None };
             let collected = collect::alloc::collect(&opts, &alloc)?;
             let ended = Instant::now();
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
             let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * a.sample)])?;
             finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
+        }
+        ProfileCommand::Memleak(a) => {
+            anyhow::ensure!(a.sample >= 1, "--sample must be at least 1");
+            let (min_size, max_size) = (a.min_size.unwrap_or(0), a.max_size.unwrap_or(u64::MAX));
+            anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            eprintln!(
+                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end) for {} s; Ctrl-C ends early",
+                a.older, a.trace.duration
+            );
+            let alloc = collect::alloc::AllocOptions {
+                sample_every: a.sample,
+                min_size,
+                max_size,
+                outstanding_older_than: Some(a.older.saturating_mul(1_000_000)),
+            };
+            let collected = collect::alloc::collect(&opts, &alloc)?;
+            let ended = Instant::now();
+            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0] * a.sample)])?;
+            eprint!("{}", outstanding_table(&mut symbolizer, &collected, a.sample, a.top));
+            finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)
         }
     }
 }
@@ -217,6 +262,20 @@ fn build_profile(
         }
     }
     Ok(profile)
+}
+
+/// memleak's table: the `top` stacks holding the most bytes, with their allocation counts and innermost frames
+/// (leaf last), like bcc's memleak prints them.
+fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, scale: u64, top: usize) -> String {
+    let mut stacks: Vec<_> = collected.stacks.iter().collect();
+    stacks.sort_by(|a, b| b.1[0].cmp(&a.1[0]));
+    let mut out = format!("top {} stacks by bytes not freed:\n", top.min(stacks.len()));
+    for (raw, v) in stacks.into_iter().take(top) {
+        let frames = symbolizer.user_stack(raw.user());
+        let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
+        out += &format!("  {} bytes in {} allocations from {}\n", v[0] * scale, v[1] * scale, shown.join(";"));
+    }
+    out
 }
 
 /// The frame of a stack with no frames at all.

@@ -1,6 +1,6 @@
 //! Allocations by stack (src/bpf/alloc.bpf.c): uprobes on the allocation functions of the process's C library.
 
-use std::{mem::MaybeUninit, path::PathBuf};
+use std::{collections::HashMap, mem::MaybeUninit, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeOpts};
@@ -17,9 +17,13 @@ pub struct AllocOptions {
     pub sample_every: u64,
     pub min_size: u64,
     pub max_size: u64,
+    /// memleak: report the allocations not freed when tracing ends that are at least this old (ns);
+    /// `None`: report all allocations made (profile alloc).
+    pub outstanding_older_than: Option<u64>,
 }
 
-/// `value[0]` of each stack is bytes requested, `value[1]` calls (of the sampled calls: scale by `sample_every`).
+/// `value[0]` of each stack is bytes, `value[1]` calls (of the sampled calls: scale by `sample_every`): asked
+/// for while tracing, or (memleak) still allocated at the end.
 pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected> {
     let libc = libc_of(opts.pid)?;
     let mut object = MaybeUninit::uninit();
@@ -30,6 +34,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected>
     rodata.sample_every = alloc.sample_every.max(1);
     rodata.min_size = alloc.min_size;
     rodata.max_size = alloc.max_size;
+    rodata.track_outstanding = alloc.outstanding_older_than.is_some();
     size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the allocation probes into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
@@ -41,23 +46,41 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected>
     let probes = [
         ("malloc", &progs.on_malloc),
         ("calloc", &progs.on_calloc),
-        ("realloc", &progs.on_second_arg_size),
+        ("realloc", &progs.on_realloc),
         ("aligned_alloc", &progs.on_second_arg_size),
         ("memalign", &progs.on_second_arg_size),
         ("posix_memalign", &progs.on_posix_memalign),
         ("valloc", &progs.on_malloc),
         ("pvalloc", &progs.on_malloc),
     ];
-    let mut links: Vec<Link> = Vec::new();
+    let leaks = alloc.outstanding_older_than.is_some();
+    let attach = |function: &str, prog: &libbpf_rs::ProgramMut, retprobe: bool| {
+        let uprobe = UprobeOpts { func_name: Some(function.to_string()), retprobe, ..Default::default() };
+        prog.attach_uprobe_with_opts(opts.pid as i32, &libc, 0, uprobe)
+    };
+    // Return probes first (and detached first): an entry without its return would leave a pending entry.
+    let (mut returns, mut entries): (Vec<Link>, Vec<Link>) = (Vec::new(), Vec::new());
     let mut missing = Vec::new();
     for (function, prog) in probes {
-        let uprobe = UprobeOpts { func_name: Some(function.to_string()), ..Default::default() };
-        match prog.attach_uprobe_with_opts(opts.pid as i32, &libc, 0, uprobe) {
-            Ok(link) => links.push(link),
+        if leaks {
+            match attach(function, &progs.on_alloc_return, true) {
+                Ok(link) => returns.push(link),
+                Err(_) => {
+                    missing.push(function);
+                    continue;
+                }
+            }
+        }
+        match attach(function, prog, false) {
+            Ok(link) => entries.push(link),
             Err(_) => missing.push(function),
         }
     }
-    if links.is_empty() {
+    if leaks {
+        entries.push(attach("free", &progs.on_free, false).with_context(|| format!("attaching to free in {}", libc.display()))?);
+    }
+    let links = (returns, entries);
+    if links.1.is_empty() {
         bail!("could not attach to any allocation function of {}", libc.display());
     }
     if !missing.is_empty() {
@@ -71,9 +94,20 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected>
         }
         Ok(bss.lost)
     });
-    drop(links);
+    drop(links.0);
+    drop(links.1);
     let definitions = definitions?;
     let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
+    if let Some(older) = alloc.outstanding_older_than {
+        let amounts = outstanding_by_stack(&skel.maps.outstanding, older);
+        for (stack, [id, _]) in definitions.stacks {
+            if let Some(&[bytes, count]) = amounts.get(&id) {
+                collected.add(stack, [bytes, count]);
+                collected.events += count - 1;
+            }
+        }
+        return Ok(collected);
+    }
     for (stack, [id, _]) in definitions.stacks {
         let Ok(Some(bytes)) = skel.maps.totals.lookup(&id.to_ne_bytes(), MapFlags::ANY) else { continue };
         if bytes.len() < 16 {
@@ -98,4 +132,32 @@ fn libc_of(pid: u32) -> Result<PathBuf> {
         .find(|p| p.rsplit('/').next().is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-")))
         .with_context(|| format!("process {pid} has no C library mapped (a static binary?): its allocations cannot be traced"))?;
     Ok(PathBuf::from(format!("/proc/{pid}/root{path}")))
+}
+
+/// Stack id → [bytes, allocations] of the allocations not freed that are at least `older_ns` old, read in
+/// batches (the map can hold a million entries).
+fn outstanding_by_stack(map: &dyn MapCore, older_ns: u64) -> HashMap<u64, [u64; 2]> {
+    let now = super::monotonic_ns();
+    let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
+    let mut add = |value: &[u8]| {
+        let field = |i: usize| value.get(i * 8..i * 8 + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+        let (Some(size), Some(ts), Some(id)) = (field(0), field(1), field(2)) else { return };
+        if now.saturating_sub(ts) >= older_ns {
+            let a = amounts.entry(id).or_default();
+            a[0] += size;
+            a[1] += 1;
+        }
+    };
+    match map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY) {
+        Ok(batches) => batches.for_each(|(_, value)| add(&value)),
+        // Kernels without batch lookups for hash maps: one entry at a time.
+        Err(_) => {
+            for key in map.keys() {
+                if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
+                    add(&value);
+                }
+            }
+        }
+    }
+    amounts
 }
