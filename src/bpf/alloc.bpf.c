@@ -18,18 +18,7 @@ const volatile __u64 max_size = ~0ULL;
 /* memleak: remember each traced allocation by address until it is freed, instead of summing per stack. */
 const volatile bool track_outstanding = false;
 
-/* Stacks go to user space once, as definitions (value[0] = stack id); what is allocated on them is summed here. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 * 1024 * 1024);
-} events SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct stack_event);
-} scratch SEC(".maps");
+#include "stack_ids.h"
 
 /* Calls seen per CPU, for sampling every N-th. */
 struct {
@@ -38,8 +27,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } calls SEC(".maps");
-
-#define MAX_STACKS 32768
 
 struct alloc_total {
 	__u64 bytes;
@@ -53,108 +40,6 @@ struct {
 	__type(key, __u64);
 	__type(value, struct alloc_total);
 } totals SEC(".maps");
-
-/* A call site is the caller's return address, stack and frame pointers: the same site at the same depth in
- * the same frame is the same call chain, whose stack id is kept per thread instead of unwinding again. */
-#define SITE_SLOTS 8
-
-struct call_site {
-	__u64 ra;
-	__u64 sp;
-	__u64 bp;
-	__u64 stack_id;
-};
-
-struct thread_sites {
-	struct call_site slot[SITE_SLOTS];
-	__u32 next;
-	__u32 generation;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct thread_sites);
-} sites SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct thread_sites);
-} zero_sites SEC(".maps");
-
-/* Unwinds the current stack, names it by a hash of its frames and sends it to user space the first time. */
-static __always_inline __u64 stack_id_now(void *ctx)
-{
-	__u32 zero = 0;
-	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e)
-		return 0;
-	e->tid = 0;
-	e->kind = 0;
-	capture_stacks(ctx, e, kernel_stacks);
-	__u32 n = e->user_len + e->kernel_len;
-	__u64 h = 0xcbf29ce484222325ULL;
-	for (int i = 0; i < MAX_FRAMES; i++) {
-		if (i >= n)
-			break;
-		h = (h ^ e->ips[i]) * 0x100000001b3ULL;
-	}
-	h |= 1; /* never 0, which means "none" */
-	struct alloc_total zero_total = {};
-	if (!bpf_map_update_elem(&totals, &h, &zero_total, BPF_NOEXIST)) {
-		e->value[0] = h;
-		e->value[1] = 0;
-		submit_stack_event(&events, e);
-	}
-	return h;
-}
-
-static __always_inline struct thread_sites *sites_of(__u32 tid)
-{
-	struct thread_sites *t = bpf_map_lookup_elem(&sites, &tid);
-	if (t)
-		return t;
-	__u32 zero = 0;
-	struct thread_sites *init = bpf_map_lookup_elem(&zero_sites, &zero);
-	if (!init)
-		return 0;
-	bpf_map_update_elem(&sites, &tid, init, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&sites, &tid);
-}
-
-/* The stack id of the current call, from the thread's call sites when it was seen before. */
-static __always_inline __u64 stack_id_of_call(void *ctx, __u32 tid)
-{
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	struct thread_sites *t = sites_of(tid);
-	if (!regs || !t || kernel_stacks)
-		return stack_id_now(ctx);
-	if (t->generation != unwind_generation) {
-		t->generation = unwind_generation;
-		for (int i = 0; i < SITE_SLOTS; i++)
-			t->slot[i].stack_id = 0;
-	}
-	__u64 sp = PT_REGS_SP(regs), bp = PT_REGS_FP(regs), ra = 0;
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
-		return stack_id_now(ctx);
-	for (int i = 0; i < SITE_SLOTS; i++) {
-		struct call_site *c = &t->slot[i];
-		if (c->stack_id && c->ra == ra && c->sp == sp && c->bp == bp)
-			return c->stack_id;
-	}
-	__u64 id = stack_id_now(ctx);
-	struct call_site *c = &t->slot[t->next % SITE_SLOTS];
-	t->next++;
-	c->ra = ra;
-	c->sp = sp;
-	c->bp = bp;
-	c->stack_id = id;
-	return id;
-}
 
 #define MAX_OUTSTANDING (1 << 20)
 
@@ -199,7 +84,7 @@ static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 		if (!n || (*n)++ % sample_every)
 			return 0;
 	}
-	__u64 id = stack_id_of_call(ctx, (__u32)pid_tgid);
+	__u64 id = stack_id_of_call(ctx, (__u32)pid_tgid, true);
 	if (track_outstanding) {
 		__u32 tid = (__u32)pid_tgid;
 		struct pending_alloc p = { .size = size, .stack_id = id, .memptr = memptr };
@@ -207,6 +92,11 @@ static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 		return 0;
 	}
 	struct alloc_total *t = id ? bpf_map_lookup_elem(&totals, &id) : 0;
+	if (!t && id) {
+		struct alloc_total zero_total = {};
+		bpf_map_update_elem(&totals, &id, &zero_total, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&totals, &id);
+	}
 	if (!t) {
 		count_lost(LOST_STATE);
 		return 0;

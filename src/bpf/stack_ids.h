@@ -1,0 +1,129 @@
+/* Stack ids: a stack is unwound (src/bpf/unwind.h), named by a hash of its frames, and sent to user space
+ * once (a stack_event whose value[0] is the id), so that collectors sum amounts per id in the kernel. A
+ * per-thread table of recent call sites (an address, the stack and frame pointers) gives the id of a stack
+ * seen before without unwinding it again. Include after stack_event.h; needs `kernel_stacks`. */
+#pragma once
+
+#define MAX_STACKS 32768
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_event);
+} scratch SEC(".maps");
+
+/* Ids already sent to user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_STACKS);
+	__type(key, __u64);
+	__type(value, __u8);
+} known_stacks SEC(".maps");
+
+#define SITE_SLOTS 8
+
+struct call_site {
+	__u64 at;
+	__u64 sp;
+	__u64 bp;
+	__u64 stack_id;
+};
+
+struct thread_sites {
+	struct call_site slot[SITE_SLOTS];
+	__u32 next;
+	__u32 generation;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct thread_sites);
+} sites SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct thread_sites);
+} zero_sites SEC(".maps");
+
+/* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
+static __always_inline __u64 stack_id_now(void *ctx)
+{
+	__u32 zero = 0;
+	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return 0;
+	e->tid = 0;
+	e->kind = 0;
+	capture_stacks(ctx, e, kernel_stacks);
+	__u32 n = e->user_len + e->kernel_len;
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		h = (h ^ e->ips[i]) * 0x100000001b3ULL;
+	}
+	h |= 1;
+	__u8 one = 1;
+	if (!bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST)) {
+		e->value[0] = h;
+		e->value[1] = 0;
+		submit_stack_event(&events, e);
+	}
+	return h;
+}
+
+static __always_inline struct thread_sites *sites_of(__u32 tid)
+{
+	struct thread_sites *t = bpf_map_lookup_elem(&sites, &tid);
+	if (t)
+		return t;
+	__u32 zero = 0;
+	struct thread_sites *init = bpf_map_lookup_elem(&zero_sites, &zero);
+	if (!init)
+		return 0;
+	bpf_map_update_elem(&sites, &tid, init, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&sites, &tid);
+}
+
+/* The id of the current stack, from the thread's call sites when it was seen before. The site is the return
+ * address on top of the stack (at a function's entry: `at_entry`) or the user instruction pointer (in a
+ * syscall), with the stack and frame pointers. */
+static __always_inline __u64 stack_id_of_call(void *ctx, __u32 tid, bool at_entry)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct thread_sites *t = sites_of(tid);
+	if (!regs || !t || kernel_stacks)
+		return stack_id_now(ctx);
+	if (t->generation != unwind_generation) {
+		t->generation = unwind_generation;
+		for (int i = 0; i < SITE_SLOTS; i++)
+			t->slot[i].stack_id = 0;
+	}
+	__u64 sp = PT_REGS_SP(regs), bp = PT_REGS_FP(regs), at = PT_REGS_IP(regs);
+	if (at_entry && bpf_probe_read_user(&at, sizeof(at), (void *)sp))
+		return stack_id_now(ctx);
+	for (int i = 0; i < SITE_SLOTS; i++) {
+		struct call_site *c = &t->slot[i];
+		if (c->stack_id && c->at == at && c->sp == sp && c->bp == bp)
+			return c->stack_id;
+	}
+	__u64 id = stack_id_now(ctx);
+	struct call_site *c = &t->slot[t->next % SITE_SLOTS];
+	t->next++;
+	c->at = at;
+	c->sp = sp;
+	c->bp = bp;
+	c->stack_id = id;
+	return id;
+}
