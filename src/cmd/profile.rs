@@ -1,6 +1,6 @@
 //! `myprobe profile cpu|offcpu`: trace, symbolize, aggregate into a Profile, render.
 
-use std::{cell::RefCell, path::PathBuf, rc::Rc, time::{Duration, Instant}};
+use std::{cell::RefCell, collections::HashMap, path::PathBuf, rc::Rc, time::{Duration, Instant}};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -9,7 +9,7 @@ use crate::{
     collect::{self, CollectOptions, Collected, RawStack},
     profile::{Profile, Unit},
     render::{self, Palette, RenderOptions},
-    symbolize::Symbolizer,
+    symbolize::{data::DataSymbolizer, Symbolizer},
     target::{self, Target},
     unwind::ProcessTables,
 };
@@ -32,6 +32,10 @@ pub enum ProfileCommand {
     /// Allocations not freed yet, by stack: what the traced allocations still hold when tracing ends
     /// (realloc and free tracked; free(NULL) ignored). A table of the top stacks goes to stderr.
     Memleak(MemleakArgs),
+    /// Lock waits: time in futex waits (pthread mutexes, condition variables, rw-locks, InnoDB's latches) by
+    /// lock and stack, the lock as root frame, named by the variable that holds it; a table of the top locks
+    /// on stderr with their waiters and the stacks that woke them (the holders releasing them).
+    Locks(LocksArgs),
 }
 
 /// Options every tracing profile shares.
@@ -127,6 +131,15 @@ pub struct MemleakArgs {
     pub max_size: Option<u64>,
 }
 
+#[derive(Args)]
+pub struct LocksArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Locks in the table on stderr
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+}
+
 pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
         ProfileCommand::Cpu(a) => {
@@ -165,6 +178,43 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
             let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * a.sample)])?;
             finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
+        }
+        ProfileCommand::Locks(a) => {
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut names = DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
+            eprintln!("myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early", a.trace.duration);
+            let found = collect::locks::collect(&opts)?;
+            let ended = Instant::now();
+            let mut profile = Profile::new(Unit::Microseconds);
+            let mut locks: HashMap<u64, LockSummary> = HashMap::new();
+            for (addr, raw, w) in &found.waits {
+                let name = format!("lock {}", names.name(*addr));
+                let frames: Vec<Rc<str>> = symbolizer.user_stack(raw.user());
+                let mut ids = vec![profile.intern(&name)];
+                ids.extend(frames.iter().rev().map(|f| profile.intern(f)));
+                profile.add_ids(ids, w.total_ns / 1000);
+                let l = locks.entry(*addr).or_default();
+                l.waits += w.count;
+                l.total_ns += w.total_ns;
+                l.max_ns = l.max_ns.max(w.max_ns);
+                for (h, n) in l.hist.iter_mut().zip(w.hist) {
+                    *h += n;
+                }
+                l.waiters.push((w.total_ns, innermost(&frames)));
+            }
+            for (addr, raw, n) in &found.wakes {
+                if let Some(l) = locks.get_mut(addr) {
+                    l.wakers.push((*n, innermost(&symbolizer.user_stack(raw.user()))));
+                }
+            }
+            eprint!("{}", lock_table(&mut names, locks, a.top));
+            let collected = Collected {
+                events: found.waits.iter().map(|w| w.2.count).sum(),
+                lost: found.lost,
+                traced: found.traced,
+                ..Collected::default()
+            };
+            finish(&target, &a.trace, &collected, &profile, ended, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
             anyhow::ensure!(a.sample >= 1, "--sample must be at least 1");
@@ -274,6 +324,51 @@ fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, scale: 
         let frames = symbolizer.user_stack(raw.user());
         let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
         out += &format!("  {} bytes in {} allocations from {}\n", v[0] * scale, v[1] * scale, shown.join(";"));
+    }
+    out
+}
+
+/// One lock word's waits, with its waiter and waker stacks (innermost frames).
+#[derive(Default)]
+struct LockSummary {
+    waits: u64,
+    total_ns: u64,
+    max_ns: u64,
+    hist: [u64; collect::locks::HIST_BUCKETS],
+    waiters: Vec<(u64, String)>,
+    wakers: Vec<(u64, String)>,
+}
+
+/// The innermost frames of a stack (leaf last), for one line of a table.
+fn innermost(frames: &[Rc<str>]) -> String {
+    let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
+    shown.join(";")
+}
+
+/// The `top` locks by time waited, each with its wait histogram, waiter stacks and waker stacks.
+fn lock_table(names: &mut DataSymbolizer, locks: HashMap<u64, LockSummary>, top: usize) -> String {
+    let mut locks: Vec<(u64, LockSummary)> = locks.into_iter().collect();
+    locks.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns));
+    let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
+    let mut out = format!("top {} locks by time waited:\n", top.min(locks.len()));
+    for (addr, mut l) in locks.into_iter().take(top) {
+        out += &format!("  {} ({addr:#x}): {} waits, {} in all, longest {}\n", names.name(addr), l.waits, ms(l.total_ns), ms(l.max_ns));
+        let hist: Vec<String> = l
+            .hist
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| if i == 0 { format!("<2us:{n}") } else { format!("{}us:{n}", 1u64 << i) })
+            .collect();
+        out += &format!("    waits by length: {}\n", hist.join(" "));
+        l.waiters.sort_by(|a, b| b.0.cmp(&a.0));
+        for (ns, stack) in l.waiters.iter().take(3) {
+            out += &format!("    waiter {}: {stack}\n", ms(*ns));
+        }
+        l.wakers.sort_by(|a, b| b.0.cmp(&a.0));
+        for (n, stack) in l.wakers.iter().take(3) {
+            out += &format!("    woken {n} times by: {stack}\n");
+        }
     }
     out
 }

@@ -18,6 +18,7 @@ macro_rules! unwind_maps {
 
 pub mod alloc;
 pub mod cpu;
+pub mod locks;
 pub mod offcpu;
 pub mod queries;
 
