@@ -92,10 +92,9 @@ pub struct OffcpuArgs {
     pub min_block_us: u64,
 }
 
+/// Which allocations alloc and memleak trace.
 #[derive(Args)]
-pub struct AllocArgs {
-    #[command(flatten)]
-    pub trace: TraceArgs,
+pub struct AllocFilter {
     /// Trace every N-th allocation call and scale the results by N
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub sample: u64,
@@ -105,6 +104,23 @@ pub struct AllocArgs {
     /// Only allocations of at most this many bytes
     #[arg(short = 'Z', long = "max-size", value_name = "BYTES")]
     pub max_size: Option<u64>,
+}
+
+impl AllocFilter {
+    fn options(&self, outstanding_older_than: Option<u64>) -> Result<collect::alloc::AllocOptions> {
+        anyhow::ensure!(self.sample >= 1, "--sample must be at least 1");
+        let (min_size, max_size) = (self.min_size.unwrap_or(0), self.max_size.unwrap_or(u64::MAX));
+        anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
+        Ok(collect::alloc::AllocOptions { sample_every: self.sample, min_size, max_size, outstanding_older_than })
+    }
+}
+
+#[derive(Args)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    #[command(flatten)]
+    pub filter: AllocFilter,
     /// Count calls instead of bytes
     #[arg(long)]
     pub calls: bool,
@@ -114,21 +130,14 @@ pub struct AllocArgs {
 pub struct MemleakArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub filter: AllocFilter,
     /// Leave out allocations younger than this many milliseconds when tracing ends
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub older: u64,
     /// Stacks in the table on stderr
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
-    /// Track every N-th allocation and scale the results by N
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub sample: u64,
-    /// Only allocations of at least this many bytes
-    #[arg(short = 'z', long = "min-size", value_name = "BYTES")]
-    pub min_size: Option<u64>,
-    /// Only allocations of at most this many bytes
-    #[arg(short = 'Z', long = "max-size", value_name = "BYTES")]
-    pub max_size: Option<u64>,
 }
 
 #[derive(Args)]
@@ -166,17 +175,14 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
         }
         ProfileCommand::Alloc(a) => {
-            anyhow::ensure!(a.sample >= 1, "--sample must be at least 1");
-            let (min_size, max_size) = (a.min_size.unwrap_or(0), a.max_size.unwrap_or(u64::MAX));
-            anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
+            let alloc = a.filter.options(None)?;
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
-            let every = if a.sample > 1 { format!("every {}th call", a.sample) } else { "every call".into() };
+            let every = if alloc.sample_every > 1 { format!("every {}th call", alloc.sample_every) } else { "every call".into() };
             eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
-            let alloc = collect::alloc::AllocOptions { sample_every: a.sample, min_size, max_size, outstanding_older_than: None };
             let collected = collect::alloc::collect(&opts, &alloc)?;
             let ended = Instant::now();
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
-            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * a.sample)])?;
+            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * alloc.sample_every)])?;
             finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
         }
         ProfileCommand::Locks(a) => {
@@ -217,24 +223,17 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             finish(&target, &a.trace, &collected, &profile, ended, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
-            anyhow::ensure!(a.sample >= 1, "--sample must be at least 1");
-            let (min_size, max_size) = (a.min_size.unwrap_or(0), a.max_size.unwrap_or(u64::MAX));
-            anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
+            let alloc = a.filter.options(Some(a.older.saturating_mul(1_000_000)))?;
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!(
                 "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end) for {} s; Ctrl-C ends early",
                 a.older, a.trace.duration
             );
-            let alloc = collect::alloc::AllocOptions {
-                sample_every: a.sample,
-                min_size,
-                max_size,
-                outstanding_older_than: Some(a.older.saturating_mul(1_000_000)),
-            };
             let collected = collect::alloc::collect(&opts, &alloc)?;
             let ended = Instant::now();
-            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0] * a.sample)])?;
-            eprint!("{}", outstanding_table(&mut symbolizer, &collected, a.sample, a.top));
+            let scale = alloc.sample_every;
+            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0] * scale)])?;
+            eprint!("{}", outstanding_table(&mut symbolizer, &collected, scale, a.top));
             finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)
         }
     }
