@@ -74,12 +74,13 @@ fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, S
 
 #[test]
 fn memleak_reports_exactly_the_known_leak() {
-    let (stacks, stderr) = traced("memleak", "memleak", &[]);
+    let (stacks, stderr) = traced("memleak", "memleak", &["--interval", "1"]);
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
     // Everything else the fixture allocated while traced was freed.
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
     let line = stderr.lines().find(|l| l.contains("leak_here")).unwrap_or_else(|| panic!("no table line for leak_here:\n{stderr}"));
     assert!(line.trim_start().starts_with("409600 bytes in 100 allocations from"), "{line}");
+    assert!(stderr.contains("after 1 s, top ") && stderr.contains("after 2 s, top "), "no interval reports:\n{stderr}");
     // --older: the leaks are younger than 60 s when tracing ends.
     let (stacks, _) = traced("memleak-older", "memleak", &["--older", "60000"]);
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 0, "{stacks:?}");

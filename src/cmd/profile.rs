@@ -111,7 +111,7 @@ impl AllocFilter {
         anyhow::ensure!(self.sample >= 1, "--sample must be at least 1");
         let (min_size, max_size) = (self.min_size.unwrap_or(0), self.max_size.unwrap_or(u64::MAX));
         anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
-        Ok(collect::alloc::AllocOptions { sample_every: self.sample, min_size, max_size, outstanding_older_than })
+        Ok(collect::alloc::AllocOptions { sample_every: self.sample, min_size, max_size, outstanding_older_than, interval: None })
     }
 }
 
@@ -138,6 +138,9 @@ pub struct MemleakArgs {
     /// Stacks in the table on stderr
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+    /// Also print the table every this many seconds while tracing
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<u64>,
 }
 
 #[derive(Args)]
@@ -179,7 +182,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             let every = if alloc.sample_every > 1 { format!("every {}th call", alloc.sample_every) } else { "every call".into() };
             eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
-            let collected = collect::alloc::collect(&opts, &alloc)?;
+            let collected = collect::alloc::collect(&opts, &alloc, |_| {})?;
             let ended = Instant::now();
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
             let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * alloc.sample_every)])?;
@@ -223,15 +226,21 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             finish(&target, &a.trace, &collected, &profile, ended, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
-            let alloc = a.filter.options(Some(a.older.saturating_mul(1_000_000)))?;
+            let mut alloc = a.filter.options(Some(a.older.saturating_mul(1_000_000)))?;
+            anyhow::ensure!(a.interval != Some(0), "--interval must be at least 1 second");
+            alloc.interval = a.interval.map(Duration::from_secs);
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!(
                 "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end) for {} s; Ctrl-C ends early",
                 a.older, a.trace.duration
             );
-            let collected = collect::alloc::collect(&opts, &alloc)?;
-            let ended = Instant::now();
             let scale = alloc.sample_every;
+            let started = Instant::now();
+            let collected = collect::alloc::collect(&opts, &alloc, |so_far| {
+                eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
+                eprint!("{}", outstanding_table(&mut symbolizer, so_far, scale, a.top));
+            })?;
+            let ended = Instant::now();
             let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0] * scale)])?;
             eprint!("{}", outstanding_table(&mut symbolizer, &collected, scale, a.top));
             finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)

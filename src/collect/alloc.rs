@@ -20,11 +20,14 @@ pub struct AllocOptions {
     /// memleak: report the allocations not freed when tracing ends that are at least this old (ns);
     /// `None`: report all allocations made (profile alloc).
     pub outstanding_older_than: Option<u64>,
+    /// memleak: also report what is outstanding this often while tracing.
+    pub interval: Option<std::time::Duration>,
 }
 
 /// `value[0]` of each stack is bytes, `value[1]` calls (of the sampled calls: scale by `sample_every`): asked
 /// for while tracing, or (memleak) still allocated at the end.
-pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected> {
+/// With `alloc.interval`, `report` is given the outstanding allocations that often.
+pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnMut(&Collected)) -> Result<Collected> {
     let libc = libc_of(opts.pid)?;
     let mut object = MaybeUninit::uninit();
     let mut open = open_skel(AllocSkelBuilder::default(), &mut object, opts)?;
@@ -88,26 +91,27 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions) -> Result<Collected>
     }
 
     // The events define stacks (value[0]: their id); the amounts are summed in the totals map.
-    let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh| {
+    let outstanding_map = &skel.maps.outstanding;
+    let mut last_report = std::time::Instant::now();
+    let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh, so_far| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
+            if let (Some(every), Some(older)) = (alloc.interval, alloc.outstanding_older_than) {
+                if last_report.elapsed() >= every {
+                    last_report = std::time::Instant::now();
+                    report(&outstanding(so_far, outstanding_map, older));
+                }
+            }
         }
         Ok(bss.lost)
     });
     drop(links.0);
     drop(links.1);
     let definitions = definitions?;
-    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
     if let Some(older) = alloc.outstanding_older_than {
-        let amounts = outstanding_by_stack(&skel.maps.outstanding, older);
-        for (stack, [id, _]) in definitions.stacks {
-            if let Some(&[bytes, count]) = amounts.get(&id) {
-                collected.add(stack, [bytes, count]);
-                collected.events += count - 1;
-            }
-        }
-        return Ok(collected);
+        return Ok(outstanding(&definitions, &skel.maps.outstanding, older));
     }
+    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
     for (stack, [id, _]) in definitions.stacks {
         let Ok(Some(bytes)) = skel.maps.totals.lookup(&id.to_ne_bytes(), MapFlags::ANY) else { continue };
         if bytes.len() < 16 {
@@ -132,6 +136,19 @@ fn libc_of(pid: u32) -> Result<PathBuf> {
         .find(|p| p.rsplit('/').next().is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-")))
         .with_context(|| format!("process {pid} has no C library mapped (a static binary?): its allocations cannot be traced"))?;
     Ok(PathBuf::from(format!("/proc/{pid}/root{path}")))
+}
+
+/// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far).
+fn outstanding(definitions: &Collected, map: &dyn MapCore, older_ns: u64) -> Collected {
+    let amounts = outstanding_by_stack(map, older_ns);
+    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
+    for (stack, [id, _]) in &definitions.stacks {
+        if let Some(&[bytes, count]) = amounts.get(id) {
+            collected.add(stack.clone(), [bytes, count]);
+            collected.events += count - 1;
+        }
+    }
+    collected
 }
 
 /// Stack id → [bytes, allocations] of the allocations not freed that are at least `older_ns` old, read in

@@ -39,7 +39,7 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
         perf_fds.push(fd);
     }
 
-    let result = drain(&skel.maps.events, opts, "profile cpu", |refresh| {
+    let result = drain(&skel.maps.events, opts, "profile cpu", |refresh, _| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }

@@ -53,7 +53,7 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     // The events define stacks (value[0]: their id).
-    let definitions = drain(&skel.maps.events, opts, "profile locks", |refresh| {
+    let definitions = drain(&skel.maps.events, opts, "profile locks", |refresh, _| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }

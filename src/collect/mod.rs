@@ -254,12 +254,12 @@ impl Collected {
 
 /// Reads a collector's ring buffer of `struct stack_event` until `duration` passes or Ctrl-C; then reads what
 /// is left. `check` returns the collector's in-kernel loss counters; once a second it is called with `true`
-/// to also pick up what changed in the process (new mappings to unwind).
+/// to also pick up what changed in the process (new mappings to unwind), and is shown what was read so far.
 pub fn drain(
     events: &dyn MapCore,
     opts: &CollectOptions,
     what: &str,
-    mut check: impl FnMut(bool) -> Result<[u64; 4]>,
+    mut check: impl FnMut(bool, &Collected) -> Result<[u64; 4]>,
 ) -> Result<Collected> {
     let collected = std::cell::RefCell::new(Collected::default());
     let mut last_refresh = Instant::now();
@@ -272,13 +272,13 @@ pub fn drain(
             if refresh {
                 last_refresh = Instant::now();
             }
-            let lost = check(refresh)?;
             let c = collected.borrow();
+            let lost = check(refresh, &c)?;
             Ok(format!("{what}: {:>4}/{} s, {} events, {} lost", elapsed.as_secs(), opts.duration.as_secs(), c.events, c.lost_total() + lost[0]))
         },
     )?;
     let mut c = collected.into_inner();
-    let in_kernel = check(false)?;
+    let in_kernel = check(false, &c)?;
     for (total, k) in c.lost.iter_mut().zip(in_kernel) {
         *total += k;
     }

@@ -34,7 +34,7 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
 
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    let mut collected = drain(&skel.maps.events, opts, "profile offcpu", |refresh| {
+    let mut collected = drain(&skel.maps.events, opts, "profile offcpu", |refresh, _| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }
