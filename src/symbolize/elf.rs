@@ -72,6 +72,17 @@ impl Segment {
     pub fn holds_vaddr(&self, vaddr: u64) -> bool {
         vaddr >= self.vaddr && vaddr - self.vaddr < self.memsz
     }
+
+    /// ELF virtual address of the byte at `file_off` in the file, if one of `segments` holds it.
+    pub fn vaddr_of_offset(segments: &[Segment], file_off: u64) -> Option<u64> {
+        let in_file = segments.iter().find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
+        // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
+        // zero-filled tail past the file size.
+        let seg = in_file.or_else(|| {
+            segments.iter().find(|s| file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz))
+        })?;
+        Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
+    }
 }
 
 /// Header facts of an ELF file.
@@ -132,18 +143,7 @@ impl ElfInfo {
 
     /// ELF virtual address of the byte at `file_off` in the file, if a loadable segment holds it.
     pub fn file_offset_to_vaddr(&self, file_off: u64) -> Option<u64> {
-        let in_file = self
-            .segments
-            .iter()
-            .find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
-        // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
-        // zero-filled tail past the file size.
-        let seg = in_file.or_else(|| {
-            self.segments.iter().find(|s| {
-                file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz)
-            })
-        })?;
-        Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
+        Segment::vaddr_of_offset(&self.segments, file_off)
     }
 }
 
@@ -199,6 +199,51 @@ fn find_debug_file(
     None
 }
 
+/// The `.eh_frame` of an ELF file, as gimli reads it.
+pub type EhFrame<'d> = gimli::EhFrame<gimli::EndianSlice<'d, gimli::RunTimeEndian>>;
+pub type Fde<'d> = gimli::FrameDescriptionEntry<gimli::EndianSlice<'d, gimli::RunTimeEndian>>;
+
+/// Calls `f` with every FDE of the file's `.eh_frame` (and the section and its bases, to evaluate the FDE's
+/// rules). A file without one calls nothing; a malformed FDE is skipped; a malformed entry ends the walk.
+pub fn for_each_fde<'d, R: ReadRef<'d>>(
+    obj: &object::File<'d, R>,
+    mut f: impl FnMut(&EhFrame<'d>, &gimli::BaseAddresses, Fde<'d>),
+) -> Result<()> {
+    let Some(section) = obj.section_by_name(".eh_frame") else { return Ok(()) };
+    let data = section.data()?;
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = obj.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = obj.section_by_name(".got") {
+        bases = bases.set_got(got.address());
+    }
+    if let Some(hdr) = obj.section_by_name(".eh_frame_hdr") {
+        bases = bases.set_eh_frame_hdr(hdr.address());
+    }
+    let endian = if obj.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let mut eh = EhFrame::new(data, endian);
+    eh.set_address_size(if obj.is_64() { 8 } else { 4 });
+
+    let mut cies = HashMap::new();
+    let mut entries = eh.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else { continue };
+        let fde = partial.parse(|section, bases, offset| {
+            if let Some(cie) = cies.get(&offset) {
+                return Ok(Clone::clone(cie));
+            }
+            let cie = section.cie_from_offset(bases, offset)?;
+            cies.insert(offset, cie.clone());
+            Ok(cie)
+        });
+        if let Ok(fde) = fde {
+            f(&eh, &bases, fde);
+        }
+    }
+    Ok(())
+}
+
 /// Function ranges from `.eh_frame` (one per FDE), sorted by start address.
 #[derive(Debug, Default)]
 pub struct EhTable {
@@ -214,54 +259,13 @@ impl EhTable {
         let cache = ReadCache::new(file);
         let obj = object::File::parse(&cache)
             .with_context(|| format!("parsing ELF {}", path.display()))?;
-        let Some(section) = obj.section_by_name(".eh_frame") else {
-            return Ok(Self::default());
-        };
-        let data = section
-            .data()
-            .with_context(|| format!("reading .eh_frame of {}", path.display()))?;
-        let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
-        if let Some(text) = obj.section_by_name(".text") {
-            bases = bases.set_text(text.address());
-        }
-        if let Some(got) = obj.section_by_name(".got") {
-            bases = bases.set_got(got.address());
-        }
-        if let Some(hdr) = obj.section_by_name(".eh_frame_hdr") {
-            bases = bases.set_eh_frame_hdr(hdr.address());
-        }
-        let endian = if obj.is_little_endian() {
-            gimli::RunTimeEndian::Little
-        } else {
-            gimli::RunTimeEndian::Big
-        };
-        let mut eh = gimli::EhFrame::new(data, endian);
-        eh.set_address_size(if obj.is_64() { 8 } else { 4 });
-
-        let mut cies = HashMap::new();
         let mut ranges: Vec<(u64, u32)> = Vec::new();
-        let mut entries = eh.entries(&bases);
-        while let Ok(Some(entry)) = entries.next() {
-            let gimli::CieOrFde::Fde(partial) = entry else {
-                continue;
-            };
-            let fde = partial.parse(|section, bases, offset| {
-                if let Some(cie) = cies.get(&offset) {
-                    return Ok(Clone::clone(cie));
-                }
-                let cie = section.cie_from_offset(bases, offset)?;
-                cies.insert(offset, cie.clone());
-                Ok(cie)
-            });
-            if let Ok(fde) = fde {
-                if fde.len() > 0 {
-                    ranges.push((
-                        fde.initial_address(),
-                        u32::try_from(fde.len()).unwrap_or(u32::MAX),
-                    ));
-                }
+        for_each_fde(&obj, |_, _, fde| {
+            if fde.len() > 0 {
+                ranges.push((fde.initial_address(), u32::try_from(fde.len()).unwrap_or(u32::MAX)));
             }
-        }
+        })
+        .with_context(|| format!("reading .eh_frame of {}", path.display()))?;
         ranges.sort_unstable();
         ranges.dedup_by_key(|r| r.0);
         Ok(EhTable {

@@ -23,7 +23,7 @@
 
 mod clean;
 pub mod data;
-mod elf;
+pub(crate) mod elf;
 mod maps;
 #[cfg(test)]
 mod test_support;

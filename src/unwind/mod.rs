@@ -1,14 +1,16 @@
 //! User-stack unwinding tables for the BPF unwinder (src/bpf/unwind.h): every executable file mapping of the
 //! traced process gets its `.eh_frame` compiled into rows ([`table`]), once per file (by device and inode),
-//! all rows in one array and a sorted list of mappings pointing into it.
+//! all rows in one array and a sorted list of mappings pointing into it; only the rows are kept.
 
 pub mod table;
 
-use std::{collections::HashMap, path::PathBuf, rc::Rc};
+use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{Context, Result};
 
 use table::Table;
+
+use crate::symbolize::elf::Segment;
 
 /// Mappings the BPF side holds (`MAX_UNWIND_MAPPINGS` in src/bpf/unwind.h).
 pub const MAX_MAPPINGS: usize = 256;
@@ -38,14 +40,16 @@ pub struct BpfMapping {
     pub page_count: u32,
 }
 
-/// Where a file's rows and page index are in the process-wide arrays.
-#[derive(Clone, Copy, Default)]
+/// Where a file's rows and page index are in the process-wide arrays, and its segments (to place its
+/// other mappings).
+#[derive(Default)]
 struct FileRows {
     row_start: u32,
     row_count: u32,
     first_page: u64,
     page_start: u32,
     page_count: u32,
+    segments: Vec<Segment>,
 }
 
 /// The tables of one process, ready to load.
@@ -59,9 +63,8 @@ pub struct ProcessTables {
     pub mappings: Vec<BpfMapping>,
     /// What could not be given a table, for stderr.
     pub warnings: Vec<String>,
-    /// Where each file's rows are, once added.
+    /// Each file's rows, by device and inode.
     files: HashMap<(String, u64), FileRows>,
-    tables: HashMap<(String, u64), Rc<Table>>,
 }
 
 impl ProcessTables {
@@ -100,28 +103,18 @@ impl ProcessTables {
                 break;
             }
             let key = (dev.to_string(), inode);
-            let table = match self.tables.get(&key) {
-                Some(t) => Rc::clone(t),
-                None => {
-                    // The mapping itself: right even for deleted or replaced files and other mount namespaces.
-                    let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-                    let table = Rc::new(Table::read(&file).unwrap_or_else(|e| {
-                        self.warnings.push(format!("no unwind table for {path}: {e:#}"));
-                        Table::default()
-                    }));
-                    self.tables.insert(key.clone(), Rc::clone(&table));
-                    table
-                }
-            };
-            let Some(vaddr) = table.vaddr_of_offset(offset) else { continue };
-            let f = match self.files.get(&key) {
-                Some(&f) => f,
-                None => {
-                    let f = self.add_rows(&table);
-                    self.files.insert(key, f);
-                    f
-                }
-            };
+            if !self.files.contains_key(&key) {
+                // The mapping itself: right even for deleted or replaced files and other mount namespaces.
+                let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
+                let table = Table::read(&file).unwrap_or_else(|e| {
+                    self.warnings.push(format!("no unwind table for {path}: {e:#}"));
+                    Table::default()
+                });
+                let rows = self.add_rows(table);
+                self.files.insert(key.clone(), rows);
+            }
+            let f = &self.files[&key];
+            let Some(vaddr) = Segment::vaddr_of_offset(&f.segments, offset) else { continue };
             self.mappings.push(BpfMapping {
                 start,
                 end,
@@ -140,10 +133,12 @@ impl ProcessTables {
 
     /// Appends a file's rows and their page index; a table whose addresses do not fit the rows' 32 bits gets
     /// none (frame pointers).
-    fn add_rows(&mut self, table: &Table) -> FileRows {
-        let (Some(first), Some(last)) = (table.rows.first(), table.rows.last()) else { return FileRows::default() };
+    fn add_rows(&mut self, table: Table) -> FileRows {
+        let (Some(first), Some(last)) = (table.rows.first(), table.rows.last()) else {
+            return FileRows { segments: table.segments, ..FileRows::default() };
+        };
         if last.pc > u64::from(u32::MAX) {
-            return FileRows::default();
+            return FileRows { segments: table.segments, ..FileRows::default() };
         }
         let row_start = self.rows.len() as u32;
         self.rows.extend(table.rows.iter().map(|r| BpfRow {
@@ -169,6 +164,7 @@ impl ProcessTables {
             first_page,
             page_start,
             page_count: (last_page - first_page + 1) as u32,
+            segments: table.segments,
         }
     }
 }

@@ -2,11 +2,13 @@
 //! caller's frame (the CFA: stack or frame pointer plus an offset), its return address (always CFA − 8 on
 //! x86_64) and the caller's saved frame pointer. The BPF unwinder binary-searches these rows by address.
 
-use std::{collections::HashMap, fs::File, path::Path};
+use std::{fs::File, path::Path};
 
 use anyhow::{Context, Result};
-use gimli::{CfaRule, RegisterRule, UnwindSection, X86_64};
-use object::{read::ReadCache, Object, ObjectSection, ObjectSegment};
+use gimli::{CfaRule, RegisterRule, X86_64};
+use object::read::ReadCache;
+
+use crate::symbolize::elf::{for_each_fde, Segment};
 
 /// How a row finds the CFA; values of `enum unwind_kind` in src/bpf/unwind.h.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,8 +43,7 @@ pub struct Row {
 #[derive(Debug, Default)]
 pub struct Table {
     pub rows: Vec<Row>,
-    /// (file offset, size in the file, virtual address) of each `PT_LOAD` segment.
-    pub segments: Vec<(u64, u64, u64)>,
+    pub segments: Vec<Segment>,
 }
 
 impl Table {
@@ -52,46 +53,18 @@ impl Table {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let cache = ReadCache::new(file);
         let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
-        let segments = obj.segments().map(|s| (s.file_range().0, s.file_range().1, s.address())).collect();
-        let Some(section) = obj.section_by_name(".eh_frame") else { return Ok(Table { rows: Vec::new(), segments }) };
-        let data = section.data().with_context(|| format!("reading .eh_frame of {}", path.display()))?;
-        let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
-        for (name, set) in [
-            (".text", gimli::BaseAddresses::set_text as fn(gimli::BaseAddresses, u64) -> gimli::BaseAddresses),
-            (".got", gimli::BaseAddresses::set_got),
-            (".eh_frame_hdr", gimli::BaseAddresses::set_eh_frame_hdr),
-        ] {
-            if let Some(s) = obj.section_by_name(name) {
-                bases = set(bases, s.address());
-            }
-        }
-        let mut eh = gimli::EhFrame::new(data, gimli::LittleEndian);
-        eh.set_address_size(8);
-
-        let mut cies = HashMap::new();
         let mut ctx = gimli::UnwindContext::new();
         // (start, end, row) per FDE row; FDEs are sorted afterwards and gaps between them marked.
         let mut spans: Vec<(u64, u64, Row)> = Vec::new();
-        let mut entries = eh.entries(&bases);
-        while let Ok(Some(entry)) = entries.next() {
-            let gimli::CieOrFde::Fde(partial) = entry else { continue };
-            let Ok(fde) = partial.parse(|section, bases, offset| {
-                if let Some(cie) = cies.get(&offset) {
-                    return Ok(Clone::clone(cie));
-                }
-                let cie = section.cie_from_offset(bases, offset)?;
-                cies.insert(offset, cie.clone());
-                Ok(cie)
-            }) else {
-                continue;
-            };
-            let Ok(mut rows) = fde.rows(&eh, &bases, &mut ctx) else { continue };
+        for_each_fde(&obj, |eh, bases, fde| {
+            let Ok(mut rows) = fde.rows(eh, bases, &mut ctx) else { return };
             while let Ok(Some(r)) = rows.next_row() {
                 if r.start_address() < r.end_address() {
                     spans.push((r.start_address(), r.end_address(), compile(r)));
                 }
             }
-        }
+        })
+        .with_context(|| format!("reading .eh_frame of {}", path.display()))?;
         spans.sort_unstable_by_key(|s| s.0);
 
         let mut rows: Vec<Row> = Vec::with_capacity(spans.len() + spans.len() / 4);
@@ -112,12 +85,7 @@ impl Table {
         if !rows.is_empty() {
             rows.push(Row { pc: end, kind: Kind::Gap, cfa_offset: 0, fp_offset: 0 });
         }
-        Ok(Table { rows, segments })
-    }
-
-    /// The ELF virtual address of file offset `offset`, if a loadable segment holds it.
-    pub fn vaddr_of_offset(&self, offset: u64) -> Option<u64> {
-        self.segments.iter().find(|(o, size, _)| (*o..o + size).contains(&offset)).map(|(o, _, v)| v + (offset - o))
+        Ok(Table { rows, segments: Segment::all(&obj) })
     }
 }
 
@@ -155,6 +123,8 @@ fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     #[test]
