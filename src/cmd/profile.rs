@@ -329,9 +329,8 @@ fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, scale: 
     stacks.sort_by(|a, b| b.1[0].cmp(&a.1[0]));
     let mut out = format!("top {} stacks by bytes not freed:\n", top.min(stacks.len()));
     for (raw, v) in stacks.into_iter().take(top) {
-        let frames = symbolizer.user_stack(raw.user());
-        let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
-        out += &format!("  {} bytes in {} allocations from {}\n", v[0] * scale, v[1] * scale, shown.join(";"));
+        let frames = innermost(&symbolizer.user_stack(raw.user()));
+        out += &format!("  {} bytes in {} allocations from {frames}\n", v[0] * scale, v[1] * scale);
     }
     out
 }

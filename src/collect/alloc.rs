@@ -5,7 +5,7 @@ use std::{collections::HashMap, mem::MaybeUninit, path::PathBuf};
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeOpts};
 
-use super::{drain, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
+use super::{drain, for_each_entry, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/alloc.skel.rs"));
@@ -151,8 +151,7 @@ fn outstanding(definitions: &Collected, map: &dyn MapCore, older_ns: u64) -> Col
     collected
 }
 
-/// Stack id → [bytes, allocations] of the allocations not freed that are at least `older_ns` old, read in
-/// batches (the map can hold a million entries).
+/// Stack id → [bytes, allocations] of the allocations not freed that are at least `older_ns` old.
 fn outstanding_by_stack(map: &dyn MapCore, older_ns: u64) -> HashMap<u64, [u64; 2]> {
     let now = super::monotonic_ns();
     let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
@@ -165,16 +164,6 @@ fn outstanding_by_stack(map: &dyn MapCore, older_ns: u64) -> HashMap<u64, [u64; 
             a[1] += 1;
         }
     };
-    match map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY) {
-        Ok(batches) => batches.for_each(|(_, value)| add(&value)),
-        // Kernels without batch lookups for hash maps: one entry at a time.
-        Err(_) => {
-            for key in map.keys() {
-                if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
-                    add(&value);
-                }
-            }
-        }
-    }
+    for_each_entry(map, |_, value| add(value));
     amounts
 }

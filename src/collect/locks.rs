@@ -5,10 +5,10 @@ use std::{collections::HashMap, mem::MaybeUninit};
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    MapCore, MapFlags,
+    MapCore,
 };
 
-use super::{drain, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Installed, RawStack};
+use super::{drain, for_each_entry, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Installed, RawStack};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/locks.skel.rs"));
@@ -80,19 +80,9 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
 
 /// Calls `f(lock word, stack id, value)` for every entry of a map keyed by `struct lock_key`.
 fn for_each(map: &dyn MapCore, mut f: impl FnMut(u64, u64, &[u8])) {
-    let mut each = |key: &[u8], value: &[u8]| {
+    for_each_entry(map, |key, value| {
         if key.len() >= 16 {
             f(u64::from_ne_bytes(key[..8].try_into().unwrap()), u64::from_ne_bytes(key[8..16].try_into().unwrap()), value);
         }
-    };
-    match map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY) {
-        Ok(batches) => batches.for_each(|(k, v)| each(&k, &v)),
-        Err(_) => {
-            for key in map.keys() {
-                if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
-                    each(&key, &value);
-                }
-            }
-        }
-    }
+    });
 }

@@ -154,6 +154,21 @@ pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     Ok(())
 }
 
+/// Calls `f(key, value)` for every entry of a hash map, read in batches (the maps summed in the kernel hold
+/// up to a million entries); one entry at a time on kernels without batch lookups for hash maps.
+pub fn for_each_entry(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) {
+    match map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY) {
+        Ok(batches) => batches.for_each(|(k, v)| f(&k, &v)),
+        Err(_) => {
+            for key in map.keys() {
+                if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
+                    f(&key, &value);
+                }
+            }
+        }
+    }
+}
+
 /// Opens a skeleton, pointing libbpf at a custom BTF file when one is given.
 pub fn open_skel<'obj, B: SkelBuilder<'obj>>(
     mut builder: B,
@@ -304,7 +319,6 @@ pub fn poll_ring(
         .context("setting up the ring buffer reader")?;
     let ring = builder.build().context("setting up the ring buffer reader")?;
 
-    install_stop_handler();
     let started = Instant::now();
     let show_progress = std::io::stderr().is_terminal();
     let mut last_progress = started;
