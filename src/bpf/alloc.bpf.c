@@ -91,12 +91,8 @@ static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 		bpf_map_update_elem(&pending, &tid, &p, BPF_ANY);
 		return 0;
 	}
-	struct alloc_total *t = id ? bpf_map_lookup_elem(&totals, &id) : 0;
-	if (!t && id) {
-		struct alloc_total zero_total = {};
-		bpf_map_update_elem(&totals, &id, &zero_total, BPF_NOEXIST);
-		t = bpf_map_lookup_elem(&totals, &id);
-	}
+	struct alloc_total zero_total = {};
+	struct alloc_total *t = id ? lookup_or_init(&totals, &id, &zero_total) : 0;
 	if (!t) {
 		count_lost(LOST_STATE);
 		return 0;

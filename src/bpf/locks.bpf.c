@@ -108,12 +108,8 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		bpf_map_update_elem(&in_wait, &tid, &c, BPF_ANY);
 	} else if (is_wake(op) && bpf_map_lookup_elem(&waited, &addr)) {
 		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, tid, false) };
-		__u64 *n = bpf_map_lookup_elem(&wakes, &k);
-		if (!n) {
-			__u64 zero = 0;
-			bpf_map_update_elem(&wakes, &k, &zero, BPF_NOEXIST);
-			n = bpf_map_lookup_elem(&wakes, &k);
-		}
+		__u64 zero = 0;
+		__u64 *n = lookup_or_init(&wakes, &k, &zero);
 		if (n)
 			__sync_fetch_and_add(n, 1);
 		else
@@ -140,12 +136,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, tid, false);
-	struct lock_wait *w = bpf_map_lookup_elem(&waits, &k);
-	if (!w) {
-		struct lock_wait zero = {};
-		bpf_map_update_elem(&waits, &k, &zero, BPF_NOEXIST);
-		w = bpf_map_lookup_elem(&waits, &k);
-	}
+	struct lock_wait zero = {};
+	struct lock_wait *w = lookup_or_init(&waits, &k, &zero);
 	if (!w) {
 		count_lost(LOST_STATE);
 		return 0;

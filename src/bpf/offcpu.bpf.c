@@ -78,11 +78,10 @@ static __always_inline struct thread_state *state_of(__u32 tid, bool create)
 	struct thread_state *init = bpf_map_lookup_elem(&zero_state, &zero);
 	if (!init)
 		return 0;
-	if (bpf_map_update_elem(&threads, &tid, init, BPF_NOEXIST) && bpf_map_lookup_elem(&threads, &tid) == 0) {
+	st = lookup_or_init(&threads, &tid, init);
+	if (!st)
 		count_lost(LOST_STATE);
-		return 0;
-	}
-	return bpf_map_lookup_elem(&threads, &tid);
+	return st;
 }
 
 /* Puts the user stack of the place (ip, sp, bp) into st->ev: from the cache, else unwound and cached. */

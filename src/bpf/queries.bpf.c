@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "maps.h"
 #include "queries.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -112,11 +113,10 @@ static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
 	struct query_thread *init = bpf_map_lookup_elem(&zero_thread, &zero);
 	if (!init)
 		return 0;
-	if (bpf_map_update_elem(&threads, &tid, init, BPF_NOEXIST) && !bpf_map_lookup_elem(&threads, &tid)) {
+	st = lookup_or_init(&threads, &tid, init);
+	if (!st)
 		count_lost(QLOST_THREADS);
-		return 0;
-	}
-	return bpf_map_lookup_elem(&threads, &tid);
+	return st;
 }
 
 #define RINGBUF_WAKE_BYTES (256 * 1024)

@@ -1,6 +1,8 @@
 /* The event every stack-capturing collector sends to user space, and what they share around it. */
 #pragma once
 
+#include "maps.h"
+
 #define MAX_USER_FRAMES 127
 #define MAX_KERNEL_FRAMES 48
 #define MAX_FRAMES (MAX_USER_FRAMES + MAX_KERNEL_FRAMES)

@@ -85,15 +85,9 @@ static __always_inline __u64 stack_id_now(void *ctx)
 
 static __always_inline struct thread_sites *sites_of(__u32 tid)
 {
-	struct thread_sites *t = bpf_map_lookup_elem(&sites, &tid);
-	if (t)
-		return t;
 	__u32 zero = 0;
 	struct thread_sites *init = bpf_map_lookup_elem(&zero_sites, &zero);
-	if (!init)
-		return 0;
-	bpf_map_update_elem(&sites, &tid, init, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&sites, &tid);
+	return init ? lookup_or_init(&sites, &tid, init) : 0;
 }
 
 /* The id of the current stack, from the thread's call sites when it was seen before. The site is the return
