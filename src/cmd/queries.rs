@@ -100,21 +100,27 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     let lost = collect::queries::collect(&opts, probe, attached, |event| {
         let record = tracker.handle(event);
         for n in tracker.notices.drain(..) {
-            if matches!(n, Notice::Tls { .. }) && !wanted.get() {
-                wanted.set(true);
-                match &dispatch {
-                    Some(f) => eprintln!(
-                        "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
-                        f.demangled
-                    ),
-                    None => eprintln!(
-                        "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",
-                        target.exe.display()
-                    ),
+            match n {
+                Notice::Tls { .. } if !wanted.get() => {
+                    wanted.set(true);
+                    match &dispatch {
+                        Some(f) => eprintln!(
+                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
+                            f.demangled
+                        ),
+                        None => eprintln!(
+                            "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",
+                            target.exe.display()
+                        ),
+                    }
                 }
-            }
-            if said.insert(format!("{n:?}")) && !matches!(n, Notice::Tls { .. }) {
-                eprintln!("myprobe: warning: {}", notice_text(&n));
+                Notice::Tls { .. } => {}
+                Notice::Compressed { conn, user } => {
+                    if said.insert((conn, user.clone())) {
+                        let conn = conn.map(|c| format!("connection {c}")).unwrap_or_else(|| "a connection".into());
+                        eprintln!("myprobe: warning: {conn} (user {user}) uses the compressed protocol: its statements are not traced");
+                    }
+                }
             }
         }
         let Some(mut record) = record else { return };
@@ -183,15 +189,5 @@ fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::R
         out.write_all(b"\n")
     } else {
         writeln!(out, "{}", render::line(r))
-    }
-}
-
-fn notice_text(n: &Notice) -> String {
-    match n {
-        Notice::Tls { .. } => "a client uses TLS".to_string(),
-        Notice::Compressed { conn, user } => {
-            let conn = conn.map(|c| format!("connection {c}")).unwrap_or_else(|| "a connection".into());
-            format!("{conn} (user {user}) uses the compressed protocol: its statements are not traced")
-        }
     }
 }
