@@ -84,7 +84,11 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     }
     let links = (returns, entries);
     if links.1.is_empty() {
-        bail!("could not attach to any allocation function of {}", libc.display());
+        bail!(
+            "could not attach to any allocation function of {}: if the process allocates through another allocator \
+             (jemalloc, tcmalloc) or was linked statically, its allocations cannot be traced here",
+            libc.display()
+        );
     }
     if !missing.is_empty() {
         eprintln!("myprobe: note: {} has no {}: not traced", libc.display(), missing.join(", "));
