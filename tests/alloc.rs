@@ -17,11 +17,16 @@ struct Leaky {
 
 impl Leaky {
     fn start(dir: &std::path::Path) -> Leaky {
+        Leaky::start_with(dir, &[])
+    }
+
+    /// `args`: e.g. `steady`, leaking at a known rate from the start.
+    fn start_with(dir: &std::path::Path, args: &[&str]) -> Leaky {
         let exe = dir.join("leaky");
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alloc/leaky.c");
-        let cc = Command::new("cc").args(["-O1", "-g", "-o"]).arg(&exe).arg(src).output().unwrap();
+        let cc = Command::new("cc").args(["-O1", "-g", "-pthread", "-o"]).arg(&exe).arg(src).output().unwrap();
         assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
-        let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(&exe).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -74,7 +79,7 @@ fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, S
 
 #[test]
 fn memleak_reports_exactly_the_known_leak() {
-    let (stacks, stderr) = traced("memleak", "memleak", &["--interval", "1"]);
+    let (stacks, stderr) = traced("memleak", "memleak", &["--sample", "1", "--interval", "1"]);
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
     // Everything else the fixture allocated while traced was freed.
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
@@ -82,8 +87,32 @@ fn memleak_reports_exactly_the_known_leak() {
     assert!(line.trim_start().starts_with("409600 bytes in 100 allocations from"), "{line}");
     assert!(stderr.contains("after 1 s, top ") && stderr.contains("after 2 s, top "), "no interval reports:\n{stderr}");
     // --older: the leaks are younger than 60 s when tracing ends.
-    let (stacks, _) = traced("memleak-older", "memleak", &["--older", "60000"]);
+    let (stacks, _) = traced("memleak-older", "memleak", &["--sample", "1", "--older", "60000"]);
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 0, "{stacks:?}");
+}
+
+#[test]
+fn sampled_memleak_estimates_a_steady_leak() {
+    // By default memleak traces the allocations of one 100 ms period in 10 and scales by the time traced over
+    // the time sampled: a leak at a steady rate is estimated from about a tenth of its calls.
+    let dir = tempdir("memleak-sampled");
+    let leaky = Leaky::start_with(&dir, &["steady"]);
+    let folded = dir.join("memleak.folded");
+    let pid = leaky.child.id().to_string();
+    let out = myprobe().args(["profile", "memleak", "--any-process", "-p", &pid, "-d", "4", "-o"]).arg(&folded).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("one 100 ms period in 10"), "{stderr}");
+    let traced_secs: f64 = stderr
+        .lines()
+        .find_map(|l| l.split(" traced in ").nth(1))
+        .and_then(|rest| rest.trim_end_matches(" s").parse().ok())
+        .unwrap_or_else(|| panic!("no time traced:\n{stderr}"));
+    let stacks = read_folded(&folded);
+    let leaked = value_with_frame(&stacks, |f| f == "leak_here") as f64;
+    let expected = 2_048_000.0 * traced_secs;
+    assert!((0.8..=1.2).contains(&(leaked / expected)), "estimated {leaked} bytes from leak_here, expected about {expected}:\n{stderr}");
+    assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
 }
 
 #[test]

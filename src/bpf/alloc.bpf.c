@@ -56,11 +56,11 @@ struct outstanding_alloc {
 	__u64 stack_id;
 };
 
+/* The thread's allocation in flight (stack_id 0: none). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
+	__type(key, int);
 	__type(value, struct pending_alloc);
 } pending SEC(".maps");
 
@@ -73,52 +73,41 @@ struct {
 	__type(value, struct outstanding_alloc);
 } outstanding SEC(".maps");
 
+/* Counts (profile alloc) or remembers (memleak) the call asking for `size` bytes; 0 when memleak traces it,
+ * i.e. wants its return. */
 static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	if ((__u32)(pid_tgid >> 32) != target_tgid || size < min_size || size > max_size)
-		return 0;
+		return 1;
 	__u32 zero = 0;
 	if (sample_every > 1) {
 		__u64 *n = bpf_map_lookup_elem(&calls, &zero);
 		if (!n || (*n)++ % sample_every)
-			return 0;
+			return 1;
 	}
-	__u64 id = stack_id_of_call(ctx, (__u32)pid_tgid, true);
+	__u64 id = stack_id_of_call(ctx, true);
 	if (track_outstanding) {
-		__u32 tid = (__u32)pid_tgid;
-		struct pending_alloc p = { .size = size, .stack_id = id, .memptr = memptr };
-		bpf_map_update_elem(&pending, &tid, &p, BPF_ANY);
+		struct pending_alloc *p = id ? bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0,
+								     BPF_LOCAL_STORAGE_GET_F_CREATE) : 0;
+		if (!p) {
+			count_lost(LOST_STATE);
+			return 1;
+		}
+		p->size = size;
+		p->stack_id = id;
+		p->memptr = memptr;
 		return 0;
 	}
 	struct alloc_total zero_total = {};
 	struct alloc_total *t = id ? lookup_or_init(&totals, &id, &zero_total) : 0;
 	if (!t) {
 		count_lost(LOST_STATE);
-		return 0;
+		return 1;
 	}
 	__sync_fetch_and_add(&t->bytes, size);
 	__sync_fetch_and_add(&t->calls, 1);
-	return 0;
-}
-
-SEC("uprobe")
-int BPF_UPROBE(on_malloc, __u64 size)
-{
-	return account(ctx, size, 0);
-}
-
-SEC("uprobe")
-int BPF_UPROBE(on_calloc, __u64 n, __u64 size)
-{
-	return account(ctx, n * size, 0);
-}
-
-/* aligned_alloc(align, size), memalign(align, size) */
-SEC("uprobe")
-int BPF_UPROBE(on_second_arg_size, __u64 first, __u64 size)
-{
-	return account(ctx, size, 0);
+	return 1;
 }
 
 static __always_inline void forget(__u64 ptr)
@@ -127,39 +116,42 @@ static __always_inline void forget(__u64 ptr)
 		bpf_map_delete_elem(&outstanding, &ptr);
 }
 
-/* realloc(ptr, size): the old block is gone (or moved); the new one is an allocation. */
-SEC("uprobe")
-int BPF_UPROBE(on_realloc, __u64 ptr, __u64 size)
+/* The functions by their arguments; the attach cookie of each probe (src/collect/alloc.rs: AllocFunction). */
+enum alloc_kind {
+	ALLOC_SIZE = 0,             /* malloc(size), valloc(size), pvalloc(size) */
+	ALLOC_CALLOC = 1,           /* calloc(n, size) */
+	ALLOC_REALLOC = 2,          /* realloc(ptr, size): the old block is gone (or moved); the new one is an allocation */
+	ALLOC_ALIGN_SIZE = 3,       /* aligned_alloc(align, size), memalign(align, size) */
+	ALLOC_POSIX_MEMALIGN = 4,   /* posix_memalign(memptr, align, size) */
+};
+
+static __always_inline int on_call(struct pt_regs *ctx)
 {
-	forget(ptr);
-	return account(ctx, size, 0);
+	switch (bpf_get_attach_cookie(ctx)) {
+	case ALLOC_CALLOC:
+		return account(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0);
+	case ALLOC_REALLOC:
+		forget(PT_REGS_PARM1(ctx));
+		return account(ctx, PT_REGS_PARM2(ctx), 0);
+	case ALLOC_ALIGN_SIZE:
+		return account(ctx, PT_REGS_PARM2(ctx), 0);
+	case ALLOC_POSIX_MEMALIGN:
+		return account(ctx, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
+	default:
+		return account(ctx, PT_REGS_PARM1(ctx), 0);
+	}
 }
 
-SEC("uprobe")
-int BPF_UPROBE(on_posix_memalign, void **memptr, __u64 align, __u64 size)
-{
-	return account(ctx, size, (__u64)memptr);
-}
-
-SEC("uprobe")
-int BPF_UPROBE(on_free, __u64 ptr)
-{
-	forget(ptr);
-	return 0;
-}
-
-/* Return of any allocation function: the address is the return value, or *memptr for posix_memalign. */
-SEC("uretprobe")
-int BPF_URETPROBE(on_alloc_return, __u64 ret)
+/* Return of a traced call: the address is the return value, or *memptr for posix_memalign. */
+static __always_inline int on_return(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	if ((__u32)(pid_tgid >> 32) != target_tgid)
 		return 0;
-	__u32 tid = (__u32)pid_tgid;
-	struct pending_alloc *p = bpf_map_lookup_elem(&pending, &tid);
-	if (!p)
+	struct pending_alloc *p = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0, 0);
+	if (!p || !p->stack_id)
 		return 0;
-	__u64 addr = ret;
+	__u64 ret = PT_REGS_RC(ctx), addr = ret;
 	if (p->memptr && (ret != 0 || bpf_probe_read_user(&addr, sizeof(addr), (void *)p->memptr)))
 		addr = 0;
 	if (addr) {
@@ -167,6 +159,39 @@ int BPF_URETPROBE(on_alloc_return, __u64 ret)
 		if (bpf_map_update_elem(&outstanding, &addr, &a, BPF_ANY))
 			count_lost(LOST_STATE);
 	}
-	bpf_map_delete_elem(&pending, &tid);
+	p->stack_id = 0;
+	return 0;
+}
+
+SEC("uprobe")
+int on_alloc(struct pt_regs *ctx)
+{
+	on_call(ctx);
+	return 0;
+}
+
+/* Kernels before uprobe sessions (6.13): memleak's return probe on every call. */
+SEC("uretprobe")
+int on_alloc_return(struct pt_regs *ctx)
+{
+	return on_return(ctx);
+}
+
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+/* memleak: one program for the entry and the return, which the kernel only arms when the entry returns 0: a
+ * call that is not traced (sampled out, out of the size bounds) costs no return probe. */
+SEC("uprobe.session")
+int on_alloc_session(struct pt_regs *ctx)
+{
+	if (bpf_session_is_return())
+		return on_return(ctx);
+	return on_call(ctx);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(on_free, __u64 ptr)
+{
+	forget(ptr);
 	return 0;
 }

@@ -107,7 +107,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		struct futex_call c = { .addr = addr, .ts = bpf_ktime_get_ns() };
 		bpf_map_update_elem(&in_wait, &tid, &c, BPF_ANY);
 	} else if (is_wake(op) && bpf_map_lookup_elem(&waited, &addr)) {
-		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, tid, false) };
+		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false) };
 		__u64 zero = 0;
 		__u64 *n = lookup_or_init(&wakes, &k, &zero);
 		if (n)
@@ -135,7 +135,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		return 0;
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
-	k.stack_id = stack_id_of_call(ctx, tid, false);
+	k.stack_id = stack_id_of_call(ctx, false);
 	struct lock_wait zero = {};
 	struct lock_wait *w = lookup_or_init(&waits, &k, &zero);
 	if (!w) {

@@ -95,9 +95,6 @@ pub struct OffcpuArgs {
 /// Which allocations alloc and memleak trace.
 #[derive(Args)]
 pub struct AllocFilter {
-    /// Trace every N-th allocation call and scale the results by N
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub sample: u64,
     /// Only allocations of at least this many bytes
     #[arg(short = 'z', long = "min-size", value_name = "BYTES")]
     pub min_size: Option<u64>,
@@ -107,11 +104,11 @@ pub struct AllocFilter {
 }
 
 impl AllocFilter {
-    fn options(&self, outstanding_older_than: Option<u64>) -> Result<collect::alloc::AllocOptions> {
-        anyhow::ensure!(self.sample >= 1, "--sample must be at least 1");
+    fn options(&self, sample: u64, outstanding_older_than: Option<u64>) -> Result<collect::alloc::AllocOptions> {
+        anyhow::ensure!(sample >= 1, "--sample must be at least 1");
         let (min_size, max_size) = (self.min_size.unwrap_or(0), self.max_size.unwrap_or(u64::MAX));
         anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
-        Ok(collect::alloc::AllocOptions { sample_every: self.sample, min_size, max_size, outstanding_older_than, interval: None })
+        Ok(collect::alloc::AllocOptions { sample_every: sample, min_size, max_size, outstanding_older_than, interval: None })
     }
 }
 
@@ -119,6 +116,9 @@ impl AllocFilter {
 pub struct AllocArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    /// Trace every N-th allocation call and scale the results by N
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub sample: u64,
     #[command(flatten)]
     pub filter: AllocFilter,
     /// Count calls instead of bytes
@@ -130,6 +130,10 @@ pub struct AllocArgs {
 pub struct MemleakArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    /// Trace the allocations of one period of 100 ms in N and scale the results by the time traced over the
+    /// time sampled; frees are always traced. 1: every allocation, exact, at about twice the cost
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub sample: u64,
     #[command(flatten)]
     pub filter: AllocFilter,
     /// Leave out allocations younger than this many milliseconds when tracing ends
@@ -178,14 +182,14 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
         }
         ProfileCommand::Alloc(a) => {
-            let alloc = a.filter.options(None)?;
+            let alloc = a.filter.options(a.sample, None)?;
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             let every = if alloc.sample_every > 1 { format!("every {}th call", alloc.sample_every) } else { "every call".into() };
             eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
             let collected = collect::alloc::collect(&opts, &alloc, |_| {})?;
             let ended = Instant::now();
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
-            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what] * alloc.sample_every)])?;
+            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what])])?;
             finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
         }
         ProfileCommand::Locks(a) => {
@@ -226,23 +230,24 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             finish(&target, &a.trace, &collected, &profile, ended, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
-            let mut alloc = a.filter.options(Some(a.older.saturating_mul(1_000_000)))?;
+            let mut alloc = a.filter.options(a.sample, Some(a.older.saturating_mul(1_000_000)))?;
             anyhow::ensure!(a.interval != Some(0), "--interval must be at least 1 second");
             alloc.interval = a.interval.map(Duration::from_secs);
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!(
-                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end) for {} s; Ctrl-C ends early",
-                a.older, a.trace.duration
+                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) for {} s; Ctrl-C ends early",
+                a.older,
+                if a.sample > 1 { format!("those of one 100 ms period in {}, scaled", a.sample) } else { "every allocation".into() },
+                a.trace.duration
             );
-            let scale = alloc.sample_every;
             let started = Instant::now();
             let collected = collect::alloc::collect(&opts, &alloc, |so_far| {
                 eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
-                eprint!("{}", outstanding_table(&mut symbolizer, so_far, scale, a.top));
+                eprint!("{}", outstanding_table(&mut symbolizer, so_far, a.top));
             })?;
             let ended = Instant::now();
-            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0] * scale)])?;
-            eprint!("{}", outstanding_table(&mut symbolizer, &collected, scale, a.top));
+            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0])])?;
+            eprint!("{}", outstanding_table(&mut symbolizer, &collected, a.top));
             finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)
         }
     }
@@ -324,13 +329,13 @@ fn build_profile(
 
 /// memleak's table: the `top` stacks holding the most bytes, with their allocation counts and innermost frames
 /// (leaf last), like bcc's memleak prints them.
-fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, scale: u64, top: usize) -> String {
+fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, top: usize) -> String {
     let mut stacks: Vec<_> = collected.stacks.iter().collect();
     stacks.sort_by(|a, b| b.1[0].cmp(&a.1[0]));
     let mut out = format!("top {} stacks by bytes not freed:\n", top.min(stacks.len()));
     for (raw, v) in stacks.into_iter().take(top) {
         let frames = innermost(&symbolizer.user_stack(raw.user()));
-        out += &format!("  {} bytes in {} allocations from {frames}\n", v[0] * scale, v[1] * scale);
+        out += &format!("  {} bytes in {} allocations from {frames}\n", v[0], v[1]);
     }
     out
 }

@@ -1,9 +1,16 @@
 //! Allocations by stack (src/bpf/alloc.bpf.c): uprobes on the allocation functions of the process's C library.
 
-use std::{collections::HashMap, mem::MaybeUninit, path::PathBuf};
+use std::{
+    collections::HashMap,
+    mem::MaybeUninit,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeOpts};
+use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeMultiOpts, UprobeOpts};
+
+use crate::target::probes::{entry_probes, EntryProbe};
 
 use super::{drain, for_each_entry, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
 
@@ -12,8 +19,11 @@ mod skel {
 }
 use skel::*;
 
-/// What to trace: every `sample_every`-th call asking for `min_size..=max_size` bytes.
+/// What to trace: the calls asking for `min_size..=max_size` bytes, one in `sample_every`.
 pub struct AllocOptions {
+    /// alloc: every N-th call. memleak: the allocations of one period of 100 ms in N; it traces every free,
+    /// which costs as much as a call to malloc, so only periods without probes on the allocation functions
+    /// spare the cost (see SamplePeriods).
     pub sample_every: u64,
     pub min_size: u64,
     pub max_size: u64,
@@ -21,23 +31,57 @@ pub struct AllocOptions {
     /// `None`: report all allocations made (profile alloc).
     pub outstanding_older_than: Option<u64>,
     /// memleak: also report what is outstanding this often while tracing.
-    pub interval: Option<std::time::Duration>,
+    pub interval: Option<Duration>,
 }
 
-/// `value[0]` of each stack is bytes, `value[1]` calls (of the sampled calls: scale by `sample_every`): asked
-/// for while tracing, or (memleak) still allocated at the end.
+/// The allocation functions by their arguments, with the kind the BPF program reads from the attach cookie
+/// (`enum alloc_kind` in src/bpf/alloc.bpf.c).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AllocFunction {
+    Size = 0,
+    Calloc = 1,
+    Realloc = 2,
+    AlignSize = 3,
+    PosixMemalign = 4,
+}
+
+const FUNCTIONS: [(&str, AllocFunction); 8] = [
+    ("malloc", AllocFunction::Size),
+    ("calloc", AllocFunction::Calloc),
+    ("realloc", AllocFunction::Realloc),
+    ("aligned_alloc", AllocFunction::AlignSize),
+    ("memalign", AllocFunction::AlignSize),
+    ("posix_memalign", AllocFunction::PosixMemalign),
+    ("valloc", AllocFunction::Size),
+    ("pvalloc", AllocFunction::Size),
+];
+
+/// Whether the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
+/// `value[0]` of each stack is bytes, `value[1]` calls (scaled up when sampled): asked for while tracing, or
+/// (memleak) still allocated at the end.
 /// With `alloc.interval`, `report` is given the outstanding allocations that often.
 pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnMut(&Collected)) -> Result<Collected> {
     let libc = libc_of(opts.pid)?;
     let mut object = MaybeUninit::uninit();
     let mut open = open_skel(AllocSkelBuilder::default(), &mut object, opts)?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
+    let leaks = alloc.outstanding_older_than.is_some();
     rodata.target_tgid = opts.pid;
     rodata.kernel_stacks = opts.kernel_stacks;
-    rodata.sample_every = alloc.sample_every.max(1);
+    rodata.sample_every = if leaks { 1 } else { alloc.sample_every.max(1) };
     rodata.min_size = alloc.min_size;
     rodata.max_size = alloc.max_size;
-    rodata.track_outstanding = alloc.outstanding_older_than.is_some();
+    rodata.track_outstanding = leaks;
+    // memleak on kernels with uprobe sessions: the return probe only for the calls it traces.
+    let sessions = leaks && kernel_at_least(6, 13);
+    open.progs.on_alloc_session.set_autoload(sessions);
+    open.progs.on_alloc_return.set_autoload(leaks && !sessions);
     size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the allocation probes into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
@@ -45,45 +89,62 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
 
-    let progs = &skel.progs;
-    let probes = [
-        ("malloc", &progs.on_malloc),
-        ("calloc", &progs.on_calloc),
-        ("realloc", &progs.on_realloc),
-        ("aligned_alloc", &progs.on_second_arg_size),
-        ("memalign", &progs.on_second_arg_size),
-        ("posix_memalign", &progs.on_posix_memalign),
-        ("valloc", &progs.on_malloc),
-        ("pvalloc", &progs.on_malloc),
-    ];
-    let leaks = alloc.outstanding_older_than.is_some();
-    let attach = |function: &str, prog: &libbpf_rs::ProgramMut, retprobe: bool| {
-        let uprobe = UprobeOpts { func_name: Some(function.to_string()), retprobe, ..Default::default() };
-        prog.attach_uprobe_with_opts(opts.pid as i32, &libc, 0, uprobe)
-    };
-    // Return probes first (and detached first): an entry without its return would leave a pending entry.
-    let (mut returns, mut entries): (Vec<Link>, Vec<Link>) = (Vec::new(), Vec::new());
+    let places = entry_probes(&libc, &FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect::<Vec<_>>())?;
     let mut missing = Vec::new();
-    for (function, prog) in probes {
-        if leaks {
-            match attach(function, &progs.on_alloc_return, true) {
-                Ok(link) => returns.push(link),
-                Err(_) => {
-                    missing.push(function);
-                    continue;
+    let mut traced: Vec<(&str, EntryProbe, u64)> = Vec::new();
+    for ((function, kind), place) in FUNCTIONS.iter().zip(&places) {
+        match place {
+            None => missing.push(*function),
+            // glibc's aligned_alloc is memalign: probed once.
+            Some(place) if traced.iter().any(|(_, t, _)| t.address == place.address) => {}
+            Some(place) => traced.push((function, *place, *kind as u64)),
+        }
+    }
+    let progs = &skel.progs;
+    let attach = |probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64| {
+        let uprobe = UprobeOpts { retprobe, cookie, ..Default::default() };
+        prog.attach_uprobe_with_opts(opts.pid as i32, &libc, probe.offset(), uprobe)
+    };
+    // memleak: every free, and realloc's release of the old block, whether allocations are traced or not; in
+    // place before the first allocation is traced.
+    let mut frees = Vec::new();
+    if leaks {
+        let free = places.last().copied().flatten().with_context(|| format!("{} has no free()", libc.display()))?;
+        frees.push(attach(&free, &progs.on_free, false, 0).with_context(|| format!("attaching to free in {}", libc.display()))?);
+        let realloc = traced.iter().find(|(_, _, kind)| *kind == AllocFunction::Realloc as u64);
+        if let Some((_, place, _)) = realloc {
+            frees.push(attach(place, &progs.on_free, false, 0).context("attaching to realloc")?);
+        }
+    }
+    // The probes on the allocation functions; return probes first in the list, so that they are detached
+    // first (an entry without its return would leave a pending allocation behind).
+    let attach_allocations = |missing: &mut Vec<&str>| -> Result<Vec<Link>> {
+        if sessions {
+            let multi = UprobeMultiOpts {
+                offsets: traced.iter().map(|(_, place, _)| place.offset()).collect(),
+                cookies: traced.iter().map(|(_, _, kind)| *kind).collect(),
+                session: true,
+                ..Default::default()
+            };
+            let link = progs.on_alloc_session.attach_uprobe_multi_with_opts(opts.pid as i32, &libc, "", multi);
+            return Ok(vec![link.with_context(|| format!("attaching to the allocation functions of {}", libc.display()))?]);
+        }
+        let (mut returns, mut entries) = (Vec::new(), Vec::new());
+        for (function, place, kind) in &traced {
+            let ret = if leaks { attach(place, &progs.on_alloc_return, true, 0).map(Some) } else { Ok(None) };
+            match (ret, attach(place, &progs.on_alloc, false, *kind)) {
+                (Ok(ret), Ok(entry)) => {
+                    returns.extend(ret);
+                    entries.push(entry);
                 }
+                _ => missing.push(function),
             }
         }
-        match attach(function, prog, false) {
-            Ok(link) => entries.push(link),
-            Err(_) => missing.push(function),
-        }
-    }
-    if leaks {
-        entries.push(attach("free", &progs.on_free, false).with_context(|| format!("attaching to free in {}", libc.display()))?);
-    }
-    let links = (returns, entries);
-    if links.1.is_empty() {
+        returns.extend(entries);
+        Ok(returns)
+    };
+    let mut allocations = attach_allocations(&mut missing)?;
+    if allocations.is_empty() {
         bail!(
             "could not attach to any allocation function of {}: if the process allocates through another allocator \
              (jemalloc, tcmalloc) or was linked statically, its allocations cannot be traced here",
@@ -91,29 +152,44 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
         );
     }
     if !missing.is_empty() {
-        eprintln!("myprobe: note: {} has no {}: not traced", libc.display(), missing.join(", "));
+        eprintln!("myprobe: note: {} has no {} that can be probed: not traced", libc.display(), missing.join(", "));
     }
 
-    // The events define stacks (value[0]: their id); the amounts are summed in the totals map.
+    // The events define stacks (value[0]: their id); the amounts are summed in the totals map (alloc) or kept
+    // per address in the outstanding map (memleak).
     let outstanding_map = &skel.maps.outstanding;
-    let mut last_report = std::time::Instant::now();
+    let mut periods = SamplePeriods::new(if leaks { alloc.sample_every } else { 1 });
+    let mut last_report = Instant::now();
     let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh, so_far| {
+        // Time probed: from the end of attaching to the start of detaching.
+        match periods.due() {
+            Some(true) => {
+                allocations = attach_allocations(&mut Vec::new())?;
+                periods.set(!allocations.is_empty());
+            }
+            Some(false) => {
+                periods.set(false);
+                allocations.clear();
+            }
+            None => {}
+        }
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
             if let (Some(every), Some(older)) = (alloc.interval, alloc.outstanding_older_than) {
                 if last_report.elapsed() >= every {
-                    last_report = std::time::Instant::now();
-                    report(&outstanding(so_far, outstanding_map, older));
+                    last_report = Instant::now();
+                    report(&outstanding(so_far, outstanding_map, older, periods.scale()));
                 }
             }
         }
         Ok(bss.lost)
     });
-    drop(links.0);
-    drop(links.1);
+    periods.end();
+    allocations.clear();
+    drop(frees);
     let definitions = definitions?;
     if let Some(older) = alloc.outstanding_older_than {
-        return Ok(outstanding(&definitions, &skel.maps.outstanding, older));
+        return Ok(outstanding(&definitions, &skel.maps.outstanding, older, periods.scale()));
     }
     let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
     for (stack, [id, _]) in definitions.stacks {
@@ -124,11 +200,68 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
         let total = u64::from_ne_bytes(bytes[0..8].try_into().unwrap());
         let calls = u64::from_ne_bytes(bytes[8..16].try_into().unwrap());
         if calls > 0 {
-            collected.add(stack, [total, calls]);
+            collected.add(stack, [total * alloc.sample_every, calls * alloc.sample_every]);
             collected.events += calls - 1;
         }
     }
     Ok(collected)
+}
+
+/// memleak's sampling: the allocation functions are probed for one period in `every` (frees always are), and
+/// the results scaled by the time traced over the time probed.
+struct SamplePeriods {
+    every: u32,
+    started: Instant,
+    open_since: Option<Instant>,
+    open_for: Duration,
+    ended: Option<Instant>,
+}
+
+/// Long enough for attaching to cost little (a few ms), short enough for a 10 s trace to hold several periods.
+const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+
+impl SamplePeriods {
+    fn new(every: u64) -> Self {
+        let now = Instant::now();
+        SamplePeriods { every: every.clamp(1, u32::MAX as u64) as u32, started: now, open_since: Some(now), open_for: Duration::ZERO, ended: None }
+    }
+
+    /// `Some(open)` when the allocation probes must be attached (true) or detached (false) now.
+    fn due(&self) -> Option<bool> {
+        if self.every == 1 {
+            return None;
+        }
+        let cycle = SAMPLE_PERIOD * self.every;
+        let open = self.started.elapsed().as_nanos() % cycle.as_nanos() < SAMPLE_PERIOD.as_nanos();
+        (open != self.open_since.is_some()).then_some(open)
+    }
+
+    /// The probes are attached (`open`) or detached, from now.
+    fn set(&mut self, open: bool) {
+        let now = Instant::now();
+        if let Some(since) = self.open_since.take() {
+            self.open_for += now - since;
+        }
+        if open {
+            self.open_since = Some(now);
+        }
+    }
+
+    /// Tracing ended (the probes are detached).
+    fn end(&mut self) {
+        self.set(false);
+        self.ended = Some(Instant::now());
+    }
+
+    /// Time traced over time probed, so far.
+    fn scale(&self) -> f64 {
+        if self.every == 1 {
+            return 1.0;
+        }
+        let now = self.ended.unwrap_or_else(Instant::now);
+        let open = self.open_for + self.open_since.map_or(Duration::ZERO, |since| now - since);
+        (now - self.started).as_secs_f64() / open.as_secs_f64().max(1e-3)
+    }
 }
 
 /// The C library the process uses, as the process sees it.
@@ -142,13 +275,15 @@ fn libc_of(pid: u32) -> Result<PathBuf> {
     Ok(PathBuf::from(format!("/proc/{pid}/root{path}")))
 }
 
-/// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far).
-fn outstanding(definitions: &Collected, map: &dyn MapCore, older_ns: u64) -> Collected {
+/// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far),
+/// multiplied by `scale`.
+fn outstanding(definitions: &Collected, map: &dyn MapCore, older_ns: u64, scale: f64) -> Collected {
     let amounts = outstanding_by_stack(map, older_ns);
     let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
     for (stack, [id, _]) in &definitions.stacks {
         if let Some(&[bytes, count]) = amounts.get(id) {
-            collected.add(stack.clone(), [bytes, count]);
+            let scaled = |v: u64| (v as f64 * scale).round() as u64;
+            collected.add(stack.clone(), [scaled(bytes), scaled(count)]);
             collected.events += count - 1;
         }
     }
