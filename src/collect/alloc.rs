@@ -163,10 +163,17 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh, so_far| {
         // Time probed: from the end of attaching to the start of detaching.
         match periods.due() {
-            Some(true) => {
-                allocations = attach_allocations(&mut Vec::new())?;
-                periods.set(!allocations.is_empty());
-            }
+            Some(true) => match attach_allocations(&mut Vec::new()) {
+                Ok(links) => {
+                    allocations = links;
+                    periods.set(!allocations.is_empty());
+                }
+                // E.g. the process exited: what was traced so far is still reported.
+                Err(e) => {
+                    eprintln!("myprobe: warning: {e:#}: the allocations of the periods left are not traced");
+                    periods.stop_sampling();
+                }
+            },
             Some(false) => {
                 periods.set(false);
                 allocations.clear();
@@ -215,6 +222,8 @@ struct SamplePeriods {
     open_since: Option<Instant>,
     open_for: Duration,
     ended: Option<Instant>,
+    /// No more periods (attaching failed).
+    stopped: bool,
 }
 
 /// Long enough for attaching to cost little (a few ms), short enough for a 10 s trace to hold several periods.
@@ -223,12 +232,12 @@ const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 impl SamplePeriods {
     fn new(every: u64) -> Self {
         let now = Instant::now();
-        SamplePeriods { every: every.clamp(1, u32::MAX as u64) as u32, started: now, open_since: Some(now), open_for: Duration::ZERO, ended: None }
+        SamplePeriods { every: every.clamp(1, u32::MAX as u64) as u32, started: now, open_since: Some(now), open_for: Duration::ZERO, ended: None, stopped: false }
     }
 
     /// `Some(open)` when the allocation probes must be attached (true) or detached (false) now.
     fn due(&self) -> Option<bool> {
-        if self.every == 1 {
+        if self.every == 1 || self.stopped {
             return None;
         }
         let cycle = SAMPLE_PERIOD * self.every;
@@ -247,10 +256,16 @@ impl SamplePeriods {
         }
     }
 
+    /// No more periods: the scale is that of the time so far.
+    fn stop_sampling(&mut self) {
+        self.stopped = true;
+        self.end();
+    }
+
     /// Tracing ended (the probes are detached).
     fn end(&mut self) {
         self.set(false);
-        self.ended = Some(Instant::now());
+        self.ended.get_or_insert_with(Instant::now);
     }
 
     /// Time traced over time probed, so far.
