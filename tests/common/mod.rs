@@ -202,12 +202,42 @@ pub fn run_ok(cmd: &mut Command) -> String {
     stderr
 }
 
-/// A fresh temporary directory for one test's files.
-pub fn tempdir(name: &str) -> PathBuf {
+/// A fresh temporary directory for one test's files, removed when the test passes (kept for a look when
+/// it fails).
+pub fn tempdir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("myprobe-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TempDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Parses folded text into (frames root first, value).
