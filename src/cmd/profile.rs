@@ -20,10 +20,10 @@ pub enum ProfileCommand {
     Cpu(CpuArgs),
     /// Off-CPU flame graph: time each thread spends off CPU by stack, split into [blocked] and [runnable].
     ///
-    /// Every wait is timed, none is sampled away. Its user stack is captured when the thread leaves the CPU:
-    /// unwound from .eh_frame, or reused when the thread left the CPU at the same instruction with the same
-    /// stack and frame pointers (the same call chain) at one of its last four places; waits on one stack are
-    /// summed in the kernel and sent when the thread waits elsewhere.
+    /// Every wait is timed, none is sampled away. Its user stack is taken when the thread leaves the CPU:
+    /// unwound from .eh_frame the first time the thread leaves it at that place (instruction, stack and
+    /// frame pointers: the same call chain), then known by its id; waits are summed in the kernel per thread
+    /// and stack, and each stack is sent to user space once.
     #[command(verbatim_doc_comment)]
     Offcpu(OffcpuArgs),
     /// Allocation flame graph: bytes (or calls) asked of malloc, calloc, realloc, aligned_alloc, posix_memalign,

@@ -3,12 +3,9 @@
 use std::{collections::HashMap, mem::MaybeUninit};
 
 use anyhow::{Context, Result};
-use libbpf_rs::{
-    skel::{OpenSkel, Skel},
-    MapCore,
-};
+use libbpf_rs::skel::{OpenSkel, Skel};
 
-use super::{drain, for_each_entry, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Installed, RawStack};
+use super::{drain, for_each_keyed, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Installed, RawStack};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/locks.skel.rs"));
@@ -61,7 +58,7 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
     })?;
     let stacks: HashMap<u64, RawStack> = definitions.stacks.into_iter().map(|(stack, [id, _])| (id, stack)).collect();
     let mut found = LockWaits { traced: definitions.traced, lost: definitions.lost, ..LockWaits::default() };
-    for_each(&skel.maps.waits, |addr, id, value| {
+    for_each_keyed(&skel.maps.waits, |addr, id, value| {
         let Some(stack) = stacks.get(&id) else { return };
         let field = |i: usize| value.get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
         let mut w = Waits { count: field(0), total_ns: field(1), max_ns: field(2), hist: [0; HIST_BUCKETS] };
@@ -70,7 +67,7 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
         }
         found.waits.push((addr, stack.clone(), w));
     });
-    for_each(&skel.maps.wakes, |addr, id, value| {
+    for_each_keyed(&skel.maps.wakes, |addr, id, value| {
         let Some(stack) = stacks.get(&id) else { return };
         let n = value.get(..8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
         found.wakes.push((addr, stack.clone(), n));
@@ -78,11 +75,3 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
     Ok(found)
 }
 
-/// Calls `f(lock word, stack id, value)` for every entry of a map keyed by `struct lock_key`.
-fn for_each(map: &dyn MapCore, mut f: impl FnMut(u64, u64, &[u8])) {
-    for_each_entry(map, |key, value| {
-        if key.len() >= 16 {
-            f(u64::from_ne_bytes(key[..8].try_into().unwrap()), u64::from_ne_bytes(key[8..16].try_into().unwrap()), value);
-        }
-    });
-}

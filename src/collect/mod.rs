@@ -154,6 +154,16 @@ pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     Ok(())
 }
 
+/// Calls `f(first, second, value)` for every entry of a map keyed by two u64 (e.g. a lock word or a thread,
+/// and a stack id).
+pub fn for_each_keyed(map: &dyn MapCore, mut f: impl FnMut(u64, u64, &[u8])) {
+    for_each_entry(map, |key, value| {
+        if key.len() >= 16 {
+            f(u64::from_ne_bytes(key[..8].try_into().unwrap()), u64::from_ne_bytes(key[8..16].try_into().unwrap()), value);
+        }
+    });
+}
+
 /// Calls `f(key, value)` for every entry of a hash map, read in batches (the maps summed in the kernel hold
 /// up to a million entries); one entry at a time on kernels without batch lookups for hash maps.
 pub fn for_each_entry(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) {

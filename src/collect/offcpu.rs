@@ -1,14 +1,17 @@
 //! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints, split into blocked and runnable time.
 
-use std::mem::MaybeUninit;
+use std::{collections::HashMap, mem::MaybeUninit};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    MapCore, MapFlags,
+    MapCore,
 };
 
-use super::{drain, install_unwind, Installed, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, RawStack};
+use super::{
+    drain, for_each_entry, for_each_keyed, install_unwind, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions,
+    Collected, Installed, RawStack,
+};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
@@ -34,50 +37,54 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
 
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    let mut collected = drain(&skel.maps.events, opts, "profile offcpu", |refresh, _| {
+    // The events define stacks (value[0]: their id); the times are summed per (thread, stack id) in totals.
+    let definitions = drain(&skel.maps.events, opts, "profile offcpu", |refresh, _| {
         if refresh {
             refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
         }
         Ok(bss.lost)
     })?;
-    eprintln!(
-        "myprobe: {} user stacks unwound, {} reused from the same thread's earlier wait at the same place",
-        bss.stacks_unwound, bss.stacks_reused
-    );
-    add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut collected);
+    let mut times: HashMap<(u64, u64), [u64; 2]> = HashMap::new();
+    for_each_keyed(&skel.maps.totals, |tid, id, value| {
+        let field = |i: usize| value.get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
+        times.insert((tid, id), [field(0), field(1)]);
+    });
+    add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut times);
+    let stacks: HashMap<u64, RawStack> = definitions.stacks.into_iter().map(|(stack, [id, _])| (id, stack)).collect();
+    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
+    for ((tid, id), values) in times {
+        if let Some(stack) = stacks.get(&id) {
+            collected.add(RawStack { tid: tid as u32, ..stack.clone() }, values);
+        }
+    }
     Ok(collected)
 }
 
-/// What the threads have not sent yet: the waits summed on their current stack, and the wait of those still
-/// off CPU when tracing ends (an idle connection blocked throughout), up to now. One map entry per thread.
-fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, collected: &mut Collected) {
+/// The waits of the threads still off CPU when tracing ends (an idle connection blocked since its last
+/// statement), up to now, on the stack where each left the CPU.
+fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, times: &mut HashMap<(u64, u64), [u64; 2]>) {
     let now = monotonic_ns();
-    for key in threads.keys() {
-        let Ok(Some(bytes)) = threads.lookup(&key, MapFlags::ANY) else { continue };
-        if bytes.len() < std::mem::size_of::<types::thread_state>() {
-            continue;
+    for_each_entry(threads, |key, bytes| {
+        if key.len() < 4 || bytes.len() < std::mem::size_of::<types::thread_state>() {
+            return;
         }
+        let tid = u32::from_ne_bytes(key[..4].try_into().unwrap()) as u64;
         // SAFETY: the value is a `struct thread_state` of the size checked above; read unaligned.
         let st: types::thread_state = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        // Summed on the thread's current stack and not sent yet.
-        let mut values = st.ev.value;
-        if st.off_ts != 0 && st.off_ts <= now && now - st.off_ts >= min_ns {
-            let off = st.off_ts.max(started_ns);
-            let open = if st.preempted != 0 {
-                [0, now - off]
-            } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
-                let wake = st.wake_ts.max(off);
-                [wake - off, now - wake]
-            } else {
-                [now - off, 0]
-            };
-            values = [values[0] + open[0], values[1] + open[1]];
+        if st.off_ts == 0 || st.off_ts > now || now - st.off_ts < min_ns || st.stack_id == 0 {
+            return;
         }
-        if values == [0, 0] {
-            continue;
-        }
-        let frames = (st.ev.user_len as usize + st.ev.kernel_len as usize).min(st.ev.ips.len());
-        let stack = RawStack { tid: st.ev.tid, kind: 0, user_len: st.ev.user_len, ips: st.ev.ips[..frames].into() };
-        collected.add(stack, values);
-    }
+        let off = st.off_ts.max(started_ns);
+        let open = if st.preempted != 0 {
+            [0, now - off]
+        } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
+            let wake = st.wake_ts.max(off);
+            [wake - off, now - wake]
+        } else {
+            [now - off, 0]
+        };
+        let t = times.entry((tid, st.stack_id)).or_default();
+        t[0] += open[0];
+        t[1] += open[1];
+    });
 }
