@@ -452,19 +452,7 @@ static __always_inline void mark_woken(struct task_struct *p)
 		st->runnable_since = bpf_ktime_get_ns();
 }
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_wakeup, struct task_struct *p)
-{
-	mark_woken(p);
-	return 0;
-}
-
-SEC("tp_btf/sched_wakeup_new")
-int BPF_PROG(on_wakeup_new, struct task_struct *p)
-{
-	mark_woken(p);
-	return 0;
-}
+#include "wakeups.h"
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
