@@ -17,14 +17,16 @@ struct Leaky {
 
 impl Leaky {
     fn start(dir: &std::path::Path) -> Leaky {
-        Leaky::start_with(dir, &[])
+        Leaky::start_with(dir, &[], &[])
     }
 
-    /// `args`: e.g. `steady`, leaking at a known rate from the start.
-    fn start_with(dir: &std::path::Path, args: &[&str]) -> Leaky {
+    /// `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more files to build it with.
+    fn start_with(dir: &std::path::Path, args: &[&str], sources: &[&str]) -> Leaky {
         let exe = dir.join("leaky");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/alloc/leaky.c");
-        let cc = Command::new("cc").args(["-O1", "-g", "-pthread", "-o"]).arg(&exe).arg(src).output().unwrap();
+        let fixture = |name: &str| format!("{}/tests/fixtures/alloc/{name}", env!("CARGO_MANIFEST_DIR"));
+        let mut cc = Command::new("cc");
+        cc.args(["-O1", "-g", "-pthread", "-rdynamic", "-o"]).arg(&exe).arg(fixture("leaky.c"));
+        let cc = cc.args(sources.iter().map(|s| fixture(s))).output().unwrap();
         assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
         let mut child = Command::new(&exe).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -57,8 +59,13 @@ fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
 
 /// Runs `profile <what>` on the fixture while it allocates; returns the folded stacks and stderr.
 fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
+    traced_built_with(name, &[], what, extra)
+}
+
+/// The same, with the fixture built with more `sources`.
+fn traced_built_with(name: &str, sources: &[&str], what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
-    let mut leaky = Leaky::start(&dir);
+    let mut leaky = Leaky::start_with(&dir, &[], sources);
     let folded = dir.join("alloc.folded");
     let pid = leaky.child.id().to_string();
     let tracer = myprobe()
@@ -96,7 +103,7 @@ fn sampled_memleak_estimates_a_steady_leak() {
     // By default memleak traces the allocations of one 100 ms period in 10 and scales by the time traced over
     // the time sampled: a leak at a steady rate is estimated from about a tenth of its calls.
     let dir = tempdir("memleak-sampled");
-    let leaky = Leaky::start_with(&dir, &["steady"]);
+    let leaky = Leaky::start_with(&dir, &["steady"], &[]);
     let folded = dir.join("memleak.folded");
     let pid = leaky.child.id().to_string();
     let out = myprobe().args(["profile", "memleak", "--any-process", "-p", &pid, "-d", "4", "-o"]).arg(&folded).output().unwrap();
@@ -128,6 +135,14 @@ fn allocation_bytes_of_a_known_leak_are_exact() {
         assert_eq!(frames.last().map(String::as_str), Some("malloc"), "{frames:?}");
         assert_eq!(frames.first().map(String::as_str), Some("_start"), "the stack is complete: {frames:?}");
     }
+}
+
+#[test]
+fn an_allocator_of_the_program_own_is_the_one_traced() {
+    // The fixture with a malloc family of its own: libc's malloc is never called.
+    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], "alloc", &[]);
+    assert!(stderr.contains("/leaky (it defines malloc"), "the allocator is named:\n{stderr}");
+    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
 }
 
 #[test]

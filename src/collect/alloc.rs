@@ -67,7 +67,10 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
 /// (memleak) still allocated at the end.
 /// With `alloc.interval`, `report` is given the outstanding allocations that often.
 pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnMut(&Collected)) -> Result<Collected> {
-    let libc = libc_of(opts.pid)?;
+    let allocator = allocator_of(opts.pid)?;
+    if !allocator.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc")) {
+        eprintln!("myprobe: note: tracing the allocator of {} (it defines malloc before the C library)", allocator.display());
+    }
     let mut object = MaybeUninit::uninit();
     let mut open = open_skel(AllocSkelBuilder::default(), &mut object, opts)?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
@@ -89,7 +92,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
 
-    let places = entry_probes(&libc, &FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect::<Vec<_>>())?;
+    let places = entry_probes(&allocator, &FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect::<Vec<_>>())?;
     let mut missing = Vec::new();
     let mut traced: Vec<(&str, EntryProbe, u64)> = Vec::new();
     for ((function, kind), place) in FUNCTIONS.iter().zip(&places) {
@@ -103,14 +106,14 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let progs = &skel.progs;
     let attach = |probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64| {
         let uprobe = UprobeOpts { retprobe, cookie, ..Default::default() };
-        prog.attach_uprobe_with_opts(opts.pid as i32, &libc, probe.offset(), uprobe)
+        prog.attach_uprobe_with_opts(opts.pid as i32, &allocator, probe.offset(), uprobe)
     };
     // memleak: every free, and realloc's release of the old block, whether allocations are traced or not; in
     // place before the first allocation is traced.
     let mut frees = Vec::new();
     if leaks {
-        let free = places.last().copied().flatten().with_context(|| format!("{} has no free()", libc.display()))?;
-        frees.push(attach(&free, &progs.on_free, false, 0).with_context(|| format!("attaching to free in {}", libc.display()))?);
+        let free = places.last().copied().flatten().with_context(|| format!("{} has no free()", allocator.display()))?;
+        frees.push(attach(&free, &progs.on_free, false, 0).with_context(|| format!("attaching to free in {}", allocator.display()))?);
         let realloc = traced.iter().find(|(_, _, kind)| *kind == AllocFunction::Realloc as u64);
         if let Some((_, place, _)) = realloc {
             frees.push(attach(place, &progs.on_free, false, 0).context("attaching to realloc")?);
@@ -126,8 +129,8 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
                 session: true,
                 ..Default::default()
             };
-            let link = progs.on_alloc_session.attach_uprobe_multi_with_opts(opts.pid as i32, &libc, "", multi);
-            return Ok(vec![link.with_context(|| format!("attaching to the allocation functions of {}", libc.display()))?]);
+            let link = progs.on_alloc_session.attach_uprobe_multi_with_opts(opts.pid as i32, &allocator, "", multi);
+            return Ok(vec![link.with_context(|| format!("attaching to the allocation functions of {}", allocator.display()))?]);
         }
         let (mut returns, mut entries) = (Vec::new(), Vec::new());
         for (function, place, kind) in &traced {
@@ -148,11 +151,11 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
         bail!(
             "could not attach to any allocation function of {}: if the process allocates through another allocator \
              (jemalloc, tcmalloc) or was linked statically, its allocations cannot be traced here",
-            libc.display()
+            allocator.display()
         );
     }
     if !missing.is_empty() {
-        eprintln!("myprobe: note: {} has no {} that can be probed: not traced", libc.display(), missing.join(", "));
+        eprintln!("myprobe: note: {} has no {} that can be probed: not traced", allocator.display(), missing.join(", "));
     }
 
     // The events define stacks (value[0]: their id); the amounts are summed in the totals map (alloc) or kept
@@ -279,15 +282,42 @@ impl SamplePeriods {
     }
 }
 
-/// The C library the process uses, as the process sees it.
-fn libc_of(pid: u32) -> Result<PathBuf> {
+/// The object whose `malloc` the process calls, as the process sees it: the dynamic linker binds the first
+/// definition it finds, so the executable (jemalloc or tcmalloc linked in statically), then the libraries of
+/// LD_PRELOAD and of a known allocator (jemalloc, tcmalloc, mimalloc linked in), when they export `malloc`;
+/// else the C library.
+fn allocator_of(pid: u32) -> Result<PathBuf> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
-    let path = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.rsplit('/').next().is_some_and(|name| name.starts_with("libc.so") || name.starts_with("libc-")))
+    let mut mapped: Vec<&str> = Vec::new();
+    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)).filter(|p| p.starts_with('/')) {
+        if !mapped.contains(&path) {
+            mapped.push(path);
+        }
+    }
+    let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.to_string_lossy().into_owned());
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let preload: Vec<String> = environ
+        .split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+        .flat_map(|v| String::from_utf8_lossy(v).split([':', ' ']).map(file_name).collect::<Vec<_>>())
+        .filter(|name| !name.is_empty())
+        .collect();
+    const ALLOCATORS: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
+    let mut candidates: Vec<&str> = mapped.iter().copied().filter(|p| Some(*p) == exe.as_deref()).collect();
+    candidates.extend(mapped.iter().copied().filter(|p| preload.contains(&file_name(p))));
+    candidates.extend(mapped.iter().copied().filter(|p| ALLOCATORS.iter().any(|a| file_name(p).starts_with(a))));
+    let in_root = |p: &str| PathBuf::from(format!("/proc/{pid}/root{p}"));
+    for path in candidates {
+        if matches!(entry_probes(&in_root(path), &["malloc"]).as_deref(), Ok([Some(_)])) {
+            return Ok(in_root(path));
+        }
+    }
+    let libc = mapped
+        .iter()
+        .find(|p| file_name(p).starts_with("libc.so") || file_name(p).starts_with("libc-"))
         .with_context(|| format!("process {pid} has no C library mapped (a static binary?): its allocations cannot be traced"))?;
-    Ok(PathBuf::from(format!("/proc/{pid}/root{path}")))
+    Ok(in_root(libc))
 }
 
 /// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far),
