@@ -16,19 +16,22 @@ struct Leaky {
 }
 
 impl Leaky {
-    fn start(dir: &std::path::Path) -> Leaky {
-        Leaky::start_with(dir, &[], &[])
-    }
-
-    /// `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more files to build it with.
-    fn start_with(dir: &std::path::Path, args: &[&str], sources: &[&str]) -> Leaky {
+    /// `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more files to build it with;
+    /// `env`: e.g. LD_PRELOAD.
+    fn start(dir: &std::path::Path, args: &[&str], sources: &[&str], env: &[(&str, &str)]) -> Leaky {
         let exe = dir.join("leaky");
         let fixture = |name: &str| format!("{}/tests/fixtures/alloc/{name}", env!("CARGO_MANIFEST_DIR"));
         let mut cc = Command::new("cc");
         cc.args(["-O1", "-g", "-pthread", "-rdynamic", "-o"]).arg(&exe).arg(fixture("leaky.c"));
         let cc = cc.args(sources.iter().map(|s| fixture(s))).output().unwrap();
         assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
-        let mut child = Command::new(&exe).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(&exe)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -59,13 +62,19 @@ fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
 
 /// Runs `profile <what>` on the fixture while it allocates; returns the folded stacks and stderr.
 fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
-    traced_built_with(name, &[], what, extra)
+    traced_built_with(name, &[], &[], what, extra)
 }
 
-/// The same, with the fixture built with more `sources`.
-fn traced_built_with(name: &str, sources: &[&str], what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
+/// The same, with the fixture built with more `sources` and run with `env`.
+fn traced_built_with(
+    name: &str,
+    sources: &[&str],
+    env: &[(&str, &str)],
+    what: &str,
+    extra: &[&str],
+) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
-    let mut leaky = Leaky::start_with(&dir, &[], sources);
+    let mut leaky = Leaky::start(&dir, &[], sources, env);
     let folded = dir.join("alloc.folded");
     let pid = leaky.child.id().to_string();
     let tracer = myprobe()
@@ -103,7 +112,7 @@ fn sampled_memleak_estimates_a_steady_leak() {
     // By default memleak traces the allocations of one 100 ms period in 10 and scales by the time traced over
     // the time sampled: a leak at a steady rate is estimated from about a tenth of its calls.
     let dir = tempdir("memleak-sampled");
-    let leaky = Leaky::start_with(&dir, &["steady"], &[]);
+    let leaky = Leaky::start(&dir, &["steady"], &[], &[]);
     let folded = dir.join("memleak.folded");
     let pid = leaky.child.id().to_string();
     let out = myprobe().args(["profile", "memleak", "--any-process", "-p", &pid, "-d", "4", "-o"]).arg(&folded).output().unwrap();
@@ -140,9 +149,21 @@ fn allocation_bytes_of_a_known_leak_are_exact() {
 #[test]
 fn an_allocator_of_the_program_own_is_the_one_traced() {
     // The fixture with a malloc family of its own: libc's malloc is never called.
-    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], "alloc", &[]);
+    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], &[], "alloc", &[]);
     assert!(stderr.contains("/leaky (it defines malloc"), "the allocator is named:\n{stderr}");
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+}
+
+#[test]
+fn jemalloc_in_ld_preload_is_the_allocator_traced() {
+    // Debian's libjemalloc2 (scripts/setup), preloaded as mysqld_safe --malloc-lib does.
+    let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(std::path::Path::new(jemalloc).exists(), "{jemalloc} is missing: run scripts/setup");
+    let env = [("LD_PRELOAD", jemalloc)];
+    let (stacks, stderr) = traced_built_with("memleak-jemalloc", &[], &env, "memleak", &["--sample", "1"]);
+    assert!(stderr.contains("libjemalloc.so.2 (it defines malloc"), "the allocator is named:\n{stderr}");
+    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+    assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
 }
 
 #[test]
