@@ -84,6 +84,35 @@ fn offcpu_profile_of_an_idle_connection_shows_the_socket_wait() {
 }
 
 #[test]
+fn offcpu_profile_shows_a_thread_blocked_throughout() {
+    // A statement in SLEEP() since before tracing: its thread never leaves the CPU while traced, and is found
+    // by the task iterator at the end, with its whole stack and all of the time traced.
+    let db = testdb();
+    let dir = tempdir("offcpu-blocked");
+    let mut session = db.session();
+    let tid = session.server_tid();
+    let sleeper = std::thread::spawn(move || session.query_row("SELECT SLEEP(4)"));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let folded = dir.join("offcpu.folded");
+    let out = myprobe()
+        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "-o"])
+        .arg(&folded)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(sleeper.join().unwrap(), "0");
+    let stacks = read_folded(&folded);
+    let thread_prefix = format!("thread {tid}");
+    let mine: Vec<_> = stacks.iter().filter(|(f, _)| f[0].starts_with(&thread_prefix)).cloned().collect();
+    let sleeping = value_with_frame(&mine, |f| f == "Item_func_sleep::val_int");
+    assert!(sleeping >= 1_900_000, "the sleeping thread {tid} has {sleeping} us in SLEEP: {mine:?}\n{stderr}");
+    let (frames, _) = mine.iter().find(|(f, _)| f.iter().any(|x| x == "Item_func_sleep::val_int")).unwrap();
+    assert!(frames.iter().any(|f| f == "start_thread") && frames.iter().any(|f| f == "do_command"), "{frames:?}");
+    assert_eq!(frames.last().map(String::as_str), Some("[blocked]"), "{frames:?}");
+}
+
+#[test]
 fn offcpu_profile_under_load_splits_blocked_and_runnable() {
     let db = testdb();
     let dir = tempdir("offcpu-load");

@@ -2,10 +2,12 @@
 // the thread's recent call sites, else unwound and sent once); when it comes back the time away is split into
 // blocked (switch-out to wakeup) and runnable (wakeup, or preemption, to switch-in: waiting for a CPU) and
 // summed per (thread, stack id) in the kernel. Waits shorter than min_block_ns are dropped in the kernel.
+// When tracing ends, a task iterator gives the stacks of the threads blocked throughout.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#define UNWIND_OTHER_TASKS
 #include "stack_event.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -123,5 +125,41 @@ int BPF_PROG(on_exit, struct task_struct *p)
 		__u32 tid = p->pid;
 		bpf_map_delete_elem(&threads, &tid);
 	}
+	return 0;
+}
+
+/* A thread blocked since before tracing began, as the iterator writes it for user space. */
+struct blocked_thread {
+	__u32 tid;
+	__u32 user_len;
+	__u64 ips[MAX_USER_FRAMES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct blocked_thread);
+} blocked_scratch SEC(".maps");
+
+/* Run once when tracing ends: the threads of the process off CPU that never left it while tracing (an idle
+ * connection, a thread waiting all along for a lock), with their user stacks read from their own memory. */
+SEC("iter.s/task")
+int blocked_threads(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (!task || task->tgid != target_tgid || task->__state == TASK_RUNNING)
+		return 0;
+	__u32 tid = task->pid;
+	if (bpf_map_lookup_elem(&threads, &tid))
+		return 0;
+	__u32 zero = 0;
+	struct blocked_thread *b = bpf_map_lookup_elem(&blocked_scratch, &zero);
+	if (!b)
+		return 0;
+	long n = unwind_task_user_stack(task, b->ips);
+	b->tid = tid;
+	b->user_len = n > 0 ? n : 0;
+	bpf_seq_write(ctx->meta->seq, b, sizeof(*b));
 	return 0;
 }

@@ -73,6 +73,7 @@ struct user_unwind {
 	__u32 mapping;  /* the mapping of the previous frame */
 	__u32 _pad;
 	__u64 *ips;     /* a MAX_USER_FRAMES array in a map value */
+	struct task_struct *task;  /* another task's stack (unwind_task_step), else 0 */
 };
 
 /* Binary searches run as bpf_loop callbacks: verified once, not once per iteration and path. */
@@ -157,7 +158,16 @@ static __always_inline struct unwind_row *find_unwind_row(struct unwind_mapping 
 	return bpf_map_lookup_elem(&unwind_rows, &key);
 }
 
-static long unwind_step(__u64 index, struct user_unwind *s)
+/* Reads the user memory of the current task, or (other_task, a constant) of s->task: bpf_copy_from_user_task is
+ * for sleepable programs only, so the two are separate callbacks. */
+static __always_inline long read_user(void *dst, __u32 size, __u64 ptr, struct user_unwind *s, bool other_task)
+{
+	if (other_task)
+		return bpf_copy_from_user_task(dst, size, (void *)ptr, s->task, 0);
+	return bpf_probe_read_user(dst, size, (void *)ptr);
+}
+
+static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, bool other_task)
 {
 	if (s->done || s->n >= MAX_USER_FRAMES)
 		return 1;
@@ -196,24 +206,29 @@ static long unwind_step(__u64 index, struct user_unwind *s)
 			return 1;
 		}
 		cfa = s->bp + 16;
-		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)s->bp)) {
+		if (read_user(&bp, sizeof(bp), s->bp, s, other_task)) {
 			s->done = 1;
 			return 1;
 		}
 		break;
 	}
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) || ra == 0) {
+	if (read_user(&ra, sizeof(ra), cfa - 8, s, other_task) || ra == 0) {
 		s->done = 1;
 		return 1;
 	}
 	if (row && (kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && row->fp_offset) {
-		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + row->fp_offset)))
+		if (read_user(&bp, sizeof(bp), cfa + row->fp_offset, s, other_task))
 			bp = 0;
 	}
 	s->ip = ra;
 	s->sp = cfa;
 	s->bp = bp;
 	return 0;
+}
+
+static long unwind_step(__u64 index, struct user_unwind *s)
+{
+	return unwind_step_of(index, s, false);
 }
 
 /* Per CPU: where unwinding writes, before the frames are copied into the event. */
@@ -228,16 +243,9 @@ struct {
 	__type(value, struct unwind_buffer);
 } unwind_buffers SEC(".maps");
 
-/* Unwinds the current task's user stack from the registers it entered the kernel with, into ips;
- * returns the number of frames, or -1 if unwinding is off or impossible (the caller uses frame pointers). */
-static __always_inline long unwind_user_stack(__u64 *ips)
+/* Unwinds from regs into ips with `step`; returns the number of frames, or -1. */
+static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct *task, void *step, __u64 *ips)
 {
-	if (!unwind_enabled)
-		return -1;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	if (!regs)
-		return -1;
 	__u32 zero = 0;
 	struct unwind_buffer *buf = bpf_map_lookup_elem(&unwind_buffers, &zero);
 	if (!buf)
@@ -248,10 +256,11 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 		.bp = PT_REGS_FP(regs),
 		.mapping = MAX_UNWIND_MAPPINGS,
 		.ips = buf->ips,
+		.task = task,
 	};
 	if (!s.ip)
 		return -1;
-	bpf_loop(MAX_USER_FRAMES, unwind_step, &s, 0);
+	bpf_loop(MAX_USER_FRAMES, step, &s, 0);
 	__u32 n = s.n;
 	if (n > MAX_USER_FRAMES)
 		n = MAX_USER_FRAMES;
@@ -260,12 +269,44 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 	return n;
 }
 
+/* Unwinds the current task's user stack from the registers it entered the kernel with, into ips;
+ * returns the number of frames, or -1 if unwinding is off or impossible (the caller uses frame pointers). */
+static __always_inline long unwind_user_stack(__u64 *ips)
+{
+	if (!unwind_enabled)
+		return -1;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	return regs ? unwind_from(regs, 0, unwind_step, ips) : -1;
+}
+
+#ifdef UNWIND_OTHER_TASKS
+static long unwind_task_step(__u64 index, struct user_unwind *s)
+{
+	return unwind_step_of(index, s, true);
+}
+
+/* Unwinds the user stack of another task, stopped in the kernel (from the registers it entered it with):
+ * from the tables where loaded, else by frame pointers. Sleepable programs only. */
+static __always_inline long unwind_task_user_stack(struct task_struct *task, __u64 *ips)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	return regs ? unwind_from(regs, task, unwind_task_step, ips) : -1;
+}
+#endif
+
 #else
 
 static __always_inline long unwind_user_stack(__u64 *ips)
 {
 	return -1;
 }
+
+#ifdef UNWIND_OTHER_TASKS
+static __always_inline long unwind_task_user_stack(struct task_struct *task, __u64 *ips)
+{
+	return -1;
+}
+#endif
 
 static const __u32 unwind_generation = 0;
 

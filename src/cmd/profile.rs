@@ -23,7 +23,8 @@ pub enum ProfileCommand {
     /// Every wait is timed, none is sampled away. Its user stack is taken when the thread leaves the CPU:
     /// unwound from .eh_frame the first time the thread leaves it at that place (instruction, stack and
     /// frame pointers: the same call chain), then known by its id; waits are summed in the kernel per thread
-    /// and stack, and each stack is sent to user space once.
+    /// and stack, and each stack is sent to user space once. Threads blocked throughout (off CPU from before
+    /// tracing to its end) are found when tracing ends, with all of the time traced.
     #[command(verbatim_doc_comment)]
     Offcpu(OffcpuArgs),
     /// Allocation flame graph: bytes (or calls) asked of malloc, calloc, realloc, aligned_alloc, posix_memalign,

@@ -12,7 +12,7 @@ use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeMultiOpts, Uprobe
 
 use crate::target::probes::{entry_probes, EntryProbe};
 
-use super::{drain, for_each_entry, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
+use super::{drain, for_each_entry, install_unwind, kernel_at_least, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/alloc.skel.rs"));
@@ -55,13 +55,6 @@ const FUNCTIONS: [(&str, AllocFunction); 8] = [
     ("valloc", AllocFunction::Size),
     ("pvalloc", AllocFunction::Size),
 ];
-
-/// Whether the running kernel is at least `major.minor`.
-fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
-}
 
 /// `value[0]` of each stack is bytes, `value[1]` calls (scaled up when sampled): asked for while tracing, or
 /// (memleak) still allocated at the end.

@@ -154,6 +154,13 @@ pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     Ok(())
 }
 
+/// Whether the running kernel is at least `major.minor`.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// Calls `f(first, second, value)` for every entry of a map keyed by two u64 (e.g. a lock word or a thread,
 /// and a stack id).
 pub fn for_each_keyed(map: &dyn MapCore, mut f: impl FnMut(u64, u64, &[u8])) {

@@ -1,15 +1,15 @@
 //! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints, split into blocked and runnable time.
 
-use std::{collections::HashMap, mem::MaybeUninit};
+use std::{collections::HashMap, io::Read, mem::MaybeUninit};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    MapCore,
+    Iter, IterOpts, MapCore,
 };
 
 use super::{
-    drain, for_each_entry, for_each_keyed, install_unwind, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions,
+    drain, for_each_entry, for_each_keyed, install_unwind, kernel_at_least, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions,
     Collected, Installed, RawStack,
 };
 
@@ -26,6 +26,10 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
     rodata.target_tgid = opts.pid;
     rodata.kernel_stacks = opts.kernel_stacks;
     rodata.min_block_ns = min_block_us.saturating_mul(1000);
+    // Run once at the end (bpf_copy_from_user_task: Linux 5.18).
+    let blocked_iterator = kernel_at_least(5, 18);
+    open.progs.blocked_threads.set_autoload(blocked_iterator);
+    open.progs.blocked_threads.set_autoattach(false);
     size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the off-CPU programs into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
@@ -57,7 +61,30 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
             collected.add(RawStack { tid: tid as u32, ..stack.clone() }, values);
         }
     }
+    if blocked_iterator {
+        let traced_ns = collected.traced.as_nanos() as u64;
+        match blocked_throughout(&skel.progs.blocked_threads) {
+            Ok(blocked) => blocked.into_iter().for_each(|stack| collected.add(stack, [traced_ns, 0])),
+            Err(e) => eprintln!("myprobe: warning: the threads blocked throughout are left out: {e:#}"),
+        }
+    }
     Ok(collected)
+}
+
+/// The stacks of the threads off CPU that never left it while tracing (the task iterator of offcpu.bpf.c).
+fn blocked_throughout(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<RawStack>> {
+    let link = iterator.attach_iter_with_opts(IterOpts::None).context("attaching the task iterator")?;
+    let mut records = Vec::new();
+    Iter::new(&link).context("running the task iterator")?.read_to_end(&mut records)?;
+    let size = std::mem::size_of::<types::blocked_thread>();
+    let mut stacks = Vec::new();
+    for record in records.chunks_exact(size) {
+        // SAFETY: a `struct blocked_thread` as bpf_seq_write wrote it, of the size checked; read unaligned.
+        let b: types::blocked_thread = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
+        let n = (b.user_len as usize).min(b.ips.len());
+        stacks.push(RawStack { tid: b.tid, kind: 0, user_len: n as u16, ips: b.ips[..n].into() });
+    }
+    Ok(stacks)
 }
 
 /// The waits of the threads still off CPU when tracing ends (an idle connection blocked since its last
