@@ -128,22 +128,9 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	return 0;
 }
 
-/* A thread blocked since before tracing began, as the iterator writes it for user space. */
-struct blocked_thread {
-	__u32 tid;
-	__u32 user_len;
-	__u64 ips[MAX_USER_FRAMES];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct blocked_thread);
-} blocked_scratch SEC(".maps");
-
 /* Run once when tracing ends: the threads of the process off CPU that never left it while tracing (an idle
- * connection, a thread waiting all along for a lock), with their user stacks read from their own memory. */
+ * connection, a thread waiting all along for a lock), with their user stacks read from their own memory; a
+ * whole struct stack_event each. */
 SEC("iter.s/task")
 int blocked_threads(struct bpf_iter__task *ctx)
 {
@@ -154,12 +141,16 @@ int blocked_threads(struct bpf_iter__task *ctx)
 	if (bpf_map_lookup_elem(&threads, &tid))
 		return 0;
 	__u32 zero = 0;
-	struct blocked_thread *b = bpf_map_lookup_elem(&blocked_scratch, &zero);
-	if (!b)
+	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
 		return 0;
-	long n = unwind_task_user_stack(task, b->ips);
-	b->tid = tid;
-	b->user_len = n > 0 ? n : 0;
-	bpf_seq_write(ctx->meta->seq, b, sizeof(*b));
+	long n = unwind_task_user_stack(task, e->ips);
+	e->tid = tid;
+	e->kind = 0;
+	e->value[0] = 0;
+	e->value[1] = 0;
+	e->user_len = n > 0 ? n : 0;
+	e->kernel_len = 0;
+	bpf_seq_write(ctx->meta->seq, e, sizeof(*e));
 	return 0;
 }

@@ -76,14 +76,11 @@ fn blocked_throughout(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<RawStack>>
     let link = iterator.attach_iter_with_opts(IterOpts::None).context("attaching the task iterator")?;
     let mut records = Vec::new();
     Iter::new(&link).context("running the task iterator")?.read_to_end(&mut records)?;
-    let size = std::mem::size_of::<types::blocked_thread>();
-    let mut stacks = Vec::new();
-    for record in records.chunks_exact(size) {
-        // SAFETY: a `struct blocked_thread` as bpf_seq_write wrote it, of the size checked; read unaligned.
-        let b: types::blocked_thread = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
-        let n = (b.user_len as usize).min(b.ips.len());
-        stacks.push(RawStack { tid: b.tid, kind: 0, user_len: n as u16, ips: b.ips[..n].into() });
+    let mut blocked = Collected::default();
+    for record in records.chunks_exact(std::mem::size_of::<types::stack_event>()) {
+        blocked.add_event(record);
     }
+    let stacks = blocked.stacks.into_keys().collect();
     Ok(stacks)
 }
 
