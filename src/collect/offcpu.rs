@@ -80,8 +80,7 @@ fn blocked_throughout(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<RawStack>>
     for record in records.chunks_exact(std::mem::size_of::<types::stack_event>()) {
         blocked.add_event(record);
     }
-    let stacks = blocked.stacks.into_keys().collect();
-    Ok(stacks)
+    Ok(blocked.stacks.into_keys().collect())
 }
 
 /// The waits of the threads still off CPU when tracing ends (an idle connection blocked since its last
