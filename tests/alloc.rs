@@ -62,22 +62,24 @@ fn traced_allocations(name: &str, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
 
 /// Runs `profile <what>` on the fixture while it allocates; returns the folded stacks and stderr.
 fn traced(name: &str, what: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
-    traced_built_with(name, &[], &[], what, extra)
+    traced_built_with(name, &[], &[], what, extra, &[])
 }
 
-/// The same, with the fixture built with more `sources` and run with `env`.
+/// The same, with the fixture built with more `sources` and run with `env`, and myprobe with `tracer_env`.
 fn traced_built_with(
     name: &str,
     sources: &[&str],
     env: &[(&str, &str)],
     what: &str,
     extra: &[&str],
+    tracer_env: &[(&str, &str)],
 ) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
     let mut leaky = Leaky::start(&dir, &[], sources, env);
     let folded = dir.join("alloc.folded");
     let pid = leaky.child.id().to_string();
     let tracer = myprobe()
+        .envs(tracer_env.iter().copied())
         .args(["profile", what, "--any-process", "-p", &pid, "-d", "3", "-o"])
         .arg(&folded)
         .args(extra)
@@ -132,6 +134,20 @@ fn sampled_memleak_estimates_a_steady_leak() {
 }
 
 #[test]
+fn older_kernels_probes_give_the_same_exact_results() {
+    // Before uprobe_multi links (6.6) and uprobe sessions (6.13): a uprobe (and for memleak a uretprobe) per
+    // function.
+    for version in ["6.1", "6.12"] {
+        let older = [("MYPROBE_KERNEL_VERSION", version)];
+        let (stacks, stderr) = traced_built_with("memleak-older-kernel", &[], &[], "memleak", &["--sample", "1"], &older);
+        assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{version}: {stacks:?}\n{stderr}");
+        assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{version}: {stacks:?}");
+        let (stacks, stderr) = traced_built_with("alloc-older-kernel", &[], &[], "alloc", &[], &older);
+        assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{version}: {stacks:?}\n{stderr}");
+    }
+}
+
+#[test]
 fn allocation_bytes_of_a_known_leak_are_exact() {
     let stacks = traced_allocations("alloc-exact", &[]);
     let leak = value_with_frame(&stacks, |f| f == "leak_here");
@@ -149,7 +165,7 @@ fn allocation_bytes_of_a_known_leak_are_exact() {
 #[test]
 fn an_allocator_of_the_program_own_is_the_one_traced() {
     // The fixture with a malloc family of its own: libc's malloc is never called.
-    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], &[], "alloc", &[]);
+    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], &[], "alloc", &[], &[]);
     assert!(stderr.contains("/leaky (it defines malloc"), "the allocator is named:\n{stderr}");
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
 }
@@ -160,7 +176,7 @@ fn jemalloc_in_ld_preload_is_the_allocator_traced() {
     let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
     assert!(std::path::Path::new(jemalloc).exists(), "{jemalloc} is missing: run scripts/setup");
     let env = [("LD_PRELOAD", jemalloc)];
-    let (stacks, stderr) = traced_built_with("memleak-jemalloc", &[], &env, "memleak", &["--sample", "1"]);
+    let (stacks, stderr) = traced_built_with("memleak-jemalloc", &[], &env, "memleak", &["--sample", "1"], &[]);
     assert!(stderr.contains("libjemalloc.so.2 (it defines malloc"), "the allocator is named:\n{stderr}");
     assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");

@@ -170,6 +170,14 @@ int on_alloc(struct pt_regs *ctx)
 	return 0;
 }
 
+/* The same on kernels with uprobe_multi links (6.6): one link for every function, detached with one wait. */
+SEC("uprobe.multi")
+int on_alloc_multi(struct pt_regs *ctx)
+{
+	on_call(ctx);
+	return 0;
+}
+
 /* Kernels before uprobe sessions (6.13): memleak's return probe on every call. */
 SEC("uretprobe")
 int on_alloc_return(struct pt_regs *ctx)
@@ -189,8 +197,16 @@ int on_alloc_session(struct pt_regs *ctx)
 	return on_call(ctx);
 }
 
+/* free(ptr), and realloc(ptr, size)'s release of the old block. */
 SEC("uprobe")
 int BPF_UPROBE(on_free, __u64 ptr)
+{
+	forget(ptr);
+	return 0;
+}
+
+SEC("uprobe.multi")
+int BPF_UPROBE(on_free_multi, __u64 ptr)
 {
 	forget(ptr);
 	return 0;

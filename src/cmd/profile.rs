@@ -164,7 +164,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!("myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early", a.frequency, a.trace.duration);
             let collected = collect::cpu::collect(&opts, a.frequency)?;
-            let ended = Instant::now();
+            let ended = collect::tracing_ended();
             let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Samples, &a.trace, |_, v| vec![(None, v[0])])?;
             finish(&target, &a.trace, &collected, &profile, ended, "CPU", Palette::Hot)
         }
@@ -175,7 +175,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 a.min_block_us, a.trace.duration
             );
             let collected = collect::offcpu::collect(&opts, a.min_block_us)?;
-            let ended = Instant::now();
+            let ended = collect::tracing_ended();
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
             let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Microseconds, &a.trace, |_, v| {
                 vec![(Some("[blocked]"), v[0] / 1000), (Some("[runnable]"), v[1] / 1000)]
@@ -188,7 +188,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let every = if alloc.sample_every > 1 { format!("every {}th call", alloc.sample_every) } else { "every call".into() };
             eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
             let collected = collect::alloc::collect(&opts, &alloc, |_| {})?;
-            let ended = Instant::now();
+            let ended = collect::tracing_ended();
             let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
             let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what])])?;
             finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
@@ -198,7 +198,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let mut names = DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
             eprintln!("myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early", a.trace.duration);
             let found = collect::locks::collect(&opts)?;
-            let ended = Instant::now();
+            let ended = collect::tracing_ended();
             let mut profile = Profile::new(Unit::Microseconds);
             let mut locks: HashMap<u64, LockSummary> = HashMap::new();
             for (addr, raw, w) in &found.waits {
@@ -246,7 +246,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
                 eprint!("{}", outstanding_table(&mut symbolizer, so_far, a.top));
             })?;
-            let ended = Instant::now();
+            let ended = collect::tracing_ended();
             let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0])])?;
             eprint!("{}", outstanding_table(&mut symbolizer, &collected, a.top));
             finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)

@@ -146,7 +146,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             }
         }
     })?;
-    let ended = Instant::now();
+    let ended = collect::tracing_ended();
     if a.summary {
         let rows = digest.rows();
         if a.json {

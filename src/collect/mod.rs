@@ -154,9 +154,12 @@ pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     Ok(())
 }
 
-/// Whether the running kernel is at least `major.minor`.
+/// Whether the running kernel is at least `major.minor`, to choose between ways of probing. MYPROBE_KERNEL_VERSION
+/// (e.g. 5.17) takes the older ways on a newer kernel, for tests.
 pub fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = std::env::var("MYPROBE_KERNEL_VERSION")
+        .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/osrelease"))
+        .unwrap_or_default();
     let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
 }
@@ -318,6 +321,14 @@ pub fn drain(
     Ok(c)
 }
 
+static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
+/// When the last tracing of this process ended (the end of `poll_ring`): what "results within N ms after
+/// tracing ended" counts from, maps read after it included. Now, if no tracing ended.
+pub fn tracing_ended() -> Instant {
+    TRACING_ENDED.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(Instant::now)
+}
+
 /// Calls `on_event` for every record of a ring buffer until `duration` passes or Ctrl-C, then for what is
 /// left. `tick` runs after every poll (at least every 100 ms) and returns a status line, shown once a second
 /// on a terminal. Returns the time traced. The programs stay attached until the caller drops them.
@@ -359,6 +370,7 @@ pub fn poll_ring(
         }
     }
     let traced = started.elapsed();
+    *TRACING_ENDED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     ring.consume().context("reading the ring buffer")?;
     if show_progress {
         eprintln!();
