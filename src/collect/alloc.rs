@@ -1,4 +1,5 @@
-//! Allocations by stack (src/bpf/alloc.bpf.c): uprobes on the allocation functions of the process's C library.
+//! Allocations by stack (src/bpf/alloc.bpf.c): uprobes on the allocation functions the process calls (its C
+//! library's, or those of jemalloc, tcmalloc or mimalloc when it is linked with one or preloads it).
 
 use std::{
     collections::HashMap,
