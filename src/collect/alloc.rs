@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     mem::MaybeUninit,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -75,16 +75,8 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     rodata.min_size = alloc.min_size;
     rodata.max_size = alloc.max_size;
     rodata.track_outstanding = leaks;
-    // One uprobe_multi link for many probes (6.6): detaching a link waits for the probes in flight, about 0.1 s
-    // each. memleak with uprobe sessions (6.13): the return probe only for the calls it traces.
-    let multi = kernel_at_least(6, 6);
-    let sessions = leaks && kernel_at_least(6, 13);
-    open.progs.on_alloc_session.set_autoload(sessions);
-    open.progs.on_alloc_return.set_autoload(leaks && !sessions);
-    open.progs.on_alloc_multi.set_autoload(multi && !leaks);
-    open.progs.on_alloc.set_autoload(!multi || (leaks && !sessions));
-    open.progs.on_free_multi.set_autoload(multi && leaks);
-    open.progs.on_free.set_autoload(!multi && leaks);
+    let ways = ProbeWays::for_kernel(leaks);
+    ways.choose_programs(&mut open.progs);
     size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
     let mut skel = open.load().context("loading the allocation probes into the kernel")?;
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
@@ -92,73 +84,12 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
 
-    let places = entry_probes(&allocator, &FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect::<Vec<_>>())?;
-    let mut missing = Vec::new();
-    let mut traced: Vec<(&str, EntryProbe, u64)> = Vec::new();
-    for ((function, kind), place) in FUNCTIONS.iter().zip(&places) {
-        match place {
-            None => missing.push(*function),
-            // glibc's aligned_alloc is memalign: probed once.
-            Some(place) if traced.iter().any(|(_, t, _)| t.address == place.address) => {}
-            Some(place) => traced.push((function, *place, *kind as u64)),
-        }
-    }
-    let progs = &skel.progs;
-    let attach = |probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64| {
-        let uprobe = UprobeOpts { retprobe, cookie, ..Default::default() };
-        prog.attach_uprobe_with_opts(opts.pid as i32, &allocator, probe.offset(), uprobe)
-    };
-    // One link for all of `places` (entry probe, cookie).
-    let attach_multi = |prog: &libbpf_rs::ProgramMut, places: &[(EntryProbe, u64)], session: bool| {
-        let opts_multi = UprobeMultiOpts {
-            offsets: places.iter().map(|(place, _)| place.offset()).collect(),
-            cookies: places.iter().map(|(_, cookie)| *cookie).collect(),
-            session,
-            ..Default::default()
-        };
-        let link = prog.attach_uprobe_multi_with_opts(opts.pid as i32, &allocator, "", opts_multi);
-        link.with_context(|| format!("attaching to the allocation functions of {}", allocator.display()))
-    };
+    let probes = AllocatorProbes::find(&allocator, opts.pid, ways)?;
+    let mut missing = probes.missing.clone();
     // memleak: every free, and realloc's release of the old block, whether allocations are traced or not; in
     // place before the first allocation is traced.
-    let mut frees = Vec::new();
-    if leaks {
-        let free = places.last().copied().flatten().with_context(|| format!("{} has no free()", allocator.display()))?;
-        let realloc = traced.iter().find(|(_, _, kind)| *kind == AllocFunction::Realloc as u64).map(|(_, place, _)| *place);
-        let released: Vec<(EntryProbe, u64)> = [Some(free), realloc].into_iter().flatten().map(|place| (place, 0)).collect();
-        if multi {
-            frees.push(attach_multi(&progs.on_free_multi, &released, false)?);
-        } else {
-            for (place, _) in &released {
-                frees.push(attach(place, &progs.on_free, false, 0).with_context(|| format!("attaching to free in {}", allocator.display()))?);
-            }
-        }
-    }
-    // The probes on the allocation functions; return probes first in the list, so that they are detached
-    // first (an entry without its return would leave a pending allocation behind).
-    let all: Vec<(EntryProbe, u64)> = traced.iter().map(|(_, place, kind)| (*place, *kind)).collect();
-    let attach_allocations = |missing: &mut Vec<&str>| -> Result<Vec<Link>> {
-        if sessions {
-            return Ok(vec![attach_multi(&progs.on_alloc_session, &all, true)?]);
-        }
-        if multi && !leaks {
-            return Ok(vec![attach_multi(&progs.on_alloc_multi, &all, false)?]);
-        }
-        let (mut returns, mut entries) = (Vec::new(), Vec::new());
-        for (function, place, kind) in &traced {
-            let ret = if leaks { attach(place, &progs.on_alloc_return, true, 0).map(Some) } else { Ok(None) };
-            match (ret, attach(place, &progs.on_alloc, false, *kind)) {
-                (Ok(ret), Ok(entry)) => {
-                    returns.extend(ret);
-                    entries.push(entry);
-                }
-                _ => missing.push(function),
-            }
-        }
-        returns.extend(entries);
-        Ok(returns)
-    };
-    let mut allocations = attach_allocations(&mut missing)?;
+    let frees = if leaks { probes.attach_frees(&skel.progs)? } else { Vec::new() };
+    let mut allocations = probes.attach_allocations(&skel.progs, &mut missing)?;
     if allocations.is_empty() {
         bail!(
             "could not attach to any allocation function of {}: if the process allocates through another allocator \
@@ -178,7 +109,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh, so_far| {
         // Time probed: from the end of attaching to the start of detaching.
         match periods.due() {
-            Some(true) => match attach_allocations(&mut Vec::new()) {
+            Some(true) => match probes.attach_allocations(&skel.progs, &mut Vec::new()) {
                 Ok(links) => {
                     allocations = links;
                     periods.set(!allocations.is_empty());
@@ -227,6 +158,121 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
         }
     }
     Ok(collected)
+}
+
+/// How the running kernel lets the probes be attached.
+#[derive(Clone, Copy)]
+struct ProbeWays {
+    leaks: bool,
+    /// One uprobe_multi link for many probes (6.6): detaching a link waits for the probes in flight, about
+    /// 0.1 s each.
+    multi: bool,
+    /// memleak with uprobe sessions (6.13): the return probe only for the calls it traces.
+    sessions: bool,
+}
+
+impl ProbeWays {
+    fn for_kernel(leaks: bool) -> Self {
+        ProbeWays { leaks, multi: kernel_at_least(6, 6), sessions: leaks && kernel_at_least(6, 13) }
+    }
+
+    /// Loads only the programs these ways attach.
+    fn choose_programs(&self, progs: &mut OpenAllocProgs) {
+        let ProbeWays { leaks, multi, sessions } = *self;
+        progs.on_alloc_session.set_autoload(sessions);
+        progs.on_alloc_return.set_autoload(leaks && !sessions);
+        progs.on_alloc_multi.set_autoload(multi && !leaks);
+        progs.on_alloc.set_autoload(!multi || (leaks && !sessions));
+        progs.on_free_multi.set_autoload(multi && leaks);
+        progs.on_free.set_autoload(!multi && leaks);
+    }
+}
+
+/// Where the probes go in the allocator, and attaching them.
+struct AllocatorProbes<'a> {
+    allocator: &'a Path,
+    pid: i32,
+    ways: ProbeWays,
+    /// Each allocation function probed: (name, place, kind as cookie).
+    traced: Vec<(&'static str, EntryProbe, u64)>,
+    free: Option<EntryProbe>,
+    /// The functions the allocator does not have.
+    missing: Vec<&'static str>,
+}
+
+impl<'a> AllocatorProbes<'a> {
+    fn find(allocator: &'a Path, pid: u32, ways: ProbeWays) -> Result<Self> {
+        let names: Vec<&str> = FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect();
+        let places = entry_probes(allocator, &names)?;
+        let (mut traced, mut missing): (Vec<(&'static str, EntryProbe, u64)>, _) = (Vec::new(), Vec::new());
+        for ((function, kind), place) in FUNCTIONS.iter().zip(&places) {
+            match place {
+                None => missing.push(*function),
+                // glibc's aligned_alloc is memalign: probed once.
+                Some(place) if traced.iter().any(|(_, t, _)| t.address == place.address) => {}
+                Some(place) => traced.push((function, *place, *kind as u64)),
+            }
+        }
+        let free = places.last().copied().flatten();
+        Ok(AllocatorProbes { allocator, pid: pid as i32, ways, traced, free, missing })
+    }
+
+    fn attach(&self, probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64) -> libbpf_rs::Result<Link> {
+        let uprobe = UprobeOpts { retprobe, cookie, ..Default::default() };
+        prog.attach_uprobe_with_opts(self.pid, self.allocator, probe.offset(), uprobe)
+    }
+
+    /// One link for all of `places` (entry probe, cookie).
+    fn attach_multi(&self, prog: &libbpf_rs::ProgramMut, places: &[(EntryProbe, u64)], session: bool) -> Result<Link> {
+        let multi = UprobeMultiOpts {
+            offsets: places.iter().map(|(place, _)| place.offset()).collect(),
+            cookies: places.iter().map(|(_, cookie)| *cookie).collect(),
+            session,
+            ..Default::default()
+        };
+        let link = prog.attach_uprobe_multi_with_opts(self.pid, self.allocator, "", multi);
+        link.with_context(|| format!("attaching to the allocation functions of {}", self.allocator.display()))
+    }
+
+    /// memleak: free, and realloc for its release of the old block.
+    fn attach_frees(&self, progs: &AllocProgs) -> Result<Vec<Link>> {
+        let free = self.free.with_context(|| format!("{} has no free()", self.allocator.display()))?;
+        let realloc = self.traced.iter().find(|(_, _, kind)| *kind == AllocFunction::Realloc as u64).map(|(_, place, _)| *place);
+        let released: Vec<(EntryProbe, u64)> = [Some(free), realloc].into_iter().flatten().map(|place| (place, 0)).collect();
+        if self.ways.multi {
+            return Ok(vec![self.attach_multi(&progs.on_free_multi, &released, false)?]);
+        }
+        let attach = |(place, _): &(EntryProbe, u64)| self.attach(place, &progs.on_free, false, 0);
+        let links = released.iter().map(attach).collect::<libbpf_rs::Result<Vec<_>>>();
+        links.with_context(|| format!("attaching to free in {}", self.allocator.display()))
+    }
+
+    /// The probes on the allocation functions; return probes first in the list, so that they are detached
+    /// first (an entry without its return would leave a pending allocation behind). The functions that could
+    /// not be probed one by one go to `missing`.
+    fn attach_allocations(&self, progs: &AllocProgs, missing: &mut Vec<&'static str>) -> Result<Vec<Link>> {
+        let ProbeWays { leaks, multi, sessions } = self.ways;
+        let all: Vec<(EntryProbe, u64)> = self.traced.iter().map(|(_, place, kind)| (*place, *kind)).collect();
+        if sessions {
+            return Ok(vec![self.attach_multi(&progs.on_alloc_session, &all, true)?]);
+        }
+        if multi && !leaks {
+            return Ok(vec![self.attach_multi(&progs.on_alloc_multi, &all, false)?]);
+        }
+        let (mut returns, mut entries) = (Vec::new(), Vec::new());
+        for (function, place, kind) in &self.traced {
+            let ret = if leaks { self.attach(place, &progs.on_alloc_return, true, 0).map(Some) } else { Ok(None) };
+            match (ret, self.attach(place, &progs.on_alloc, false, *kind)) {
+                (Ok(ret), Ok(entry)) => {
+                    returns.extend(ret);
+                    entries.push(entry);
+                }
+                _ => missing.push(function),
+            }
+        }
+        returns.extend(entries);
+        Ok(returns)
+    }
 }
 
 /// memleak's sampling: the allocation functions are probed for one period in `every` (frees always are), and
