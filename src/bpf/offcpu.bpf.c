@@ -149,8 +149,15 @@ int blocked_threads(struct bpf_iter__task *ctx)
 	e->kind = 0;
 	e->value[0] = 0;
 	e->value[1] = 0;
-	e->user_len = n > 0 ? n : 0;
+	__u32 user = n > 0 ? n : 0;
+	if (user > MAX_USER_FRAMES)
+		user = MAX_USER_FRAMES;
+	e->user_len = user;
 	e->kernel_len = 0;
+	if (kernel_stacks) {
+		long k = bpf_get_task_stack(task, &e->ips[user], sizeof(__u64) * MAX_KERNEL_FRAMES, 0);
+		e->kernel_len = k > 0 ? k / sizeof(__u64) : 0;
+	}
 	bpf_seq_write(ctx->meta->seq, e, sizeof(*e));
 	return 0;
 }
