@@ -438,7 +438,7 @@ fn finish(
     }
     eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
     if !profile.is_empty() {
-        eprint!("{}", render::summary::top_functions(profile, 10));
+        eprint!("{}", render::summary::top_functions(profile, 10, palette == Palette::Mem));
     }
     Ok(())
 }

@@ -10,14 +10,29 @@ fn is_marker(frame: &str) -> bool {
     frame == "[blocked]" || frame == "[runnable]"
 }
 
+/// The allocation functions, and the server's wrappers around them (mysys, InnoDB): in a memory profile
+/// every stack ends in one, so the function charged with "self" bytes is the first caller that is not one.
+fn is_allocator(frame: &str) -> bool {
+    let name = frame.split('(').next().unwrap_or(frame);
+    matches!(
+        name,
+        "malloc" | "calloc" | "realloc" | "aligned_alloc" | "posix_memalign" | "memalign" | "valloc" | "pvalloc"
+            | "my_malloc" | "my_realloc" | "my_multi_malloc" | "my_multi_malloc_large" | "alloc_root"
+    ) || name.starts_with("__libc_")
+        || name.starts_with("operator new")
+        || name.starts_with("ut_allocator<")
+}
+
 /// Per function: (self value, total value). Self is the value of the stacks where the function is
-/// the leaf (below it, at most a marker frame such as `[blocked]`, which is not a function);
-/// total (inclusive) counts each stack once per function, even when it recurses.
-pub fn function_values(profile: &Profile) -> HashMap<&str, (u64, u64)> {
+/// the leaf (below it, at most a marker frame such as `[blocked]`, which is not a function; in a memory
+/// profile, the allocation functions are not counted as leaves either); total (inclusive) counts each stack
+/// once per function, even when it recurses.
+pub fn function_values(profile: &Profile, memory: bool) -> HashMap<&str, (u64, u64)> {
     let mut values: HashMap<&str, (u64, u64)> = HashMap::new();
     let mut seen = HashSet::new();
     for (frames, value) in profile.stacks() {
-        if let Some(&leaf) = frames.iter().rev().find(|f| !is_marker(f)) {
+        let leaf = frames.iter().rev().find(|f| !is_marker(f) && !(memory && is_allocator(f)));
+        if let Some(&leaf) = leaf.or_else(|| frames.iter().rev().find(|f| !is_marker(f))) {
             values.entry(leaf).or_default().0 += value;
         }
         seen.clear();
@@ -31,14 +46,15 @@ pub fn function_values(profile: &Profile) -> HashMap<&str, (u64, u64)> {
 }
 
 /// An aligned table of the top `n` functions by self value and by total (inclusive) value, with
-/// percentages of the profile's total and its unit; for printing on stderr at the end of a run.
-pub fn top_functions(profile: &Profile, n: usize) -> String {
+/// percentages of the profile's total and its unit; for printing on stderr at the end of a run. `memory`:
+/// self is what the callers of the allocation functions asked for.
+pub fn top_functions(profile: &Profile, n: usize, memory: bool) -> String {
     let unit = profile.unit.count_name();
     let total = profile.total();
     if total == 0 {
         return format!("no {unit} recorded\n");
     }
-    let values = function_values(profile);
+    let values = function_values(profile, memory);
     let mut out = String::new();
     let _ = writeln!(out, "total: {total} {unit}");
     for (i, (heading, pick)) in [
@@ -59,7 +75,8 @@ pub fn top_functions(profile: &Profile, n: usize) -> String {
         if i > 0 {
             out.push('\n');
         }
-        let _ = writeln!(out, "top {} functions by {heading} {unit}:", rows.len());
+        let what = if memory && i == 0 { " (callers of the allocator)" } else { "" };
+        let _ = writeln!(out, "top {} functions{what} by {heading} {unit}:", rows.len());
         let width = rows
             .iter()
             .map(|r| r.1.to_string().len())
@@ -92,7 +109,7 @@ mod tests {
     #[test]
     fn self_and_total_values() {
         let p = sample();
-        let v = function_values(&p);
+        let v = function_values(&p, false);
         assert_eq!(v["main"], (2, 20));
         assert_eq!(v["a"], (3, 13));
         assert_eq!(v["x"], (10, 10));
@@ -106,16 +123,33 @@ mod tests {
         p.add(&["main", "poll", "[blocked]"], 7);
         p.add(&["main", "poll", "[runnable]"], 2);
         p.add(&["main", "[runnable]"], 1);
-        let v = function_values(&p);
+        let v = function_values(&p, false);
         assert_eq!(v["poll"], (9, 9));
         assert_eq!(v["main"], (1, 10));
         assert_eq!(v.len(), 2);
     }
 
     #[test]
+    fn memory_self_is_the_caller_of_the_allocator() {
+        let mut p = Profile::new(Unit::Bytes);
+        p.add(&["main", "filesort", "my_malloc", "malloc"], 100);
+        p.add(&["main", "Item::operator new(unsigned long)", "alloc_root", "malloc"], 30);
+        p.add(&["main", "parse", "operator new(unsigned long)", "malloc"], 20);
+        p.add(&["malloc"], 5);
+        let v = function_values(&p, true);
+        assert_eq!(v["filesort"], (100, 100));
+        // A class's own operator new (MariaDB's Sql_alloc, from a MEM_ROOT) is the code that asked.
+        assert_eq!(v["Item::operator new(unsigned long)"], (30, 30));
+        assert_eq!(v["main"], (0, 150));
+        assert_eq!(v["parse"], (20, 20));
+        assert_eq!(v["malloc"], (5, 155), "a stack of the allocator alone keeps it as leaf");
+        assert!(top_functions(&p, 3, true).contains("top 3 functions (callers of the allocator) by self bytes:"));
+    }
+
+    #[test]
     fn table() {
         let p = sample();
-        let t = top_functions(&p, 3);
+        let t = top_functions(&p, 3, false);
         let expected = "\
 total: 20 samples
 top 3 functions by self samples:
@@ -136,7 +170,7 @@ top 3 functions by total samples:
     #[test]
     fn empty() {
         assert_eq!(
-            top_functions(&Profile::new(Unit::Bytes), 5),
+            top_functions(&Profile::new(Unit::Bytes), 5, true),
             "no bytes recorded\n"
         );
     }
