@@ -13,7 +13,7 @@ use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeMultiOpts, Uprobe
 
 use crate::target::probes::{entry_probes, EntryProbe};
 
-use super::{drain, for_each_entry, install_unwind, kernel_at_least, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected, Installed};
+use super::{drain, for_each_entry, install_unwind, kernel_at_least, open_skel, size_unwind_maps, CollectOptions, Collected, Installed};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/alloc.skel.rs"));
@@ -82,7 +82,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let mut installed = Installed::default();
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
+    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
 
     let probes = AllocatorProbes::find(&allocator, opts.pid, ways)?;
     let mut missing = probes.missing.clone();
@@ -106,7 +106,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let outstanding_map = &skel.maps.outstanding;
     let mut periods = SamplePeriods::new(if leaks { alloc.sample_every } else { 1 });
     let mut last_report = Instant::now();
-    let definitions = drain(&skel.maps.events, opts, "profile alloc", |refresh, so_far| {
+    let definitions = drain(&skel.maps.events, opts, "profile alloc", (&mut installed, unwind_maps!(rows, pages, bss)), |refresh, so_far| {
         // Time probed: from the end of attaching to the start of detaching.
         match periods.due() {
             Some(true) => match probes.attach_allocations(&skel.progs, &mut Vec::new()) {
@@ -127,7 +127,6 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
             None => {}
         }
         if refresh {
-            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
             if let (Some(every), Some(older)) = (alloc.interval, alloc.outstanding_older_than) {
                 if last_report.elapsed() >= every {
                     last_report = Instant::now();

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::OpenSkel;
 use perf_event_open_sys as perf;
 
-use super::{drain, install_unwind, Installed, online_cpus, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Collected};
+use super::{drain, install_unwind, Installed, online_cpus, open_skel, size_unwind_maps, CollectOptions, Collected};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
@@ -24,7 +24,7 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let mut installed = Installed::default();
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
+    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
 
     let mut perf_fds = Vec::new();
     let mut links = Vec::new();
@@ -39,10 +39,7 @@ pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
         perf_fds.push(fd);
     }
 
-    let result = drain(&skel.maps.events, opts, "profile cpu", |refresh, _| {
-        if refresh {
-            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
-        }
+    let result = drain(&skel.maps.events, opts, "profile cpu", (&mut installed, unwind_maps!(rows, pages, bss)), |_, _| {
         Ok(bss.lost)
     });
     drop(links);

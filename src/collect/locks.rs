@@ -5,7 +5,7 @@ use std::{collections::HashMap, mem::MaybeUninit};
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, Skel};
 
-use super::{drain, for_each_keyed, install_unwind, open_skel, refresh_unwind, size_unwind_maps, CollectOptions, Installed, RawStack};
+use super::{drain, for_each_keyed, install_unwind, open_skel, size_unwind_maps, CollectOptions, Installed, RawStack};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/locks.skel.rs"));
@@ -44,16 +44,13 @@ pub fn collect(opts: &CollectOptions) -> Result<LockWaits> {
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let mut installed = Installed::default();
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
+    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
     skel.attach().context("attaching to the syscall tracepoints")?;
 
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     // The events define stacks (value[0]: their id).
-    let definitions = drain(&skel.maps.events, opts, "profile locks", |refresh, _| {
-        if refresh {
-            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
-        }
+    let definitions = drain(&skel.maps.events, opts, "profile locks", (&mut installed, unwind_maps!(rows, pages, bss)), |_, _| {
         Ok(bss.lost)
     })?;
     let stacks: HashMap<u64, RawStack> = definitions.stacks.into_iter().map(|(stack, [id, _])| (id, stack)).collect();

@@ -108,7 +108,7 @@ fn append_array<T>(map: &dyn MapCore, done: &mut usize, items: &[T]) -> Result<u
 /// Loads the unwind tables into a collector's maps and turns unwinding on; called again after
 /// `ProcessTables::update`. Rows and pages are appended before the mappings that use them are published, so a
 /// stack being unwound meanwhile reads valid entries.
-pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: UnwindMaps<M>) -> Result<()> {
+pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: &mut UnwindMaps<M>) -> Result<()> {
     let Some(tables) = &opts.unwind else { return Ok(()) };
     let tables = tables.borrow();
     assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<BpfMapping>(), "struct unwind_mapping layout");
@@ -144,8 +144,8 @@ pub fn install_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps:
     Ok(())
 }
 
-/// Called once a second: adds the tables of mappings that appeared (a plugin loaded) and installs them.
-pub fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: UnwindMaps<M>) -> Result<()> {
+/// Called once a second (by drain): adds the tables of mappings that appeared (a plugin loaded) and installs them.
+fn refresh_unwind<M>(opts: &CollectOptions, installed: &mut Installed, maps: &mut UnwindMaps<M>) -> Result<()> {
     let Some(tables) = &opts.unwind else { return Ok(()) };
     let changed = tables.borrow_mut().update(opts.pid).unwrap_or(false);
     if changed {
@@ -288,12 +288,14 @@ impl Collected {
 }
 
 /// Reads a collector's ring buffer of `struct stack_event` until `duration` passes or Ctrl-C; then reads what
-/// is left. `check` returns the collector's in-kernel loss counters; once a second it is called with `true`
-/// to also pick up what changed in the process (new mappings to unwind), and is shown what was read so far.
-pub fn drain(
+/// is left. Once a second it installs the unwind tables of what the process mapped since (`unwind`: the
+/// collector's maps, as far as `install_unwind` filled them). `check` returns the collector's in-kernel loss
+/// counters; it is called after every poll with what was read so far, and with `true` once a second.
+pub fn drain<M>(
     events: &dyn MapCore,
     opts: &CollectOptions,
     what: &str,
+    (installed, mut unwind): (&mut Installed, UnwindMaps<M>),
     mut check: impl FnMut(bool, &Collected) -> Result<[u64; 4]>,
 ) -> Result<Collected> {
     let collected = std::cell::RefCell::new(Collected::default());
@@ -306,6 +308,7 @@ pub fn drain(
             let refresh = last_refresh.elapsed() >= Duration::from_secs(1);
             if refresh {
                 last_refresh = Instant::now();
+                refresh_unwind(opts, installed, &mut unwind)?;
             }
             let c = collected.borrow();
             let lost = check(refresh, &c)?;

@@ -9,7 +9,7 @@ use libbpf_rs::{
 };
 
 use super::{
-    drain, for_each_entry, for_each_keyed, install_unwind, kernel_at_least, monotonic_ns, open_skel, refresh_unwind, size_unwind_maps, CollectOptions,
+    drain, for_each_entry, for_each_keyed, install_unwind, kernel_at_least, monotonic_ns, open_skel, size_unwind_maps, CollectOptions,
     Collected, Installed, RawStack,
 };
 
@@ -35,17 +35,14 @@ pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let mut installed = Installed::default();
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
+    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
     let started_ns = monotonic_ns();
     skel.attach().context("attaching to the scheduler tracepoints")?;
 
     let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     // The events define stacks (value[0]: their id); the times are summed per (thread, stack id) in totals.
-    let definitions = drain(&skel.maps.events, opts, "profile offcpu", |refresh, _| {
-        if refresh {
-            refresh_unwind(opts, &mut installed, unwind_maps!(rows, pages, bss))?;
-        }
+    let definitions = drain(&skel.maps.events, opts, "profile offcpu", (&mut installed, unwind_maps!(rows, pages, bss)), |_, _| {
         Ok(bss.lost)
     })?;
     let mut times: HashMap<(u64, u64), [u64; 2]> = HashMap::new();
