@@ -16,14 +16,6 @@ struct {
 	__uint(max_entries, 2 * 1024 * 1024);
 } events SEC(".maps");
 
-/* An event is larger than the BPF stack, so it is assembled here. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct stack_event);
-} scratch SEC(".maps");
-
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {

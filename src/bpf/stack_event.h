@@ -28,6 +28,14 @@ struct stack_event {
 
 #define STACK_EVENT_HEADER_BYTES ((unsigned long)&((struct stack_event *)0)->ips)
 
+/* An event is larger than the BPF stack, so it is assembled here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_event);
+} scratch SEC(".maps");
+
 /* In .bss, so user space reads them without a map lookup. Only failure paths touch them. */
 __u64 lost[LOST_REASONS];
 

@@ -11,13 +11,6 @@ struct {
 	__uint(max_entries, 4 * 1024 * 1024);
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct stack_event);
-} scratch SEC(".maps");
-
 /* Ids already sent to user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
