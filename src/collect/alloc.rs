@@ -61,7 +61,7 @@ const FUNCTIONS: [(&str, AllocFunction); 8] = [
 /// (memleak) still allocated at the end.
 /// With `alloc.interval`, `report` is given the outstanding allocations that often.
 pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnMut(&Collected)) -> Result<Collected> {
-    let allocator = allocator_of(opts.pid)?;
+    let (allocator, places) = allocator_of(opts.pid)?;
     if !allocator.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc")) {
         eprintln!("myprobe: note: tracing the allocator of {} (it defines malloc before the C library)", allocator.display());
     }
@@ -84,7 +84,7 @@ pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnM
     let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
     install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
 
-    let probes = AllocatorProbes::find(&allocator, opts.pid, ways)?;
+    let probes = AllocatorProbes::new(&allocator, &places, opts.pid, ways);
     let mut missing = probes.missing.clone();
     // memleak: every free, and realloc's release of the old block, whether allocations are traced or not; in
     // place before the first allocation is traced.
@@ -200,11 +200,10 @@ struct AllocatorProbes<'a> {
 }
 
 impl<'a> AllocatorProbes<'a> {
-    fn find(allocator: &'a Path, pid: u32, ways: ProbeWays) -> Result<Self> {
-        let names: Vec<&str> = FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect();
-        let places = entry_probes(allocator, &names)?;
+    /// `places`: of allocator_of, in the order of `probed_names()`.
+    fn new(allocator: &'a Path, places: &[Option<EntryProbe>], pid: u32, ways: ProbeWays) -> Self {
         let (mut traced, mut missing): (Vec<(&'static str, EntryProbe, u64)>, _) = (Vec::new(), Vec::new());
-        for ((function, kind), place) in FUNCTIONS.iter().zip(&places) {
+        for ((function, kind), place) in FUNCTIONS.iter().zip(places) {
             match place {
                 None => missing.push(*function),
                 // glibc's aligned_alloc is memalign: probed once.
@@ -212,8 +211,8 @@ impl<'a> AllocatorProbes<'a> {
                 Some(place) => traced.push((function, *place, *kind as u64)),
             }
         }
-        let free = places.last().copied().flatten();
-        Ok(AllocatorProbes { allocator, pid: pid as i32, ways, traced, free, missing })
+        let free = places.get(FUNCTIONS.len()).copied().flatten();
+        AllocatorProbes { allocator, pid: pid as i32, ways, traced, free, missing }
     }
 
     fn attach(&self, probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64) -> libbpf_rs::Result<Link> {
@@ -342,8 +341,8 @@ impl SamplePeriods {
 /// The object whose `malloc` the process calls, as the process sees it: the dynamic linker binds the first
 /// definition it finds, so the executable (jemalloc or tcmalloc linked in statically), then the libraries of
 /// LD_PRELOAD and of a known allocator (jemalloc, tcmalloc, mimalloc linked in), when they export `malloc`;
-/// else the C library.
-fn allocator_of(pid: u32) -> Result<PathBuf> {
+/// else the C library. With the entry probes of `probed_names()` in it.
+fn allocator_of(pid: u32) -> Result<(PathBuf, Vec<Option<EntryProbe>>)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
     let mut mapped: Vec<&str> = Vec::new();
     for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)).filter(|p| p.starts_with('/')) {
@@ -365,16 +364,26 @@ fn allocator_of(pid: u32) -> Result<PathBuf> {
     candidates.extend(mapped.iter().copied().filter(|p| preload.contains(&file_name(p))));
     candidates.extend(mapped.iter().copied().filter(|p| ALLOCATORS.iter().any(|a| file_name(p).starts_with(a))));
     let in_root = |p: &str| PathBuf::from(format!("/proc/{pid}/root{p}"));
+    let names = probed_names();
     for path in candidates {
-        if matches!(entry_probes(&in_root(path), &["malloc"]).as_deref(), Ok([Some(_)])) {
-            return Ok(in_root(path));
+        // names[0] is malloc.
+        if let Ok(places) = entry_probes(&in_root(path), &names) {
+            if places[0].is_some() {
+                return Ok((in_root(path), places));
+            }
         }
     }
     let libc = mapped
         .iter()
         .find(|p| file_name(p).starts_with("libc.so") || file_name(p).starts_with("libc-"))
         .with_context(|| format!("process {pid} has no C library mapped (a static binary?): its allocations cannot be traced"))?;
-    Ok(in_root(libc))
+    let places = entry_probes(&in_root(libc), &names)?;
+    Ok((in_root(libc), places))
+}
+
+/// The functions probed: FUNCTIONS, then free.
+fn probed_names() -> Vec<&'static str> {
+    FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect()
 }
 
 /// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far),
