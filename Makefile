@@ -1,4 +1,4 @@
-# myprobe: see ../shared/DESIGN.md (layout) and scripts/ (setup, throwaway MariaDB servers).
+# myprobe: see ARCHITECTURE.md (layout) and scripts/ (setup, throwaway MariaDB servers).
 #   make setup   install the Debian packages the project needs, mount tracefs (root)
 #   make build   cargo build --release
 #   make test    setup + build + cargo test against a throwaway MariaDB (scripts/run-tests)

@@ -1,4 +1,5 @@
-//! Compiles every `src/bpf/<name>.bpf.c` into a CO-RE object and a Rust skeleton `<name>.skel.rs` in OUT_DIR.
+//! Compiles every `src/bpf/<name>.bpf.c` into a CO-RE object and a Rust skeleton `<name>.skel.rs` in OUT_DIR,
+//! with warnings as errors; and checks that every header of src/bpf compiles on its own.
 use std::{env, fs, path::PathBuf};
 
 use libbpf_cargo::SkeletonBuilder;
@@ -11,15 +12,49 @@ fn main() {
         Ok(other) => panic!("unsupported target architecture {other}"),
         Err(_) => "x86",
     };
+    let clang_args = [
+        format!("-D__TARGET_ARCH_{arch}"),
+        "-Isrc/bpf".to_string(),
+        "-O2".to_string(),
+        "-Wall".to_string(),
+        "-Wextra".to_string(),
+        "-Werror".to_string(),
+    ];
     println!("cargo:rerun-if-changed=src/bpf");
-    for entry in fs::read_dir("src/bpf").expect("src/bpf exists") {
-        let path = entry.expect("readable src/bpf").path();
-        let Some(file) = path.file_name().and_then(|f| f.to_str()) else { continue };
-        let Some(name) = file.strip_suffix(".bpf.c") else { continue };
-        SkeletonBuilder::new()
-            .source(&path)
-            .clang_args([format!("-D__TARGET_ARCH_{arch}"), "-Isrc/bpf".to_string(), "-O2".to_string()])
-            .build_and_generate(out.join(format!("{name}.skel.rs")))
-            .unwrap_or_else(|e| panic!("compiling {}: {e:#}\n(is clang installed? run scripts/setup)", path.display()));
+    let mut entries: Vec<PathBuf> = fs::read_dir("src/bpf")
+        .expect("src/bpf exists")
+        .map(|e| e.expect("readable").path())
+        .collect();
+    entries.sort();
+    for path in &entries {
+        let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+            continue;
+        };
+        if let Some(name) = file.strip_suffix(".bpf.c") {
+            SkeletonBuilder::new()
+                .source(path)
+                .clang_args(&clang_args)
+                .build_and_generate(out.join(format!("{name}.skel.rs")))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "compiling {}: {e:#}\n(is clang installed? run scripts/setup)",
+                        path.display()
+                    )
+                });
+        } else if file.ends_with(".h") && file != "vmlinux.h" {
+            // Self-contained: a header includes what it uses, so any order of includes compiles.
+            let check = out.join(format!("header_{}.bpf.c", file.trim_end_matches(".h")));
+            let root = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+            fs::write(&check, format!("#include \"{root}/src/bpf/{file}\"\n"))
+                .expect("OUT_DIR is writable");
+            SkeletonBuilder::new()
+                .source(&check)
+                .obj(check.with_extension("o"))
+                .clang_args(&clang_args)
+                .build()
+                .unwrap_or_else(|e| {
+                    panic!("{} does not compile on its own: {e:#}", path.display())
+                });
+        }
     }
 }

@@ -1,20 +1,17 @@
-//! myprobe: a production-safe eBPF performance analyser for MySQL and MariaDB.
-
-mod cmd;
-mod collect;
-mod profile;
-mod query;
-mod render;
-mod symbolize;
-mod target;
-mod unwind;
+//! myprobe: a production-safe eBPF performance analyser for MySQL and MariaDB: the command line (the work is
+//! done in the library, src/lib.rs).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use myprobe::cmd;
 
 #[derive(Parser)]
-#[command(name = "myprobe", version, about = "Production-safe eBPF performance analyser for MySQL and MariaDB")]
+#[command(
+    name = "myprobe",
+    version,
+    about = "Production-safe eBPF performance analyser for MySQL and MariaDB"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -18,13 +18,28 @@ struct Leaky {
 impl Leaky {
     /// `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more files to build it with;
     /// `env`: e.g. LD_PRELOAD.
-    fn start(dir: &std::path::Path, args: &[&str], sources: &[&str], env: &[(&str, &str)]) -> Leaky {
+    fn start(
+        dir: &std::path::Path,
+        args: &[&str],
+        sources: &[&str],
+        env: &[(&str, &str)],
+    ) -> Leaky {
         let exe = dir.join("leaky");
-        let fixture = |name: &str| format!("{}/tests/fixtures/alloc/{name}", env!("CARGO_MANIFEST_DIR"));
+        let fixture =
+            |name: &str| format!("{}/tests/fixtures/alloc/{name}", env!("CARGO_MANIFEST_DIR"));
         let mut cc = Command::new("cc");
-        cc.args(["-O1", "-g", "-pthread", "-rdynamic", "-o"]).arg(&exe).arg(fixture("leaky.c"));
-        let cc = cc.args(sources.iter().map(|s| fixture(s))).output().unwrap();
-        assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+        cc.args(["-O1", "-g", "-pthread", "-rdynamic", "-o"])
+            .arg(&exe)
+            .arg(fixture("leaky.c"));
+        let cc = cc
+            .args(sources.iter().map(|s| fixture(s)))
+            .output()
+            .unwrap();
+        assert!(
+            cc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
         let mut child = Command::new(&exe)
             .args(args)
             .envs(env.iter().copied())
@@ -80,7 +95,16 @@ fn traced_built_with(
     let pid = leaky.child.id().to_string();
     let tracer = myprobe()
         .envs(tracer_env.iter().copied())
-        .args(["profile", what, "--any-process", "-p", &pid, "-d", "3", "-o"])
+        .args([
+            "profile",
+            what,
+            "--any-process",
+            "-p",
+            &pid,
+            "-d",
+            "3",
+            "-o",
+        ])
         .arg(&folded)
         .args(extra)
         .stderr(Stdio::piped())
@@ -98,15 +122,37 @@ fn traced_built_with(
 #[test]
 fn memleak_reports_exactly_the_known_leak() {
     let (stacks, stderr) = traced("memleak", "memleak", &["--sample", "1", "--interval", "1"]);
-    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "leak_here"),
+        409_600,
+        "{stacks:?}\n{stderr}"
+    );
     // Everything else the fixture allocated while traced was freed.
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
-    let line = stderr.lines().find(|l| l.contains("leak_here")).unwrap_or_else(|| panic!("no table line for leak_here:\n{stderr}"));
-    assert!(line.trim_start().starts_with("409600 bytes in 100 allocations from"), "{line}");
-    assert!(stderr.contains("after 1 s, top ") && stderr.contains("after 2 s, top "), "no interval reports:\n{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("leak_here"))
+        .unwrap_or_else(|| panic!("no table line for leak_here:\n{stderr}"));
+    assert!(
+        line.trim_start()
+            .starts_with("409600 bytes in 100 allocations from"),
+        "{line}"
+    );
+    assert!(
+        stderr.contains("after 1 s, top ") && stderr.contains("after 2 s, top "),
+        "no interval reports:\n{stderr}"
+    );
     // --older: the leaks are younger than 60 s when tracing ends.
-    let (stacks, _) = traced("memleak-older", "memleak", &["--sample", "1", "--older", "60000"]);
-    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 0, "{stacks:?}");
+    let (stacks, _) = traced(
+        "memleak-older",
+        "memleak",
+        &["--sample", "1", "--older", "60000"],
+    );
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "leak_here"),
+        0,
+        "{stacks:?}"
+    );
 }
 
 #[test]
@@ -117,7 +163,20 @@ fn sampled_memleak_estimates_a_steady_leak() {
     let leaky = Leaky::start(&dir, &["steady"], &[], &[]);
     let folded = dir.join("memleak.folded");
     let pid = leaky.child.id().to_string();
-    let out = myprobe().args(["profile", "memleak", "--any-process", "-p", &pid, "-d", "4", "-o"]).arg(&folded).output().unwrap();
+    let out = myprobe()
+        .args([
+            "profile",
+            "memleak",
+            "--any-process",
+            "-p",
+            &pid,
+            "-d",
+            "4",
+            "-o",
+        ])
+        .arg(&folded)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("one 100 ms period in 10"), "{stderr}");
@@ -129,21 +188,44 @@ fn sampled_memleak_estimates_a_steady_leak() {
     let stacks = read_folded(&folded);
     let leaked = value_with_frame(&stacks, |f| f == "leak_here") as f64;
     let expected = 2_048_000.0 * traced_secs;
-    assert!((0.8..=1.2).contains(&(leaked / expected)), "estimated {leaked} bytes from leak_here, expected about {expected}:\n{stderr}");
+    assert!(
+        (0.8..=1.2).contains(&(leaked / expected)),
+        "estimated {leaked} bytes from leak_here, expected about {expected}:\n{stderr}"
+    );
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
 }
 
 #[test]
 fn older_kernels_probes_give_the_same_exact_results() {
-    // Before uprobe_multi links (6.6) and uprobe sessions (6.13): a uprobe (and for memleak a uretprobe) per
-    // function.
-    for version in ["6.1", "6.12"] {
-        let older = [("MYPROBE_KERNEL_VERSION", version)];
-        let (stacks, stderr) = traced_built_with("memleak-older-kernel", &[], &[], "memleak", &["--sample", "1"], &older);
-        assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{version}: {stacks:?}\n{stderr}");
-        assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{version}: {stacks:?}");
-        let (stacks, stderr) = traced_built_with("alloc-older-kernel", &[], &[], "alloc", &[], &older);
-        assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{version}: {stacks:?}\n{stderr}");
+    // Without uprobe_multi links (before 6.6) and without uprobe sessions (before 6.13): a uprobe (and for
+    // memleak a uretprobe) per function.
+    for version in ["uprobe_multi,uprobe_session", "uprobe_session"] {
+        let older = [("MYPROBE_DISABLE", version)];
+        let (stacks, stderr) = traced_built_with(
+            "memleak-older-kernel",
+            &[],
+            &[],
+            "memleak",
+            &["--sample", "1"],
+            &older,
+        );
+        assert_eq!(
+            value_with_frame(&stacks, |f| f == "leak_here"),
+            409_600,
+            "{version}: {stacks:?}\n{stderr}"
+        );
+        assert_eq!(
+            value_with_frame(&stacks, |f| f == "churn"),
+            0,
+            "{version}: {stacks:?}"
+        );
+        let (stacks, stderr) =
+            traced_built_with("alloc-older-kernel", &[], &[], "alloc", &[], &older);
+        assert_eq!(
+            value_with_frame(&stacks, |f| f == "leak_here"),
+            409_600,
+            "{version}: {stacks:?}\n{stderr}"
+        );
     }
 }
 
@@ -154,31 +236,69 @@ fn allocation_bytes_of_a_known_leak_are_exact() {
     assert_eq!(leak, 409_600, "bytes allocated by leak_here: {stacks:?}");
     let churn = value_with_frame(&stacks, |f| f == "churn");
     // 100 iterations of six mallocs of 64 + 8k + i % 5 bytes.
-    let expected: u64 = (0..100u64).map(|i| (0..6u64).map(|k| 64 + 8 * k + i % 5).sum::<u64>()).sum();
+    let expected: u64 = (0..100u64)
+        .map(|i| (0..6u64).map(|k| 64 + 8 * k + i % 5).sum::<u64>())
+        .sum();
     assert_eq!(churn, expected, "bytes allocated by churn: {stacks:?}");
-    for (frames, _) in stacks.iter().filter(|(f, _)| f.iter().any(|x| x == "leak_here")) {
-        assert_eq!(frames.last().map(String::as_str), Some("malloc"), "{frames:?}");
-        assert_eq!(frames.first().map(String::as_str), Some("_start"), "the stack is complete: {frames:?}");
+    for (frames, _) in stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x == "leak_here"))
+    {
+        assert_eq!(
+            frames.last().map(String::as_str),
+            Some("malloc"),
+            "{frames:?}"
+        );
+        assert_eq!(
+            frames.first().map(String::as_str),
+            Some("_start"),
+            "the stack is complete: {frames:?}"
+        );
     }
 }
 
 #[test]
 fn an_allocator_of_the_program_own_is_the_one_traced() {
     // The fixture with a malloc family of its own: libc's malloc is never called.
-    let (stacks, stderr) = traced_built_with("alloc-own", &["own_malloc.c"], &[], "alloc", &[], &[]);
-    assert!(stderr.contains("/leaky (it defines malloc"), "the allocator is named:\n{stderr}");
-    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+    let (stacks, stderr) =
+        traced_built_with("alloc-own", &["own_malloc.c"], &[], "alloc", &[], &[]);
+    assert!(
+        stderr.contains("/leaky (it defines malloc"),
+        "the allocator is named:\n{stderr}"
+    );
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "leak_here"),
+        409_600,
+        "{stacks:?}\n{stderr}"
+    );
 }
 
 #[test]
 fn jemalloc_in_ld_preload_is_the_allocator_traced() {
     // Debian's libjemalloc2 (scripts/setup), preloaded as mysqld_safe --malloc-lib does.
     let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
-    assert!(std::path::Path::new(jemalloc).exists(), "{jemalloc} is missing: run scripts/setup");
+    assert!(
+        std::path::Path::new(jemalloc).exists(),
+        "{jemalloc} is missing: run scripts/setup"
+    );
     let env = [("LD_PRELOAD", jemalloc)];
-    let (stacks, stderr) = traced_built_with("memleak-jemalloc", &[], &env, "memleak", &["--sample", "1"], &[]);
-    assert!(stderr.contains("libjemalloc.so.2 (it defines malloc"), "the allocator is named:\n{stderr}");
-    assert_eq!(value_with_frame(&stacks, |f| f == "leak_here"), 409_600, "{stacks:?}\n{stderr}");
+    let (stacks, stderr) = traced_built_with(
+        "memleak-jemalloc",
+        &[],
+        &env,
+        "memleak",
+        &["--sample", "1"],
+        &[],
+    );
+    assert!(
+        stderr.contains("libjemalloc.so.2 (it defines malloc"),
+        "the allocator is named:\n{stderr}"
+    );
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "leak_here"),
+        409_600,
+        "{stacks:?}\n{stderr}"
+    );
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
 }
 
@@ -186,10 +306,21 @@ fn jemalloc_in_ld_preload_is_the_allocator_traced() {
 fn sampled_allocations_are_scaled() {
     let stacks = traced_allocations("alloc-sampled", &["--sample", "10"]);
     let leak = value_with_frame(&stacks, |f| f == "leak_here");
-    assert!((368_640..=450_560).contains(&leak), "sampled bytes of leak_here {leak} are not within 10% of 409600");
+    assert!(
+        (368_640..=450_560).contains(&leak),
+        "sampled bytes of leak_here {leak} are not within 10% of 409600"
+    );
     let calls = traced_allocations("alloc-calls", &["--calls", "-z", "4096", "-Z", "4096"]);
-    assert_eq!(value_with_frame(&calls, |f| f == "leak_here"), 100, "calls of exactly 4096 bytes: {calls:?}");
-    assert_eq!(value_with_frame(&calls, |f| f == "churn"), 0, "-z/-Z leave out the small ones: {calls:?}");
+    assert_eq!(
+        value_with_frame(&calls, |f| f == "leak_here"),
+        100,
+        "calls of exactly 4096 bytes: {calls:?}"
+    );
+    assert_eq!(
+        value_with_frame(&calls, |f| f == "churn"),
+        0,
+        "-z/-Z leave out the small ones: {calls:?}"
+    );
 }
 
 #[test]
@@ -201,10 +332,24 @@ fn allocation_profile_of_the_server_under_load() {
     let svg = dir.join("alloc.svg");
     let folded = dir.join("alloc.folded");
     let pid = db.pid.to_string();
-    run_ok(myprobe().args(["profile", "alloc", "-p", &pid, "-d", "2", "-o"]).arg(&folded));
+    run_ok(
+        myprobe()
+            .args(["profile", "alloc", "-p", &pid, "-d", "2", "-o"])
+            .arg(&folded),
+    );
     load.wait();
-    run_ok(myprobe().args(["flame"]).arg(&folded).args(["--colors", "mem", "--countname", "bytes", "-o"]).arg(&svg));
+    run_ok(
+        myprobe()
+            .args(["flame"])
+            .arg(&folded)
+            .args(["--colors", "mem", "--countname", "bytes", "-o"])
+            .arg(&svg),
+    );
     let stacks = read_folded(&folded);
-    assert!(value_with_frame(&stacks, |f| f == "do_command") > 0, "no allocation under do_command: {} stacks", stacks.len());
+    assert!(
+        value_with_frame(&stacks, |f| f == "do_command") > 0,
+        "no allocation under do_command: {} stacks",
+        stacks.len()
+    );
     assert!(std::fs::read_to_string(&svg).unwrap().contains("malloc"));
 }

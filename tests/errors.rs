@@ -9,8 +9,15 @@ use common::*;
 fn one_error_line(cmd: &mut Command) -> String {
     let out = cmd.stdin(Stdio::null()).output().expect("running myprobe");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "expected failure: {cmd:?}\nstderr:\n{stderr}");
-    assert!(out.stdout.is_empty(), "nothing belongs on stdout on error: {:?}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "expected failure: {cmd:?}\nstderr:\n{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing belongs on stdout on error: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "expected one error line, got:\n{stderr}");
     assert!(lines[0].starts_with("myprobe: error: "), "{stderr}");
@@ -28,7 +35,10 @@ fn fake_server_binary(dir: &std::path::Path) -> std::path::PathBuf {
 fn in_pid_namespace(setup: &str, args: &str) -> Command {
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
-        .arg(format!("{setup} sleep 0.3; exec {} {args}", env!("CARGO_BIN_EXE_myprobe")));
+        .arg(format!(
+            "{setup} sleep 0.3; exec {} {args}",
+            env!("CARGO_BIN_EXE_myprobe")
+        ));
     cmd
 }
 
@@ -44,7 +54,10 @@ fn several_servers_running() {
     let dir = tempdir("several");
     let fake = fake_server_binary(&dir);
     let f = fake.display();
-    let line = one_error_line(&mut in_pid_namespace(&format!("{f} 30 & {f} 30 &"), "profile offcpu -d 1"));
+    let line = one_error_line(&mut in_pid_namespace(
+        &format!("{f} 30 & {f} 30 &"),
+        "profile offcpu -d 1",
+    ));
     assert!(line.contains("2 servers are running"), "{line}");
     assert!(line.contains("pick one with -p PID"), "{line}");
 }
@@ -58,10 +71,20 @@ fn pid_that_does_not_exist() {
 #[test]
 fn pid_that_is_not_a_server() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-    let line = one_error_line(myprobe().args(["profile", "cpu", "-d", "1", "-p", &sleeper.id().to_string()]));
+    let line = one_error_line(myprobe().args([
+        "profile",
+        "cpu",
+        "-d",
+        "1",
+        "-p",
+        &sleeper.id().to_string(),
+    ]));
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    assert!(line.contains("is `sleep`, not a MySQL or MariaDB server"), "{line}");
+    assert!(
+        line.contains("is `sleep`, not a MySQL or MariaDB server"),
+        "{line}"
+    );
     assert!(line.contains("--any-process"), "{line}");
 }
 
@@ -69,8 +92,13 @@ fn pid_that_is_not_a_server() {
 fn not_root() {
     let db = testdb();
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_myprobe")])
-        .args(["profile", "cpu", "-d", "1", "-p", &db.pid.to_string()]);
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        env!("CARGO_BIN_EXE_myprobe"),
+    ])
+    .args(["profile", "cpu", "-d", "1", "-p", &db.pid.to_string()]);
     let line = one_error_line(&mut cmd);
     assert!(line.contains("needs root"), "{line}");
     assert!(line.contains("sudo"), "{line}");
@@ -79,15 +107,39 @@ fn not_root() {
 #[test]
 fn kernel_btf_missing() {
     let db = testdb();
-    let line = one_error_line(myprobe().args(["profile", "offcpu", "-d", "1", "--btf", "/nonexistent/vmlinux.btf", "-p", &db.pid.to_string()]));
-    assert!(line.contains("BTF file /nonexistent/vmlinux.btf does not exist"), "{line}");
+    let line = one_error_line(myprobe().args([
+        "profile",
+        "offcpu",
+        "-d",
+        "1",
+        "--btf",
+        "/nonexistent/vmlinux.btf",
+        "-p",
+        &db.pid.to_string(),
+    ]));
+    assert!(
+        line.contains("BTF file /nonexistent/vmlinux.btf does not exist"),
+        "{line}"
+    );
 }
 
 #[test]
 fn unknown_output_extension() {
     let db = testdb();
-    let line = one_error_line(myprobe().args(["profile", "cpu", "-d", "1", "-o", "/tmp/x.png", "-p", &db.pid.to_string()]));
-    assert!(line.contains(".svg"), "the error lists the accepted extensions: {line}");
+    let line = one_error_line(myprobe().args([
+        "profile",
+        "cpu",
+        "-d",
+        "1",
+        "-o",
+        "/tmp/x.png",
+        "-p",
+        &db.pid.to_string(),
+    ]));
+    assert!(
+        line.contains(".svg"),
+        "the error lists the accepted extensions: {line}"
+    );
 }
 
 #[test]
@@ -99,7 +151,15 @@ fn queries_without_a_server() {
 #[test]
 fn queries_uprobes_on_a_binary_without_dispatch_command() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-    let line = one_error_line(myprobe().args(["queries", "-d", "1", "--uprobes", "--any-process", "-p", &sleeper.id().to_string()]));
+    let line = one_error_line(myprobe().args([
+        "queries",
+        "-d",
+        "1",
+        "--uprobes",
+        "--any-process",
+        "-p",
+        &sleeper.id().to_string(),
+    ]));
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     assert!(line.contains("has no dispatch_command symbol"), "{line}");

@@ -13,16 +13,43 @@ use common::*;
 fn contended_mutex_is_named_with_its_waiters_and_wakers() {
     let dir = tempdir("locks-fixture");
     let exe = dir.join("contended");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/locks/contended.c");
-    let cc = Command::new("cc").args(["-O1", "-g", "-pthread", "-o"]).arg(&exe).arg(src).output().unwrap();
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
-    let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/locks/contended.c"
+    );
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mut child = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line.trim(), "ready");
     let folded = dir.join("locks.folded");
     let out = myprobe()
-        .args(["profile", "locks", "--any-process", "-p", &child.id().to_string(), "-d", "2", "-o"])
+        .args([
+            "profile",
+            "locks",
+            "--any-process",
+            "-p",
+            &child.id().to_string(),
+            "-d",
+            "2",
+            "-o",
+        ])
         .arg(&folded)
         .output()
         .unwrap();
@@ -32,17 +59,29 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
     assert!(out.status.success(), "{stderr}");
 
     let stacks = read_folded(&folded);
-    let on_big_lock: Vec<_> = stacks.iter().filter(|(f, _)| f[0] == "lock big_lock").cloned().collect();
+    let on_big_lock: Vec<_> = stacks
+        .iter()
+        .filter(|(f, _)| f[0] == "lock big_lock")
+        .cloned()
+        .collect();
     for worker in ["first_worker", "second_worker"] {
         let waited = value_with_frame(&on_big_lock, |f| f == worker);
-        assert!(waited > 100_000, "{worker} waited only {waited} us on big_lock: {stacks:?}");
+        assert!(
+            waited > 100_000,
+            "{worker} waited only {waited} us on big_lock: {stacks:?}"
+        );
     }
     // The table names the lock and the stacks that released it.
     assert!(stderr.contains("  big_lock (0x"), "{stderr}");
-    let wakers: Vec<&str> = stderr.lines().filter(|l| l.contains("woken") && l.contains("by:")).collect();
+    let wakers: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("woken") && l.contains("by:"))
+        .collect();
     for worker in ["first_worker", "second_worker"] {
         assert!(
-            wakers.iter().any(|l| l.contains(worker) && l.contains("unlock")),
+            wakers
+                .iter()
+                .any(|l| l.contains(worker) && l.contains("unlock")),
             "no waker stack of {worker} releasing big_lock:\n{stderr}"
         );
     }
@@ -57,16 +96,36 @@ fn server_lock_waits_under_load() {
     let folded = dir.join("locks.folded");
     let svg = dir.join("locks.svg");
     let pid = db.pid.to_string();
-    let stderr = run_ok(myprobe().args(["profile", "locks", "-p", &pid, "-d", "3", "-o"]).arg(&folded));
+    let stderr = run_ok(
+        myprobe()
+            .args(["profile", "locks", "-p", &pid, "-d", "3", "-o"])
+            .arg(&folded),
+    );
     load.wait();
-    run_ok(myprobe().args(["flame"]).arg(&folded).args(["--colors", "io", "--countname", "us", "-o"]).arg(&svg));
+    run_ok(
+        myprobe()
+            .args(["flame"])
+            .arg(&folded)
+            .args(["--colors", "io", "--countname", "us", "-o"])
+            .arg(&svg),
+    );
     let stacks = read_folded(&folded);
     // A lock in the server's own memory is named by its symbol, or by the binary and offset where it has none.
     let in_server = value_with_frame(&stacks, |f| {
-        f.strip_prefix("lock ").is_some_and(|name| !name.starts_with('[') && !name.contains(".so"))
+        f.strip_prefix("lock ")
+            .is_some_and(|name| !name.starts_with('[') && !name.contains(".so"))
     });
-    assert!(in_server > 0, "no lock of the server binary itself:\n{stderr}");
-    assert!(stacks.iter().all(|(f, _)| f[0].starts_with("lock ")), "every stack starts at its lock");
+    assert!(
+        in_server > 0,
+        "no lock of the server binary itself:\n{stderr}"
+    );
+    assert!(
+        stacks.iter().all(|(f, _)| f[0].starts_with("lock ")),
+        "every stack starts at its lock"
+    );
     assert!(std::fs::read_to_string(&svg).unwrap().contains("lock "));
-    assert!(stderr.contains("top ") && stderr.contains("woken"), "{stderr}");
+    assert!(
+        stderr.contains("top ") && stderr.contains("woken"),
+        "{stderr}"
+    );
 }

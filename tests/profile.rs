@@ -10,21 +10,47 @@ fn cpu_profile_under_load_shows_the_command_loop() {
     let load = db.load(8);
     std::thread::sleep(std::time::Duration::from_secs(1));
     let folded = dir.join("cpu.folded");
-    let stderr = run_ok(myprobe().args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "4", "-F", "199", "-o"]).arg(&folded));
+    let stderr = run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "cpu",
+                "-p",
+                &db.pid.to_string(),
+                "-d",
+                "4",
+                "-F",
+                "199",
+                "-o",
+            ])
+            .arg(&folded),
+    );
     load.wait();
     let stacks = read_folded(&folded);
     let total: u64 = stacks.iter().map(|(_, v)| v).sum();
-    assert!(total > 50, "too few samples ({total}) under load; stderr:\n{stderr}");
+    assert!(
+        total > 50,
+        "too few samples ({total}) under load; stderr:\n{stderr}"
+    );
     for function in ["dispatch_command", "do_command"] {
         let v = value_with_frame(&stacks, |f| f == function);
         assert!(v > 0, "no CPU sample in {function}; stderr:\n{stderr}");
     }
-    assert!(stderr.contains("results written in"), "no time-to-results line:\n{stderr}");
+    assert!(
+        stderr.contains("results written in"),
+        "no time-to-results line:\n{stderr}"
+    );
     // Frames are cleaned: no argument lists, no offsets.
     for (frames, _) in &stacks {
         for f in frames {
-            assert!(!f.contains('(') || f.starts_with("thread "), "frame with an argument list: {f}");
-            assert!(!f.contains("+0x") || f.starts_with("mariadbd+0x") || f.contains(".so"), "frame with an offset: {f}");
+            assert!(
+                !f.contains('(') || f.starts_with("thread "),
+                "frame with an argument list: {f}"
+            );
+            assert!(
+                !f.contains("+0x") || f.starts_with("mariadbd+0x") || f.contains(".so"),
+                "frame with an offset: {f}"
+            );
         }
     }
 }
@@ -36,14 +62,35 @@ fn cpu_profile_with_kernel_frames_marks_them() {
     let load = db.load(5);
     std::thread::sleep(std::time::Duration::from_secs(1));
     let folded = dir.join("cpu.folded");
-    run_ok(myprobe().args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "3", "-F", "199", "--kernel", "-o"]).arg(&folded));
+    run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "cpu",
+                "-p",
+                &db.pid.to_string(),
+                "-d",
+                "3",
+                "-F",
+                "199",
+                "--kernel",
+                "-o",
+            ])
+            .arg(&folded),
+    );
     load.wait();
     let stacks = read_folded(&folded);
-    assert!(value_with_frame(&stacks, |f| f.ends_with("_[k]")) > 0, "no kernel frames with --kernel");
+    assert!(
+        value_with_frame(&stacks, |f| f.ends_with("_[k]")) > 0,
+        "no kernel frames with --kernel"
+    );
     // Kernel frames sit below (after) every user frame of their stack.
     for (frames, _) in &stacks {
         if let Some(first_k) = frames.iter().position(|f| f.ends_with("_[k]")) {
-            assert!(frames[first_k..].iter().all(|f| f.ends_with("_[k]")), "user frame below a kernel frame: {frames:?}");
+            assert!(
+                frames[first_k..].iter().all(|f| f.ends_with("_[k]")),
+                "user frame below a kernel frame: {frames:?}"
+            );
         }
     }
 }
@@ -56,7 +103,16 @@ fn offcpu_profile_of_an_idle_connection_shows_the_socket_wait() {
     let tid = session.server_tid();
     let folded = dir.join("offcpu.folded");
     let tracer = myprobe()
-        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "-o"])
+        .args([
+            "profile",
+            "offcpu",
+            "-p",
+            &db.pid.to_string(),
+            "-d",
+            "2",
+            "--per-thread",
+            "-o",
+        ])
         .arg(&folded)
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -72,14 +128,30 @@ fn offcpu_profile_of_an_idle_connection_shows_the_socket_wait() {
     assert!(out.status.success(), "{stderr}");
     let stacks = read_folded(&folded);
     let thread_prefix = format!("thread {tid}");
-    let mine: Vec<_> = stacks.iter().filter(|(f, _)| f[0].starts_with(&thread_prefix)).cloned().collect();
-    assert!(!mine.is_empty(), "no off-CPU stacks for the idle connection's thread {tid}; stderr:\n{stderr}");
+    let mine: Vec<_> = stacks
+        .iter()
+        .filter(|(f, _)| f[0].starts_with(&thread_prefix))
+        .cloned()
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "no off-CPU stacks for the idle connection's thread {tid}; stderr:\n{stderr}"
+    );
     let total: u64 = mine.iter().map(|(_, v)| v).sum();
     let waiting = value_with_frame(&mine, |f| f == "vio_socket_io_wait" || f.contains("poll"));
-    assert!(waiting > 0, "idle thread's stacks lack the socket wait: {mine:?}");
+    assert!(
+        waiting > 0,
+        "idle thread's stacks lack the socket wait: {mine:?}"
+    );
     // Idle for almost all of the 2 s traced: most of its off-CPU time is that wait, and blocked, not runnable.
-    assert!(waiting * 10 >= total * 9, "socket wait is only {waiting} of {total} us: {mine:?}");
-    assert!(waiting >= 1_500_000, "idle wait of {waiting} us is far below the 2 s traced");
+    assert!(
+        waiting * 10 >= total * 9,
+        "socket wait is only {waiting} of {total} us: {mine:?}"
+    );
+    assert!(
+        waiting >= 1_500_000,
+        "idle wait of {waiting} us is far below the 2 s traced"
+    );
     assert!(value_with_frame(&mine, |f| f == "[blocked]") * 10 >= waiting * 9);
 }
 
@@ -95,7 +167,16 @@ fn offcpu_profile_shows_a_thread_blocked_throughout() {
     std::thread::sleep(std::time::Duration::from_millis(700));
     let folded = dir.join("offcpu.folded");
     let out = myprobe()
-        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "-o"])
+        .args([
+            "profile",
+            "offcpu",
+            "-p",
+            &db.pid.to_string(),
+            "-d",
+            "2",
+            "--per-thread",
+            "-o",
+        ])
         .arg(&folded)
         .output()
         .unwrap();
@@ -104,12 +185,29 @@ fn offcpu_profile_shows_a_thread_blocked_throughout() {
     assert_eq!(sleeper.join().unwrap(), "0");
     let stacks = read_folded(&folded);
     let thread_prefix = format!("thread {tid}");
-    let mine: Vec<_> = stacks.iter().filter(|(f, _)| f[0].starts_with(&thread_prefix)).cloned().collect();
+    let mine: Vec<_> = stacks
+        .iter()
+        .filter(|(f, _)| f[0].starts_with(&thread_prefix))
+        .cloned()
+        .collect();
     let sleeping = value_with_frame(&mine, |f| f == "Item_func_sleep::val_int");
-    assert!(sleeping >= 1_900_000, "the sleeping thread {tid} has {sleeping} us in SLEEP: {mine:?}\n{stderr}");
-    let (frames, _) = mine.iter().find(|(f, _)| f.iter().any(|x| x == "Item_func_sleep::val_int")).unwrap();
-    assert!(frames.iter().any(|f| f == "start_thread") && frames.iter().any(|f| f == "do_command"), "{frames:?}");
-    assert_eq!(frames.last().map(String::as_str), Some("[blocked]"), "{frames:?}");
+    assert!(
+        sleeping >= 1_900_000,
+        "the sleeping thread {tid} has {sleeping} us in SLEEP: {mine:?}\n{stderr}"
+    );
+    let (frames, _) = mine
+        .iter()
+        .find(|(f, _)| f.iter().any(|x| x == "Item_func_sleep::val_int"))
+        .unwrap();
+    assert!(
+        frames.iter().any(|f| f == "start_thread") && frames.iter().any(|f| f == "do_command"),
+        "{frames:?}"
+    );
+    assert_eq!(
+        frames.last().map(String::as_str),
+        Some("[blocked]"),
+        "{frames:?}"
+    );
 }
 
 #[test]
@@ -119,16 +217,37 @@ fn offcpu_profile_under_load_splits_blocked_and_runnable() {
     let load = db.load(6);
     std::thread::sleep(std::time::Duration::from_secs(1));
     let folded = dir.join("offcpu.folded");
-    let stderr = run_ok(myprobe().args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "3", "-o"]).arg(&folded));
+    let stderr = run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "offcpu",
+                "-p",
+                &db.pid.to_string(),
+                "-d",
+                "3",
+                "-o",
+            ])
+            .arg(&folded),
+    );
     load.wait();
     let stacks = read_folded(&folded);
     for (frames, _) in &stacks {
         let leaf = frames.last().unwrap();
-        assert!(leaf == "[blocked]" || leaf == "[runnable]", "leaf is not the wait kind: {frames:?}");
+        assert!(
+            leaf == "[blocked]" || leaf == "[runnable]",
+            "leaf is not the wait kind: {frames:?}"
+        );
     }
-    assert!(value_with_frame(&stacks, |f| f == "[blocked]") > 0, "no blocked time under load; stderr:\n{stderr}");
+    assert!(
+        value_with_frame(&stacks, |f| f == "[blocked]") > 0,
+        "no blocked time under load; stderr:\n{stderr}"
+    );
     // 4 sysbench threads on 2 CPUs: the server's threads must queue for a CPU at times.
-    assert!(value_with_frame(&stacks, |f| f == "[runnable]") > 0, "no runnable time under load; stderr:\n{stderr}");
+    assert!(
+        value_with_frame(&stacks, |f| f == "[runnable]") > 0,
+        "no runnable time under load; stderr:\n{stderr}"
+    );
 }
 
 #[test]
@@ -139,8 +258,24 @@ fn svg_and_json_outputs_are_well_formed() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     let svg = dir.join("cpu.svg");
     let json = dir.join("off.json");
-    run_ok(myprobe().args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "2", "-o"]).arg(&svg));
-    run_ok(myprobe().args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "1", "-o"]).arg(&json));
+    run_ok(
+        myprobe()
+            .args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "2", "-o"])
+            .arg(&svg),
+    );
+    run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "offcpu",
+                "-p",
+                &db.pid.to_string(),
+                "-d",
+                "1",
+                "-o",
+            ])
+            .arg(&json),
+    );
     load.wait();
 
     let text = std::fs::read_to_string(&svg).unwrap();
@@ -149,15 +284,24 @@ fn svg_and_json_outputs_are_well_formed() {
     loop {
         match reader.read_event() {
             Ok(quick_xml::events::Event::Eof) => break,
-            Ok(quick_xml::events::Event::Start(_)) | Ok(quick_xml::events::Event::Empty(_)) => elements += 1,
+            Ok(quick_xml::events::Event::Start(_)) | Ok(quick_xml::events::Event::Empty(_)) => {
+                elements += 1
+            }
             Ok(_) => {}
-            Err(e) => panic!("SVG is not well-formed XML at {}: {e}", reader.buffer_position()),
+            Err(e) => panic!(
+                "SVG is not well-formed XML at {}: {e}",
+                reader.buffer_position()
+            ),
         }
     }
     assert!(elements > 10, "SVG has only {elements} elements");
-    assert!(text.contains("do_command"), "SVG lacks the do_command frame");
+    assert!(
+        text.contains("do_command"),
+        "SVG lacks the do_command frame"
+    );
 
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("JSON parses");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("JSON parses");
     assert_eq!(v["unit"], "microseconds");
     assert_eq!(v["meta"]["pid"], db.pid);
     assert!(v["stacks"].as_array().is_some_and(|s| !s.is_empty()));
@@ -166,13 +310,25 @@ fn svg_and_json_outputs_are_well_formed() {
 #[test]
 fn folded_output_goes_to_stdout_without_o() {
     let db = testdb();
-    let out = myprobe().args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "1"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = myprobe()
+        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(!stdout.is_empty());
     for line in stdout.lines() {
         let (_, value) = line.rsplit_once(' ').expect("folded line");
-        value.parse::<u64>().unwrap_or_else(|_| panic!("stdout has a non-folded line: {line}"));
+        value
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("stdout has a non-folded line: {line}"));
     }
-    assert!(!String::from_utf8_lossy(&out.stderr).is_empty(), "diagnostics belong on stderr");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).is_empty(),
+        "diagnostics belong on stderr"
+    );
 }

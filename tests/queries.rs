@@ -12,11 +12,35 @@ use serde_json::Value;
 
 const READY: &str = "tracing the statements";
 
-/// Every field of DESIGN.md's "Query records".
+/// Every field of ARCHITECTURE.md's "Query records".
 const FIELDS: [&str; 27] = [
-    "ts", "tid", "conn", "user", "db", "command", "query", "fingerprint", "duration_us", "cpu_us", "runq_us", "lock_us",
-    "lock_waits", "lock_max_us", "lock_addr", "lock_symbol", "read_us", "read_bytes", "write_us", "write_bytes",
-    "sync_us", "syncs", "net_us", "net_bytes", "other_sys_us", "syscalls", "error",
+    "ts",
+    "tid",
+    "conn",
+    "user",
+    "db",
+    "command",
+    "query",
+    "fingerprint",
+    "duration_us",
+    "cpu_us",
+    "runq_us",
+    "lock_us",
+    "lock_waits",
+    "lock_max_us",
+    "lock_addr",
+    "lock_symbol",
+    "read_us",
+    "read_bytes",
+    "write_us",
+    "write_bytes",
+    "sync_us",
+    "syncs",
+    "net_us",
+    "net_bytes",
+    "other_sys_us",
+    "syscalls",
+    "error",
 ];
 
 fn trace(db: &TestDb, extra: &[&str]) -> Background {
@@ -29,7 +53,9 @@ fn trace(db: &TestDb, extra: &[&str]) -> Background {
 fn records(stdout: &str) -> Vec<Value> {
     stdout
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
+        })
         .collect()
 }
 
@@ -38,11 +64,17 @@ fn of_thread(records: &[Value], tid: u32) -> Vec<&Value> {
 }
 
 fn query_is<'a>(records: &[&'a Value], query: &str) -> Vec<&'a Value> {
-    records.iter().copied().filter(|r| r["query"] == query).collect()
+    records
+        .iter()
+        .copied()
+        .filter(|r| r["query"] == query)
+        .collect()
 }
 
 fn num(r: &Value, field: &str) -> u64 {
-    r[field].as_u64().unwrap_or_else(|| panic!("{field} is not a number in {r}"))
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} is not a number in {r}"))
 }
 
 #[test]
@@ -56,10 +88,17 @@ fn sleep_is_one_record_of_blocked_time() {
     let all = records(&out);
     let mine = of_thread(&all, tid);
     let sleeps = query_is(&mine, "SELECT SLEEP(?)");
-    assert_eq!(sleeps.len(), 1, "expected one SLEEP record of thread {tid}: {mine:?}\nstderr:\n{err}");
+    assert_eq!(
+        sleeps.len(),
+        1,
+        "expected one SLEEP record of thread {tid}: {mine:?}\nstderr:\n{err}"
+    );
     let r = sleeps[0];
     let d = num(r, "duration_us");
-    assert!((270_000..=330_000).contains(&d), "SLEEP(0.3) took {d} us: {r}");
+    assert!(
+        (270_000..=330_000).contains(&d),
+        "SLEEP(0.3) took {d} us: {r}"
+    );
     let on_cpu = num(r, "cpu_us") + num(r, "runq_us");
     assert!(on_cpu * 10 < d, "SLEEP should be blocked, not on CPU: {r}");
     assert_eq!(r["command"], "Query");
@@ -104,14 +143,32 @@ fn row_lock_wait_is_lock_time_with_an_address() {
     let all = records(&out);
     let mine = of_thread(&all, tid);
     let updates = query_is(&mine, "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?");
-    assert_eq!(updates.len(), 1, "expected one UPDATE record: {mine:?}\nstderr:\n{err}");
+    assert_eq!(
+        updates.len(),
+        1,
+        "expected one UPDATE record: {mine:?}\nstderr:\n{err}"
+    );
     let r = updates[0];
     assert!(num(r, "duration_us") >= 450_000, "{r}");
-    assert!(num(r, "lock_us") >= 400_000, "the row lock wait is not lock time: {r}");
-    assert!(num(r, "lock_waits") >= 1 && num(r, "lock_max_us") >= 400_000, "{r}");
-    let addr = r["lock_addr"].as_str().unwrap_or_else(|| panic!("no lock address: {r}"));
-    assert!(addr.starts_with("0x") && u64::from_str_radix(&addr[2..], 16).is_ok_and(|a| a != 0), "{r}");
-    assert!(r["lock_symbol"].as_str().is_some_and(|s| !s.is_empty()), "the lock has no name: {r}");
+    assert!(
+        num(r, "lock_us") >= 400_000,
+        "the row lock wait is not lock time: {r}"
+    );
+    assert!(
+        num(r, "lock_waits") >= 1 && num(r, "lock_max_us") >= 400_000,
+        "{r}"
+    );
+    let addr = r["lock_addr"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lock address: {r}"));
+    assert!(
+        addr.starts_with("0x") && u64::from_str_radix(&addr[2..], 16).is_ok_and(|a| a != 0),
+        "{r}"
+    );
+    assert!(
+        r["lock_symbol"].as_str().is_some_and(|s| !s.is_empty()),
+        "the lock has no name: {r}"
+    );
 }
 
 #[test]
@@ -126,10 +183,21 @@ fn commit_with_durable_log_has_sync_time() {
     let all = records(&out);
     let mine = of_thread(&all, tid);
     let commits = query_is(&mine, "COMMIT");
-    assert_eq!(commits.len(), 1, "expected one COMMIT record: {mine:?}\nstderr:\n{err}");
+    assert_eq!(
+        commits.len(),
+        1,
+        "expected one COMMIT record: {mine:?}\nstderr:\n{err}"
+    );
     let r = commits[0];
-    assert!(num(r, "syncs") > 0 && num(r, "sync_us") > 0, "COMMIT with innodb_flush_log_at_trx_commit=1 did not sync: {r}");
-    assert_eq!(query_is(&mine, "INSERT INTO sbtest.synctest (v) VALUES (?)").len(), 1, "{mine:?}");
+    assert!(
+        num(r, "syncs") > 0 && num(r, "sync_us") > 0,
+        "COMMIT with innodb_flush_log_at_trx_commit=1 did not sync: {r}"
+    );
+    assert_eq!(
+        query_is(&mine, "INSERT INTO sbtest.synctest (v) VALUES (?)").len(),
+        1,
+        "{mine:?}"
+    );
 }
 
 #[test]
@@ -143,7 +211,10 @@ fn user_database_and_connection_id() {
     let conn_id: u64 = after.query_row("SELECT CONNECTION_ID()").parse().unwrap();
     after.exec("USE sbtest");
     let after_tid = after.server_tid();
-    assert_eq!(after.query_row("SELECT COUNT(*) FROM sbtest1 WHERE id <= 10"), "10");
+    assert_eq!(
+        after.query_row("SELECT COUNT(*) FROM sbtest1 WHERE id <= 10"),
+        "10"
+    );
     // Connected with a database in the handshake.
     let mut with_db = db.session_in(Some("mysql"));
     let with_db_tid = with_db.server_tid();
@@ -152,20 +223,31 @@ fn user_database_and_connection_id() {
     let (out, err) = tracer.stop();
     let all = records(&out);
 
-    let count = query_is(&of_thread(&all, after_tid), "SELECT COUNT(*) FROM sbtest1 WHERE id <= ?")
-        .first()
-        .copied()
-        .cloned()
-        .unwrap_or_else(|| panic!("no record of the new connection's SELECT\nstderr:\n{err}"));
+    let count = query_is(
+        &of_thread(&all, after_tid),
+        "SELECT COUNT(*) FROM sbtest1 WHERE id <= ?",
+    )
+    .first()
+    .copied()
+    .cloned()
+    .unwrap_or_else(|| panic!("no record of the new connection's SELECT\nstderr:\n{err}"));
     assert_eq!(count["user"], "root", "{count}");
     assert_eq!(count["db"], "sbtest", "{count}");
     assert_eq!(count["conn"], conn_id, "{count}");
-    let init_db: Vec<_> = of_thread(&all, after_tid).into_iter().filter(|r| r["command"] == "Init DB").collect();
+    let init_db: Vec<_> = of_thread(&all, after_tid)
+        .into_iter()
+        .filter(|r| r["command"] == "Init DB")
+        .collect();
     assert_eq!(init_db.len(), 1, "the USE of the new connection: {all:?}");
 
     let two = query_is(&of_thread(&all, with_db_tid), "SELECT ?");
     assert_eq!(two.len(), 1, "{all:?}");
-    assert_eq!((&two[0]["user"], &two[0]["db"]), (&Value::from("root"), &Value::from("mysql")), "{}", two[0]);
+    assert_eq!(
+        (&two[0]["user"], &two[0]["db"]),
+        (&Value::from("root"), &Value::from("mysql")),
+        "{}",
+        two[0]
+    );
 
     // Opened before tracing: unknown is fine, wrong is not.
     let three = query_is(&of_thread(&all, before_tid), "SELECT ?");
@@ -185,14 +267,29 @@ impl PreparedClient {
     fn start(db: &TestDb) -> Self {
         let dir = tempdir("prepared");
         let exe = dir.join("prepared");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/queries/prepared.c");
+        let src = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/queries/prepared.c"
+        );
         let cc = Command::new("sh")
             .arg("-c")
-            .arg(format!("cc -O1 -o {} {src} $(mariadb_config --cflags --libs)", exe.display()))
+            .arg(format!(
+                "cc -O1 -o {} {src} $(mariadb_config --cflags --libs)",
+                exe.display()
+            ))
             .output()
             .unwrap();
-        assert!(cc.status.success(), "compiling the fixture: {}", String::from_utf8_lossy(&cc.stderr));
-        let mut child = Command::new(&exe).arg(&db.socket).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        assert!(
+            cc.status.success(),
+            "compiling the fixture: {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let mut child = Command::new(&exe)
+            .arg(&db.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         PreparedClient { child, stdout }
     }
@@ -222,7 +319,11 @@ fn prepared_statement_executed_100_times() {
     let (out, err) = tracer.stop();
     let all = records(&out);
     let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
-    assert_eq!(executes.len(), 100, "expected 100 Execute records\nstderr:\n{err}");
+    assert_eq!(
+        executes.len(),
+        100,
+        "expected 100 Execute records\nstderr:\n{err}"
+    );
     for r in &executes {
         assert_eq!(r["query"], PREPARED_TEXT, "{r}");
         assert_eq!(r["db"], "sbtest", "{r}");
@@ -247,12 +348,22 @@ fn statement_prepared_before_tracing_is_labelled_by_id() {
     assert_eq!(executes.len(), 3, "{all:?}\nstderr:\n{err}");
     // Statement ids are the server's: one id, one statement.
     let fingerprint = executes[0]["fingerprint"].as_str().unwrap();
-    assert!(fingerprint.starts_with("statement prepared before tracing #"), "{}", executes[0]);
+    assert!(
+        fingerprint.starts_with("statement prepared before tracing #"),
+        "{}",
+        executes[0]
+    );
     for r in &executes {
-        assert!(r["query"].is_null(), "the text is unknown, not made up: {r}");
+        assert!(
+            r["query"].is_null(),
+            "the text is unknown, not made up: {r}"
+        );
         assert_eq!(r["fingerprint"], fingerprint, "{r}");
     }
-    assert!(err.contains("3 executions of statements prepared before tracing"), "{err}");
+    assert!(
+        err.contains("3 executions of statements prepared before tracing"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -263,21 +374,36 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
         let out = Command::new("mariadb")
             .arg("-S")
             .arg(&db.socket)
-            .args(["-uroot", "sbtest", "-e", "SELECT * FROM no_such_table WHERE c = 'secret-literal-42'"])
+            .args([
+                "-uroot",
+                "sbtest",
+                "-e",
+                "SELECT * FROM no_such_table WHERE c = 'secret-literal-42'",
+            ])
             .output()
             .unwrap();
         assert!(!out.status.success());
         let (out, err) = tracer.stop();
         let all = records(&out);
         let failed: Vec<_> = all.iter().filter(|r| !r["error"].is_null()).collect();
-        assert_eq!(failed.len(), 1, "expected one failed statement: {all:?}\nstderr:\n{err}");
+        assert_eq!(
+            failed.len(),
+            1,
+            "expected one failed statement: {all:?}\nstderr:\n{err}"
+        );
         assert_eq!(failed[0]["error"], 1146, "{}", failed[0]);
         let query = failed[0]["query"].as_str().unwrap();
         if raw {
-            assert_eq!(query, "SELECT * FROM no_such_table WHERE c = 'secret-literal-42'");
+            assert_eq!(
+                query,
+                "SELECT * FROM no_such_table WHERE c = 'secret-literal-42'"
+            );
         } else {
             assert_eq!(query, "SELECT * FROM no_such_table WHERE c = ?");
-            assert!(!out.contains("secret-literal"), "a literal leaked without --raw-sql");
+            assert!(
+                !out.contains("secret-literal"),
+                "a literal leaked without --raw-sql"
+            );
         }
     }
 }
@@ -290,7 +416,11 @@ fn json_records_under_load_have_every_field() {
     load.wait();
     let (out, err) = tracer.wait();
     let all = records(&out);
-    assert!(all.len() > 200, "only {} records under sysbench load\nstderr:\n{err}", all.len());
+    assert!(
+        all.len() > 200,
+        "only {} records under sysbench load\nstderr:\n{err}",
+        all.len()
+    );
     for r in &all {
         let obj = r.as_object().unwrap();
         for f in FIELDS {
@@ -301,10 +431,22 @@ fn json_records_under_load_have_every_field() {
     let executes = all.iter().filter(|r| r["command"] == "Execute").count();
     let with_text = all
         .iter()
-        .filter(|r| r["command"] == "Execute" && r["query"].as_str().is_some_and(|q| q.contains("sbtest") || q == "BEGIN" || q == "COMMIT"))
+        .filter(|r| {
+            r["command"] == "Execute"
+                && r["query"]
+                    .as_str()
+                    .is_some_and(|q| q.contains("sbtest") || q == "BEGIN" || q == "COMMIT")
+        })
         .count();
-    assert!(executes > 100 && with_text * 100 >= executes * 99, "{with_text} of {executes} executions have their text");
-    assert!(all.iter().any(|r| r["user"] == "sbtest" && r["db"] == "sbtest"), "no record with sysbench's user and database");
+    assert!(
+        executes > 100 && with_text * 100 >= executes * 99,
+        "{with_text} of {executes} executions have their text"
+    );
+    assert!(
+        all.iter()
+            .any(|r| r["user"] == "sbtest" && r["db"] == "sbtest"),
+        "no record with sysbench's user and database"
+    );
     assert!(err.contains("statements traced"), "{err}");
 }
 
@@ -317,10 +459,23 @@ fn summary_digest_and_min_ms() {
     load.wait();
     let (out, err) = tracer.wait();
     let header = out.lines().next().unwrap_or_default();
-    for col in ["COUNT", "P50", "P95", "P99", "MAX", "CPU%", "LOCK%", "IO%", "FINGERPRINT"] {
+    for col in [
+        "COUNT",
+        "P50",
+        "P95",
+        "P99",
+        "MAX",
+        "CPU%",
+        "LOCK%",
+        "IO%",
+        "FINGERPRINT",
+    ] {
         assert!(header.contains(col), "digest header lacks {col}: {out}");
     }
-    assert!(out.contains("select c from sbtest"), "digest lacks sysbench's point select:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("select c from sbtest"),
+        "digest lacks sysbench's point select:\n{out}\nstderr:\n{err}"
+    );
     assert!(out.contains("commit"), "digest lacks COMMIT:\n{out}");
 
     // Only what is slower than --min-ms is reported.
@@ -330,8 +485,17 @@ fn summary_digest_and_min_ms() {
     assert_eq!(s.query_row("SELECT SLEEP(0.15)"), "0");
     let (out, _) = tracer.stop();
     let all = records(&out);
-    assert!(!all.is_empty() && all.iter().all(|r| num(r, "duration_us") >= 100_000), "{all:?}");
-    assert_eq!(all.iter().filter(|r| r["query"] == "SELECT SLEEP(?)").count(), 1, "{all:?}");
+    assert!(
+        !all.is_empty() && all.iter().all(|r| num(r, "duration_us") >= 100_000),
+        "{all:?}"
+    );
+    assert_eq!(
+        all.iter()
+            .filter(|r| r["query"] == "SELECT SLEEP(?)")
+            .count(),
+        1,
+        "{all:?}"
+    );
 }
 
 #[test]
@@ -340,29 +504,61 @@ fn tls_connections_are_followed_through_uprobes() {
     let dir = tempdir("tls");
     let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
     let openssl = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=myprobe-test", "-keyout"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=myprobe-test",
+            "-keyout",
+        ])
         .arg(&key)
         .arg("-out")
         .arg(&cert)
         .output()
         .unwrap();
-    assert!(openssl.status.success(), "{}", String::from_utf8_lossy(&openssl.stderr));
+    assert!(
+        openssl.status.success(),
+        "{}",
+        String::from_utf8_lossy(&openssl.stderr)
+    );
     let server = db.start_another(
         &dir.join("server"),
-        &[&format!("--ssl-key={}", key.display()), &format!("--ssl-cert={}", cert.display())],
+        &[
+            &format!("--ssl-key={}", key.display()),
+            &format!("--ssl-cert={}", cert.display()),
+        ],
     );
     let tls = &server.0;
 
     // Opened before tracing: only --uprobes sees it.
     let mut before = tls.session_with(&["--ssl"]);
-    assert_eq!(before.query_row("SHOW STATUS LIKE 'Ssl_version'").split('\t').nth(1).map(|v| v.starts_with("TLS")), Some(true));
+    assert_eq!(
+        before
+            .query_row("SHOW STATUS LIKE 'Ssl_version'")
+            .split('\t')
+            .nth(1)
+            .map(|v| v.starts_with("TLS")),
+        Some(true)
+    );
     let before_tid = before.server_tid();
     let tracer = trace(tls, &["--uprobes"]);
     assert_eq!(before.query_row("SELECT 2 + 2"), "4");
     let (out, err) = tracer.stop();
-    assert!(err.contains("through uprobes on dispatch_command("), "{err}");
+    assert!(
+        err.contains("through uprobes on dispatch_command("),
+        "{err}"
+    );
     let all = records(&out);
-    assert_eq!(query_is(&of_thread(&all, before_tid), "SELECT ? + ?").len(), 1, "{all:?}\nstderr:\n{err}");
+    assert_eq!(
+        query_is(&of_thread(&all, before_tid), "SELECT ? + ?").len(),
+        1,
+        "{all:?}\nstderr:\n{err}"
+    );
 
     // Opened while tracing: the TLS handshake turns the uprobes on by itself.
     let tracer = trace(tls, &[]);
@@ -371,7 +567,10 @@ fn tls_connections_are_followed_through_uprobes() {
     std::thread::sleep(Duration::from_millis(300)); // the probes attach within 100 ms of the handshake
     assert_eq!(during.query_row("SELECT SLEEP(0.2)"), "0");
     let (out, err) = tracer.stop();
-    assert!(err.contains("uses TLS"), "TLS not reported on stderr: {err}");
+    assert!(
+        err.contains("uses TLS"),
+        "TLS not reported on stderr: {err}"
+    );
     let all = records(&out);
     let sleeps = query_is(&of_thread(&all, tid), "SELECT SLEEP(?)");
     assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");

@@ -19,7 +19,10 @@ const ROOTS: [&str; 3] = ["__clone3", "clone3", "start_thread"];
 fn root_share(stacks: &[(Vec<String>, u64)], tids: &HashSet<u32>) -> (f64, u64) {
     let (mut total, mut rooted) = (0, 0);
     for (frames, v) in stacks {
-        let tid = frames[0].strip_prefix("thread ").and_then(|t| t.split(' ').next()).and_then(|t| t.parse::<u32>().ok());
+        let tid = frames[0]
+            .strip_prefix("thread ")
+            .and_then(|t| t.split(' ').next())
+            .and_then(|t| t.parse::<u32>().ok());
         if !tid.is_some_and(|t| tids.contains(&t)) {
             continue;
         }
@@ -28,7 +31,14 @@ fn root_share(stacks: &[(Vec<String>, u64)], tids: &HashSet<u32>) -> (f64, u64) 
             rooted += v;
         }
     }
-    (if total > 0 { rooted as f64 / total as f64 } else { 0.0 }, total)
+    (
+        if total > 0 {
+            rooted as f64 / total as f64
+        } else {
+            0.0
+        },
+        total,
+    )
 }
 
 #[test]
@@ -45,20 +55,65 @@ fn connection_thread_stacks_reach_the_thread_root_under_load() {
     assert!(!tids.is_empty(), "no sysbench connection threads");
     let pid = db.pid.to_string();
     let (off, cpu) = (dir.join("off.folded"), dir.join("cpu.folded"));
-    let off_err = run_ok(myprobe().args(["profile", "offcpu", "-p", &pid, "-d", "3", "--per-thread", "-o"]).arg(&off));
-    let cpu_err = run_ok(myprobe().args(["profile", "cpu", "-p", &pid, "-d", "3", "-F", "199", "--per-thread", "-o"]).arg(&cpu));
+    let off_err = run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "offcpu",
+                "-p",
+                &pid,
+                "-d",
+                "3",
+                "--per-thread",
+                "-o",
+            ])
+            .arg(&off),
+    );
+    let cpu_err = run_ok(
+        myprobe()
+            .args([
+                "profile",
+                "cpu",
+                "-p",
+                &pid,
+                "-d",
+                "3",
+                "-F",
+                "199",
+                "--per-thread",
+                "-o",
+            ])
+            .arg(&cpu),
+    );
     load.wait();
     let (share, total) = root_share(&read_folded(&off), &tids);
-    assert!(total > 100_000, "too little off-CPU time of connection threads: {total} us\n{off_err}");
-    assert!(share >= 0.90, "only {:.1}% of connection threads' off-CPU time reaches the thread root\n{off_err}", share * 100.0);
+    assert!(
+        total > 100_000,
+        "too little off-CPU time of connection threads: {total} us\n{off_err}"
+    );
+    assert!(
+        share >= 0.90,
+        "only {:.1}% of connection threads' off-CPU time reaches the thread root\n{off_err}",
+        share * 100.0
+    );
     let (share, total) = root_share(&read_folded(&cpu), &tids);
-    assert!(total > 50, "too few CPU samples of connection threads: {total}\n{cpu_err}");
-    assert!(share >= 0.90, "only {:.1}% of connection threads' CPU samples reach the thread root\n{cpu_err}", share * 100.0);
+    assert!(
+        total > 50,
+        "too few CPU samples of connection threads: {total}\n{cpu_err}"
+    );
+    assert!(
+        share >= 0.90,
+        "only {:.1}% of connection threads' CPU samples reach the thread root\n{cpu_err}",
+        share * 100.0
+    );
 }
 
 /// The frames eu-stack prints for thread `tid` of `pid`, leaf first.
 fn eu_stack(pid: u32, tid: u32) -> Vec<u64> {
-    let out = Command::new("eu-stack").args(["-p", &pid.to_string()]).output().expect("running eu-stack");
+    let out = Command::new("eu-stack")
+        .args(["-p", &pid.to_string()])
+        .output()
+        .expect("running eu-stack");
     let text = String::from_utf8_lossy(&out.stdout);
     let mut frames = Vec::new();
     let mut mine = false;
@@ -66,12 +121,20 @@ fn eu_stack(pid: u32, tid: u32) -> Vec<u64> {
         if let Some(t) = line.strip_prefix("TID ") {
             mine = t.trim_end_matches(':') == tid.to_string();
         } else if mine {
-            if let Some(addr) = line.split_whitespace().nth(1).and_then(|a| a.strip_prefix("0x")) {
+            if let Some(addr) = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|a| a.strip_prefix("0x"))
+            {
                 frames.push(u64::from_str_radix(addr, 16).unwrap());
             }
         }
     }
-    assert!(!frames.is_empty(), "eu-stack printed no frames for thread {tid}:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !frames.is_empty(),
+        "eu-stack printed no frames for thread {tid}:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     frames
 }
 
@@ -86,7 +149,10 @@ fn traced_stack(stacks: &[(Vec<String>, u64)], tid: u32) -> Vec<u64> {
         .unwrap_or_else(|| panic!("no stack of thread {tid}: {stacks:?}"));
     frames[1..]
         .iter()
-        .filter_map(|f| f.strip_prefix("0x").map(|a| u64::from_str_radix(a, 16).unwrap()))
+        .filter_map(|f| {
+            f.strip_prefix("0x")
+                .map(|a| u64::from_str_radix(a, 16).unwrap())
+        })
         .rev()
         .collect()
 }
@@ -94,7 +160,12 @@ fn traced_stack(stacks: &[(Vec<String>, u64)], tid: u32) -> Vec<u64> {
 /// eu-stack's frames are ours, in order; ours may go one frame further (`_start`, whose return address is
 /// undefined, where eu-stack stops before it).
 fn assert_same_frames(ours: &[u64], eu: &[u64], what: &str) {
-    let hex = |v: &[u64]| v.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(" ");
+    let hex = |v: &[u64]| {
+        v.iter()
+            .map(|a| format!("{a:#x}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     assert!(
         ours.len() >= eu.len() && ours.len() <= eu.len() + 1 && ours[..eu.len()] == *eu,
         "{what}: frames differ\n  myprobe:  {}\n  eu-stack: {}",
@@ -107,21 +178,50 @@ fn assert_same_frames(ours: &[u64], eu: &[u64], what: &str) {
 fn fixture_frames_equal_eu_stack() {
     let dir = tempdir("unwind-fixture");
     let exe = dir.join("known_stack");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/unwind/known_stack.c");
-    let cc = Command::new("cc").args(["-O1", "-g", "-fomit-frame-pointer", "-o"]).arg(&exe).arg(src).output().unwrap();
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/unwind/known_stack.c"
+    );
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-fomit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let mut child = Command::new(&exe).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line.trim(), "ready");
 
     let folded = dir.join("fixture.folded");
     let names = dir.join("names.folded");
     let p = pid.to_string();
-    let common = ["profile", "offcpu", "--any-process", "-p", &p, "-d", "1", "--per-thread"];
+    let common = [
+        "profile",
+        "offcpu",
+        "--any-process",
+        "-p",
+        &p,
+        "-d",
+        "1",
+        "--per-thread",
+    ];
     let result = std::panic::catch_unwind(|| {
-        run_ok(myprobe().args(common).arg("--addresses").arg("-o").arg(&folded));
+        run_ok(
+            myprobe()
+                .args(common)
+                .arg("--addresses")
+                .arg("-o")
+                .arg(&folded),
+        );
         run_ok(myprobe().args(common).arg("-o").arg(&names));
         let ours = traced_stack(&read_folded(&folded), pid);
         let eu = eu_stack(pid, pid);
@@ -149,7 +249,17 @@ fn server_thread_frames_equal_eu_stack() {
     let tid = s.server_tid();
     let folded = dir.join("server.folded");
     let tracer = myprobe()
-        .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2", "--per-thread", "--addresses", "-o"])
+        .args([
+            "profile",
+            "offcpu",
+            "-p",
+            &db.pid.to_string(),
+            "-d",
+            "2",
+            "--per-thread",
+            "--addresses",
+            "-o",
+        ])
         .arg(&folded)
         .stderr(Stdio::piped())
         .spawn()
@@ -160,11 +270,18 @@ fn server_thread_frames_equal_eu_stack() {
     std::thread::sleep(Duration::from_millis(700));
     let eu = eu_stack(db.pid, tid);
     let out = tracer.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(s.read_line(), "0");
     let ours = traced_stack(&read_folded(&folded), tid);
     assert_same_frames(&ours, &eu, "mariadbd connection thread in SLEEP()");
-    assert!(ours.len() >= 10, "a suspiciously short server stack: {ours:x?}");
+    assert!(
+        ours.len() >= 10,
+        "a suspiciously short server stack: {ours:x?}"
+    );
 }
 
 #[test]
@@ -173,13 +290,39 @@ fn library_loaded_while_tracing_is_unwound() {
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/unwind");
     let (lib, exe) = (dir.join("liblate.so"), dir.join("late_loader"));
     for args in [
-        vec!["-O1", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-o", lib.to_str().unwrap(), &format!("{fixtures}/late_library.c")],
-        vec!["-O1", "-g", "-fomit-frame-pointer", "-o", exe.to_str().unwrap(), &format!("{fixtures}/late_loader.c"), "-ldl"],
+        vec![
+            "-O1",
+            "-g",
+            "-fomit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+            lib.to_str().unwrap(),
+            &format!("{fixtures}/late_library.c"),
+        ],
+        vec![
+            "-O1",
+            "-g",
+            "-fomit-frame-pointer",
+            "-o",
+            exe.to_str().unwrap(),
+            &format!("{fixtures}/late_loader.c"),
+            "-ldl",
+        ],
     ] {
         let cc = Command::new("cc").args(&args).output().unwrap();
-        assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+        assert!(
+            cc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
     }
-    let mut child = Command::new(&exe).arg(&lib).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(&exe)
+        .arg(&lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
@@ -187,7 +330,16 @@ fn library_loaded_while_tracing_is_unwound() {
 
     let folded = dir.join("late.folded");
     let tracer = myprobe()
-        .args(["profile", "offcpu", "--any-process", "-p", &child.id().to_string(), "-d", "3", "-o"])
+        .args([
+            "profile",
+            "offcpu",
+            "--any-process",
+            "-p",
+            &child.id().to_string(),
+            "-d",
+            "3",
+            "-o",
+        ])
         .arg(&folded)
         .stderr(Stdio::piped())
         .spawn()
@@ -201,13 +353,22 @@ fn library_loaded_while_tracing_is_unwound() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(line.trim(), "loaded");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stacks = read_folded(&folded);
     let chain = ["main", "late_outer", "late_inner"];
     let complete: u64 = stacks
         .iter()
-        .filter(|(f, _)| f.first().is_some_and(|r| r == "_start") && f.windows(3).any(|w| w == chain))
+        .filter(|(f, _)| {
+            f.first().is_some_and(|r| r == "_start") && f.windows(3).any(|w| w == chain)
+        })
         .map(|(_, v)| v)
         .sum();
-    assert!(complete >= 1_000_000, "no complete stack through the library loaded while tracing: {stacks:?}");
+    assert!(
+        complete >= 1_000_000,
+        "no complete stack through the library loaded while tracing: {stacks:?}"
+    );
 }

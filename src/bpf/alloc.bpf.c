@@ -5,20 +5,18 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
-#include "stack_event.h"
+#include "lost.h"
+#include "maps.h"
+#include "stack_ids.h"
+#include "target.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-const volatile __u32 target_tgid = 0;
-const volatile bool kernel_stacks = false;
 const volatile __u64 sample_every = 1;
 const volatile __u64 min_size = 0;
 const volatile __u64 max_size = ~0ULL;
 /* memleak: remember each traced allocation by address until it is freed, instead of summing per stack. */
 const volatile bool track_outstanding = false;
-
-#include "stack_ids.h"
 
 /* Calls seen per CPU, for sampling every N-th. */
 struct {
@@ -33,7 +31,7 @@ struct alloc_total {
 	__u64 calls;
 };
 
-/* Stack id → what was allocated on it. Full: counted in lost[LOST_STATE], the call is not counted. */
+/* Stack id → what was allocated on it. Full: counted in lost.state, the call is not counted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_STACKS);
@@ -43,11 +41,22 @@ struct {
 
 #define MAX_OUTSTANDING (1 << 20)
 
+/* The functions by their arguments: the attach cookie of each probe (src/collect/alloc.rs: FUNCTIONS). */
+enum alloc_kind : __u32 {
+	ALLOC_SIZE = 0,             /* malloc(size), valloc(size), pvalloc(size) */
+	ALLOC_CALLOC = 1,           /* calloc(n, size) */
+	ALLOC_REALLOC = 2,          /* realloc(ptr, size): the old block is gone (or moved); the new one is an allocation */
+	ALLOC_ALIGN_SIZE = 3,       /* aligned_alloc(align, size), memalign(align, size) */
+	ALLOC_POSIX_MEMALIGN = 4,   /* posix_memalign(memptr, align, size) */
+};
+
 /* An allocation in flight: entry seen, return not yet. */
 struct pending_alloc {
 	__u64 size;
 	__u64 stack_id;
-	__u64 memptr;   /* posix_memalign: where the address will be written */
+	__u64 memptr; /* posix_memalign: where the address will be written */
+	enum alloc_kind kind;
+	__u32 _pad;
 };
 
 struct outstanding_alloc {
@@ -64,7 +73,7 @@ struct {
 	__type(value, struct pending_alloc);
 } pending SEC(".maps");
 
-/* Address → allocation not freed yet. Full: counted in lost[LOST_STATE], the allocation is not tracked. */
+/* Address → allocation not freed yet. Full: counted in lost.state, the allocation is not tracked. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -75,10 +84,10 @@ struct {
 
 /* Counts (profile alloc) or remembers (memleak) the call asking for `size` bytes; 0 when memleak traces it,
  * i.e. wants its return. */
-static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
+static __always_inline int account(void *ctx, enum alloc_kind kind, __u64 size, __u64 memptr)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	if ((__u32)(pid_tgid >> 32) != target_tgid || size < min_size || size > max_size)
+	__u32 tid;
+	if (!current_is_target(&tid) || size < min_size || size > max_size)
 		return 1;
 	__u32 zero = 0;
 	if (sample_every > 1) {
@@ -91,18 +100,19 @@ static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 		struct pending_alloc *p = id ? bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0,
 								     BPF_LOCAL_STORAGE_GET_F_CREATE) : 0;
 		if (!p) {
-			count_lost(LOST_STATE);
+			count_lost(state);
 			return 1;
 		}
 		p->size = size;
 		p->stack_id = id;
 		p->memptr = memptr;
+		p->kind = kind;
 		return 0;
 	}
 	struct alloc_total zero_total = {};
 	struct alloc_total *t = id ? lookup_or_init(&totals, &id, &zero_total) : 0;
 	if (!t) {
-		count_lost(LOST_STATE);
+		count_lost(state);
 		return 1;
 	}
 	__sync_fetch_and_add(&t->bytes, size);
@@ -112,52 +122,45 @@ static __always_inline int account(void *ctx, __u64 size, __u64 memptr)
 
 static __always_inline void forget(__u64 ptr)
 {
-	if (track_outstanding && ptr && (__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid)
+	__u32 tid;
+	if (track_outstanding && ptr && current_is_target(&tid))
 		bpf_map_delete_elem(&outstanding, &ptr);
 }
 
-/* The functions by their arguments; the attach cookie of each probe (src/collect/alloc.rs: AllocFunction). */
-enum alloc_kind {
-	ALLOC_SIZE = 0,             /* malloc(size), valloc(size), pvalloc(size) */
-	ALLOC_CALLOC = 1,           /* calloc(n, size) */
-	ALLOC_REALLOC = 2,          /* realloc(ptr, size): the old block is gone (or moved); the new one is an allocation */
-	ALLOC_ALIGN_SIZE = 3,       /* aligned_alloc(align, size), memalign(align, size) */
-	ALLOC_POSIX_MEMALIGN = 4,   /* posix_memalign(memptr, align, size) */
-};
-
 static __always_inline int on_call(struct pt_regs *ctx)
 {
-	switch (bpf_get_attach_cookie(ctx)) {
+	enum alloc_kind kind = bpf_get_attach_cookie(ctx);
+	switch (kind) {
 	case ALLOC_CALLOC:
-		return account(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0);
+		return account(ctx, kind, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0);
 	case ALLOC_REALLOC:
 		forget(PT_REGS_PARM1(ctx));
-		return account(ctx, PT_REGS_PARM2(ctx), 0);
+		return account(ctx, kind, PT_REGS_PARM2(ctx), 0);
 	case ALLOC_ALIGN_SIZE:
-		return account(ctx, PT_REGS_PARM2(ctx), 0);
+		return account(ctx, kind, PT_REGS_PARM2(ctx), 0);
 	case ALLOC_POSIX_MEMALIGN:
-		return account(ctx, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
+		return account(ctx, kind, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
 	default:
-		return account(ctx, PT_REGS_PARM1(ctx), 0);
+		return account(ctx, kind, PT_REGS_PARM1(ctx), 0);
 	}
 }
 
 /* Return of a traced call: the address is the return value, or *memptr for posix_memalign. */
 static __always_inline int on_return(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	if ((__u32)(pid_tgid >> 32) != target_tgid)
+	__u32 tid;
+	if (!current_is_target(&tid))
 		return 0;
 	struct pending_alloc *p = bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0, 0);
 	if (!p || !p->stack_id)
 		return 0;
 	__u64 ret = PT_REGS_RC(ctx), addr = ret;
-	if (p->memptr && (ret != 0 || bpf_probe_read_user(&addr, sizeof(addr), (void *)p->memptr)))
+	if (p->kind == ALLOC_POSIX_MEMALIGN && (ret != 0 || bpf_probe_read_user(&addr, sizeof(addr), (void *)p->memptr)))
 		addr = 0;
 	if (addr) {
 		struct outstanding_alloc a = { .size = p->size, .ts = bpf_ktime_get_ns(), .stack_id = p->stack_id };
 		if (bpf_map_update_elem(&outstanding, &addr, &a, BPF_ANY))
-			count_lost(LOST_STATE);
+			count_lost(state);
 	}
 	p->stack_id = 0;
 	return 0;
@@ -201,6 +204,7 @@ int on_alloc_session(struct pt_regs *ctx)
 SEC("uprobe")
 int BPF_UPROBE(on_free, __u64 ptr)
 {
+	(void)ctx;
 	forget(ptr);
 	return 0;
 }
@@ -208,6 +212,7 @@ int BPF_UPROBE(on_free, __u64 ptr)
 SEC("uprobe.multi")
 int BPF_UPROBE(on_free_multi, __u64 ptr)
 {
+	(void)ctx;
 	forget(ptr);
 	return 0;
 }

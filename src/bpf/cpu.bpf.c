@@ -1,36 +1,41 @@
-// On-CPU sampling: a perf event per CPU fires at the sampling rate; samples of the target process
-// send their stacks to user space, which aggregates them (one event per sample, a few hundred a second).
+// On-CPU sampling: a perf event per CPU fires at the sampling rate; a sample of the target process takes the
+// id of its stack (stack_ids.h: unwound and sent once) and counts one more sample for (thread, stack id).
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
-#include "stack_event.h"
+#include "maps.h"
+#include "stack_ids.h"
+#include "target.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-const volatile __u32 target_tgid = 0;
-const volatile bool kernel_stacks = false;
+struct sample_key {
+	__u32 tid;
+	__u32 _pad;
+	__u64 stack_id;
+};
 
+/* Full: counted in lost.state, the sample is not counted. */
 struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 2 * 1024 * 1024);
-} events SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sample_key);
+	__type(value, __u64);
+} samples SEC(".maps");
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	if ((__u32)(id >> 32) != target_tgid)
+	__u32 tid;
+	if (!current_is_target(&tid))
 		return 0;
-	__u32 zero = 0;
-	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	if (!e)
-		return 0;
-	e->tid = (__u32)id;
-	e->kind = 0;
-	e->value[0] = 1;
-	e->value[1] = 0;
-	capture_stacks(ctx, e, kernel_stacks);
-	submit_stack_event(&events, e);
+	/* The sampled instruction is anywhere: a call-site cache would rarely hit. */
+	struct sample_key k = { .tid = tid, .stack_id = stack_id_now(ctx) };
+	__u64 zero = 0;
+	__u64 *n = k.stack_id ? lookup_or_init(&samples, &k, &zero) : 0;
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		count_lost(state);
 	return 0;
 }

@@ -1,6 +1,9 @@
 /* Map helpers every collector uses. */
 #pragma once
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
 /* The value of `key` in a hash map, inserted as a copy of `init` when missing (bcc's
  * bpf_map_lookup_or_try_init); 0 when the map is full. */
 static __always_inline void *lookup_or_init(void *map, const void *key, const void *init)

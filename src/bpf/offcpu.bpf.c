@@ -1,24 +1,21 @@
-// Off-CPU time: when a target thread leaves the CPU, the id of its stack is taken (src/bpf/stack_ids.h: from
-// the thread's recent call sites, else unwound and sent once); when it comes back the time away is split into
+// Off-CPU time: when a target thread leaves the CPU, the id of its stack is taken (stack_ids.h: from the
+// thread's recent call sites, else unwound and sent once); when it comes back the time away is split into
 // blocked (switch-out to wakeup) and runnable (wakeup, or preemption, to switch-in: waiting for a CPU) and
 // summed per (thread, stack id) in the kernel. Waits shorter than min_block_ns are dropped in the kernel.
 // When tracing ends, a task iterator gives the stacks of the threads blocked throughout.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
-#define UNWIND_OTHER_TASKS
+#include "lost.h"
+#include "maps.h"
 #include "stack_event.h"
+#include "stack_ids.h"
+#include "target.h"
+#include "wakeups.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-const volatile __u32 target_tgid = 0;
-const volatile bool kernel_stacks = false;
 const volatile __u64 min_block_ns = 1000;
-
-#include "stack_ids.h"
-
-#define TASK_RUNNING 0
 
 struct thread_state {
 	__u64 off_ts;   /* when it left the CPU; 0 while on CPU */
@@ -45,9 +42,10 @@ struct offcpu_key {
 struct offcpu_time {
 	__u64 blocked_ns;
 	__u64 runnable_ns;
+	__u64 periods; /* times the thread was off CPU */
 };
 
-/* Full: counted in lost[LOST_STATE], the wait is not counted. */
+/* Full: counted in lost.state, the wait is not counted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -60,7 +58,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	if (prev->tgid == target_tgid) {
+	if (task_is_target(prev)) {
 		__u32 tid = prev->pid;
 		struct thread_state zero = {};
 		struct thread_state *st = lookup_or_init(&threads, &tid, &zero);
@@ -71,11 +69,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			/* prev is the current task: its user registers give the call site. */
 			st->stack_id = stack_id_of_call(ctx, false);
 		} else {
-			count_lost(LOST_STATE);
+			count_lost(state);
 		}
 	}
 
-	if (next->tgid == target_tgid) {
+	if (task_is_target(next)) {
 		__u32 tid = next->pid;
 		struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
 		if (!st || !st->off_ts)
@@ -89,9 +87,10 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		struct offcpu_time none = {};
 		struct offcpu_time *t = lookup_or_init(&totals, &k, &none);
 		if (!t) {
-			count_lost(LOST_STATE);
+			count_lost(state);
 			return 0;
 		}
+		__sync_fetch_and_add(&t->periods, 1);
 		if (st->preempted || woke < now - off || woke > now) {
 			/* preempted: all of it was waiting for a CPU; a missed wakeup: count it all as blocked */
 			if (st->preempted)
@@ -108,7 +107,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 static __always_inline void mark_woken(struct task_struct *p)
 {
-	if (p->tgid != target_tgid)
+	if (!task_is_target(p))
 		return;
 	__u32 tid = p->pid;
 	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
@@ -116,12 +115,13 @@ static __always_inline void mark_woken(struct task_struct *p)
 		st->wake_ts = bpf_ktime_get_ns();
 }
 
-#include "wakeups.h"
+WAKEUP_PROGRAMS(mark_woken)
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
-	if (p->tgid == target_tgid) {
+	(void)ctx;
+	if (task_is_target(p)) {
 		__u32 tid = p->pid;
 		bpf_map_delete_elem(&threads, &tid);
 	}
@@ -130,12 +130,12 @@ int BPF_PROG(on_exit, struct task_struct *p)
 
 /* Run once when tracing ends: the threads of the process off CPU that never left it while tracing (an idle
  * connection, a thread waiting all along for a lock), with their user stacks read from their own memory; a
- * whole struct stack_event each. */
+ * whole struct stack_event each, its stack id the hash of its frames. */
 SEC("iter.s/task")
 int blocked_threads(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
-	if (!task || task->tgid != target_tgid || task->__state == TASK_RUNNING)
+	if (!task || !task_is_target(task) || task->__state == TASK_RUNNING)
 		return 0;
 	__u32 tid = task->pid;
 	if (bpf_map_lookup_elem(&threads, &tid))
@@ -146,9 +146,6 @@ int blocked_threads(struct bpf_iter__task *ctx)
 		return 0;
 	long n = unwind_task_user_stack(task, e->ips);
 	e->tid = tid;
-	e->kind = 0;
-	e->value[0] = 0;
-	e->value[1] = 0;
 	__u32 user = n > 0 ? n : 0;
 	if (user > MAX_USER_FRAMES)
 		user = MAX_USER_FRAMES;
@@ -158,6 +155,7 @@ int blocked_threads(struct bpf_iter__task *ctx)
 		long k = bpf_get_task_stack(task, &e->ips[user], sizeof(__u64) * MAX_KERNEL_FRAMES, 0);
 		e->kernel_len = k > 0 ? k / sizeof(__u64) : 0;
 	}
+	e->stack_id = stack_hash(e);
 	bpf_seq_write(ctx->meta->seq, e, sizeof(*e));
 	return 0;
 }

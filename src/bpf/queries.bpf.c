@@ -10,34 +10,27 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
+#include "futex.h"
+#include "lost.h"
 #include "maps.h"
 #include "queries.h"
+#include "ringbuf.h"
+#include "target.h"
+#include "wakeups.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-const volatile __u32 target_tgid = 0;
-/* Argument layout of the server's dispatch_command (TLS fallback): enum dispatch_abi. */
-const volatile __u32 dispatch_abi = 0;
-/* Syscall number → enum syscall_class, filled by user space from the C library's numbers for this arch. */
-const volatile __u8 syscall_class[MAX_SYSCALL_NR] = {};
-
-#define TASK_RUNNING 0
+/* Argument layout of the server's dispatch_command (TLS fallback). */
+const volatile enum dispatch_abi dispatch_abi = DISPATCH_MARIADB;
+/* Syscall number → class, filled by user space from the C library's numbers for this arch. */
+const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 
 #define COM_QUIT 0x01
 #define COM_QUERY 0x03
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
 
-/* FUTEX_* operations that wait (op & FUTEX_CMD_MASK). */
-#define FUTEX_CMD_MASK 127
-#define FUTEX_WAIT 0
-#define FUTEX_LOCK_PI 6
-#define FUTEX_WAIT_BITSET 9
-#define FUTEX_WAIT_REQUEUE_PI 11
-#define FUTEX_LOCK_PI2 13
-
-enum phase {
+enum phase : __u8 {
 	PHASE_IDLE = 0,   /* between statements */
 	PHASE_BODY,       /* header read, the body comes next */
 	PHASE_RUNNING,    /* request read, no reply yet */
@@ -45,16 +38,16 @@ enum phase {
 };
 
 struct query_thread {
-	__u8 phase;
+	enum phase phase;
 	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
 	__u8 header_seq;
 	__u8 in_syscall;
-	__u8 syscall_cls;
+	enum syscall_class syscall_cls;
 	__u8 on_cpu;            /* while a statement is in flight */
 	__u8 _pad[2];
 	__s32 fd;               /* the client socket of the statement */
 	__u32 header_len;       /* payload length announced by the header */
-	__u32 futex_op;
+	__u32 futex_op;         /* op of the futex call in progress */
 	__u64 header_ts;
 	__u64 sys_ts;           /* current syscall: entry time and the arguments needed at exit */
 	__u64 sys_arg0;
@@ -90,20 +83,6 @@ struct {
 	__type(value, struct query_event);
 } scratch SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 16 * 1024 * 1024);
-} events SEC(".maps");
-
-/* Loss counters in .bss, read by user space at the end (enum query_lost). */
-__u64 lost[QLOST_REASONS];
-
-static __always_inline void count_lost(__u32 why)
-{
-	if (why < QLOST_REASONS)
-		__sync_fetch_and_add(&lost[why], 1);
-}
-
 static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
 {
 	struct query_thread *st = bpf_map_lookup_elem(&threads, &tid);
@@ -115,21 +94,16 @@ static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
 		return 0;
 	st = lookup_or_init(&threads, &tid, init);
 	if (!st)
-		count_lost(QLOST_THREADS);
+		count_lost(state); /* the thread is not traced */
 	return st;
 }
-
-#define RINGBUF_WAKE_BYTES (256 * 1024)
 
 static __always_inline void submit(struct query_event *e)
 {
 	__u64 size = QUERY_EVENT_HEADER_BYTES + (e->text_len & (MAX_TEXT - 1));
 	if (e->text_len >= MAX_TEXT)
 		size = sizeof(*e);
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
-											 : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&events, e, size, flags))
-		count_lost(QLOST_RINGBUF);
+	submit_event(e, size);
 }
 
 static __always_inline bool in_statement(struct query_thread *st)
@@ -220,12 +194,13 @@ static __always_inline void finish_statement(struct query_thread *st)
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	if ((__u32)(pid_tgid >> 32) != target_tgid || id < 0 || id >= MAX_SYSCALL_NR)
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u32 tid;
+	if (id < 0 || id >= MAX_SYSCALL_NR || !current_is_target(&tid))
 		return 0;
-	__u8 cls = syscall_class[id];
+	enum syscall_class cls = syscall_class[id];
 	bool net = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_SEND;
-	struct query_thread *st = thread_state((__u32)pid_tgid, net);
+	struct query_thread *st = thread_state(tid, net);
 	if (!st)
 		return 0;
 	if (!net && !in_statement(st))
@@ -239,7 +214,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	st->sys_arg0 = arg0;
 	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
 	if (cls == SYSCALL_FUTEX)
-		st->futex_op = PT_REGS_PARM2_SYSCALL(regs) & FUTEX_CMD_MASK;
+		st->futex_op = PT_REGS_PARM2_SYSCALL(regs);
 	return 0;
 }
 
@@ -279,17 +254,18 @@ static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	if ((__u32)(pid_tgid >> 32) != target_tgid)
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	(void)regs;
+	__u32 tid;
+	if (!current_is_target(&tid))
 		return 0;
-	__u32 tid = (__u32)pid_tgid;
 	struct query_thread *st = thread_state(tid, false);
 	if (!st || !st->in_syscall)
 		return 0;
 	st->in_syscall = 0;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 took = now - st->sys_ts;
-	__u8 cls = st->syscall_cls;
+	enum syscall_class cls = st->syscall_cls;
 	__s32 fd = (__s32)st->sys_arg0;
 	bool counted = in_statement(st);
 
@@ -325,8 +301,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		c->syncs++;
 		break;
 	case SYSCALL_FUTEX:
-		if (st->futex_op == FUTEX_WAIT || st->futex_op == FUTEX_WAIT_BITSET || st->futex_op == FUTEX_LOCK_PI ||
-		    st->futex_op == FUTEX_LOCK_PI2 || st->futex_op == FUTEX_WAIT_REQUEUE_PI) {
+		if (futex_op_waits(st->futex_op)) {
 			c->lock_ns += took;
 			c->lock_waits++;
 			if (took > c->lock_max_ns) {
@@ -351,10 +326,10 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 SEC("uprobe")
 int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	if ((__u32)(pid_tgid >> 32) != target_tgid)
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u32 tid;
+	if (!current_is_target(&tid))
 		return 0;
-	__u32 tid = (__u32)pid_tgid;
 	struct query_thread *st = thread_state(tid, true);
 	if (!st || (in_statement(st) && !st->via_dispatch))
 		return 0;
@@ -399,6 +374,7 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 SEC("uretprobe")
 int BPF_KRETPROBE(on_dispatch_return)
 {
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct query_thread *st = thread_state(tid, false);
 	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
@@ -415,8 +391,9 @@ int BPF_KRETPROBE(on_dispatch_return)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u64 now = 0;
-	if (prev->tgid == target_tgid) {
+	if (task_is_target(prev)) {
 		__u32 tid = prev->pid;
 		struct query_thread *st = thread_state(tid, false);
 		if (st && in_statement(st)) {
@@ -426,7 +403,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->runnable_since = (preempt || prev_state == TASK_RUNNING) ? now : 0;
 		}
 	}
-	if (next->tgid == target_tgid) {
+	if (task_is_target(next)) {
 		__u32 tid = next->pid;
 		struct query_thread *st = thread_state(tid, false);
 		if (st && in_statement(st)) {
@@ -444,7 +421,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 static __always_inline void mark_woken(struct task_struct *p)
 {
-	if (p->tgid != target_tgid)
+	if (!task_is_target(p))
 		return;
 	__u32 tid = p->pid;
 	struct query_thread *st = thread_state(tid, false);
@@ -452,12 +429,13 @@ static __always_inline void mark_woken(struct task_struct *p)
 		st->runnable_since = bpf_ktime_get_ns();
 }
 
-#include "wakeups.h"
+WAKEUP_PROGRAMS(mark_woken)
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
-	if (p->tgid != target_tgid)
+	(void)ctx;
+	if (!task_is_target(p))
 		return 0;
 	__u32 tid = p->pid;
 	struct query_thread *st = thread_state(tid, false);

@@ -1,14 +1,17 @@
 /* What src/bpf/queries.bpf.c sends to user space (src/collect/queries.rs). */
 #pragma once
 
+#include "vmlinux.h"
+
 #define MAX_SYSCALL_NR 512
 #define MAX_THREADS 8192
 #define MAX_TEXT 1024         /* request bytes kept per statement: the SQL text, truncated (power of 2) */
+_Static_assert(!(MAX_TEXT & (MAX_TEXT - 1)), "text lengths are masked with MAX_TEXT - 1");
 #define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */
 #define REPLY_HEAD 24         /* bytes kept of the first reply send: header, OK/ERR/PREPARE_OK fields */
 
 /* How a syscall is accounted; user space fills syscall_class[] with these. */
-enum syscall_class {
+enum syscall_class : __u8 {
 	SYSCALL_OTHER = 0,
 	SYSCALL_NET_RECV,   /* recvfrom, recvmsg: requests come in here */
 	SYSCALL_NET_SEND,   /* sendto, sendmsg: replies go out here */
@@ -20,22 +23,15 @@ enum syscall_class {
 };
 
 /* How the uprobe on dispatch_command finds the command and its text. */
-enum dispatch_abi {
+enum dispatch_abi : __u32 {
 	DISPATCH_MARIADB = 0,  /* dispatch_command(enum_server_command, THD *, char *packet, uint length, bool) */
 	DISPATCH_MYSQL = 1,    /* dispatch_command(THD *, const COM_DATA *, enum_server_command) */
 };
 
-enum query_event_kind {
+enum query_event_kind : __u32 {
 	EVENT_STATEMENT = 1,
 	EVENT_PACKET_IN = 2,   /* a client packet outside a statement (handshake response) */
 	EVENT_PACKET_OUT = 3,  /* a server send outside a statement (greeting, authentication) */
-};
-
-/* Loss counters; keep in sync with collect/queries.rs. */
-enum query_lost {
-	QLOST_RINGBUF = 0,   /* record dropped: ring buffer full */
-	QLOST_THREADS = 1,   /* thread not traced: per-thread map full */
-	QLOST_REASONS = 2,
 };
 
 struct query_counters {
@@ -59,7 +55,7 @@ struct query_counters {
 };
 
 struct query_event {
-	__u32 kind;
+	enum query_event_kind kind;
 	__u32 tid;
 	__s32 fd;
 	__u32 packet_len;     /* request payload length from its header (the text may be truncated) */

@@ -1,15 +1,17 @@
-/* Stack ids: a stack is unwound (src/bpf/unwind.h), named by a hash of its frames, and sent to user space
- * once (a stack_event whose value[0] is the id), so that collectors sum amounts per id in the kernel. A
- * per-thread table of recent call sites (an address, the stack and frame pointers) gives the id of a stack
- * seen before without unwinding it again. Include after stack_event.h; needs `kernel_stacks`. */
+/* Stack ids: a stack is unwound (unwind.h), named by a hash of its frames, and sent to user space once (a
+ * stack_event), so that collectors sum amounts per id in the kernel. A per-thread table of recent call sites
+ * (an address, the stack and frame pointers) gives the id of a stack seen before without unwinding it again. */
 #pragma once
 
-#define MAX_STACKS 32768
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <asm-generic/errno-base.h>
+#include "lost.h"
+#include "ringbuf.h"
+#include "stack_event.h"
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 * 1024 * 1024);
-} events SEC(".maps");
+#define MAX_STACKS 32768
 
 /* Ids already sent to user space. */
 struct {
@@ -21,7 +23,8 @@ struct {
 
 /* A thread allocates from dozens of call sites per statement: a table of 8 recent sites hit 25% of the time
  * under sysbench, one of 128 (32 sets of 4, chosen by a hash of the site) 99.9%. */
-#define SITE_SETS 32
+#define SITE_SET_BITS 5
+#define SITE_SETS (1 << SITE_SET_BITS)
 #define SITE_WAYS 4
 
 struct call_site {
@@ -45,6 +48,19 @@ struct {
 	__type(value, struct thread_sites);
 } sites SEC(".maps");
 
+/* FNV-1a of the frames; never 0 (0 means "no stack"). */
+static __always_inline __u64 stack_hash(const struct stack_event *e)
+{
+	__u32 n = e->user_len + e->kernel_len;
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (__u32 i = 0; i < MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		h = (h ^ e->ips[i]) * 0x100000001b3ULL;
+	}
+	return h | 1;
+}
+
 /* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
 static __always_inline __u64 stack_id_now(void *ctx)
 {
@@ -52,24 +68,16 @@ static __always_inline __u64 stack_id_now(void *ctx)
 	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!e)
 		return 0;
-	e->tid = 0;
-	e->kind = 0;
-	capture_stacks(ctx, e, kernel_stacks);
-	__u32 n = e->user_len + e->kernel_len;
-	__u64 h = 0xcbf29ce484222325ULL;
-	for (int i = 0; i < MAX_FRAMES; i++) {
-		if (i >= n)
-			break;
-		h = (h ^ e->ips[i]) * 0x100000001b3ULL;
-	}
-	h |= 1;
+	capture_stacks(ctx, e);
+	e->stack_id = stack_hash(e);
+	e->tid = (__u32)bpf_get_current_pid_tgid();
 	__u8 one = 1;
-	if (!bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST)) {
-		e->value[0] = h;
-		e->value[1] = 0;
-		submit_stack_event(&events, e);
-	}
-	return h;
+	long err = bpf_map_update_elem(&known_stacks, &e->stack_id, &one, BPF_NOEXIST);
+	if (!err)
+		submit_event(e, stack_event_size(e));
+	else if (err != -EEXIST)
+		count_lost(state); /* the amounts of this stack are counted, but it is never defined */
+	return e->stack_id;
 }
 
 /* The id of the current stack, from the thread's call sites when it was seen before. The site is the return
@@ -92,7 +100,7 @@ static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
 	if (at_entry && bpf_probe_read_user(&at, sizeof(at), (void *)sp))
 		return stack_id_now(ctx);
 	__u64 mix = (at ^ (sp >> 4)) * 0x9e3779b97f4a7c15ULL;
-	struct call_site *set = t->slot[(mix >> 58) & (SITE_SETS - 1)];
+	struct call_site *set = t->slot[mix >> (64 - SITE_SET_BITS)];
 	for (int i = 0; i < SITE_WAYS; i++) {
 		struct call_site *c = &set[i];
 		if (c->stack_id && c->at == at && c->sp == sp && c->bp == bp)

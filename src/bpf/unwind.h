@@ -5,8 +5,21 @@
  * x86_64 only; elsewhere user stacks come from bpf_get_stack (frame pointers). */
 #pragma once
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#define MAX_USER_FRAMES 127
 #define MAX_UNWIND_MAPPINGS 256
-#define UNWIND_BUFFER_FRAMES 128   /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
+#define UNWIND_BUFFER_FRAMES 128 /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
+_Static_assert(UNWIND_BUFFER_FRAMES > MAX_USER_FRAMES && !(UNWIND_BUFFER_FRAMES & (UNWIND_BUFFER_FRAMES - 1)),
+	       "frame indexes are masked with UNWIND_BUFFER_FRAMES - 1");
+
+/* Binary search steps: enough for the largest range each searches. */
+#define MAPPING_SEARCH_STEPS 9 /* over [0, MAX_UNWIND_MAPPINGS] */
+_Static_assert((1 << (MAPPING_SEARCH_STEPS - 1)) >= MAX_UNWIND_MAPPINGS, "mapping search too short");
+#define ROW_SEARCH_STEPS 33 /* over a range of __u32 row indexes */
+_Static_assert((1ULL << (ROW_SEARCH_STEPS - 1)) >= (1ULL << 32), "row search too short");
 
 enum unwind_kind {
 	UNWIND_GAP = 0,          /* no information: frame pointers */
@@ -84,7 +97,7 @@ struct unwind_search {
 	__u32 first;   /* rows: index of the first row searched */
 };
 
-static long mapping_search_step(__u64 i, struct unwind_search *c)
+static long mapping_search_step(__u64 step __attribute__((unused)), struct unwind_search *c)
 {
 	if (c->lo >= c->hi)
 		return 1;
@@ -107,7 +120,7 @@ static __always_inline int find_unwind_mapping(__u64 ip, __u32 last)
 	if (count > MAX_UNWIND_MAPPINGS)
 		count = MAX_UNWIND_MAPPINGS;
 	struct unwind_search c = { .target = ip, .lo = 0, .hi = count };
-	bpf_loop(9, mapping_search_step, &c, 0);
+	bpf_loop(MAPPING_SEARCH_STEPS, mapping_search_step, &c, 0);
 	if (c.lo == 0 || c.lo > MAX_UNWIND_MAPPINGS)
 		return -1;
 	__u32 m = c.lo - 1;
@@ -116,7 +129,7 @@ static __always_inline int find_unwind_mapping(__u64 ip, __u32 last)
 	return m;
 }
 
-static long row_search_step(__u64 i, struct unwind_search *c)
+static long row_search_step(__u64 step __attribute__((unused)), struct unwind_search *c)
 {
 	if (c->lo >= c->hi)
 		return 1;
@@ -151,7 +164,7 @@ static __always_inline struct unwind_row *find_unwind_row(struct unwind_mapping 
 	if (lo < 0 || hi < lo || hi >= m->row_count)
 		return 0;
 	struct unwind_search c = { .target = vaddr, .lo = lo, .hi = hi + 1, .first = m->row_start };
-	bpf_loop(32, row_search_step, &c, 0);
+	bpf_loop(ROW_SEARCH_STEPS, row_search_step, &c, 0);
 	if (c.lo <= lo)
 		return 0;
 	__u32 key = m->row_start + c.lo - 1;
@@ -279,7 +292,6 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 	return regs ? unwind_from(regs, 0, unwind_step, ips) : -1;
 }
 
-#ifdef UNWIND_OTHER_TASKS
 static long unwind_task_step(__u64 index, struct user_unwind *s)
 {
 	return unwind_step_of(index, s, true);
@@ -292,7 +304,6 @@ static __always_inline long unwind_task_user_stack(struct task_struct *task, __u
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	return regs ? unwind_from(regs, task, unwind_task_step, ips) : -1;
 }
-#endif
 
 #else
 
@@ -301,12 +312,10 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 	return -1;
 }
 
-#ifdef UNWIND_OTHER_TASKS
 static __always_inline long unwind_task_user_stack(struct task_struct *task, __u64 *ips)
 {
 	return -1;
 }
-#endif
 
 static const __u32 unwind_generation = 0;
 

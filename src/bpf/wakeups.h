@@ -1,17 +1,23 @@
-/* The scheduler's wakeups of a thread (an existing one, or a new one), handed to the collector's
- * `mark_woken(struct task_struct *p)`: include after defining it. */
+/* The scheduler's wakeups of a thread, an existing one or a new one: WAKEUP_PROGRAMS(fn) defines the two
+ * tracepoint programs, each calling `fn(struct task_struct *p)` with the task woken. */
 #pragma once
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_wakeup, struct task_struct *p)
-{
-	mark_woken(p);
-	return 0;
-}
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 
-SEC("tp_btf/sched_wakeup_new")
-int BPF_PROG(on_wakeup_new, struct task_struct *p)
-{
-	mark_woken(p);
-	return 0;
-}
+#define WAKEUP_PROGRAMS(fn)                                 \
+	SEC("tp_btf/sched_wakeup")                          \
+	int BPF_PROG(on_wakeup, struct task_struct *p)      \
+	{                                                   \
+		(void)ctx;                                  \
+		fn(p);                                      \
+		return 0;                                   \
+	}                                                   \
+	SEC("tp_btf/sched_wakeup_new")                      \
+	int BPF_PROG(on_wakeup_new, struct task_struct *p)  \
+	{                                                   \
+		(void)ctx;                                  \
+		fn(p);                                      \
+		return 0;                                   \
+	}

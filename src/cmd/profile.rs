@@ -1,16 +1,25 @@
-//! `myprobe profile cpu|offcpu`: trace, symbolize, aggregate into a Profile, render.
+//! `myprobe profile …`: the options, the choice of collector, and the output.
 
-use std::{cell::RefCell, collections::HashMap, path::PathBuf, rc::Rc, time::{Duration, Instant}};
+use std::{
+    cell::RefCell,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use syscalls::Sysno;
 
 use crate::{
-    collect::{self, CollectOptions, Collected, RawStack},
-    profile::{Profile, Unit},
-    render::{self, Palette, RenderOptions},
+    collect::{self, CollectOptions, Collected},
+    process::{self, Target},
+    profile::{
+        self,
+        stacks::{self, Part, StackNamer, StackOptions},
+        Profile, Unit,
+    },
+    render::{self, tables, Palette, RenderOptions},
     symbolize::{data::DataSymbolizer, Symbolizer},
-    target::{self, Target},
     unwind::ProcessTables,
 };
 
@@ -37,6 +46,10 @@ pub enum ProfileCommand {
     /// lock and stack, the lock as root frame, named by the variable that holds it; a table of the top locks
     /// on stderr with their waiters and the stacks that woke them (the holders releasing them).
     Locks(LocksArgs),
+    /// Syscalls by stack: every syscall of the server timed from entry to exit, as a flame graph of time in
+    /// syscalls (leaf frame `[syscall] NAME`) and a table on stderr: calls, total, mean and longest per
+    /// syscall, and the failed calls by errno.
+    Syscalls(SyscallsArgs),
 }
 
 /// Options every tracing profile shares.
@@ -105,11 +118,24 @@ pub struct AllocFilter {
 }
 
 impl AllocFilter {
-    fn options(&self, sample: u64, outstanding_older_than: Option<u64>) -> Result<collect::alloc::AllocOptions> {
+    fn options(
+        &self,
+        sample: u64,
+        outstanding_older_than: Option<u64>,
+    ) -> Result<collect::alloc::AllocOptions> {
         anyhow::ensure!(sample >= 1, "--sample must be at least 1");
-        let (min_size, max_size) = (self.min_size.unwrap_or(0), self.max_size.unwrap_or(u64::MAX));
+        let (min_size, max_size) = (
+            self.min_size.unwrap_or(0),
+            self.max_size.unwrap_or(u64::MAX),
+        );
         anyhow::ensure!(min_size <= max_size, "-z must not be above -Z");
-        Ok(collect::alloc::AllocOptions { sample_every: sample, min_size, max_size, outstanding_older_than, interval: None })
+        Ok(collect::alloc::AllocOptions {
+            sample_every: sample,
+            min_size,
+            max_size,
+            outstanding_older_than,
+            interval: None,
+        })
     }
 }
 
@@ -157,16 +183,51 @@ pub struct LocksArgs {
     pub top: usize,
 }
 
+#[derive(Args)]
+pub struct SyscallsArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Only calls that take at least this many microseconds (filtered in the kernel)
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub min_us: u64,
+    /// Only these syscalls, by name [default: all]
+    #[arg(long = "syscall", value_name = "NAME[,NAME]", value_delimiter = ',')]
+    pub syscalls: Vec<String>,
+    /// Count calls instead of time
+    #[arg(long)]
+    pub calls: bool,
+    /// Syscalls in the table on stderr
+    #[arg(long, value_name = "N", default_value_t = 15)]
+    pub top: usize,
+}
+
 pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
         ProfileCommand::Cpu(a) => {
-            anyhow::ensure!((1..=10_000).contains(&a.frequency), "-F must be between 1 and 10000 Hz");
+            anyhow::ensure!(
+                (1..=10_000).contains(&a.frequency),
+                "-F must be between 1 and 10000 Hz"
+            );
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
-            eprintln!("myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early", a.frequency, a.trace.duration);
+            eprintln!(
+                "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
+                a.frequency, a.trace.duration
+            );
             let collected = collect::cpu::collect(&opts, a.frequency)?;
             let ended = collect::tracing_ended();
-            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Samples, &a.trace, |_, v| vec![(None, v[0])])?;
-            finish(&target, &a.trace, &collected, &profile, ended, "CPU", Palette::Hot)
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let profile = stacks::build(&collected, &mut namer, Unit::Samples, |c, row| {
+                vec![Part::value(c.value(row, "samples"))]
+            });
+            finish(
+                &target,
+                &a.trace,
+                &collected,
+                &profile,
+                ended,
+                "CPU",
+                Palette::Hot,
+            )
         }
         ProfileCommand::Offcpu(a) => {
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
@@ -177,81 +238,175 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let collected = collect::offcpu::collect(&opts, a.min_block_us)?;
             let ended = collect::tracing_ended();
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
-            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Microseconds, &a.trace, |_, v| {
-                vec![(Some("[blocked]"), v[0] / 1000), (Some("[runnable]"), v[1] / 1000)]
-            })?;
-            finish(&target, &a.trace, &collected, &profile, ended, "Off-CPU", Palette::Io)
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let profile = stacks::build(&collected, &mut namer, Unit::Microseconds, |c, row| {
+                vec![
+                    Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
+                    Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
+                ]
+            });
+            finish(
+                &target,
+                &a.trace,
+                &collected,
+                &profile,
+                ended,
+                "Off-CPU",
+                Palette::Io,
+            )
         }
         ProfileCommand::Alloc(a) => {
             let alloc = a.filter.options(a.sample, None)?;
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
-            let every = if alloc.sample_every > 1 { format!("every {}th call", alloc.sample_every) } else { "every call".into() };
-            eprintln!("myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early", a.trace.duration);
+            let every = if alloc.sample_every > 1 {
+                format!("every {}th call", alloc.sample_every)
+            } else {
+                "every call".into()
+            };
+            eprintln!(
+                "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
+                a.trace.duration
+            );
             let collected = collect::alloc::collect(&opts, &alloc, |_| {})?;
             let ended = collect::tracing_ended();
-            let (unit, what) = if a.calls { (Unit::Count, 1) } else { (Unit::Bytes, 0) };
-            let profile = build_profile(&target, &mut symbolizer, &collected, unit, &a.trace, |_, v| vec![(None, v[what])])?;
-            finish(&target, &a.trace, &collected, &profile, ended, "Allocation", Palette::Mem)
+            let (unit, column) = if a.calls {
+                (Unit::Count, "calls")
+            } else {
+                (Unit::Bytes, "bytes")
+            };
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let profile = stacks::build(&collected, &mut namer, unit, |c, row| {
+                vec![Part::value(c.value(row, column))]
+            });
+            finish(
+                &target,
+                &a.trace,
+                &collected,
+                &profile,
+                ended,
+                "Allocation",
+                Palette::Mem,
+            )
         }
         ProfileCommand::Locks(a) => {
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
-            let mut names = DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
-            eprintln!("myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early", a.trace.duration);
-            let found = collect::locks::collect(&opts)?;
+            let mut names =
+                DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
+            eprintln!(
+                "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
+                a.trace.duration
+            );
+            let collected = collect::locks::collect(&opts)?;
             let ended = collect::tracing_ended();
-            let mut profile = Profile::new(Unit::Microseconds);
-            let mut locks: HashMap<u64, LockSummary> = HashMap::new();
-            for (addr, raw, w) in &found.waits {
-                let name = format!("lock {}", names.name(*addr));
-                let frames: Vec<Rc<str>> = symbolizer.user_stack(raw.user());
-                let mut ids = vec![profile.intern(&name)];
-                ids.extend(frames.iter().rev().map(|f| profile.intern(f)));
-                profile.add_ids(ids, w.total_ns / 1000);
-                let l = locks.entry(*addr).or_default();
-                l.waits += w.count;
-                l.total_ns += w.total_ns;
-                l.max_ns = l.max_ns.max(w.max_ns);
-                for (h, n) in l.hist.iter_mut().zip(w.hist) {
-                    *h += n;
-                }
-                l.waiters.push((w.total_ns, innermost(&frames)));
-            }
-            for (addr, raw, n) in &found.wakes {
-                if let Some(l) = locks.get_mut(addr) {
-                    l.wakers.push((*n, innermost(&symbolizer.user_stack(raw.user()))));
-                }
-            }
-            eprint!("{}", lock_table(&mut names, locks, a.top));
-            let collected = Collected {
-                events: found.waits.iter().map(|w| w.2.count).sum(),
-                lost: found.lost,
-                traced: found.traced,
-                ..Collected::default()
-            };
-            finish(&target, &a.trace, &collected, &profile, ended, "Lock wait", Palette::Io)
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
+            eprint!("{}", tables::locks(locks, a.top));
+            finish(
+                &target,
+                &a.trace,
+                &collected,
+                &profile,
+                ended,
+                "Lock wait",
+                Palette::Io,
+            )
         }
         ProfileCommand::Memleak(a) => {
-            let mut alloc = a.filter.options(a.sample, Some(a.older.saturating_mul(1_000_000)))?;
-            anyhow::ensure!(a.interval != Some(0), "--interval must be at least 1 second");
+            let mut alloc = a
+                .filter
+                .options(a.sample, Some(a.older.saturating_mul(1_000_000)))?;
+            anyhow::ensure!(
+                a.interval != Some(0),
+                "--interval must be at least 1 second"
+            );
             alloc.interval = a.interval.map(Duration::from_secs);
             let (target, opts, mut symbolizer) = prepare(&a.trace)?;
             eprintln!(
-                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) for {} s; Ctrl-C ends early",
+                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
+                 for {} s; Ctrl-C ends early",
                 a.older,
-                if a.sample > 1 { format!("those of one 100 ms period in {}, scaled", a.sample) } else { "every allocation".into() },
+                if a.sample > 1 {
+                    format!("those of one 100 ms period in {}, scaled", a.sample)
+                } else {
+                    "every allocation".into()
+                },
                 a.trace.duration
             );
             let started = Instant::now();
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
             let collected = collect::alloc::collect(&opts, &alloc, |so_far| {
                 eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
-                eprint!("{}", outstanding_table(&mut symbolizer, so_far, a.top));
+                eprint!("{}", tables::outstanding(&mut namer, so_far, a.top));
             })?;
             let ended = collect::tracing_ended();
-            let profile = build_profile(&target, &mut symbolizer, &collected, Unit::Bytes, &a.trace, |_, v| vec![(None, v[0])])?;
-            eprint!("{}", outstanding_table(&mut symbolizer, &collected, a.top));
-            finish(&target, &a.trace, &collected, &profile, ended, "Outstanding allocations", Palette::Mem)
+            let profile = stacks::build(&collected, &mut namer, Unit::Bytes, |c, row| {
+                vec![Part::value(c.value(row, "bytes"))]
+            });
+            eprint!("{}", tables::outstanding(&mut namer, &collected, a.top));
+            let what = "Outstanding allocations";
+            finish(
+                &target,
+                &a.trace,
+                &collected,
+                &profile,
+                ended,
+                what,
+                Palette::Mem,
+            )
+        }
+        ProfileCommand::Syscalls(a) => {
+            let only = a
+                .syscalls
+                .iter()
+                .map(|name| {
+                    name.trim().parse::<Sysno>().map_err(|_| {
+                        anyhow::anyhow!("--syscall: no syscall {name:?} on this architecture (e.g. pwrite64, fsync)")
+                    })
+                })
+                .collect::<Result<Vec<Sysno>>>()?;
+            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let which = if only.is_empty() {
+                "the syscalls".to_string()
+            } else {
+                only.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+            };
+            eprintln!(
+                "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
+                a.min_us, a.trace.duration
+            );
+            let found = collect::syscalls::collect(&opts, a.min_us.saturating_mul(1000), &only)?;
+            let ended = collect::tracing_ended();
+            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let (unit, column, scale) = if a.calls {
+                (Unit::Count, "calls", 1)
+            } else {
+                (Unit::Microseconds, "total_ns", 1000)
+            };
+            let profile = stacks::build(&found.collected, &mut namer, unit, |c, row| {
+                let leaf = format!("[syscall] {}", collect::syscalls::name(row.key));
+                vec![Part::leaf(leaf, c.value(row, column) / scale)]
+            });
+            eprint!("{}", tables::syscalls(&found, a.top));
+            finish(
+                &target,
+                &a.trace,
+                &found.collected,
+                &profile,
+                ended,
+                "Syscall",
+                Palette::Io,
+            )
         }
     }
+}
+
+fn namer<'s>(target: &Target, a: &TraceArgs, symbolizer: &'s mut Symbolizer) -> StackNamer<'s> {
+    let opts = StackOptions {
+        pid: target.pid,
+        per_thread: a.per_thread,
+        addresses: a.addresses,
+    };
+    StackNamer::new(symbolizer, opts)
 }
 
 /// Checks and resolves everything before tracing, including the symbolizer's one-time work, so that
@@ -261,12 +416,13 @@ fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions, Symbolizer)> {
     if let Some(out) = &a.output {
         render::format_for(out)?;
     }
-    target::check_environment(a.btf.as_deref())?;
-    let target = target::resolve(a.pid, a.any_process)?;
+    process::check_environment(a.btf.as_deref())?;
+    let target = process::resolve(a.pid, a.any_process)?;
     let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
         None
     } else {
-        let tables = ProcessTables::load(target.pid).context("reading the unwind tables of the process")?;
+        let tables =
+            ProcessTables::load(target.pid).context("reading the unwind tables of the process")?;
         for w in &tables.warnings {
             eprintln!("myprobe: warning: {w}");
         }
@@ -282,117 +438,6 @@ fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions, Symbolizer)> {
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(a.kernel);
     Ok((target, opts, symbolizer))
-}
-
-/// Symbolizes each unique stack once and adds it to a profile, root first; `split` turns a stack's two values
-/// into (leaf marker frame, value) parts.
-fn build_profile(
-    target: &Target,
-    symbolizer: &mut Symbolizer,
-    collected: &Collected,
-    unit: Unit,
-    a: &TraceArgs,
-    split: impl Fn(&RawStack, [u64; 2]) -> Vec<(Option<&'static str>, u64)>,
-) -> Result<Profile> {
-    let mut profile = Profile::new(unit);
-    let mut thread_names = std::collections::HashMap::new();
-    for (raw, &values) in &collected.stacks {
-        let mut frames: Vec<Rc<str>> = Vec::with_capacity(raw.ips.len() + 2);
-        if a.per_thread {
-            let name = thread_names.entry(raw.tid).or_insert_with(|| thread_frame(target.pid, raw.tid));
-            frames.push(Rc::clone(name));
-        }
-        if a.addresses {
-            frames.extend(raw.ips.iter().rev().map(|ip| Rc::from(format!("{ip:#x}"))));
-        } else {
-            let user = symbolizer.user_stack(raw.user());
-            frames.extend(user.into_iter().rev());
-            let kernel = symbolizer.kernel_stack(raw.kernel());
-            frames.extend(kernel.into_iter().rev());
-            // Threads of the process that never run user code (io_uring's workers), or an unreadable stack.
-            if raw.ips.is_empty() {
-                frames.push(Rc::from(NO_STACK));
-            }
-        }
-        for (leaf, value) in split(raw, values) {
-            if value == 0 {
-                continue;
-            }
-            let mut ids: Vec<u32> = frames.iter().map(|f| profile.intern(f)).collect();
-            if let Some(leaf) = leaf {
-                ids.push(profile.intern(leaf));
-            }
-            profile.add_ids(ids, value);
-        }
-    }
-    Ok(profile)
-}
-
-/// memleak's table: the `top` stacks holding the most bytes, with their allocation counts and innermost frames
-/// (leaf last), like bcc's memleak prints them.
-fn outstanding_table(symbolizer: &mut Symbolizer, collected: &Collected, top: usize) -> String {
-    let mut stacks: Vec<_> = collected.stacks.iter().collect();
-    stacks.sort_by(|a, b| b.1[0].cmp(&a.1[0]));
-    let mut out = format!("top {} stacks by bytes not freed:\n", top.min(stacks.len()));
-    for (raw, v) in stacks.into_iter().take(top) {
-        let frames = innermost(&symbolizer.user_stack(raw.user()));
-        out += &format!("  {} bytes in {} allocations from {frames}\n", v[0], v[1]);
-    }
-    out
-}
-
-/// One lock word's waits, with its waiter and waker stacks (innermost frames).
-#[derive(Default)]
-struct LockSummary {
-    waits: u64,
-    total_ns: u64,
-    max_ns: u64,
-    hist: [u64; collect::locks::HIST_BUCKETS],
-    waiters: Vec<(u64, String)>,
-    wakers: Vec<(u64, String)>,
-}
-
-/// The innermost frames of a stack (leaf last), for one line of a table.
-fn innermost(frames: &[Rc<str>]) -> String {
-    let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
-    shown.join(";")
-}
-
-/// The `top` locks by time waited, each with its wait histogram, waiter stacks and waker stacks.
-fn lock_table(names: &mut DataSymbolizer, locks: HashMap<u64, LockSummary>, top: usize) -> String {
-    let mut locks: Vec<(u64, LockSummary)> = locks.into_iter().collect();
-    locks.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns));
-    let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
-    let mut out = format!("top {} locks by time waited:\n", top.min(locks.len()));
-    for (addr, mut l) in locks.into_iter().take(top) {
-        out += &format!("  {} ({addr:#x}): {} waits, {} in all, longest {}\n", names.name(addr), l.waits, ms(l.total_ns), ms(l.max_ns));
-        let hist: Vec<String> = l
-            .hist
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(i, n)| if i == 0 { format!("<2us:{n}") } else { format!("{}us:{n}", 1u64 << i) })
-            .collect();
-        out += &format!("    waits by length: {}\n", hist.join(" "));
-        l.waiters.sort_by(|a, b| b.0.cmp(&a.0));
-        for (ns, stack) in l.waiters.iter().take(3) {
-            out += &format!("    waiter {}: {stack}\n", ms(*ns));
-        }
-        l.wakers.sort_by(|a, b| b.0.cmp(&a.0));
-        for (n, stack) in l.wakers.iter().take(3) {
-            out += &format!("    woken {n} times by: {stack}\n");
-        }
-    }
-    out
-}
-
-/// The frame of a stack with no frames at all.
-const NO_STACK: &str = "[no user stack]";
-
-fn thread_frame(pid: u32, tid: u32) -> Rc<str> {
-    let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
-    let name = name.trim();
-    if name.is_empty() { format!("thread {tid}").into() } else { format!("thread {tid} ({name})").into() }
 }
 
 /// Writes the results and reports on stderr: time to results, losses, top functions.
@@ -413,9 +458,12 @@ fn finish(
     meta.insert("version".into(), target.version.clone().into());
     meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
     meta.insert("events".into(), collected.events.into());
-    meta.insert("lost".into(), serde_json::json!(collected.lost));
+    meta.insert("lost".into(), collected.lost.to_json());
     let opts = RenderOptions {
-        title: a.title.clone().unwrap_or_else(|| format!("{what} flame graph: {target}")),
+        title: a
+            .title
+            .clone()
+            .unwrap_or_else(|| format!("{what} flame graph: {target}")),
         count_name: None,
         palette,
         meta,
@@ -430,7 +478,7 @@ fn finish(
         profile.unit.count_name(),
         collected.traced.as_secs_f64()
     );
-    for line in collected.lost_report() {
+    for line in collected.lost.report(collected.events) {
         eprintln!("myprobe: warning: {line}");
     }
     if let Some(out) = &a.output {
@@ -438,7 +486,10 @@ fn finish(
     }
     eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
     if !profile.is_empty() {
-        eprint!("{}", render::summary::top_functions(profile, 10, palette == Palette::Mem));
+        eprint!(
+            "{}",
+            render::summary::top_functions(profile, 10, palette == Palette::Mem)
+        );
     }
     Ok(())
 }

@@ -11,15 +11,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{
-    collect::{
-        self,
-        queries::{DispatchProbe, LOST_REASONS},
-        CollectOptions,
-    },
+    collect::{self, queries::DispatchProbe, CollectOptions},
+    process::{self, probes},
     query::{digest::Digest, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
     symbolize::data::DataSymbolizer,
-    target::{self, probes},
 };
 
 #[derive(Args)]
@@ -33,7 +29,7 @@ pub struct QueriesArgs {
     /// Report only statements that took at least this long (milliseconds, fractions allowed)
     #[arg(long, value_name = "N", default_value_t = 0.0)]
     pub min_ms: f64,
-    /// One JSON object per line on stdout (fields: see DESIGN.md "Query records"), nothing else
+    /// One JSON object per line on stdout (fields: see ARCHITECTURE.md "Query records"), nothing else
     #[arg(long)]
     pub json: bool,
     /// Instead of one line per statement, print a digest per fingerprint at the end (pt-query-digest's table):
@@ -60,9 +56,12 @@ pub struct QueriesArgs {
 
 pub fn run(a: QueriesArgs) -> Result<()> {
     anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
-    anyhow::ensure!(a.min_ms >= 0.0 && a.min_ms.is_finite(), "--min-ms must be a number of milliseconds ≥ 0");
-    target::check_environment(a.btf.as_deref())?;
-    let target = target::resolve(a.pid, a.any_process)?;
+    anyhow::ensure!(
+        a.min_ms >= 0.0 && a.min_ms.is_finite(),
+        "--min-ms must be a number of milliseconds ≥ 0"
+    );
+    process::check_environment(a.btf.as_deref())?;
+    let target = process::resolve(a.pid, a.any_process)?;
     let opts = CollectOptions {
         pid: target.pid,
         duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
@@ -81,7 +80,11 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         _ => {}
     }
     let wanted = Cell::new(a.uprobes);
-    let probe = dispatch.as_ref().map(|function| DispatchProbe { binary: &target.exe, function, wanted: &wanted });
+    let probe = dispatch.as_ref().map(|function| DispatchProbe {
+        binary: &target.exe,
+        function,
+        wanted: &wanted,
+    });
     let mut tracker = Tracker::new(a.raw_sql);
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
@@ -90,7 +93,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     let mut said = HashSet::new();
     let mut failed: Option<std::io::Error> = None;
 
-    let until = a.duration.map(|d| format!("for {d} s")).unwrap_or_else(|| "until Ctrl-C".into());
+    let until = a
+        .duration
+        .map(|d| format!("for {d} s"))
+        .unwrap_or_else(|| "until Ctrl-C".into());
     let attached = || eprintln!("myprobe: tracing the statements of {target} {until}");
     if !a.json && !a.summary {
         let _ = writeln!(out, "{}", render::LINE_HEADER);
@@ -117,7 +123,9 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 Notice::Tls { .. } => {}
                 Notice::Compressed { conn, user } => {
                     if said.insert((conn, user.clone())) {
-                        let conn = conn.map(|c| format!("connection {c}")).unwrap_or_else(|| "a connection".into());
+                        let conn = conn
+                            .map(|c| format!("connection {c}"))
+                            .unwrap_or_else(|| "a connection".into());
                         eprintln!("myprobe: warning: {conn} (user {user}) uses the compressed protocol: its statements are not traced");
                     }
                 }
@@ -125,7 +133,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         }
         let Some(mut record) = record else { return };
         seen += 1;
-        unknown_prepared += record.fingerprint.as_deref().is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
+        unknown_prepared += record
+            .fingerprint
+            .as_deref()
+            .is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
         if record.duration_us < min_us {
             return;
         }
@@ -154,7 +165,14 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 writeln!(out, "{}", serde_json::to_string(r)?)?;
             }
         } else if digest.is_empty() {
-            eprintln!("myprobe: no statements{}", if min_us > 0 { " at or above --min-ms" } else { "" });
+            eprintln!(
+                "myprobe: no statements{}",
+                if min_us > 0 {
+                    " at or above --min-ms"
+                } else {
+                    ""
+                }
+            );
         } else {
             write!(out, "{}", render::digest_table(&rows, a.top))?;
         }
@@ -172,13 +190,14 @@ pub fn run(a: QueriesArgs) -> Result<()> {
              (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
         );
     }
-    for (n, why) in lost.iter().zip(LOST_REASONS) {
-        if *n > 0 {
-            eprintln!("myprobe: warning: {why}: {n}");
-        }
+    for line in lost.report(seen) {
+        eprintln!("myprobe: warning: {line}");
     }
     if a.summary {
-        eprintln!("myprobe: results written in {:.0} ms after tracing ended", ended.elapsed().as_secs_f64() * 1000.0);
+        eprintln!(
+            "myprobe: results written in {:.0} ms after tracing ended",
+            ended.elapsed().as_secs_f64() * 1000.0
+        );
     }
     Ok(())
 }

@@ -3,22 +3,35 @@
 
 use std::{
     collections::HashMap,
-    mem::MaybeUninit,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::{skel::OpenSkel, Link, MapCore, MapFlags, UprobeMultiOpts, UprobeOpts};
+use libbpf_rs::{Link, UprobeMultiOpts, UprobeOpts};
 
-use crate::target::probes::{entry_probes, EntryProbe};
+use crate::process::{
+    self,
+    maps::{MappedFile, ProcMaps},
+    probes::{entry_probes, EntryProbe},
+};
 
-use super::{drain, for_each_entry, install_unwind, kernel_at_least, open_skel, size_unwind_maps, CollectOptions, Collected, Installed};
+use super::{
+    maps::{for_each_typed, Plain},
+    monotonic_ns,
+    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    CollectOptions, Collected, Features,
+};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/alloc.skel.rs"));
 }
-use skel::*;
+use skel::types::alloc_kind;
+stack_skeleton!(Skeleton, AllocSkelBuilder, OpenAllocSkel, AllocSkel);
+// SAFETY: generated from BTF structs of integers.
+unsafe impl Plain for skel::types::alloc_total {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::outstanding_alloc {}
 
 /// What to trace: the calls asking for `min_size..=max_size` bytes, one in `sample_every`.
 pub struct AllocOptions {
@@ -35,149 +48,242 @@ pub struct AllocOptions {
     pub interval: Option<Duration>,
 }
 
-/// The allocation functions by their arguments, with the kind the BPF program reads from the attach cookie
-/// (`enum alloc_kind` in src/bpf/alloc.bpf.c).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum AllocFunction {
-    Size = 0,
-    Calloc = 1,
-    Realloc = 2,
-    AlignSize = 3,
-    PosixMemalign = 4,
-}
-
-const FUNCTIONS: [(&str, AllocFunction); 8] = [
-    ("malloc", AllocFunction::Size),
-    ("calloc", AllocFunction::Calloc),
-    ("realloc", AllocFunction::Realloc),
-    ("aligned_alloc", AllocFunction::AlignSize),
-    ("memalign", AllocFunction::AlignSize),
-    ("posix_memalign", AllocFunction::PosixMemalign),
-    ("valloc", AllocFunction::Size),
-    ("pvalloc", AllocFunction::Size),
+/// The allocation functions, with the kind the BPF program reads from the attach cookie.
+const FUNCTIONS: [(&str, alloc_kind); 8] = [
+    ("malloc", alloc_kind::ALLOC_SIZE),
+    ("calloc", alloc_kind::ALLOC_CALLOC),
+    ("realloc", alloc_kind::ALLOC_REALLOC),
+    ("aligned_alloc", alloc_kind::ALLOC_ALIGN_SIZE),
+    ("memalign", alloc_kind::ALLOC_ALIGN_SIZE),
+    ("posix_memalign", alloc_kind::ALLOC_POSIX_MEMALIGN),
+    ("valloc", alloc_kind::ALLOC_SIZE),
+    ("pvalloc", alloc_kind::ALLOC_SIZE),
 ];
 
-/// `value[0]` of each stack is bytes, `value[1]` calls (scaled up when sampled): asked for while tracing, or
-/// (memleak) still allocated at the end.
-/// With `alloc.interval`, `report` is given the outstanding allocations that often.
-pub fn collect(opts: &CollectOptions, alloc: &AllocOptions, mut report: impl FnMut(&Collected)) -> Result<Collected> {
+/// Rows: `bytes` and `calls` per stack (scaled up when sampled): asked for while tracing, or (memleak) still
+/// allocated at the end. With `alloc.interval`, `report` is given the outstanding allocations that often.
+pub fn collect(
+    opts: &CollectOptions,
+    alloc: &AllocOptions,
+    report: impl FnMut(&Collected),
+) -> Result<Collected> {
     let (allocator, places) = allocator_of(opts.pid)?;
-    if !allocator.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc")) {
-        eprintln!("myprobe: note: tracing the allocator of {} (it defines malloc before the C library)", allocator.display());
-    }
-    let mut object = MaybeUninit::uninit();
-    let mut open = open_skel(AllocSkelBuilder::default(), &mut object, opts)?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
-    let leaks = alloc.outstanding_older_than.is_some();
-    rodata.target_tgid = opts.pid;
-    rodata.kernel_stacks = opts.kernel_stacks;
-    rodata.sample_every = if leaks { 1 } else { alloc.sample_every.max(1) };
-    rodata.min_size = alloc.min_size;
-    rodata.max_size = alloc.max_size;
-    rodata.track_outstanding = leaks;
-    let ways = ProbeWays::for_kernel(leaks);
-    ways.choose_programs(&mut open.progs);
-    size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
-    let mut skel = open.load().context("loading the allocation probes into the kernel")?;
-    let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let mut installed = Installed::default();
-    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
-
-    let probes = AllocatorProbes::new(&allocator, &places, opts.pid, ways);
-    let mut missing = probes.missing.clone();
-    // memleak: every free, and realloc's release of the old block, whether allocations are traced or not; in
-    // place before the first allocation is traced.
-    let frees = if leaks { probes.attach_frees(&skel.progs)? } else { Vec::new() };
-    let mut allocations = probes.attach_allocations(&skel.progs, &mut missing)?;
-    if allocations.is_empty() {
-        bail!(
-            "could not attach to any allocation function of {}: if the process allocates through another allocator \
-             (jemalloc, tcmalloc) or was linked statically, its allocations cannot be traced here",
+    if !allocator
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("libc"))
+    {
+        eprintln!(
+            "myprobe: note: tracing the allocator of {} (it defines malloc before the C library)",
             allocator.display()
         );
     }
-    if !missing.is_empty() {
-        eprintln!("myprobe: note: {} has no {} that can be probed: not traced", allocator.display(), missing.join(", "));
+    let leaks = alloc.outstanding_older_than.is_some();
+    let mut collector = Alloc {
+        alloc,
+        probes: AllocatorProbes::new(allocator, &places, opts.pid),
+        frees: Vec::new(),
+        allocations: Vec::new(),
+        periods: SamplePeriods::new(if leaks { alloc.sample_every } else { 1 }),
+        last_report: Instant::now(),
+        report,
+    };
+    stack_collector::run(&mut collector, opts)
+}
+
+struct Alloc<'a, R> {
+    alloc: &'a AllocOptions,
+    probes: AllocatorProbes,
+    /// memleak: free and realloc, attached throughout.
+    frees: Vec<Link>,
+    /// The probes on the allocation functions: attached and detached by `periods`.
+    allocations: Vec<Link>,
+    periods: SamplePeriods,
+    last_report: Instant,
+    report: R,
+}
+
+impl<R: FnMut(&Collected)> Alloc<'_, R> {
+    fn leaks(&self) -> bool {
+        self.alloc.outstanding_older_than.is_some()
     }
 
-    // The events define stacks (value[0]: their id); the amounts are summed in the totals map (alloc) or kept
-    // per address in the outstanding map (memleak).
-    let outstanding_map = &skel.maps.outstanding;
-    let mut periods = SamplePeriods::new(if leaks { alloc.sample_every } else { 1 });
-    let mut last_report = Instant::now();
-    let definitions = drain(&skel.maps.events, opts, "profile alloc", (&mut installed, unwind_maps!(rows, pages, bss)), |refresh, so_far| {
+    /// The allocations not freed, at least `older_ns` old, by stack, multiplied by the periods' scale.
+    fn outstanding(&self, skel: &Loaded<'_, Self>, older_ns: u64) -> Vec<Sum> {
+        let now = monotonic_ns();
+        let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
+        for_each_typed(
+            &skel.maps.outstanding,
+            |_: u64, a: skel::types::outstanding_alloc| {
+                if now.saturating_sub(a.ts) >= older_ns {
+                    let sum = amounts.entry(a.stack_id).or_default();
+                    sum[0] += a.size;
+                    sum[1] += 1;
+                }
+            },
+        );
+        let scale = self.periods.scale();
+        let scaled = |v: u64| (v as f64 * scale).round() as u64;
+        amounts
+            .into_iter()
+            .map(|(stack_id, [bytes, count])| Sum {
+                tid: 0,
+                key: 0,
+                stack_id,
+                values: Box::new([scaled(bytes), scaled(count)]),
+            })
+            .collect()
+    }
+}
+
+impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
+    type Skel = Skeleton;
+    const NAME: &'static str = "profile alloc";
+
+    fn columns(&self) -> Vec<String> {
+        vec!["bytes".into(), "calls".into()]
+    }
+
+    fn events_column(&self) -> usize {
+        1
+    }
+
+    fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
+        let leaks = self.leaks();
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .context("BPF object has no .rodata")?;
+        rodata.sample_every = if leaks {
+            1
+        } else {
+            self.alloc.sample_every.max(1)
+        };
+        rodata.min_size = self.alloc.min_size;
+        rodata.max_size = self.alloc.max_size;
+        rodata.track_outstanding = leaks;
+        self.probes.ways = ProbeWays {
+            leaks,
+            multi: features.uprobe_multi,
+            sessions: leaks && features.uprobe_session,
+        };
+        self.probes.ways.choose_programs(&mut open.progs);
+        Ok(())
+    }
+
+    fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
+        // memleak: every free, and realloc's release of the old block, whether allocations are traced or not;
+        // in place before the first allocation is traced.
+        if self.leaks() {
+            self.frees = self.probes.attach_frees(&skel.progs)?;
+        }
+        let mut missing = self.probes.missing.clone();
+        self.allocations = self.probes.attach_allocations(&skel.progs, &mut missing)?;
+        let allocator = self.probes.allocator.display();
+        if self.allocations.is_empty() {
+            bail!(
+                "could not attach to any allocation function of {allocator}: if the process allocates through \
+                 another allocator (jemalloc, tcmalloc) or was linked statically, its allocations cannot be \
+                 traced here"
+            );
+        }
+        if !missing.is_empty() {
+            eprintln!(
+                "myprobe: note: {allocator} has no {} that can be probed: not traced",
+                missing.join(", ")
+            );
+        }
         // Time probed: from the end of attaching to the start of detaching.
-        match periods.due() {
-            Some(true) => match probes.attach_allocations(&skel.progs, &mut Vec::new()) {
+        self.periods.restart();
+        Ok(Vec::new())
+    }
+
+    fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &Stacks) -> Result<()> {
+        match self.periods.due() {
+            Some(true) => match self.probes.attach_allocations(&skel.progs, &mut Vec::new()) {
                 Ok(links) => {
-                    allocations = links;
-                    periods.set(!allocations.is_empty());
+                    self.allocations = links;
+                    self.periods.set(!self.allocations.is_empty());
                 }
                 // E.g. the process exited: what was traced so far is still reported.
                 Err(e) => {
-                    eprintln!("myprobe: warning: {e:#}: the allocations of the periods left are not traced");
-                    periods.stop_sampling();
+                    eprintln!(
+                        "myprobe: warning: {e:#}: the allocations of the periods left are not traced"
+                    );
+                    self.periods.stop_sampling();
                 }
             },
             Some(false) => {
-                periods.set(false);
-                allocations.clear();
+                self.periods.set(false);
+                self.allocations.clear();
             }
             None => {}
         }
-        if refresh {
-            if let (Some(every), Some(older)) = (alloc.interval, alloc.outstanding_older_than) {
-                if last_report.elapsed() >= every {
-                    last_report = Instant::now();
-                    report(&outstanding(so_far, outstanding_map, older, periods.scale()));
-                }
+        if let (Some(every), Some(older)) = (self.alloc.interval, self.alloc.outstanding_older_than)
+        {
+            if self.last_report.elapsed() >= every {
+                self.last_report = Instant::now();
+                let (rows, _) = stacks.join(self.outstanding(skel, older));
+                let so_far = Collected {
+                    columns: self.columns(),
+                    rows,
+                    ..Collected::default()
+                };
+                (self.report)(&so_far);
             }
         }
-        Ok(bss.lost)
-    });
-    periods.end();
-    allocations.clear();
-    drop(frees);
-    let definitions = definitions?;
-    if let Some(older) = alloc.outstanding_older_than {
-        return Ok(outstanding(&definitions, &skel.maps.outstanding, older, periods.scale()));
+        Ok(())
     }
-    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
-    for (stack, [id, _]) in definitions.stacks {
-        let Ok(Some(bytes)) = skel.maps.totals.lookup(&id.to_ne_bytes(), MapFlags::ANY) else { continue };
-        if bytes.len() < 16 {
-            continue;
-        }
-        let total = u64::from_ne_bytes(bytes[0..8].try_into().unwrap());
-        let calls = u64::from_ne_bytes(bytes[8..16].try_into().unwrap());
-        if calls > 0 {
-            collected.add(stack, [total * alloc.sample_every, calls * alloc.sample_every]);
-            collected.events += calls - 1;
-        }
+
+    fn stop(&mut self) {
+        self.periods.end();
+        // Entries before frees: an allocation traced must not miss its free.
+        self.allocations.clear();
+        self.frees.clear();
     }
-    Ok(collected)
+
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+        if let Some(older) = self.alloc.outstanding_older_than {
+            return Ok(self.outstanding(skel, older));
+        }
+        let every = self.alloc.sample_every;
+        let mut sums = Vec::new();
+        for_each_typed(
+            &skel.maps.totals,
+            |stack_id: u64, t: skel::types::alloc_total| {
+                if t.calls > 0 {
+                    sums.push(Sum {
+                        tid: 0,
+                        key: 0,
+                        stack_id,
+                        values: Box::new([t.bytes * every, t.calls * every]),
+                    });
+                }
+            },
+        );
+        Ok(sums)
+    }
 }
 
 /// How the running kernel lets the probes be attached.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct ProbeWays {
     leaks: bool,
-    /// One uprobe_multi link for many probes (6.6): detaching a link waits for the probes in flight, about
-    /// 0.1 s each.
+    /// One uprobe_multi link for many probes: detaching a link waits for the probes in flight, about 0.1 s
+    /// each.
     multi: bool,
-    /// memleak with uprobe sessions (6.13): the return probe only for the calls it traces.
+    /// memleak with uprobe sessions: the return probe only for the calls it traces.
     sessions: bool,
 }
 
 impl ProbeWays {
-    fn for_kernel(leaks: bool) -> Self {
-        ProbeWays { leaks, multi: kernel_at_least(6, 6), sessions: leaks && kernel_at_least(6, 13) }
-    }
-
     /// Loads only the programs these ways attach.
-    fn choose_programs(&self, progs: &mut OpenAllocProgs) {
-        let ProbeWays { leaks, multi, sessions } = *self;
+    fn choose_programs(&self, progs: &mut skel::OpenAllocProgs) {
+        let ProbeWays {
+            leaks,
+            multi,
+            sessions,
+        } = *self;
         progs.on_alloc_session.set_autoload(sessions);
         progs.on_alloc_return.set_autoload(leaks && !sessions);
         progs.on_alloc_multi.set_autoload(multi && !leaks);
@@ -188,8 +294,8 @@ impl ProbeWays {
 }
 
 /// Where the probes go in the allocator, and attaching them.
-struct AllocatorProbes<'a> {
-    allocator: &'a Path,
+struct AllocatorProbes {
+    allocator: PathBuf,
     pid: i32,
     ways: ProbeWays,
     /// Each allocation function probed: (name, place, kind as cookie).
@@ -199,67 +305,137 @@ struct AllocatorProbes<'a> {
     missing: Vec<&'static str>,
 }
 
-impl<'a> AllocatorProbes<'a> {
-    /// `places`: of allocator_of, in the order of `probed_names()`.
-    fn new(allocator: &'a Path, places: &[Option<EntryProbe>], pid: u32, ways: ProbeWays) -> Self {
-        let (mut traced, mut missing): (Vec<(&'static str, EntryProbe, u64)>, _) = (Vec::new(), Vec::new());
+impl AllocatorProbes {
+    /// `places`: of allocator_of, in the order of `probed_names()`. The ways are chosen when the programs are.
+    fn new(allocator: PathBuf, places: &[Option<EntryProbe>], pid: u32) -> Self {
+        let (mut traced, mut missing): (Vec<(&'static str, EntryProbe, u64)>, _) =
+            (Vec::new(), Vec::new());
         for ((function, kind), place) in FUNCTIONS.iter().zip(places) {
             match place {
                 None => missing.push(*function),
                 // glibc's aligned_alloc is memalign: probed once.
                 Some(place) if traced.iter().any(|(_, t, _)| t.address == place.address) => {}
-                Some(place) => traced.push((function, *place, *kind as u64)),
+                Some(place) => traced.push((function, *place, u64::from(kind.0))),
             }
         }
         let free = places.get(FUNCTIONS.len()).copied().flatten();
-        AllocatorProbes { allocator, pid: pid as i32, ways, traced, free, missing }
+        AllocatorProbes {
+            allocator,
+            pid: pid as i32,
+            ways: ProbeWays::default(),
+            traced,
+            free,
+            missing,
+        }
     }
 
-    fn attach(&self, probe: &EntryProbe, prog: &libbpf_rs::ProgramMut, retprobe: bool, cookie: u64) -> libbpf_rs::Result<Link> {
-        let uprobe = UprobeOpts { retprobe, cookie, ..Default::default() };
-        prog.attach_uprobe_with_opts(self.pid, self.allocator, probe.offset(), uprobe)
+    fn attach(
+        &self,
+        probe: &EntryProbe,
+        prog: &libbpf_rs::ProgramMut,
+        retprobe: bool,
+        cookie: u64,
+    ) -> libbpf_rs::Result<Link> {
+        let uprobe = UprobeOpts {
+            retprobe,
+            cookie,
+            ..Default::default()
+        };
+        prog.attach_uprobe_with_opts(self.pid, &self.allocator, probe.offset(), uprobe)
     }
 
     /// One link for all of `places` (entry probe, cookie).
-    fn attach_multi(&self, prog: &libbpf_rs::ProgramMut, places: &[(EntryProbe, u64)], session: bool) -> Result<Link> {
+    fn attach_multi(
+        &self,
+        prog: &libbpf_rs::ProgramMut,
+        places: &[(EntryProbe, u64)],
+        session: bool,
+    ) -> Result<Link> {
         let multi = UprobeMultiOpts {
             offsets: places.iter().map(|(place, _)| place.offset()).collect(),
             cookies: places.iter().map(|(_, cookie)| *cookie).collect(),
             session,
             ..Default::default()
         };
-        let link = prog.attach_uprobe_multi_with_opts(self.pid, self.allocator, "", multi);
-        link.with_context(|| format!("attaching to the allocation functions of {}", self.allocator.display()))
+        let link = prog.attach_uprobe_multi_with_opts(self.pid, &self.allocator, "", multi);
+        link.with_context(|| {
+            format!(
+                "attaching to the allocation functions of {}",
+                self.allocator.display()
+            )
+        })
     }
 
     /// memleak: free, and realloc for its release of the old block.
-    fn attach_frees(&self, progs: &AllocProgs) -> Result<Vec<Link>> {
-        let free = self.free.with_context(|| format!("{} has no free()", self.allocator.display()))?;
-        let realloc = self.traced.iter().find(|(_, _, kind)| *kind == AllocFunction::Realloc as u64).map(|(_, place, _)| *place);
-        let released: Vec<(EntryProbe, u64)> = [Some(free), realloc].into_iter().flatten().map(|place| (place, 0)).collect();
+    fn attach_frees(&self, progs: &skel::AllocProgs) -> Result<Vec<Link>> {
+        let free = self
+            .free
+            .with_context(|| format!("{} has no free()", self.allocator.display()))?;
+        let realloc = self
+            .traced
+            .iter()
+            .find(|(_, _, kind)| *kind == u64::from(alloc_kind::ALLOC_REALLOC.0))
+            .map(|(_, place, _)| *place);
+        let released: Vec<(EntryProbe, u64)> = [Some(free), realloc]
+            .into_iter()
+            .flatten()
+            .map(|place| (place, 0))
+            .collect();
         if self.ways.multi {
-            return Ok(vec![self.attach_multi(&progs.on_free_multi, &released, false)?]);
+            return Ok(vec![self.attach_multi(
+                &progs.on_free_multi,
+                &released,
+                false,
+            )?]);
         }
         let attach = |(place, _): &(EntryProbe, u64)| self.attach(place, &progs.on_free, false, 0);
-        let links = released.iter().map(attach).collect::<libbpf_rs::Result<Vec<_>>>();
+        let links = released
+            .iter()
+            .map(attach)
+            .collect::<libbpf_rs::Result<Vec<_>>>();
         links.with_context(|| format!("attaching to free in {}", self.allocator.display()))
     }
 
     /// The probes on the allocation functions; return probes first in the list, so that they are detached
     /// first (an entry without its return would leave a pending allocation behind). The functions that could
     /// not be probed one by one go to `missing`.
-    fn attach_allocations(&self, progs: &AllocProgs, missing: &mut Vec<&'static str>) -> Result<Vec<Link>> {
-        let ProbeWays { leaks, multi, sessions } = self.ways;
-        let all: Vec<(EntryProbe, u64)> = self.traced.iter().map(|(_, place, kind)| (*place, *kind)).collect();
+    fn attach_allocations(
+        &self,
+        progs: &skel::AllocProgs,
+        missing: &mut Vec<&'static str>,
+    ) -> Result<Vec<Link>> {
+        let ProbeWays {
+            leaks,
+            multi,
+            sessions,
+        } = self.ways;
+        let all: Vec<(EntryProbe, u64)> = self
+            .traced
+            .iter()
+            .map(|(_, place, kind)| (*place, *kind))
+            .collect();
         if sessions {
-            return Ok(vec![self.attach_multi(&progs.on_alloc_session, &all, true)?]);
+            return Ok(vec![self.attach_multi(
+                &progs.on_alloc_session,
+                &all,
+                true,
+            )?]);
         }
         if multi && !leaks {
-            return Ok(vec![self.attach_multi(&progs.on_alloc_multi, &all, false)?]);
+            return Ok(vec![self.attach_multi(
+                &progs.on_alloc_multi,
+                &all,
+                false,
+            )?]);
         }
         let (mut returns, mut entries) = (Vec::new(), Vec::new());
         for (function, place, kind) in &self.traced {
-            let ret = if leaks { self.attach(place, &progs.on_alloc_return, true, 0).map(Some) } else { Ok(None) };
+            let ret = if leaks {
+                self.attach(place, &progs.on_alloc_return, true, 0)
+                    .map(Some)
+            } else {
+                Ok(None)
+            };
             match (ret, self.attach(place, &progs.on_alloc, false, *kind)) {
                 (Ok(ret), Ok(entry)) => {
                     returns.extend(ret);
@@ -291,7 +467,19 @@ const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 impl SamplePeriods {
     fn new(every: u64) -> Self {
         let now = Instant::now();
-        SamplePeriods { every: every.clamp(1, u32::MAX as u64) as u32, started: now, open_since: Some(now), open_for: Duration::ZERO, ended: None, stopped: false }
+        SamplePeriods {
+            every: every.clamp(1, u32::MAX as u64) as u32,
+            started: now,
+            open_since: Some(now),
+            open_for: Duration::ZERO,
+            ended: None,
+            stopped: false,
+        }
+    }
+
+    /// The probes were attached just now: periods count from here.
+    fn restart(&mut self) {
+        *self = SamplePeriods::new(self.every as u64);
     }
 
     /// `Some(open)` when the allocation probes must be attached (true) or detached (false) now.
@@ -343,77 +531,55 @@ impl SamplePeriods {
 /// LD_PRELOAD and of a known allocator (jemalloc, tcmalloc, mimalloc linked in), when they export `malloc`;
 /// else the C library. With the entry probes of `probed_names()` in it.
 fn allocator_of(pid: u32) -> Result<(PathBuf, Vec<Option<EntryProbe>>)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
-    let mut mapped: Vec<&str> = Vec::new();
-    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)).filter(|p| p.starts_with('/')) {
-        if !mapped.contains(&path) {
-            mapped.push(path);
-        }
-    }
-    let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.to_string_lossy().into_owned());
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let preload: Vec<String> = environ
-        .split(|&b| b == 0)
-        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
-        .flat_map(|v| String::from_utf8_lossy(v).split([':', ' ']).map(file_name).collect::<Vec<_>>())
-        .filter(|name| !name.is_empty())
-        .collect();
+    let maps = ProcMaps::read(pid).with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let mapped = maps.files_in_address_order();
+    let exe = process::exe_of(pid).ok();
+    let preload = process::preloaded_libraries(pid);
     const ALLOCATORS: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
-    let mut candidates: Vec<&str> = mapped.iter().copied().filter(|p| Some(*p) == exe.as_deref()).collect();
-    candidates.extend(mapped.iter().copied().filter(|p| preload.contains(&file_name(p))));
-    candidates.extend(mapped.iter().copied().filter(|p| ALLOCATORS.iter().any(|a| file_name(p).starts_with(a))));
-    let in_root = |p: &str| PathBuf::from(format!("/proc/{pid}/root{p}"));
+    let mut candidates: Vec<&MappedFile> = mapped
+        .iter()
+        .copied()
+        .filter(|f| Some(&f.symbolic) == exe.as_ref())
+        .collect();
+    candidates.extend(
+        mapped
+            .iter()
+            .copied()
+            .filter(|f| preload.contains(&f.basename)),
+    );
+    candidates.extend(
+        mapped
+            .iter()
+            .copied()
+            .filter(|f| ALLOCATORS.iter().any(|a| f.basename.starts_with(a))),
+    );
     let names = probed_names();
-    for path in candidates {
+    for file in candidates {
         // names[0] is malloc.
-        if let Ok(places) = entry_probes(&in_root(path), &names) {
+        if let Ok(places) = entry_probes(&file.open_path, &names) {
             if places[0].is_some() {
-                return Ok((in_root(path), places));
+                return Ok((file.open_path.clone(), places));
             }
         }
     }
     let libc = mapped
         .iter()
-        .find(|p| file_name(p).starts_with("libc.so") || file_name(p).starts_with("libc-"))
-        .with_context(|| format!("process {pid} has no C library mapped (a static binary?): its allocations cannot be traced"))?;
-    let places = entry_probes(&in_root(libc), &names)?;
-    Ok((in_root(libc), places))
+        .find(|f| f.basename.starts_with("libc.so") || f.basename.starts_with("libc-"))
+        .with_context(|| {
+            format!(
+                "process {pid} has no C library mapped (a static binary?): its allocations cannot be \
+                 traced"
+            )
+        })?;
+    let places = entry_probes(&libc.open_path, &names)?;
+    Ok((libc.open_path.clone(), places))
 }
 
 /// The functions probed: FUNCTIONS, then free.
 fn probed_names() -> Vec<&'static str> {
-    FUNCTIONS.iter().map(|(name, _)| *name).chain(["free"]).collect()
-}
-
-/// The allocations not freed, at least `older_ns` old, by stack (`definitions`: the stacks by id so far),
-/// multiplied by `scale`.
-fn outstanding(definitions: &Collected, map: &dyn MapCore, older_ns: u64, scale: f64) -> Collected {
-    let amounts = outstanding_by_stack(map, older_ns);
-    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
-    for (stack, [id, _]) in &definitions.stacks {
-        if let Some(&[bytes, count]) = amounts.get(id) {
-            let scaled = |v: u64| (v as f64 * scale).round() as u64;
-            collected.add(stack.clone(), [scaled(bytes), scaled(count)]);
-            collected.events += count - 1;
-        }
-    }
-    collected
-}
-
-/// Stack id → [bytes, allocations] of the allocations not freed that are at least `older_ns` old.
-fn outstanding_by_stack(map: &dyn MapCore, older_ns: u64) -> HashMap<u64, [u64; 2]> {
-    let now = super::monotonic_ns();
-    let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
-    let mut add = |value: &[u8]| {
-        let field = |i: usize| value.get(i * 8..i * 8 + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
-        let (Some(size), Some(ts), Some(id)) = (field(0), field(1), field(2)) else { return };
-        if now.saturating_sub(ts) >= older_ns {
-            let a = amounts.entry(id).or_default();
-            a[0] += size;
-            a[1] += 1;
-        }
-    };
-    for_each_entry(map, |_, value| add(value));
-    amounts
+    FUNCTIONS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(["free"])
+        .collect()
 }

@@ -1,50 +1,81 @@
-//! On-CPU sampling (src/bpf/cpu.bpf.c): a software CPU-clock perf event per CPU at `freq_hz`.
+//! On-CPU sampling (src/bpf/cpu.bpf.c): a software CPU-clock perf event per CPU at `freq_hz`; samples summed
+//! per (thread, stack) in the kernel.
 
-use std::{mem::MaybeUninit, os::fd::{FromRawFd, OwnedFd, AsRawFd}};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::OpenSkel;
+use libbpf_rs::Link;
 use perf_event_open_sys as perf;
 
-use super::{drain, install_unwind, Installed, online_cpus, open_skel, size_unwind_maps, CollectOptions, Collected};
+use super::{
+    maps::{for_each_typed, Plain},
+    online_cpus,
+    stack_collector::{self, stack_skeleton, Collector, Loaded, Stacks, Sum},
+    CollectOptions, Collected,
+};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
 }
-use skel::*;
+stack_skeleton!(Skeleton, CpuSkelBuilder, OpenCpuSkel, CpuSkel);
+// SAFETY: generated from a BTF struct of integers.
+unsafe impl Plain for skel::types::sample_key {}
 
+/// Rows: `samples` per (thread, stack).
 pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
-    let mut object = MaybeUninit::uninit();
-    let mut open = open_skel(CpuSkelBuilder::default(), &mut object, opts)?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
-    rodata.target_tgid = opts.pid;
-    rodata.kernel_stacks = opts.kernel_stacks;
-    size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
-    let mut skel = open.load().context("loading the CPU sampling program into the kernel")?;
-    let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let mut installed = Installed::default();
-    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
+    stack_collector::run(
+        &mut Cpu {
+            freq_hz,
+            perf_events: Vec::new(),
+        },
+        opts,
+    )
+}
 
-    let mut perf_fds = Vec::new();
-    let mut links = Vec::new();
-    for cpu in online_cpus()? {
-        let fd = open_cpu_clock(cpu, freq_hz)?;
-        links.push(
-            skel.progs
-                .on_cpu_sample
-                .attach_perf_event(fd.as_raw_fd())
-                .with_context(|| format!("attaching the sampler to CPU {cpu}"))?,
-        );
-        perf_fds.push(fd);
+struct Cpu {
+    freq_hz: u64,
+    perf_events: Vec<OwnedFd>,
+}
+
+impl Collector for Cpu {
+    type Skel = Skeleton;
+    const NAME: &'static str = "profile cpu";
+
+    fn columns(&self) -> Vec<String> {
+        vec!["samples".into()]
     }
 
-    let result = drain(&skel.maps.events, opts, "profile cpu", (&mut installed, unwind_maps!(rows, pages, bss)), |_, _| {
-        Ok(bss.lost)
-    });
-    drop(links);
-    drop(perf_fds);
-    result
+    fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
+        let mut links = Vec::new();
+        for cpu in online_cpus()? {
+            let fd = open_cpu_clock(cpu, self.freq_hz)?;
+            links.push(
+                skel.progs
+                    .on_cpu_sample
+                    .attach_perf_event(fd.as_raw_fd())
+                    .with_context(|| format!("attaching the sampler to CPU {cpu}"))?,
+            );
+            self.perf_events.push(fd);
+        }
+        Ok(links)
+    }
+
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+        self.perf_events.clear();
+        let mut sums = Vec::new();
+        for_each_typed(
+            &skel.maps.samples,
+            |k: skel::types::sample_key, samples: u64| {
+                sums.push(Sum {
+                    tid: k.tid,
+                    key: 0,
+                    stack_id: k.stack_id,
+                    values: Box::new([samples]),
+                });
+            },
+        );
+        Ok(sums)
+    }
 }
 
 fn open_cpu_clock(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
@@ -57,9 +88,18 @@ fn open_cpu_clock(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     attr.__bindgen_anon_1.sample_freq = freq_hz;
     attr.set_freq(1);
     // SAFETY: attr is a valid, fully initialized perf_event_attr.
-    let fd = unsafe { perf::perf_event_open(&mut attr, -1, cpu as i32, -1, perf::bindings::PERF_FLAG_FD_CLOEXEC as _) };
+    let fd = unsafe {
+        perf::perf_event_open(
+            &mut attr,
+            -1,
+            cpu as i32,
+            -1,
+            perf::bindings::PERF_FLAG_FD_CLOEXEC as _,
+        )
+    };
     if fd < 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("opening a CPU-clock perf event on CPU {cpu}"));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("opening a CPU-clock perf event on CPU {cpu}"));
     }
     // SAFETY: fd was just returned by perf_event_open and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -1,110 +1,172 @@
-//! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints, split into blocked and runnable time.
+//! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints time every wait of the process's threads,
+//! split into blocked and runnable time, summed per (thread, stack) in the kernel.
 
-use std::{collections::HashMap, io::Read, mem::MaybeUninit};
+use std::io::Read;
 
 use anyhow::{Context, Result};
-use libbpf_rs::{
-    skel::{OpenSkel, Skel},
-    Iter, IterOpts, MapCore,
-};
+use libbpf_rs::{skel::Skel, Iter, IterOpts, Link};
 
 use super::{
-    drain, for_each_entry, for_each_keyed, install_unwind, kernel_at_least, monotonic_ns, open_skel, size_unwind_maps, CollectOptions,
-    Collected, Installed, RawStack,
+    maps::{for_each_typed, Plain},
+    monotonic_ns,
+    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    CollectOptions, Collected, Features,
 };
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
 }
-use skel::*;
+stack_skeleton!(Skeleton, OffcpuSkelBuilder, OpenOffcpuSkel, OffcpuSkel);
+// SAFETY: generated from BTF structs of integers.
+unsafe impl Plain for skel::types::offcpu_key {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::offcpu_time {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::thread_state {}
 
-/// `value[0]` of each stack is blocked ns, `value[1]` runnable ns.
+/// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per (thread, stack).
 pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
-    let mut object = MaybeUninit::uninit();
-    let mut open = open_skel(OffcpuSkelBuilder::default(), &mut object, opts)?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("BPF object has no .rodata")?;
-    rodata.target_tgid = opts.pid;
-    rodata.kernel_stacks = opts.kernel_stacks;
-    rodata.min_block_ns = min_block_us.saturating_mul(1000);
-    // Run once at the end (bpf_copy_from_user_task: Linux 5.18).
-    let blocked_iterator = kernel_at_least(5, 18);
-    open.progs.blocked_threads.set_autoload(blocked_iterator);
-    open.progs.blocked_threads.set_autoattach(false);
-    size_unwind_maps(&mut open.maps.unwind_rows, &mut open.maps.unwind_pages, opts)?;
-    let mut skel = open.load().context("loading the off-CPU programs into the kernel")?;
-    let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let mut installed = Installed::default();
-    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    install_unwind(opts, &mut installed, &mut unwind_maps!(rows, pages, bss))?;
-    let started_ns = monotonic_ns();
-    skel.attach().context("attaching to the scheduler tracepoints")?;
-
-    let bss = skel.maps.bss_data.as_deref_mut().context("BPF object has no .bss")?;
-    let (rows, pages) = (&skel.maps.unwind_rows, &skel.maps.unwind_pages);
-    // The events define stacks (value[0]: their id); the times are summed per (thread, stack id) in totals.
-    let definitions = drain(&skel.maps.events, opts, "profile offcpu", (&mut installed, unwind_maps!(rows, pages, bss)), |_, _| {
-        Ok(bss.lost)
-    })?;
-    let mut times: HashMap<(u64, u64), [u64; 2]> = HashMap::new();
-    for_each_keyed(&skel.maps.totals, |tid, id, value| {
-        let field = |i: usize| value.get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
-        times.insert((tid, id), [field(0), field(1)]);
-    });
-    add_open_waits(&skel.maps.threads, started_ns, min_block_us * 1000, &mut times);
-    let stacks: HashMap<u64, RawStack> = definitions.stacks.into_iter().map(|(stack, [id, _])| (id, stack)).collect();
-    let mut collected = Collected { lost: definitions.lost, traced: definitions.traced, ..Collected::default() };
-    for ((tid, id), values) in times {
-        if let Some(stack) = stacks.get(&id) {
-            collected.add(RawStack { tid: tid as u32, ..stack.clone() }, values);
-        }
-    }
-    if blocked_iterator {
-        let traced_ns = collected.traced.as_nanos() as u64;
-        match blocked_throughout(&skel.progs.blocked_threads) {
-            Ok(blocked) => blocked.into_iter().for_each(|stack| collected.add(stack, [traced_ns, 0])),
-            Err(e) => eprintln!("myprobe: warning: the threads blocked throughout are left out: {e:#}"),
-        }
-    }
-    Ok(collected)
+    let mut offcpu = Offcpu {
+        min_ns: min_block_us.saturating_mul(1000),
+        ..Offcpu::default()
+    };
+    stack_collector::run(&mut offcpu, opts)
 }
 
-/// The stacks of the threads off CPU that never left it while tracing (the task iterator of offcpu.bpf.c).
-fn blocked_throughout(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<RawStack>> {
-    let link = iterator.attach_iter_with_opts(IterOpts::None).context("attaching the task iterator")?;
+#[derive(Default)]
+struct Offcpu {
+    min_ns: u64,
+    /// The threads blocked throughout are found by a task iterator when tracing ends.
+    blocked_iterator: bool,
+    started_ns: u64,
+    ended_ns: u64,
+}
+
+impl Collector for Offcpu {
+    type Skel = Skeleton;
+    const NAME: &'static str = "profile offcpu";
+
+    fn columns(&self) -> Vec<String> {
+        ["blocked_ns", "runnable_ns", "periods"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    fn events_column(&self) -> usize {
+        2
+    }
+
+    fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .context("BPF object has no .rodata")?;
+        rodata.min_block_ns = self.min_ns;
+        self.blocked_iterator = features.task_stacks;
+        open.progs
+            .blocked_threads
+            .set_autoload(self.blocked_iterator);
+        open.progs.blocked_threads.set_autoattach(false);
+        Ok(())
+    }
+
+    fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
+        self.started_ns = monotonic_ns();
+        stack_collector::attach_by_section(skel.object())
+    }
+
+    fn stop(&mut self) {
+        self.ended_ns = monotonic_ns();
+    }
+
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        let mut sums = Vec::new();
+        for_each_typed(
+            &skel.maps.totals,
+            |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
+                sums.push(Sum {
+                    tid: k.tid as u32,
+                    key: 0,
+                    stack_id: k.stack_id,
+                    values: Box::new([t.blocked_ns, t.runnable_ns, t.periods]),
+                });
+            },
+        );
+        self.add_open_waits(skel, &mut sums);
+        if self.blocked_iterator {
+            let traced_ns = self.ended_ns.saturating_sub(self.started_ns);
+            match blocked_throughout(&skel.progs.blocked_threads, stacks) {
+                Ok(blocked) => sums.extend(blocked.into_iter().map(|(tid, stack_id)| Sum {
+                    tid,
+                    key: 0,
+                    stack_id,
+                    values: Box::new([traced_ns, 0, 1]),
+                })),
+                Err(e) => {
+                    eprintln!(
+                        "myprobe: warning: the threads blocked throughout are left out: {e:#}"
+                    )
+                }
+            }
+        }
+        Ok(sums)
+    }
+}
+
+impl Offcpu {
+    /// The waits of the threads still off CPU when tracing ended (an idle connection blocked since its last
+    /// statement), up to then, on the stack where each left the CPU.
+    fn add_open_waits(&self, skel: &Loaded<'_, Self>, sums: &mut Vec<Sum>) {
+        let end = self.ended_ns;
+        for_each_typed(
+            &skel.maps.threads,
+            |tid: u32, st: skel::types::thread_state| {
+                if st.off_ts == 0
+                    || st.off_ts > end
+                    || end - st.off_ts < self.min_ns
+                    || st.stack_id == 0
+                {
+                    return;
+                }
+                let off = st.off_ts.max(self.started_ns);
+                let [blocked, runnable] = if st.preempted != 0 {
+                    [0, end - off]
+                } else if st.wake_ts >= st.off_ts && st.wake_ts <= end {
+                    let wake = st.wake_ts.max(off);
+                    [wake - off, end - wake]
+                } else {
+                    [end - off, 0]
+                };
+                sums.push(Sum {
+                    tid,
+                    key: 0,
+                    stack_id: st.stack_id,
+                    values: Box::new([blocked, runnable, 1]),
+                });
+            },
+        );
+    }
+}
+
+/// The threads off CPU that never left it while tracing (the task iterator of offcpu.bpf.c), as (thread,
+/// stack id); their stacks are added to `stacks`.
+fn blocked_throughout(
+    iterator: &libbpf_rs::ProgramMut,
+    stacks: &mut Stacks,
+) -> Result<Vec<(u32, u64)>> {
+    let link = iterator
+        .attach_iter_with_opts(IterOpts::None)
+        .context("attaching the task iterator")?;
     let mut records = Vec::new();
-    Iter::new(&link).context("running the task iterator")?.read_to_end(&mut records)?;
-    let mut blocked = Collected::default();
-    for record in records.chunks_exact(std::mem::size_of::<types::stack_event>()) {
-        blocked.add_event(record);
+    Iter::new(&link)
+        .context("running the task iterator")?
+        .read_to_end(&mut records)?;
+    let mut blocked = Vec::new();
+    for record in records.chunks_exact(std::mem::size_of::<skel::types::stack_event>()) {
+        if let Some(stack) = stacks.add_record::<Skeleton>(record) {
+            blocked.push(stack);
+        }
     }
-    Ok(blocked.stacks.into_keys().collect())
-}
-
-/// The waits of the threads still off CPU when tracing ends (an idle connection blocked since its last
-/// statement), up to now, on the stack where each left the CPU.
-fn add_open_waits(threads: &dyn MapCore, started_ns: u64, min_ns: u64, times: &mut HashMap<(u64, u64), [u64; 2]>) {
-    let now = monotonic_ns();
-    for_each_entry(threads, |key, bytes| {
-        if key.len() < 4 || bytes.len() < std::mem::size_of::<types::thread_state>() {
-            return;
-        }
-        let tid = u32::from_ne_bytes(key[..4].try_into().unwrap()) as u64;
-        // SAFETY: the value is a `struct thread_state` of the size checked above; read unaligned.
-        let st: types::thread_state = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        if st.off_ts == 0 || st.off_ts > now || now - st.off_ts < min_ns || st.stack_id == 0 {
-            return;
-        }
-        let off = st.off_ts.max(started_ns);
-        let open = if st.preempted != 0 {
-            [0, now - off]
-        } else if st.wake_ts >= st.off_ts && st.wake_ts <= now {
-            let wake = st.wake_ts.max(off);
-            [wake - off, now - wake]
-        } else {
-            [now - off, 0]
-        };
-        let t = times.entry((tid, st.stack_id)).or_default();
-        t[0] += open[0];
-        t[1] += open[1];
-    });
+    Ok(blocked)
 }

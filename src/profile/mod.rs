@@ -1,6 +1,8 @@
 //! The aggregation model shared by every collector: stacks of interned frames → value, with a unit.
 
 pub mod folded;
+pub mod locks;
+pub mod stacks;
 
 use std::collections::HashMap;
 
@@ -39,7 +41,12 @@ pub struct Profile {
 
 impl Profile {
     pub fn new(unit: Unit) -> Self {
-        Profile { unit, frames: Vec::new(), frame_ids: HashMap::new(), stacks: HashMap::new() }
+        Profile {
+            unit,
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            stacks: HashMap::new(),
+        }
     }
 
     /// The id of a frame name, interning it on first use.
@@ -72,8 +79,11 @@ impl Profile {
 
     /// Stacks as frame names (root first) with their values, sorted by stack for stable output.
     pub fn stacks(&self) -> Vec<(Vec<&str>, u64)> {
-        let mut out: Vec<(Vec<&str>, u64)> =
-            self.stacks.iter().map(|(ids, &v)| (ids.iter().map(|&i| self.frame(i)).collect(), v)).collect();
+        let mut out: Vec<(Vec<&str>, u64)> = self
+            .stacks
+            .iter()
+            .map(|(ids, &v)| (ids.iter().map(|&i| self.frame(i)).collect(), v))
+            .collect();
         out.sort();
         out
     }

@@ -34,7 +34,8 @@ impl Entry {
             count: 0,
             errors: 0,
             // 1 µs to 1 hour, 2 significant digits: a few KiB per fingerprint.
-            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid histogram bounds"),
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2)
+                .expect("valid histogram bounds"),
             total_us: 0,
             cpu_us: 0,
             runq_us: 0,
@@ -78,8 +79,15 @@ pub struct DigestRow {
 
 impl Digest {
     pub fn add(&mut self, r: &QueryRecord) {
-        let key = r.fingerprint.clone().unwrap_or_else(|| format!("({})", r.command.to_lowercase()));
-        let key = if self.entries.len() >= MAX_FINGERPRINTS && !self.entries.contains_key(&key) { OTHER.to_string() } else { key };
+        let key = r
+            .fingerprint
+            .clone()
+            .unwrap_or_else(|| format!("({})", r.command.to_lowercase()));
+        let key = if self.entries.len() >= MAX_FINGERPRINTS && !self.entries.contains_key(&key) {
+            OTHER.to_string()
+        } else {
+            key
+        };
         let e = self.entries.entry(key).or_insert_with(Entry::new);
         e.count += 1;
         e.errors += r.error.is_some() as u64;
@@ -107,7 +115,13 @@ impl Digest {
             .entries
             .iter()
             .map(|(fp, e)| {
-                let pct = |v: u64| if e.total_us > 0 { (v as f64 * 1000.0 / e.total_us as f64).round() / 10.0 } else { 0.0 };
+                let pct = |v: u64| {
+                    if e.total_us > 0 {
+                        (v as f64 * 1000.0 / e.total_us as f64).round() / 10.0
+                    } else {
+                        0.0
+                    }
+                };
                 DigestRow {
                     fingerprint: fp.clone(),
                     count: e.count,
@@ -124,11 +138,19 @@ impl Digest {
                     io_pct: pct(e.io_us),
                     net_pct: pct(e.net_us),
                     sys_pct: pct(e.sys_us),
-                    top_lock: e.lock_symbols.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(s, _)| s.clone()),
+                    top_lock: e
+                        .lock_symbols
+                        .iter()
+                        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                        .map(|(s, _)| s.clone()),
                 }
             })
             .collect();
-        rows.sort_by(|a, b| b.total_us.cmp(&a.total_us).then(a.fingerprint.cmp(&b.fingerprint)));
+        rows.sort_by(|a, b| {
+            b.total_us
+                .cmp(&a.total_us)
+                .then(a.fingerprint.cmp(&b.fingerprint))
+        });
         rows
     }
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::collect::queries::{Event, RawStatement};
 use protocol::Reply;
 
-/// One statement, as `myprobe queries --json` prints it (see ../shared/DESIGN.md, "Query records").
+/// One statement, as `myprobe queries --json` prints it (see ARCHITECTURE.md, "Query records").
 /// Times in microseconds.
 #[derive(Clone, Debug, Serialize)]
 pub struct QueryRecord {
@@ -90,7 +90,12 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(raw_sql: bool) -> Self {
-        Tracker { conns: HashMap::new(), raw_sql, realtime_offset_ns: realtime_offset_ns(), notices: Vec::new() }
+        Tracker {
+            conns: HashMap::new(),
+            raw_sql,
+            realtime_offset_ns: realtime_offset_ns(),
+            notices: Vec::new(),
+        }
     }
 
     /// Feeds one event; returns a record for a statement.
@@ -101,12 +106,17 @@ impl Tracker {
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
                 if seq == 0 {
                     if let Some(g) = protocol::parse_greeting(payload) {
-                        *self.conn_entry(fd) = Conn { id: Some(g.connection_id), ..Conn::default() };
+                        *self.conn_entry(fd) = Conn {
+                            id: Some(g.connection_id),
+                            ..Conn::default()
+                        };
                     }
                 }
                 None
             }
-            Event::PacketIn { fd, seq, payload, .. } => {
+            Event::PacketIn {
+                fd, seq, payload, ..
+            } => {
                 if seq == 1 {
                     if let Some(h) = protocol::parse_handshake_response(&payload) {
                         let conn = self.conn_entry(fd);
@@ -118,7 +128,10 @@ impl Tracker {
                             conn.db = h.database.clone();
                             if h.capabilities & protocol::CLIENT_COMPRESS != 0 {
                                 let id = conn.id;
-                                self.notices.push(Notice::Compressed { conn: id, user: h.user });
+                                self.notices.push(Notice::Compressed {
+                                    conn: id,
+                                    user: h.user,
+                                });
                             }
                         }
                     }
@@ -144,12 +157,18 @@ impl Tracker {
         let truncated = s.packet_len as usize > s.request.len();
         // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
         let mut unknown = Conn::default();
-        let conn = if s.fd < 0 { &mut unknown } else { self.conn_entry(s.fd) };
+        let conn = if s.fd < 0 {
+            &mut unknown
+        } else {
+            self.conn_entry(s.fd)
+        };
 
         // The statement's text: its own for Query and Prepare, the prepared one for Execute.
         let mut unknown_statement = None;
         let text: Option<String> = match cmd {
-            protocol::COM_QUERY | protocol::COM_STMT_PREPARE => Some(String::from_utf8_lossy(args).into_owned()),
+            protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
+                Some(String::from_utf8_lossy(args).into_owned())
+            }
             protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request).and_then(|id| {
                 let known = conn.prepared.get(&id).cloned();
                 if known.is_none() {
@@ -157,23 +176,30 @@ impl Tracker {
                 }
                 known
             }),
-            protocol::COM_INIT_DB => protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`")),
+            protocol::COM_INIT_DB => {
+                protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`"))
+            }
             _ => None,
         };
         // What the statement changes in its connection, once the server accepted it.
         if ok {
             match (cmd, &reply) {
-                (protocol::COM_INIT_DB, _) => conn.db = protocol::init_db_name(&s.request).or(conn.db.take()),
+                (protocol::COM_INIT_DB, _) => {
+                    conn.db = protocol::init_db_name(&s.request).or(conn.db.take())
+                }
                 (protocol::COM_QUERY, _) => {
                     if let Some(db) = text.as_deref().and_then(protocol::use_statement_db) {
                         conn.db = Some(db);
                     }
                 }
-                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) if !truncated => {
+                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. })
+                    if !truncated =>
+                {
                     if conn.prepared.len() >= MAX_PREPARED_PER_CONN {
                         conn.prepared.clear();
                     }
-                    conn.prepared.insert(*statement_id, text.clone().unwrap_or_default());
+                    conn.prepared
+                        .insert(*statement_id, text.clone().unwrap_or_default());
                 }
                 (protocol::COM_RESET_CONNECTION, _) => conn.prepared.clear(),
                 _ => {}
@@ -197,8 +223,17 @@ impl Tracker {
             command: protocol::command_name(cmd),
             // Prepared before tracing: its text went by unseen; the server's statement id still tells the
             // statements apart.
-            fingerprint: text.as_deref().map(fingerprint::fingerprint).or(unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}"))),
-            query: text.map(|t| if self.raw_sql { t } else { fingerprint::normalize(&t) }),
+            fingerprint: text
+                .as_deref()
+                .map(fingerprint::fingerprint)
+                .or(unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}"))),
+            query: text.map(|t| {
+                if self.raw_sql {
+                    t
+                } else {
+                    fingerprint::normalize(&t)
+                }
+            }),
             duration_us: us(s.end_ns.saturating_sub(s.start_ns)),
             cpu_us: us(c.cpu_ns),
             runq_us: us(c.runq_ns),
@@ -226,7 +261,9 @@ impl Tracker {
 }
 
 fn realtime_offset_ns() -> i128 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     now.as_nanos() as i128 - crate::collect::monotonic_ns() as i128
 }
 
@@ -245,7 +282,12 @@ pub fn format_ts(epoch_ns: i128) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + (month <= 2) as i64;
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -256,7 +298,13 @@ mod tests {
     fn timestamps() {
         assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
         // date -u -d @1795343203.498260 → 2026-11-22 10:26:43
-        assert_eq!(format_ts(1_795_343_203_498_260_000), "2026-11-22T10:26:43.498260Z");
-        assert_eq!(format_ts(951_782_400_000_001_000), "2000-02-29T00:00:00.000001Z");
+        assert_eq!(
+            format_ts(1_795_343_203_498_260_000),
+            "2026-11-22T10:26:43.498260Z"
+        );
+        assert_eq!(
+            format_ts(951_782_400_000_001_000),
+            "2000-02-29T00:00:00.000001Z"
+        );
     }
 }

@@ -32,7 +32,7 @@ pub fn write(profile: &Profile, opts: &RenderOptions, mut w: impl Write) -> Resu
         .map(|(frames, value)| JsonStack { frames, value })
         .collect();
     // Largest first; equal values keep the stable stack order.
-    stacks.sort_by(|a, b| b.value.cmp(&a.value));
+    stacks.sort_by_key(|s| std::cmp::Reverse(s.value));
     let doc = JsonProfile {
         unit: profile.unit,
         count_name: opts.count_name_for(profile),

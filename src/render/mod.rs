@@ -6,6 +6,7 @@ pub mod pprof;
 pub mod queries;
 pub mod summary;
 pub mod svg;
+pub mod tables;
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};

@@ -51,7 +51,12 @@ pub fn line(r: &QueryRecord) -> String {
         out.push_str("  (still running)");
     }
     if let Some(sym) = &r.lock_symbol {
-        let _ = write!(out, "  (lock: {sym}, {} waits, max {})", r.lock_waits, human_us(r.lock_max_us));
+        let _ = write!(
+            out,
+            "  (lock: {sym}, {} waits, max {})",
+            r.lock_waits,
+            human_us(r.lock_max_us)
+        );
     }
     out
 }
@@ -76,7 +81,11 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
         "RANK", "COUNT", "ERRORS", "TOTAL", "SHARE", "P50", "P95", "P99", "MAX", "CPU%", "RUNQ%", "LOCK%", "IO%", "NET%", "SYS%"
     );
     for (i, r) in rows.iter().take(top).enumerate() {
-        let share = if grand > 0 { r.total_us as f64 * 100.0 / grand as f64 } else { 0.0 };
+        let share = if grand > 0 {
+            r.total_us as f64 * 100.0 / grand as f64
+        } else {
+            0.0
+        };
         let _ = write!(
             out,
             "{:>4} {:>8} {:>6} {:>8} {:>4.1}% {:>8} {:>8} {:>8} {:>8} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1}  {}",

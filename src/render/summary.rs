@@ -5,9 +5,9 @@ use std::fmt::Write;
 
 use crate::profile::Profile;
 
-/// Leaf frames that mark a kind of time (`[blocked]`, `[runnable]`) rather than a function.
+/// Leaf frames that mark a kind of time (`[blocked]`, `[runnable]`, `[syscall] write`) rather than a function.
 fn is_marker(frame: &str) -> bool {
-    frame == "[blocked]" || frame == "[runnable]"
+    frame == "[blocked]" || frame == "[runnable]" || frame.starts_with("[syscall] ")
 }
 
 /// The allocation functions, and the server's wrappers around them (mysys, InnoDB): in a memory profile
@@ -16,8 +16,19 @@ fn is_allocator(frame: &str) -> bool {
     let name = frame.split('(').next().unwrap_or(frame);
     matches!(
         name,
-        "malloc" | "calloc" | "realloc" | "aligned_alloc" | "posix_memalign" | "memalign" | "valloc" | "pvalloc"
-            | "my_malloc" | "my_realloc" | "my_multi_malloc" | "my_multi_malloc_large" | "alloc_root"
+        "malloc"
+            | "calloc"
+            | "realloc"
+            | "aligned_alloc"
+            | "posix_memalign"
+            | "memalign"
+            | "valloc"
+            | "pvalloc"
+            | "my_malloc"
+            | "my_realloc"
+            | "my_multi_malloc"
+            | "my_multi_malloc_large"
+            | "alloc_root"
     ) || name.starts_with("__libc_")
         || name.starts_with("operator new")
         || name.starts_with("ut_allocator<")
@@ -31,7 +42,10 @@ pub fn function_values(profile: &Profile, memory: bool) -> HashMap<&str, (u64, u
     let mut values: HashMap<&str, (u64, u64)> = HashMap::new();
     let mut seen = HashSet::new();
     for (frames, value) in profile.stacks() {
-        let leaf = frames.iter().rev().find(|f| !is_marker(f) && !(memory && is_allocator(f)));
+        let leaf = frames
+            .iter()
+            .rev()
+            .find(|f| !is_marker(f) && (!memory || !is_allocator(f)));
         if let Some(&leaf) = leaf.or_else(|| frames.iter().rev().find(|f| !is_marker(f))) {
             values.entry(leaf).or_default().0 += value;
         }
@@ -75,8 +89,16 @@ pub fn top_functions(profile: &Profile, n: usize, memory: bool) -> String {
         if i > 0 {
             out.push('\n');
         }
-        let what = if memory && i == 0 { " (callers of the allocator)" } else { "" };
-        let _ = writeln!(out, "top {} functions{what} by {heading} {unit}:", rows.len());
+        let what = if memory && i == 0 {
+            " (callers of the allocator)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "top {} functions{what} by {heading} {unit}:",
+            rows.len()
+        );
         let width = rows
             .iter()
             .map(|r| r.1.to_string().len())
@@ -133,8 +155,19 @@ mod tests {
     fn memory_self_is_the_caller_of_the_allocator() {
         let mut p = Profile::new(Unit::Bytes);
         p.add(&["main", "filesort", "my_malloc", "malloc"], 100);
-        p.add(&["main", "Item::operator new(unsigned long)", "alloc_root", "malloc"], 30);
-        p.add(&["main", "parse", "operator new(unsigned long)", "malloc"], 20);
+        p.add(
+            &[
+                "main",
+                "Item::operator new(unsigned long)",
+                "alloc_root",
+                "malloc",
+            ],
+            30,
+        );
+        p.add(
+            &["main", "parse", "operator new(unsigned long)", "malloc"],
+            20,
+        );
         p.add(&["malloc"], 5);
         let v = function_values(&p, true);
         assert_eq!(v["filesort"], (100, 100));
@@ -142,8 +175,13 @@ mod tests {
         assert_eq!(v["Item::operator new(unsigned long)"], (30, 30));
         assert_eq!(v["main"], (0, 150));
         assert_eq!(v["parse"], (20, 20));
-        assert_eq!(v["malloc"], (5, 155), "a stack of the allocator alone keeps it as leaf");
-        assert!(top_functions(&p, 3, true).contains("top 3 functions (callers of the allocator) by self bytes:"));
+        assert_eq!(
+            v["malloc"],
+            (5, 155),
+            "a stack of the allocator alone keeps it as leaf"
+        );
+        assert!(top_functions(&p, 3, true)
+            .contains("top 3 functions (callers of the allocator) by self bytes:"));
     }
 
     #[test]

@@ -45,7 +45,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blazesym::symbolize::source::{Elf, Source};
@@ -57,11 +56,8 @@ use object::{
 };
 
 use super::elf::{target_debug_dirs, ElfInfo, Segment};
-use super::maps::{MapKind, Mapping, ProcMaps};
 use super::{clean_name, new_blazesym};
-
-/// A lookup that falls in no mapping re-reads `/proc/PID/maps` (a library loaded since), at most this often.
-const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+use crate::process::maps::{MapKind, Mapping, ProcMaps};
 
 /// User-space addresses are below this on every Linux architecture (57-bit address spaces included); the
 /// ones above (kernel addresses, garbage) never trigger a re-read of the maps.
@@ -361,7 +357,7 @@ impl DataSymbolizer {
         let mut map = self.maps.find(addr);
         if map.is_none()
             && (0x1000..USER_SPACE_END).contains(&addr)
-            && self.maps.age() >= MAPS_REFRESH_INTERVAL
+            && self.maps.is_stale()
             && self.read_maps().is_ok()
         {
             map = self.maps.find(addr);

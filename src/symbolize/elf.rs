@@ -75,11 +75,15 @@ impl Segment {
 
     /// ELF virtual address of the byte at `file_off` in the file, if one of `segments` holds it.
     pub fn vaddr_of_offset(segments: &[Segment], file_off: u64) -> Option<u64> {
-        let in_file = segments.iter().find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
+        let in_file = segments
+            .iter()
+            .find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
         // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
         // zero-filled tail past the file size.
         let seg = in_file.or_else(|| {
-            segments.iter().find(|s| file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz))
+            segments.iter().find(|s| {
+                file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz)
+            })
         })?;
         Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
     }
@@ -209,7 +213,9 @@ pub fn for_each_fde<'d, R: ReadRef<'d>>(
     obj: &object::File<'d, R>,
     mut f: impl FnMut(&EhFrame<'d>, &gimli::BaseAddresses, Fde<'d>),
 ) -> Result<()> {
-    let Some(section) = obj.section_by_name(".eh_frame") else { return Ok(()) };
+    let Some(section) = obj.section_by_name(".eh_frame") else {
+        return Ok(());
+    };
     let data = section.data()?;
     let mut bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
     if let Some(text) = obj.section_by_name(".text") {
@@ -221,14 +227,20 @@ pub fn for_each_fde<'d, R: ReadRef<'d>>(
     if let Some(hdr) = obj.section_by_name(".eh_frame_hdr") {
         bases = bases.set_eh_frame_hdr(hdr.address());
     }
-    let endian = if obj.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let endian = if obj.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
     let mut eh = EhFrame::new(data, endian);
     eh.set_address_size(if obj.is_64() { 8 } else { 4 });
 
     let mut cies = HashMap::new();
     let mut entries = eh.entries(&bases);
     while let Ok(Some(entry)) = entries.next() {
-        let gimli::CieOrFde::Fde(partial) = entry else { continue };
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
         let fde = partial.parse(|section, bases, offset| {
             if let Some(cie) = cies.get(&offset) {
                 return Ok(Clone::clone(cie));
@@ -262,7 +274,10 @@ impl EhTable {
         let mut ranges: Vec<(u64, u32)> = Vec::new();
         for_each_fde(&obj, |_, _, fde| {
             if fde.len() > 0 {
-                ranges.push((fde.initial_address(), u32::try_from(fde.len()).unwrap_or(u32::MAX)));
+                ranges.push((
+                    fde.initial_address(),
+                    u32::try_from(fde.len()).unwrap_or(u32::MAX),
+                ));
             }
         })
         .with_context(|| format!("reading .eh_frame of {}", path.display()))?;

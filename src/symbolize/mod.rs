@@ -24,7 +24,6 @@
 mod clean;
 pub mod data;
 pub(crate) mod elf;
-mod maps;
 #[cfg(test)]
 mod test_support;
 
@@ -39,13 +38,9 @@ use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Symbolized};
 use blazesym::MaybeDefault;
 
+use crate::process::maps::{MapKind, Mapping, ProcMaps};
 pub use clean::clean_name;
 use elf::{EhTable, ElfInfo};
-use maps::{MapKind, Mapping, ProcMaps};
-
-/// How long to wait before reading `/proc/PID/maps` again for addresses that fall in no known mapping (a
-/// library loaded after [`Symbolizer::new`]).
-const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Counters for diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -334,7 +329,7 @@ impl Symbolizer {
             // Addresses in no mapping: maybe a library loaded since; read the maps again (not too often).
             if round == 0
                 && !unmapped.is_empty()
-                && self.maps.age() >= MAPS_REFRESH_INTERVAL
+                && self.maps.is_stale()
                 && self.read_maps().is_ok()
             {
                 pending = std::mem::take(&mut unmapped);

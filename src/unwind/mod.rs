@@ -10,10 +10,10 @@ use anyhow::{Context, Result};
 
 use table::Table;
 
-use crate::symbolize::elf::Segment;
-
-/// Mappings the BPF side holds (`MAX_UNWIND_MAPPINGS` in src/bpf/unwind.h).
-pub const MAX_MAPPINGS: usize = 256;
+use crate::{
+    process::maps::{MapKind, ProcMaps},
+    symbolize::elf::Segment,
+};
 
 /// `struct unwind_row` of src/bpf/unwind.h.
 #[repr(C)]
@@ -52,6 +52,22 @@ struct FileRows {
     segments: Vec<Segment>,
 }
 
+/// An executable file mapping of a process: what the tables are built from.
+#[derive(Clone, Debug)]
+pub struct CodeMapping {
+    /// Process addresses [start, end).
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Names the file: mappings with the same `file` share one table.
+    pub file: u64,
+    /// Where the file is read from.
+    pub path: PathBuf,
+    /// How the process names it, for warnings.
+    pub label: String,
+}
+
 /// The tables of one process, ready to load.
 #[derive(Default)]
 pub struct ProcessTables {
@@ -59,86 +75,119 @@ pub struct ProcessTables {
     /// Per file, for each 4 KiB page of its code and one more: the row (relative to the file's first) in force
     /// at the page's first byte.
     pub pages: Vec<u32>,
-    /// Sorted by start; at most [`MAX_MAPPINGS`].
+    /// Sorted by start. The BPF side holds the first `MAX_UNWIND_MAPPINGS` (src/bpf/unwind.h); the others are
+    /// unwound with frame pointers.
     pub mappings: Vec<BpfMapping>,
     /// What could not be given a table, for stderr.
     pub warnings: Vec<String>,
-    /// Each file's rows, by device and inode.
-    files: HashMap<(String, u64), FileRows>,
+    /// Each file's rows, by [`CodeMapping::file`].
+    files: HashMap<u64, FileRows>,
+    /// The process's memory map, when the tables are of a live process.
+    maps: Option<ProcMaps>,
 }
 
 impl ProcessTables {
     /// Reads the executable mappings of `pid` and compiles the tables of their files.
     pub fn load(pid: u32) -> Result<Self> {
-        let mut t = ProcessTables::default();
-        t.update(pid)?;
+        let maps = ProcMaps::read(pid).with_context(|| format!("reading /proc/{pid}/maps"))?;
+        let mut t = ProcessTables {
+            maps: Some(maps),
+            ..ProcessTables::default()
+        };
+        t.add_process_mappings();
         Ok(t)
     }
 
     /// Adds the executable mappings that appeared since the last call (a plugin loaded with dlopen); returns
     /// whether anything changed.
-    pub fn update(&mut self, pid: u32) -> Result<bool> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("reading /proc/{pid}/maps"))?;
+    pub fn update(&mut self) -> Result<bool> {
+        let Some(maps) = &mut self.maps else {
+            return Ok(false);
+        };
+        maps.reread()?;
+        Ok(self.add_process_mappings())
+    }
+
+    fn add_process_mappings(&mut self) -> bool {
+        let Some(maps) = &self.maps else { return false };
+        let code: Vec<CodeMapping> = maps
+            .maps()
+            .iter()
+            .filter(|m| m.exec)
+            .filter_map(|m| {
+                let MapKind::File(i) = m.kind else {
+                    return None;
+                };
+                let file = maps.file(i);
+                Some(CodeMapping {
+                    start: m.start,
+                    end: m.end,
+                    offset: m.offset,
+                    file: i as u64,
+                    path: file.open_path.clone(),
+                    label: file.symbolic.display().to_string(),
+                })
+            })
+            .collect();
         let mut changed = false;
-        for line in maps.lines() {
-            let mut f = line.split_whitespace();
-            let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else {
-                continue;
-            };
-            let path = f.collect::<Vec<_>>().join(" ");
-            if !perms.contains('x') || !path.starts_with('/') {
-                continue;
-            }
-            let (Some((start, end)), Ok(offset), Ok(inode)) =
-                (range.split_once('-'), u64::from_str_radix(offset, 16), inode.parse::<u64>())
-            else {
-                continue;
-            };
-            let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else { continue };
-            if self.mappings.iter().any(|m| m.start == start && m.end == end) {
-                continue;
-            }
-            if self.mappings.len() >= MAX_MAPPINGS {
-                self.warnings.push(format!("more than {MAX_MAPPINGS} executable mappings: {path} is unwound with frame pointers"));
-                break;
-            }
-            let key = (dev.to_string(), inode);
-            if !self.files.contains_key(&key) {
-                // The mapping itself: right even for deleted or replaced files and other mount namespaces.
-                let file = PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}"));
-                let table = Table::read(&file).unwrap_or_else(|e| {
-                    self.warnings.push(format!("no unwind table for {path}: {e:#}"));
-                    Table::default()
-                });
-                let rows = self.add_rows(table);
-                self.files.insert(key.clone(), rows);
-            }
-            let f = &self.files[&key];
-            let Some(vaddr) = Segment::vaddr_of_offset(&f.segments, offset) else { continue };
-            self.mappings.push(BpfMapping {
-                start,
-                end,
-                bias: start.wrapping_sub(vaddr),
-                row_start: f.row_start,
-                row_count: f.row_count,
-                first_page: f.first_page,
-                page_start: f.page_start,
-                page_count: f.page_count,
-            });
-            changed = true;
+        for m in code {
+            changed |= self.add_mapping(&m);
         }
-        self.mappings.sort_unstable_by_key(|m| m.start);
-        Ok(changed)
+        changed
+    }
+
+    /// Adds one executable mapping, compiling its file's table the first time; returns whether it was new.
+    /// Keeps the mappings sorted.
+    pub fn add_mapping(&mut self, m: &CodeMapping) -> bool {
+        if self
+            .mappings
+            .iter()
+            .any(|b| b.start == m.start && b.end == m.end)
+        {
+            return false;
+        }
+        if !self.files.contains_key(&m.file) {
+            let table = Table::read(&m.path).unwrap_or_else(|e| {
+                self.warnings
+                    .push(format!("no unwind table for {}: {e:#}", m.label));
+                Table::default()
+            });
+            let rows = self.add_rows(table);
+            self.files.insert(m.file, rows);
+        }
+        let f = &self.files[&m.file];
+        let Some(vaddr) = Segment::vaddr_of_offset(&f.segments, m.offset) else {
+            return false;
+        };
+        let mapping = BpfMapping {
+            start: m.start,
+            end: m.end,
+            bias: m.start.wrapping_sub(vaddr),
+            row_start: f.row_start,
+            row_count: f.row_count,
+            first_page: f.first_page,
+            page_start: f.page_start,
+            page_count: f.page_count,
+        };
+        let at = self.mappings.partition_point(|b| b.start < m.start);
+        self.mappings.insert(at, mapping);
+        true
     }
 
     /// Appends a file's rows and their page index; a table whose addresses do not fit the rows' 32 bits gets
     /// none (frame pointers).
     fn add_rows(&mut self, table: Table) -> FileRows {
         let (Some(first), Some(last)) = (table.rows.first(), table.rows.last()) else {
-            return FileRows { segments: table.segments, ..FileRows::default() };
+            return FileRows {
+                segments: table.segments,
+                ..FileRows::default()
+            };
         };
         if last.pc > u64::from(u32::MAX) {
-            return FileRows { segments: table.segments, ..FileRows::default() };
+            return FileRows {
+                segments: table.segments,
+                ..FileRows::default()
+            };
         }
         let row_start = self.rows.len() as u32;
         self.rows.extend(table.rows.iter().map(|r| BpfRow {

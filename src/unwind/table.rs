@@ -52,12 +52,15 @@ impl Table {
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let cache = ReadCache::new(file);
-        let obj = object::File::parse(&cache).with_context(|| format!("parsing ELF {}", path.display()))?;
+        let obj = object::File::parse(&cache)
+            .with_context(|| format!("parsing ELF {}", path.display()))?;
         let mut ctx = gimli::UnwindContext::new();
         // (start, end, row) per FDE row; FDEs are sorted afterwards and gaps between them marked.
         let mut spans: Vec<(u64, u64, Row)> = Vec::new();
         for_each_fde(&obj, |eh, bases, fde| {
-            let Ok(mut rows) = fde.rows(eh, bases, &mut ctx) else { return };
+            let Ok(mut rows) = fde.rows(eh, bases, &mut ctx) else {
+                return;
+            };
             while let Ok(Some(r)) = rows.next_row() {
                 if r.start_address() < r.end_address() {
                     spans.push((r.start_address(), r.end_address(), compile(r)));
@@ -71,28 +74,53 @@ impl Table {
         let mut end = 0;
         for (start, stop, row) in spans {
             if start > end && !rows.is_empty() {
-                rows.push(Row { pc: end, kind: Kind::Gap, cfa_offset: 0, fp_offset: 0 });
+                rows.push(Row {
+                    pc: end,
+                    kind: Kind::Gap,
+                    cfa_offset: 0,
+                    fp_offset: 0,
+                });
             }
             if start < end {
                 continue; // overlapping FDEs: the first one wins
             }
-            let same_rule = rows.last().is_some_and(|l| (l.kind, l.cfa_offset, l.fp_offset) == (row.kind, row.cfa_offset, row.fp_offset));
+            let same_rule = rows.last().is_some_and(|l| {
+                (l.kind, l.cfa_offset, l.fp_offset) == (row.kind, row.cfa_offset, row.fp_offset)
+            });
             if !same_rule {
                 rows.push(Row { pc: start, ..row });
             }
             end = stop;
         }
         if !rows.is_empty() {
-            rows.push(Row { pc: end, kind: Kind::Gap, cfa_offset: 0, fp_offset: 0 });
+            rows.push(Row {
+                pc: end,
+                kind: Kind::Gap,
+                cfa_offset: 0,
+                fp_offset: 0,
+            });
         }
-        Ok(Table { rows, segments: Segment::all(&obj) })
+        Ok(Table {
+            rows,
+            segments: Segment::all(&obj),
+        })
     }
 }
 
 fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {
-    let unsupported = Row { pc: 0, kind: Kind::Unsupported, cfa_offset: 0, fp_offset: 0 };
+    let unsupported = Row {
+        pc: 0,
+        kind: Kind::Unsupported,
+        cfa_offset: 0,
+        fp_offset: 0,
+    };
     match r.register(X86_64::RA) {
-        RegisterRule::Undefined => return Row { kind: Kind::End, ..unsupported },
+        RegisterRule::Undefined => {
+            return Row {
+                kind: Kind::End,
+                ..unsupported
+            }
+        }
         RegisterRule::Offset(-8) => {}
         _ => return unsupported,
     }
@@ -106,17 +134,29 @@ fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {
     };
     match r.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
-            let Ok(cfa_offset) = i32::try_from(*offset) else { return unsupported };
+            let Ok(cfa_offset) = i32::try_from(*offset) else {
+                return unsupported;
+            };
             let kind = match *register {
                 X86_64::RSP => Kind::Sp,
                 X86_64::RBP => Kind::Fp,
                 _ => return unsupported,
             };
-            Row { pc: 0, kind, cfa_offset, fp_offset }
+            Row {
+                pc: 0,
+                kind,
+                cfa_offset,
+                fp_offset,
+            }
         }
         // The expression linkers emit for PLT entries (rsp + 8 + ((rip & 15) >= 11 ? 8 : 0)); the only
         // expression in the binaries that matter here, told apart by its length.
-        CfaRule::Expression(e) if e.length.into_u64() == 11 => Row { pc: 0, kind: Kind::Plt, cfa_offset: 8, fp_offset },
+        CfaRule::Expression(e) if e.length.into_u64() == 11 => Row {
+            pc: 0,
+            kind: Kind::Plt,
+            cfa_offset: 8,
+            fp_offset,
+        },
         CfaRule::Expression(_) => unsupported,
     }
 }
@@ -130,14 +170,22 @@ mod tests {
     #[test]
     #[ignore = "prints the size of the tables of this machine's server and libraries"]
     fn sizes() {
-        for p in ["/usr/sbin/mariadbd", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libstdc++.so.6"] {
+        for p in [
+            "/usr/sbin/mariadbd",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/x86_64-linux-gnu/libstdc++.so.6",
+        ] {
             let t = std::time::Instant::now();
             let table = Table::read(Path::new(p)).unwrap();
             let kinds = table.rows.iter().fold(HashMap::new(), |mut m, r| {
                 *m.entry(r.kind).or_insert(0) += 1;
                 m
             });
-            eprintln!("{p}: {} rows in {:?}: {kinds:?}", table.rows.len(), t.elapsed());
+            eprintln!(
+                "{p}: {} rows in {:?}: {kinds:?}",
+                table.rows.len(),
+                t.elapsed()
+            );
         }
     }
 }

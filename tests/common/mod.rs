@@ -24,7 +24,9 @@ pub fn testdb() -> TestDb {
     TestDb {
         dir: var("MYPROBE_TEST_DIR").into(),
         socket: var("MYPROBE_TEST_SOCKET").into(),
-        pid: var("MYPROBE_TEST_PID").parse().expect("MYPROBE_TEST_PID is a number"),
+        pid: var("MYPROBE_TEST_PID")
+            .parse()
+            .expect("MYPROBE_TEST_PID is a number"),
         testdb: var("MYPROBE_TESTDB").into(),
     }
 }
@@ -32,8 +34,17 @@ pub fn testdb() -> TestDb {
 impl TestDb {
     /// Starts another throwaway server in `dir` with extra mariadbd options; it is stopped and removed on drop.
     pub fn start_another(&self, dir: &Path, options: &[&str]) -> OtherServer {
-        let out = Command::new(&self.testdb).arg("start").arg(dir).args(options).output().expect("running testdb start");
-        assert!(out.status.success(), "testdb start failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(&self.testdb)
+            .arg("start")
+            .arg(dir)
+            .args(options)
+            .output()
+            .expect("running testdb start");
+        assert!(
+            out.status.success(),
+            "testdb start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let env = String::from_utf8_lossy(&out.stdout).into_owned();
         let var = |name: &str| {
             env.lines()
@@ -70,7 +81,11 @@ impl TestDb {
             .args(["-uroot", "-N", "-B", "-e", sql])
             .output()
             .expect("running the mariadb client");
-        assert!(out.status.success(), "SQL failed: {sql}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "SQL failed: {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -98,7 +113,11 @@ impl TestDb {
             .expect("starting the mariadb client");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Session { child, stdin, stdout }
+        Session {
+            child,
+            stdin,
+            stdout,
+        }
     }
 }
 
@@ -107,7 +126,11 @@ pub struct OtherServer(pub TestDb);
 
 impl Drop for OtherServer {
     fn drop(&mut self) {
-        let _ = Command::new(&self.0.testdb).arg("stop").arg(&self.0.dir).arg("--clean").output();
+        let _ = Command::new(&self.0.testdb)
+            .arg("stop")
+            .arg(&self.0.dir)
+            .arg("--clean")
+            .output();
     }
 }
 
@@ -158,7 +181,10 @@ impl Session {
         let mut line = String::new();
         while line.trim_end() != "myprobe-done" {
             line.clear();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the client exited while running: {sql}");
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the client exited while running: {sql}"
+            );
         }
     }
 
@@ -198,7 +224,10 @@ pub fn myprobe() -> Command {
 pub fn run_ok(cmd: &mut Command) -> String {
     let out: Output = cmd.output().expect("running myprobe");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "myprobe failed: {cmd:?}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "myprobe failed: {cmd:?}\nstderr:\n{stderr}"
+    );
     stderr
 }
 
@@ -247,15 +276,24 @@ pub fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let (stack, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line {l:?}"));
-            (stack.split(';').map(str::to_string).collect(), value.parse().unwrap())
+            let (stack, value) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad folded line {l:?}"));
+            (
+                stack.split(';').map(str::to_string).collect(),
+                value.parse().unwrap(),
+            )
         })
         .collect()
 }
 
 /// Sum of the values of stacks that contain a frame for which `pred` holds.
 pub fn value_with_frame(stacks: &[(Vec<String>, u64)], pred: impl Fn(&str) -> bool) -> u64 {
-    stacks.iter().filter(|(f, _)| f.iter().any(|x| pred(x))).map(|(_, v)| v).sum()
+    stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| pred(x)))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// A myprobe run in the background, e.g. `queries`: stdout and stderr are read as they come.
@@ -293,7 +331,12 @@ impl Background {
                 let _ = tx.send(line);
             }
         });
-        let mut bg = Background { child, stdout: Some(stdout), stderr, stderr_thread: Some(stderr_thread) };
+        let mut bg = Background {
+            child,
+            stdout: Some(stdout),
+            stderr,
+            stderr_thread: Some(stderr_thread),
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -303,7 +346,10 @@ impl Background {
                 Err(_) => {
                     let _ = bg.child.kill();
                     let _ = bg.child.wait();
-                    panic!("myprobe {args:?} did not get ready; stderr:\n{}", bg.stderr.lock().unwrap());
+                    panic!(
+                        "myprobe {args:?} did not get ready; stderr:\n{}",
+                        bg.stderr.lock().unwrap()
+                    );
                 }
             }
         }
@@ -322,7 +368,10 @@ impl Background {
         let stdout = self.stdout.take().unwrap().join().unwrap();
         self.stderr_thread.take().unwrap().join().unwrap();
         let stderr = self.stderr.lock().unwrap().clone();
-        assert!(status.success(), "myprobe failed ({status}); stderr:\n{stderr}");
+        assert!(
+            status.success(),
+            "myprobe failed ({status}); stderr:\n{stderr}"
+        );
         (stdout, stderr)
     }
 }

@@ -20,10 +20,15 @@ pub struct Function {
 /// from `.symtab` or `.dynsym`; `None` if the binary has no such symbol (stripped, or another version).
 pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("{} is not an ELF file", binary.display()))?;
+    let file = object::File::parse(&*data)
+        .with_context(|| format!("{} is not an ELF file", binary.display()))?;
     // The plain identifier appears in the mangled name (as `16dispatch_command`), which avoids demangling
     // tens of thousands of symbols.
-    let ident = prefix.trim_end_matches('(').rsplit("::").next().unwrap_or(prefix);
+    let ident = prefix
+        .trim_end_matches('(')
+        .rsplit("::")
+        .next()
+        .unwrap_or(prefix);
     let candidates = file.symbols().chain(file.dynamic_symbols());
     for sym in candidates {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {
@@ -35,7 +40,10 @@ pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
         }
         let demangled = demangle(name);
         if demangled.starts_with(prefix) {
-            return Ok(Some(Function { mangled: name.to_string(), demangled }));
+            return Ok(Some(Function {
+                mangled: name.to_string(),
+                demangled,
+            }));
         }
     }
     Ok(None)
@@ -67,7 +75,8 @@ impl EntryProbe {
 /// that a return probe hijacks, are still those of the entry, and every call passes there.
 pub fn entry_probes(binary: &Path, names: &[&str]) -> Result<Vec<Option<EntryProbe>>> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("{} is not an ELF file", binary.display()))?;
+    let file = object::File::parse(&*data)
+        .with_context(|| format!("{} is not an ELF file", binary.display()))?;
     let find = |name: &str| {
         let sym = file
             .dynamic_symbols()
@@ -81,7 +90,11 @@ pub fn entry_probes(binary: &Path, names: &[&str]) -> Result<Vec<Option<EntryPro
             data.get((address - section.address()) as usize..)
         })?;
         let file_offset = section_offset + (address - section.address());
-        Some(EntryProbe { address, file_offset, skip: emulated_entry(code, address) })
+        Some(EntryProbe {
+            address,
+            file_offset,
+            skip: emulated_entry(code, address),
+        })
     };
     Ok(names.iter().map(|name| find(name)).collect())
 }
@@ -91,7 +104,9 @@ pub fn entry_probes(binary: &Path, names: &[&str]) -> Result<Vec<Option<EntryPro
 /// else 0.
 #[cfg(target_arch = "x86_64")]
 fn emulated_entry(code: &[u8], address: u64) -> u64 {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess, OpKind};
+    use iced_x86::{
+        Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
+    };
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     for _ in 0..4 {
@@ -112,7 +127,12 @@ fn emulated_entry(code: &[u8], address: u64) -> u64 {
             return insn.ip() - address;
         }
         let used = info.info(&insn);
-        let writes = |access: OpAccess| !matches!(access, OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess | OpAccess::None);
+        let writes = |access: OpAccess| {
+            !matches!(
+                access,
+                OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess | OpAccess::None
+            )
+        };
         let flags_only = insn.flow_control() == FlowControl::Next
             && !used.used_registers().iter().any(|r| writes(r.access()))
             && !used.used_memory().iter().any(|m| writes(m.access()));
@@ -143,9 +163,13 @@ mod tests {
     fn finds_functions_by_demangled_name() {
         // The test binary itself: a Rust function is not C++, so look for a libc-style C symbol instead.
         let exe = std::env::current_exe().unwrap();
-        let f = find_function(&exe, "main").unwrap().expect("the test binary has a main");
+        let f = find_function(&exe, "main")
+            .unwrap()
+            .expect("the test binary has a main");
         assert_eq!(f.mangled, "main");
-        assert!(find_function(&exe, "no_such_function_anywhere(").unwrap().is_none());
+        assert!(find_function(&exe, "no_such_function_anywhere(")
+            .unwrap()
+            .is_none());
         assert!(find_function(Path::new("/nonexistent"), "x").is_err());
     }
 
@@ -173,11 +197,15 @@ mod tests {
 
     #[test]
     fn entry_probes_of_the_c_library() {
-        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6", "/usr/lib/libc.so.6"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.exists())
-            .expect("a C library");
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/libc.so.6",
+            "/usr/lib/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("a C library");
         let probes = entry_probes(libc, &["malloc", "free", "no_such_function_anywhere"]).unwrap();
         let (malloc, free) = (probes[0].unwrap(), probes[1].unwrap());
         assert_ne!(malloc.address, free.address);
@@ -191,6 +219,9 @@ mod tests {
             demangle("_Z16dispatch_command19enum_server_commandP3THDPcjb"),
             "dispatch_command(enum_server_command, THD*, char*, unsigned int, bool)"
         );
-        assert!(demangle("_Z16dispatch_commandP3THDPK8COM_DATA19enum_server_command").starts_with("dispatch_command(THD*"));
+        assert!(
+            demangle("_Z16dispatch_commandP3THDPK8COM_DATA19enum_server_command")
+                .starts_with("dispatch_command(THD*")
+        );
     }
 }

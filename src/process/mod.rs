@@ -1,5 +1,6 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
+pub mod maps;
 pub mod probes;
 
 use std::{
@@ -62,7 +63,10 @@ pub fn check_environment(btf: Option<&Path>) -> Result<()> {
     }
     match btf {
         Some(path) if !path.is_file() => {
-            bail!("BTF file {} does not exist: pass the BTF of the running kernel with --btf", path.display())
+            bail!(
+                "BTF file {} does not exist: pass the BTF of the running kernel with --btf",
+                path.display()
+            )
         }
         Some(_) => {}
         None if !Path::new("/sys/kernel/btf/vmlinux").exists() => bail!(
@@ -100,13 +104,53 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
         }
     };
     let comm = comm_of(pid).with_context(|| format!("process {pid} exited"))?;
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))?;
-    let (flavor, version) = if SERVER_NAMES.contains(&comm.as_str()) { server_version(pid) } else { (Flavor::Other, String::new()) };
-    Ok(Target { pid, comm, exe, flavor, version })
+    let exe = exe_of(pid)?;
+    let (flavor, version) = if SERVER_NAMES.contains(&comm.as_str()) {
+        server_version(pid)
+    } else {
+        (Flavor::Other, String::new())
+    };
+    Ok(Target {
+        pid,
+        comm,
+        exe,
+        flavor,
+        version,
+    })
+}
+
+/// The executable of a process, as its memory map names it.
+pub fn exe_of(pid: u32) -> Result<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))
+}
+
+/// The file names of the libraries in a process's `LD_PRELOAD` (`mysqld_safe --malloc-lib` puts its
+/// allocator there).
+pub fn preloaded_libraries(pid: u32) -> Vec<String> {
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    environ
+        .split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+        .flat_map(|v| {
+            let v = String::from_utf8_lossy(v);
+            v.split([':', ' '])
+                .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// The name of a thread (`/proc/PID/task/TID/comm`); empty when it exited.
+pub fn thread_name(pid: u32, tid: u32) -> String {
+    let name = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+    name.trim().to_string()
 }
 
 fn comm_of(pid: u32) -> Result<String> {
-    Ok(fs::read_to_string(format!("/proc/{pid}/comm"))?.trim_end().to_string())
+    Ok(fs::read_to_string(format!("/proc/{pid}/comm"))?
+        .trim_end()
+        .to_string())
 }
 
 /// PIDs of every running mariadbd/mysqld, in PID order.
@@ -128,15 +172,27 @@ fn describe(pid: u32) -> String {
     let args: Vec<String> = cmdline
         .split(|&b| b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
-        .filter(|a| a.starts_with("--datadir") || a.starts_with("--socket") || a.starts_with("--port"))
+        .filter(|a| {
+            a.starts_with("--datadir") || a.starts_with("--socket") || a.starts_with("--port")
+        })
         .collect();
     let comm = comm_of(pid).unwrap_or_default();
-    if args.is_empty() { format!("{pid} ({comm})") } else { format!("{pid} ({comm} {})", args.join(" ")) }
+    if args.is_empty() {
+        format!("{pid} ({comm})")
+    } else {
+        format!("{pid} ({comm} {})", args.join(" "))
+    }
 }
 
 /// Flavor and version from the server binary's `--version` (it only prints and exits); bounded in time.
 fn server_version(pid: u32) -> (Flavor, String) {
-    let fallback = |comm: &str| if comm == "mariadbd" { Flavor::MariaDb } else { Flavor::MySql };
+    let fallback = |comm: &str| {
+        if comm == "mariadbd" {
+            Flavor::MariaDb
+        } else {
+            Flavor::MySql
+        }
+    };
     let comm = comm_of(pid).unwrap_or_default();
     let Ok(mut child) = Command::new(format!("/proc/{pid}/exe"))
         .arg("--no-defaults")
@@ -166,7 +222,12 @@ fn server_version(pid: u32) -> (Flavor, String) {
 
 /// Parses `mariadbd  Ver 10.11.19-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64 (Debian 12)`.
 fn parse_version(out: &str, fallback: Flavor) -> (Flavor, String) {
-    let version = out.split_whitespace().skip_while(|w| *w != "Ver").nth(1).unwrap_or("").to_string();
+    let version = out
+        .split_whitespace()
+        .skip_while(|w| *w != "Ver")
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
     let flavor = if out.contains("MariaDB") {
         Flavor::MariaDb
     } else if out.contains("Percona") {
@@ -185,12 +246,27 @@ mod tests {
 
     #[test]
     fn parses_server_versions() {
-        let (f, v) = parse_version("mariadbd  Ver 10.11.19-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64 (Debian 12)\n", Flavor::MySql);
-        assert_eq!((f, v.as_str()), (Flavor::MariaDb, "10.11.19-MariaDB-0+deb12u1"));
-        let (f, v) = parse_version("/usr/sbin/mysqld  Ver 8.0.36 for Linux on x86_64 (MySQL Community Server - GPL)\n", Flavor::MariaDb);
+        let (f, v) = parse_version(
+            "mariadbd  Ver 10.11.19-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64 (Debian 12)\n",
+            Flavor::MySql,
+        );
+        assert_eq!(
+            (f, v.as_str()),
+            (Flavor::MariaDb, "10.11.19-MariaDB-0+deb12u1")
+        );
+        let (f, v) = parse_version(
+            "/usr/sbin/mysqld  Ver 8.0.36 for Linux on x86_64 (MySQL Community Server - GPL)\n",
+            Flavor::MariaDb,
+        );
         assert_eq!((f, v.as_str()), (Flavor::MySql, "8.0.36"));
-        let (f, v) = parse_version("mysqld  Ver 8.0.35-27 for Linux on x86_64 (Percona Server (GPL), Release '27')", Flavor::MySql);
+        let (f, v) = parse_version(
+            "mysqld  Ver 8.0.35-27 for Linux on x86_64 (Percona Server (GPL), Release '27')",
+            Flavor::MySql,
+        );
         assert_eq!((f, v.as_str()), (Flavor::Percona, "8.0.35-27"));
-        assert_eq!(parse_version("", Flavor::MariaDb), (Flavor::MariaDb, String::new()));
+        assert_eq!(
+            parse_version("", Flavor::MariaDb),
+            (Flavor::MariaDb, String::new())
+        );
     }
 }

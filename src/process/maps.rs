@@ -1,6 +1,6 @@
-//! The memory map of a traced process (`/proc/PID/maps`) and the files behind it, as both the stack
-//! symbolizer and the data symbolizer read it. What a mapping is named, and which mappings count as a
-//! binary's, is left to them.
+//! The memory map of a traced process (`/proc/PID/maps`) and the files behind it: the one model of it, which
+//! the stack and data symbolizers, the unwind tables and the allocator probes read. What a mapping is named,
+//! and which mappings count as a binary's, is left to them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+
+/// How long to wait before reading `/proc/PID/maps` again for addresses in no known mapping.
+const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone)]
@@ -85,9 +88,10 @@ impl ProcMaps {
         Ok(())
     }
 
-    /// Time since the maps were last read.
-    pub fn age(&self) -> Duration {
-        self.read_at.elapsed()
+    /// Whether the maps were read long enough ago to read them again for an address in no known mapping (a
+    /// library loaded since), without reading them for every such address.
+    pub fn is_stale(&self) -> bool {
+        self.read_at.elapsed() >= REFRESH_INTERVAL
     }
 
     /// Sorted by start address.
@@ -112,6 +116,20 @@ impl ProcMaps {
             MapKind::Vdso => "[vdso]".into(),
             MapKind::Named(name) => name.as_str().into(),
         }
+    }
+
+    /// The files mapped now, each once, in the order of their first mapping's address.
+    pub fn files_in_address_order(&self) -> Vec<&MappedFile> {
+        let mut seen = vec![false; self.files.len()];
+        let mut files = Vec::new();
+        for m in &self.maps {
+            if let MapKind::File(i) = m.kind {
+                if !std::mem::replace(&mut seen[i], true) {
+                    files.push(&self.files[i]);
+                }
+            }
+        }
+        files
     }
 
     pub fn file(&self, i: usize) -> &MappedFile {

@@ -1,0 +1,24 @@
+/* The ring buffer every collector sends its events to, and sending to it without waking the reader each time. */
+#pragma once
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "lost.h"
+
+/* User space may size it before loading. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} events SEC(".maps");
+
+/* The reader is woken only once this much has accumulated; it also polls on a timer, so nothing waits long. */
+#define RINGBUF_WAKE_BYTES (256 * 1024)
+
+/* Sends `size` bytes of `data`; counted in lost.ringbuf when the ring buffer is full. */
+static __always_inline void submit_event(void *data, __u64 size)
+{
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
+											  : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, data, size, flags))
+		count_lost(ringbuf);
+}

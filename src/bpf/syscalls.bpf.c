@@ -1,0 +1,126 @@
+// Syscalls by user stack, as DTrace's syscall provider aggregated by ustack() and `truss -c`: each syscall of
+// the target is timed from its entry to its exit; calls of at least min_ns are summed in the kernel per
+// (syscall, stack id): count, total, longest, errors; and the errors per (syscall, errno).
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "lost.h"
+#include "maps.h"
+#include "stack_ids.h"
+#include "target.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define MAX_SYSCALL_NR 512
+#define MAX_ERRNO 4095 /* a return value in [-MAX_ERRNO, -1] is an error (include/linux/err.h) */
+
+const volatile __u64 min_ns = 0;
+/* Set by user space: the syscalls traced (all of them, or those of --syscall). */
+const volatile bool traced_syscall[MAX_SYSCALL_NR] = {};
+
+/* The thread's syscall in progress (ts 0: none traced). */
+struct syscall_entry {
+	__u64 ts;
+	__u32 nr;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct syscall_entry);
+} in_syscall SEC(".maps");
+
+struct syscall_key {
+	__u32 nr;
+	__u32 _pad;
+	__u64 stack_id;
+};
+
+struct syscall_calls {
+	__u64 count;
+	__u64 total_ns;
+	__u64 max_ns;
+	__u64 errors;
+};
+
+/* (syscall, stack id) → calls. Full: counted in lost.state, the call is not counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct syscall_key);
+	__type(value, struct syscall_calls);
+} calls SEC(".maps");
+
+struct errno_key {
+	__u32 nr;
+	__u32 err; /* errno, positive */
+};
+
+/* (syscall, errno) → calls that failed so. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct errno_key);
+	__type(value, __u64);
+} errors SEC(".maps");
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+{
+	(void)ctx;
+	(void)regs;
+	__u32 tid;
+	if (id < 0 || id >= MAX_SYSCALL_NR || !traced_syscall[id] || !current_is_target(&tid))
+		return 0;
+	struct syscall_entry *e =
+		bpf_task_storage_get(&in_syscall, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!e) {
+		count_lost(state);
+		return 0;
+	}
+	e->nr = id;
+	e->ts = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	(void)regs;
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	struct syscall_entry *e = bpf_task_storage_get(&in_syscall, bpf_get_current_task_btf(), 0, 0);
+	if (!e || !e->ts)
+		return 0;
+	__u64 took = bpf_ktime_get_ns() - e->ts;
+	__u32 nr = e->nr;
+	e->ts = 0;
+	if (took < min_ns)
+		return 0;
+	/* The user registers are still those of the call: the stack is the caller's. */
+	struct syscall_key k = { .nr = nr, .stack_id = stack_id_of_call(ctx, false) };
+	struct syscall_calls zero = {};
+	struct syscall_calls *c = k.stack_id ? lookup_or_init(&calls, &k, &zero) : 0;
+	if (!c) {
+		count_lost(state);
+		return 0;
+	}
+	__sync_fetch_and_add(&c->count, 1);
+	__sync_fetch_and_add(&c->total_ns, took);
+	if (took > c->max_ns)
+		c->max_ns = took;
+	if (ret < 0 && ret >= -MAX_ERRNO) {
+		__sync_fetch_and_add(&c->errors, 1);
+		struct errno_key ek = { .nr = nr, .err = -ret };
+		__u64 none = 0;
+		__u64 *n = lookup_or_init(&errors, &ek, &none);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else
+			count_lost(state);
+	}
+	return 0;
+}

@@ -1,0 +1,23 @@
+/* The process traced, set by user space before loading: every collector's programs keep to its threads. */
+#pragma once
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+const volatile __u32 target_tgid = 0;
+
+/* task_struct.__state of a task that is running or runnable (include/linux/sched.h). */
+#define TASK_RUNNING 0
+
+/* Whether the current thread belongs to the traced process; its thread id in *tid. */
+static __always_inline bool current_is_target(__u32 *tid)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	*tid = (__u32)id;
+	return (__u32)(id >> 32) == target_tgid;
+}
+
+static __always_inline bool task_is_target(const struct task_struct *task)
+{
+	return (__u32)task->tgid == target_tgid;
+}

@@ -1,0 +1,195 @@
+//! What the running kernel offers, probed rather than inferred from its version: distribution kernels
+//! backport features, so a version number says little. As libbpf and bpftool probe, a tiny program is loaded
+//! and linked (uprobe_multi links, uprobe sessions), or the kernel itself is asked (a helper known to its
+//! verifier, a type in its BTF).
+//!
+//! `MYPROBE_DISABLE=uprobe_multi,uprobe_session,...` turns probed features off, so that tests can run the
+//! ways of older kernels on this one.
+
+use std::{os::fd::FromRawFd, os::fd::OwnedFd, path::Path, sync::OnceLock};
+
+use anyhow::{bail, Result};
+use libbpf_rs::{libbpf_sys as sys, Btf, ProgramType};
+
+/// The kernel features the collectors choose between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// `bpf_loop` (5.17): the unwinder's loops. Required.
+    pub bpf_loop: bool,
+    /// One uprobe_multi link for many uprobes (6.6): detached with one wait instead of one per probe.
+    pub uprobe_multi: bool,
+    /// uprobe sessions (6.13): a return probe armed only for the calls its entry chooses.
+    pub uprobe_session: bool,
+    /// Sleepable task iterators that read another task's memory (`bpf_copy_from_user_task`, 5.18): the
+    /// stacks of threads that never ran while traced.
+    pub task_stacks: bool,
+}
+
+/// Names of the features for `MYPROBE_DISABLE`.
+const NAMES: [&str; 4] = ["bpf_loop", "uprobe_multi", "uprobe_session", "task_stacks"];
+
+impl Features {
+    /// The features of the running kernel (probed once per process); `btf`: the kernel's BTF when it has none
+    /// of its own (`--btf`).
+    pub fn of_kernel(btf: Option<&Path>) -> Features {
+        static PROBED: OnceLock<Features> = OnceLock::new();
+        let probed = *PROBED.get_or_init(|| Features::probe(btf));
+        probed.without(&std::env::var("MYPROBE_DISABLE").unwrap_or_default())
+    }
+
+    /// The error to give when the kernel lacks what every collector needs.
+    pub fn require_basics(&self) -> Result<()> {
+        if !self.bpf_loop {
+            bail!(
+                "this kernel has no bpf_loop helper (Linux 5.17 and later have it): myprobe's stack \
+                 unwinder needs it"
+            );
+        }
+        Ok(())
+    }
+
+    fn probe(btf: Option<&Path>) -> Features {
+        let kernel_btf = match btf {
+            Some(path) => Btf::from_path(path).ok(),
+            None => Btf::from_vmlinux().ok(),
+        };
+        let has_enum_value = |value: &str| {
+            kernel_btf.as_ref().is_some_and(|btf| {
+                btf.type_by_kind::<libbpf_rs::btf::types::Enum<'_>>()
+                    .any(|e| {
+                        e.iter()
+                            .any(|m| m.name.is_some_and(|n| n.to_str() == Some(value)))
+                    })
+            })
+        };
+        let has_struct = |name: &str| {
+            kernel_btf.as_ref().is_some_and(|btf| {
+                btf.type_by_name::<libbpf_rs::btf::types::Struct<'_>>(name)
+                    .is_some()
+            })
+        };
+        Features {
+            bpf_loop: ProgramType::Kprobe
+                .is_helper_supported(sys::BPF_FUNC_loop)
+                .unwrap_or(false),
+            uprobe_multi: links_uprobes(sys::BPF_TRACE_UPROBE_MULTI),
+            uprobe_session: links_uprobes(sys::BPF_TRACE_UPROBE_SESSION),
+            // The helper is only offered to sleepable programs, which the helper probe cannot load: the
+            // kernel's list of helpers says whether it has it.
+            task_stacks: has_struct("bpf_iter__task")
+                && has_enum_value("BPF_FUNC_copy_from_user_task"),
+        }
+    }
+
+    /// These features, less those named in `disabled` (comma-separated).
+    fn without(mut self, disabled: &str) -> Features {
+        for name in disabled.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "bpf_loop" => self.bpf_loop = false,
+                "uprobe_multi" => self.uprobe_multi = false,
+                "uprobe_session" => self.uprobe_session = false,
+                "task_stacks" => self.task_stacks = false,
+                other => eprintln!(
+                    "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
+                    NAMES.join(", ")
+                ),
+            }
+        }
+        self
+    }
+}
+
+/// Whether the kernel links uprobes of `attach_type` (uprobe_multi, uprobe session), as libbpf probes it: a
+/// program that only returns is loaded for that attach type, and linked to `/`, which a kernel that knows
+/// the link refuses as a bad file (EBADF) and one that does not as an invalid argument.
+fn links_uprobes(attach_type: sys::bpf_attach_type) -> bool {
+    // r0 = 0; exit
+    let insns = [
+        sys::bpf_insn {
+            code: (sys::BPF_ALU64 | sys::BPF_MOV | sys::BPF_K) as u8,
+            ..Default::default()
+        },
+        sys::bpf_insn {
+            code: (sys::BPF_JMP | sys::BPF_EXIT) as u8,
+            ..Default::default()
+        },
+    ];
+    let mut load_opts = sys::bpf_prog_load_opts {
+        sz: std::mem::size_of::<sys::bpf_prog_load_opts>() as _,
+        expected_attach_type: attach_type,
+        ..Default::default()
+    };
+    // SAFETY: the instructions and options are valid for the call; the license is a NUL-terminated string.
+    let prog = unsafe {
+        sys::bpf_prog_load(
+            sys::BPF_PROG_TYPE_KPROBE,
+            std::ptr::null(),
+            c"GPL".as_ptr(),
+            insns.as_ptr(),
+            insns.len() as _,
+            &mut load_opts,
+        )
+    };
+    if prog < 0 {
+        return false;
+    }
+    // SAFETY: prog is a new file descriptor owned by nobody else.
+    let prog = unsafe { OwnedFd::from_raw_fd(prog) };
+    let offset: std::os::raw::c_ulong = 0;
+    let mut link_opts = sys::bpf_link_create_opts {
+        sz: std::mem::size_of::<sys::bpf_link_create_opts>() as _,
+        ..Default::default()
+    };
+    link_opts.__bindgen_anon_1.uprobe_multi.path = c"/".as_ptr();
+    link_opts.__bindgen_anon_1.uprobe_multi.offsets = &offset;
+    link_opts.__bindgen_anon_1.uprobe_multi.cnt = 1;
+    // SAFETY: the options point to live values for the duration of the call.
+    let link = unsafe {
+        sys::bpf_link_create(
+            std::os::fd::AsRawFd::as_raw_fd(&prog),
+            -1,
+            attach_type,
+            &link_opts,
+        )
+    };
+    let err = std::io::Error::last_os_error().raw_os_error();
+    if link >= 0 {
+        // SAFETY: a new file descriptor owned by nobody else; closed on drop.
+        drop(unsafe { OwnedFd::from_raw_fd(link) });
+        return true;
+    }
+    err == Some(libc::EBADF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabling_turns_features_off() {
+        let all = Features {
+            bpf_loop: true,
+            uprobe_multi: true,
+            uprobe_session: true,
+            task_stacks: true,
+        };
+        let older = all.without("uprobe_multi, uprobe_session");
+        assert!(
+            !older.uprobe_multi && !older.uprobe_session && older.bpf_loop && older.task_stacks
+        );
+        assert_eq!(all.without(""), all);
+    }
+
+    #[test]
+    fn this_kernel_has_what_the_tests_rely_on() {
+        // Needs root to load programs; the tests run as root (make test).
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let f = Features::probe(None);
+        assert!(
+            f.bpf_loop && f.uprobe_multi && f.uprobe_session && f.task_stacks,
+            "{f:?}"
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Reading a collector's ring buffer until the duration ends or Ctrl-C, with progress on a terminal.
+
+use std::{
+    io::IsTerminal,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
+
+use super::STOP;
+
+static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
+/// When the last tracing of this process ended (the end of `poll_ring`): what "results within N ms after
+/// tracing ended" counts from, maps read after it included. Now, if no tracing ended.
+pub fn tracing_ended() -> Instant {
+    TRACING_ENDED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(Instant::now)
+}
+
+/// A reader of a ring buffer calling `on_event` for every record.
+pub fn reader<'cb>(
+    events: &dyn MapCore,
+    mut on_event: impl FnMut(&[u8]) + 'cb,
+) -> Result<RingBuffer<'cb>> {
+    let mut builder = RingBufferBuilder::new();
+    builder
+        .add(events, move |data: &[u8]| {
+            on_event(data);
+            0
+        })
+        .context("setting up the ring buffer reader")?;
+    builder.build().context("setting up the ring buffer reader")
+}
+
+/// Reads `ring` until `duration` passes or Ctrl-C, then what is left. `tick` runs after every poll (at least
+/// every 100 ms) and returns a status line, shown once a second on a terminal. Returns the time traced. The
+/// programs stay attached until the caller drops them.
+pub fn poll(
+    ring: &RingBuffer<'_>,
+    duration: Duration,
+    mut tick: impl FnMut(Duration) -> Result<String>,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let show_progress = std::io::stderr().is_terminal();
+    let mut last_progress = started;
+    while !STOP.load(Ordering::SeqCst) {
+        let left = duration.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        // The BPF side wakes us only once a batch has accumulated; otherwise what it sent without a wakeup is
+        // read when the timeout expires, so nothing waits more than 100 ms.
+        match ring.poll(left.min(Duration::from_millis(100))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading the ring buffer"),
+        }
+        ring.consume().context("reading the ring buffer")?;
+        let status = tick(started.elapsed())?;
+        if show_progress && last_progress.elapsed() >= Duration::from_secs(1) {
+            last_progress = Instant::now();
+            eprint!("\r{status}   ");
+        }
+    }
+    let traced = started.elapsed();
+    *TRACING_ENDED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    ring.consume().context("reading the ring buffer")?;
+    if show_progress {
+        eprintln!();
+    }
+    Ok(traced)
+}
+
+/// [`reader`] and [`poll`] in one.
+pub fn poll_ring(
+    events: &dyn MapCore,
+    duration: Duration,
+    on_event: impl FnMut(&[u8]),
+    tick: impl FnMut(Duration) -> Result<String>,
+) -> Result<Duration> {
+    poll(&reader(events, on_event)?, duration, tick)
+}

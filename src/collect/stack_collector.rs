@@ -1,0 +1,530 @@
+//! The life cycle every stack-capturing collector shares, owned here: open the BPF object, set the target
+//! and the unwind maps' sizes, load, install the unwind tables, attach, read the stacks' definitions from
+//! the ring buffer while tracing (installing the tables of code mapped meanwhile), detach, read the
+//! collector's map of sums, join its stack ids to stacks, count what was lost.
+//!
+//! A collector supplies only what differs: its skeleton (one [`stack_skeleton!`] line: every stack collector
+//! includes src/bpf/stack_ids.h, so the shared maps and globals have the same names in every skeleton), its
+//! own settings and programs, and its map of sums ([`Collector`]).
+
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    mem::MaybeUninit,
+    rc::Rc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use libbpf_rs::{
+    skel::{OpenSkel, Skel, SkelBuilder},
+    AsRawLibbpf, Link, MapCore, MapFlags, Object,
+};
+
+use super::{
+    maps::{as_bytes, read_prefix, Plain},
+    open_object, ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
+};
+use crate::unwind::{BpfMapping, BpfRow};
+
+/// A stack as the BPF side sends it (`struct stack_event` of src/bpf/stack_event.h), borrowed.
+pub struct StackRecord<'a> {
+    pub stack_id: u64,
+    pub tid: u32,
+    pub user_len: u16,
+    pub kernel_len: u16,
+    pub ips: &'a [u64],
+}
+
+/// The unwinder's maps and `.bss` variables of a loaded skeleton (src/bpf/unwind.h).
+pub struct UnwindMaps<'a, M> {
+    pub rows: &'a dyn MapCore,
+    pub pages: &'a dyn MapCore,
+    pub mappings: &'a mut [M],
+    pub count: &'a mut u32,
+    pub enabled: &'a mut u32,
+    pub generation: &'a mut u32,
+}
+
+/// What every stack collector's skeleton has, by the same names; implemented by [`stack_skeleton!`].
+pub trait StackSkeleton {
+    type Builder: for<'o> SkelBuilder<'o, Output = Self::Open<'o>> + Default;
+    type Open<'o>: OpenSkel<'o, Output = Self::Loaded<'o>>;
+    type Loaded<'o>: Skel<'o>;
+    /// The skeleton's generated `struct unwind_row`, `struct unwind_mapping`, `struct stack_event`.
+    type UnwindRow: Plain;
+    type UnwindMapping: Plain;
+    type StackEvent: Plain;
+    /// Where the frames of `struct stack_event` start.
+    const STACK_EVENT_HEADER: usize;
+
+    /// Sets the target (`target_tgid`, `kernel_stacks`) and sizes the unwind maps, before loading.
+    fn set_common(
+        open: &mut Self::Open<'_>,
+        pid: u32,
+        kernel: bool,
+        rows: u32,
+        pages: u32,
+    ) -> Result<()>;
+    fn events<'a>(skel: &'a Self::Loaded<'_>) -> &'a dyn MapCore;
+    fn unwind<'a>(skel: &'a mut Self::Loaded<'_>) -> UnwindMaps<'a, Self::UnwindMapping>;
+    fn lost(skel: &Self::Loaded<'_>) -> Lost;
+    fn unwind_row(row: &BpfRow) -> Self::UnwindRow;
+    fn unwind_mapping(mapping: &BpfMapping) -> Self::UnwindMapping;
+    fn stack_record(event: &Self::StackEvent) -> StackRecord<'_>;
+}
+
+/// Implements [`StackSkeleton`] for the skeleton of the module it is used in (`skel::*`), as the marker type
+/// `$name`. Field by field, so that a change on the BPF side that the Rust side misses does not compile.
+macro_rules! stack_skeleton {
+    ($name:ident, $builder:ident, $open:ident, $loaded:ident) => {
+        pub struct $name;
+
+        // SAFETY: generated from BTF structs of integers and integer arrays.
+        unsafe impl $crate::collect::maps::Plain for skel::types::unwind_row {}
+        // SAFETY: as above.
+        unsafe impl $crate::collect::maps::Plain for skel::types::unwind_mapping {}
+        // SAFETY: as above.
+        unsafe impl $crate::collect::maps::Plain for skel::types::stack_event {}
+
+        impl $crate::collect::stack_collector::StackSkeleton for $name {
+            type Builder = skel::$builder;
+            type Open<'o> = skel::$open<'o>;
+            type Loaded<'o> = skel::$loaded<'o>;
+            type UnwindRow = skel::types::unwind_row;
+            type UnwindMapping = skel::types::unwind_mapping;
+            type StackEvent = skel::types::stack_event;
+            const STACK_EVENT_HEADER: usize = std::mem::offset_of!(skel::types::stack_event, ips);
+
+            fn set_common(
+                open: &mut Self::Open<'_>,
+                pid: u32,
+                kernel: bool,
+                rows: u32,
+                pages: u32,
+            ) -> anyhow::Result<()> {
+                use anyhow::Context;
+                let rodata = open
+                    .maps
+                    .rodata_data
+                    .as_deref_mut()
+                    .context("BPF object has no .rodata")?;
+                rodata.target_tgid = pid;
+                rodata.kernel_stacks = kernel;
+                open.maps
+                    .unwind_rows
+                    .set_max_entries(rows)
+                    .context("sizing the unwind table map")?;
+                open.maps
+                    .unwind_pages
+                    .set_max_entries(pages)
+                    .context("sizing the unwind page map")
+            }
+
+            fn events<'a>(skel: &'a Self::Loaded<'_>) -> &'a dyn libbpf_rs::MapCore {
+                &skel.maps.events
+            }
+
+            fn unwind<'a>(
+                skel: &'a mut Self::Loaded<'_>,
+            ) -> $crate::collect::stack_collector::UnwindMaps<'a, Self::UnwindMapping> {
+                let bss = skel
+                    .maps
+                    .bss_data
+                    .as_deref_mut()
+                    .expect("stack_ids.h puts variables in .bss");
+                $crate::collect::stack_collector::UnwindMaps {
+                    rows: &skel.maps.unwind_rows,
+                    pages: &skel.maps.unwind_pages,
+                    mappings: &mut bss.unwind_mappings,
+                    count: &mut bss.unwind_mapping_count,
+                    enabled: &mut bss.unwind_enabled,
+                    generation: &mut bss.unwind_generation,
+                }
+            }
+
+            fn lost(skel: &Self::Loaded<'_>) -> $crate::collect::Lost {
+                let l = skel
+                    .maps
+                    .bss_data
+                    .as_deref()
+                    .map(|b| b.lost)
+                    .unwrap_or_default();
+                $crate::collect::Lost {
+                    ringbuf: l.ringbuf,
+                    user_stack: l.user_stack,
+                    kernel_stack: l.kernel_stack,
+                    state: l.state,
+                    undefined_stacks: 0,
+                }
+            }
+
+            fn unwind_row(r: &$crate::unwind::BpfRow) -> Self::UnwindRow {
+                skel::types::unwind_row {
+                    pc: r.pc,
+                    cfa_offset: r.cfa_offset,
+                    fp_offset: r.fp_offset,
+                    kind: r.kind,
+                    _pad: 0,
+                }
+            }
+
+            fn unwind_mapping(m: &$crate::unwind::BpfMapping) -> Self::UnwindMapping {
+                skel::types::unwind_mapping {
+                    start: m.start,
+                    end: m.end,
+                    bias: m.bias,
+                    row_start: m.row_start,
+                    row_count: m.row_count,
+                    first_page: m.first_page,
+                    page_start: m.page_start,
+                    page_count: m.page_count,
+                }
+            }
+
+            fn stack_record(
+                e: &Self::StackEvent,
+            ) -> $crate::collect::stack_collector::StackRecord<'_> {
+                $crate::collect::stack_collector::StackRecord {
+                    stack_id: e.stack_id,
+                    tid: e.tid,
+                    user_len: e.user_len,
+                    kernel_len: e.kernel_len,
+                    ips: &e.ips,
+                }
+            }
+        }
+    };
+}
+pub(crate) use stack_skeleton;
+
+pub type Open<'o, C> = <<C as Collector>::Skel as StackSkeleton>::Open<'o>;
+pub type Loaded<'o, C> = <<C as Collector>::Skel as StackSkeleton>::Loaded<'o>;
+
+/// Amounts summed in the kernel for one stack id: a row before its stack is joined.
+#[derive(Clone, Debug)]
+pub struct Sum {
+    pub tid: u32,
+    pub key: u64,
+    pub stack_id: u64,
+    pub values: Box<[u64]>,
+}
+
+/// What a collector supplies to [`run`].
+pub trait Collector {
+    type Skel: StackSkeleton;
+    /// How progress lines and errors name it: "profile cpu".
+    const NAME: &'static str;
+
+    /// The names of the values of its rows.
+    fn columns(&self) -> Vec<String>;
+
+    /// The column that counts what was traced (samples, waits, calls).
+    fn events_column(&self) -> usize {
+        0
+    }
+
+    /// Its own settings (.rodata) and the programs to load, before loading.
+    fn configure(&mut self, _open: &mut Open<'_, Self>, _features: &Features) -> Result<()> {
+        Ok(())
+    }
+
+    /// Attaches its programs; the links are dropped in order when tracing ends, before the sums are read.
+    /// By default every program loaded that attaches by its section name (tracepoints).
+    fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
+        attach_by_section(skel.object())
+    }
+
+    /// Called after every read of the ring buffer (at least every 100 ms) while tracing.
+    fn tick(&mut self, _skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tracing ended: drop the links the collector holds itself, before those [`Collector::attach`] gave.
+    fn stop(&mut self) {}
+
+    /// The sums, read once the probes are detached. Stacks not sent through the ring buffer (e.g. from a task
+    /// iterator) are added to `stacks`.
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>>;
+}
+
+/// The stacks defined so far, by id.
+#[derive(Default)]
+pub struct Stacks {
+    by_id: HashMap<u64, Rc<RawStack>>,
+    /// Records that were not stacks (never the case for a record of the same skeleton).
+    malformed: u64,
+}
+
+impl Stacks {
+    /// Adds a `struct stack_event` record and returns its thread and stack id; a malformed one is counted,
+    /// never trusted.
+    pub fn add_record<S: StackSkeleton>(&mut self, bytes: &[u8]) -> Option<(u32, u64)> {
+        let header = S::STACK_EVENT_HEADER;
+        let Some(event) = read_prefix::<S::StackEvent>(bytes, header) else {
+            self.malformed += 1;
+            return None;
+        };
+        let r = S::stack_record(&event);
+        let frames = r.user_len as usize + r.kernel_len as usize;
+        let Some(ips) = r
+            .ips
+            .get(..frames)
+            .filter(|_| bytes.len() >= header + frames * 8)
+        else {
+            self.malformed += 1;
+            return None;
+        };
+        let stack = RawStack {
+            user_len: r.user_len,
+            ips: ips.into(),
+        };
+        self.by_id
+            .entry(r.stack_id)
+            .or_insert_with(|| Rc::new(stack));
+        Some((r.tid, r.stack_id))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Rows of the sums whose stacks are known, and how many sums had none.
+    pub fn join(&self, sums: Vec<Sum>) -> (Vec<Row>, u64) {
+        let mut undefined = 0;
+        let mut rows = Vec::with_capacity(sums.len());
+        for s in sums {
+            match self.by_id.get(&s.stack_id) {
+                Some(stack) => rows.push(Row {
+                    tid: s.tid,
+                    key: s.key,
+                    stack: Rc::clone(stack),
+                    values: s.values,
+                }),
+                None => undefined += 1,
+            }
+        }
+        (rows, undefined)
+    }
+}
+
+/// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
+/// loaded while tracing.
+const SPARE_UNWIND_ROWS: usize = 65536;
+
+/// How often the process's memory map is read again for code mapped while tracing.
+const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
+pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
+    let features = opts.features();
+    features.require_basics()?;
+    let mut object = MaybeUninit::uninit();
+    let builder = <C::Skel as StackSkeleton>::Builder::default();
+    let mut open = open_object(builder, &mut object, opts)?;
+    let (rows, pages) = opts.unwind.as_ref().map_or((0, 0), |t| {
+        let t = t.borrow();
+        (t.rows.len(), t.pages.len())
+    });
+    let size = |n: usize| {
+        if opts.unwind.is_some() {
+            (n + SPARE_UNWIND_ROWS) as u32
+        } else {
+            1
+        }
+    };
+    C::Skel::set_common(
+        &mut open,
+        opts.pid,
+        opts.kernel_stacks,
+        size(rows),
+        size(pages),
+    )?;
+    collector.configure(&mut open, &features)?;
+    let mut skel = open
+        .load()
+        .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;
+    let mut installed = Installed::default();
+    install_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+    let links = collector.attach(&mut skel)?;
+
+    let stacks = RefCell::new(Stacks::default());
+    let reader = ring::reader(C::Skel::events(&skel), |data| {
+        stacks.borrow_mut().add_record::<C::Skel>(data);
+    })?;
+    let mut last_refresh = Instant::now();
+    let traced = ring::poll(&reader, opts.duration, |elapsed| {
+        if last_refresh.elapsed() >= UNWIND_REFRESH_INTERVAL {
+            last_refresh = Instant::now();
+            refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+        }
+        collector.tick(&mut skel, &stacks.borrow())?;
+        let lost = C::Skel::lost(&skel).total();
+        Ok(format!(
+            "{}: {:>4}/{} s, {} stacks, {lost} lost",
+            C::NAME,
+            elapsed.as_secs(),
+            opts.duration.as_secs(),
+            stacks.borrow().len()
+        ))
+    });
+    collector.stop();
+    drop(links);
+    let traced = traced?;
+    drop(reader);
+    let mut stacks = stacks.into_inner();
+    let sums = collector.read(&mut skel, &mut stacks)?;
+    let mut lost = C::Skel::lost(&skel);
+    lost.ringbuf += stacks.malformed;
+    let (rows, undefined) = stacks.join(sums);
+    lost.undefined_stacks += undefined;
+    let events_column = collector.events_column();
+    let events = rows
+        .iter()
+        .map(|r| r.values.get(events_column).copied().unwrap_or(0))
+        .sum();
+    Ok(Collected {
+        columns: collector.columns(),
+        rows,
+        events,
+        lost,
+        traced,
+    })
+}
+
+/// Attaches every program loaded whose section says where (tracepoints, perf events); the others (uprobes
+/// placed by the collector, iterators) are left to it.
+pub fn attach_by_section(object: &Object) -> Result<Vec<Link>> {
+    let mut links = Vec::new();
+    for prog in object.progs_mut() {
+        // SAFETY: the program belongs to the loaded object borrowed here.
+        let auto = unsafe {
+            libbpf_rs::libbpf_sys::bpf_program__autoattach(prog.as_libbpf_object().as_ptr())
+        };
+        if !prog.autoload() || !auto {
+            continue;
+        }
+        let name = prog.name().to_string_lossy().into_owned();
+        links.push(
+            prog.attach()
+                .with_context(|| format!("attaching the BPF program {name}"))?,
+        );
+    }
+    Ok(links)
+}
+
+/// How much of the tables a collector's maps hold (rows and pages are only ever appended).
+#[derive(Default)]
+struct Installed {
+    rows: usize,
+    pages: usize,
+    warned: bool,
+}
+
+/// Writes `items[*done..]`, converted, into an array map at the same indexes, as far as it holds; returns
+/// how far it got.
+fn append_array<U, T: Plain>(
+    map: &dyn MapCore,
+    done: &mut usize,
+    items: &[U],
+    convert: impl Fn(&U) -> T,
+) -> Result<usize> {
+    let end = items.len().min(map.max_entries() as usize);
+    let start = (*done).min(end);
+    for (i, chunk) in items[start..end].chunks(65536).enumerate() {
+        let first = (start + i * 65536) as u32;
+        let keys: Vec<u8> = (first..first + chunk.len() as u32)
+            .flat_map(u32::to_ne_bytes)
+            .collect();
+        let values: Vec<T> = chunk.iter().map(&convert).collect();
+        map.update_batch(
+            &keys,
+            as_bytes(&values),
+            chunk.len() as u32,
+            MapFlags::ANY,
+            MapFlags::ANY,
+        )
+        .context("loading unwind tables into the kernel")?;
+    }
+    *done = end;
+    Ok(end)
+}
+
+/// Loads the unwind tables into a collector's maps and turns unwinding on; called again after
+/// `ProcessTables::update`. Rows and pages are appended before the mappings that use them are published, so a
+/// stack being unwound meanwhile reads valid entries.
+fn install_unwind<S: StackSkeleton>(
+    opts: &CollectOptions,
+    installed: &mut Installed,
+    maps: UnwindMaps<'_, S::UnwindMapping>,
+) -> Result<()> {
+    let Some(tables) = &opts.unwind else {
+        return Ok(());
+    };
+    let tables = tables.borrow();
+    let rows = append_array(maps.rows, &mut installed.rows, &tables.rows, S::unwind_row)?;
+    let pages = append_array(maps.pages, &mut installed.pages, &tables.pages, |p| *p)?;
+    let capacity = maps.mappings.len();
+    if !installed.warned {
+        if rows < tables.rows.len() || pages < tables.pages.len() {
+            installed.warned = true;
+            eprintln!(
+                "myprobe: warning: the unwind tables of code loaded while tracing do not fit ({} rows for \
+                 {}): its stacks are walked with frame pointers",
+                maps.rows.max_entries(),
+                tables.rows.len()
+            );
+        } else if tables.mappings.len() > capacity {
+            installed.warned = true;
+            eprintln!(
+                "myprobe: warning: more than {capacity} executable mappings: those above {:#x} are \
+                 unwound with frame pointers",
+                tables.mappings[capacity].start
+            );
+        }
+    }
+    // Mappings whose rows or pages did not fit are unwound with frame pointers.
+    let usable = tables.mappings.iter().take(capacity).map(|m| {
+        let fits = (m.row_start + m.row_count) as usize <= rows
+            && (m.page_start + m.page_count + 1) as usize <= pages;
+        let m = if fits {
+            *m
+        } else {
+            BpfMapping { row_count: 0, ..*m }
+        };
+        S::unwind_mapping(&m)
+    });
+    // The BPF side reads these while they change (shared memory): no mapping is searched while the slots are
+    // rewritten, and the stores are volatile so that neither is elided.
+    // SAFETY: count is a valid, aligned u32 of the mapped .bss.
+    unsafe { std::ptr::write_volatile(maps.count, 0) };
+    let mut count = 0;
+    for (slot, m) in maps.mappings.iter_mut().zip(usable) {
+        *slot = m;
+        count += 1;
+    }
+    // SAFETY: as above.
+    unsafe { std::ptr::write_volatile(maps.count, count) };
+    *maps.enabled = 1;
+    *maps.generation = maps.generation.wrapping_add(1);
+    Ok(())
+}
+
+fn refresh_unwind<S: StackSkeleton>(
+    opts: &CollectOptions,
+    installed: &mut Installed,
+    maps: UnwindMaps<'_, S::UnwindMapping>,
+) -> Result<()> {
+    let Some(tables) = &opts.unwind else {
+        return Ok(());
+    };
+    let changed = tables.borrow_mut().update().unwrap_or(false);
+    if changed {
+        install_unwind::<S>(opts, installed, maps)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! Lock waits by lock: the rows of `collect::locks` summed per lock word, with their waiter and waker stacks,
+//! and the flame graph of waits with the lock as root frame.
+
+use std::collections::HashMap;
+
+use super::{
+    stacks::{build, innermost, Part, StackNamer},
+    Profile, Unit,
+};
+use crate::{collect::Collected, symbolize::data::DataSymbolizer};
+
+/// One lock word's waits, with its waiter and waker stacks (innermost frames).
+#[derive(Debug, Default)]
+pub struct LockSummary {
+    pub addr: u64,
+    /// The variable that holds it.
+    pub name: String,
+    pub waits: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    /// Waits of [2^i, 2^(i+1)) µs; bucket 0 below 2 µs.
+    pub hist: Vec<u64>,
+    /// (ns waited, stack)
+    pub waiters: Vec<(u64, String)>,
+    /// (wakes, stack)
+    pub wakers: Vec<(u64, String)>,
+}
+
+/// The profile of time waited (µs) by lock and stack, and the locks by time waited, longest first.
+pub fn summarize(
+    collected: &Collected,
+    namer: &mut StackNamer,
+    names: &mut DataSymbolizer,
+) -> (Profile, Vec<LockSummary>) {
+    let mut lock_names: HashMap<u64, String> = HashMap::new();
+    let mut name_of = |addr: u64| {
+        lock_names
+            .entry(addr)
+            .or_insert_with(|| names.name(addr))
+            .clone()
+    };
+    let profile = build(collected, namer, Unit::Microseconds, |c, row| {
+        let wait_ns = c.value(row, "wait_ns");
+        vec![Part {
+            root: Some(format!("lock {}", name_of(row.key))),
+            leaf: None,
+            value: wait_ns / 1000,
+        }]
+    });
+    let hist_columns: Vec<usize> = (0..)
+        .map(|i| format!("hist_{i}"))
+        .map_while(|c| collected.columns.iter().position(|n| *n == c))
+        .collect();
+    let mut locks: HashMap<u64, LockSummary> = HashMap::new();
+    for row in &collected.rows {
+        let l = locks.entry(row.key).or_insert_with(|| LockSummary {
+            addr: row.key,
+            name: name_of(row.key),
+            hist: vec![0; hist_columns.len()],
+            ..LockSummary::default()
+        });
+        let stack = innermost(&namer.user_frames(&row.stack));
+        let (waits, wakes) = (collected.value(row, "waits"), collected.value(row, "wakes"));
+        if waits > 0 {
+            l.waits += waits;
+            let wait_ns = collected.value(row, "wait_ns");
+            l.total_ns += wait_ns;
+            l.max_ns = l.max_ns.max(collected.value(row, "max_wait_ns"));
+            for (h, &c) in l.hist.iter_mut().zip(&hist_columns) {
+                *h += row.values[c];
+            }
+            l.waiters.push((wait_ns, stack.clone()));
+        }
+        if wakes > 0 {
+            l.wakers.push((wakes, stack));
+        }
+    }
+    // Wakes of words nobody was seen waiting on while traced are not locks of this run.
+    let mut locks: Vec<LockSummary> = locks.into_values().filter(|l| l.waits > 0).collect();
+    locks.sort_by_key(|l| std::cmp::Reverse(l.total_ns));
+    (profile, locks)
+}

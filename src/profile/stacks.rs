@@ -1,0 +1,150 @@
+//! From a collector's rows to a profile: each stack symbolized once, its frames root first, with the frames
+//! the rows add (a thread, a lock, a leaf naming what the time was).
+
+use std::{collections::HashMap, rc::Rc};
+
+use super::{Profile, Unit};
+use crate::{
+    collect::{Collected, RawStack, Row},
+    process,
+    symbolize::Symbolizer,
+};
+
+/// How stacks are named.
+#[derive(Clone, Copy, Debug)]
+pub struct StackOptions {
+    pub pid: u32,
+    /// Start every stack with a frame naming its thread (rows that are per thread).
+    pub per_thread: bool,
+    /// Raw addresses (0x…) instead of function names.
+    pub addresses: bool,
+}
+
+/// The frame of a stack with no frames at all: threads of the process that never run user code (io_uring's
+/// workers), or an unreadable stack.
+pub const NO_STACK: &str = "[no user stack]";
+
+/// Names the stacks of rows, each unique stack once.
+pub struct StackNamer<'a> {
+    symbolizer: &'a mut Symbolizer,
+    opts: StackOptions,
+    threads: HashMap<u32, Rc<str>>,
+    /// Root first, by the stack's address: rows share their stacks.
+    named: HashMap<*const RawStack, Rc<[Rc<str>]>>,
+}
+
+impl<'a> StackNamer<'a> {
+    pub fn new(symbolizer: &'a mut Symbolizer, opts: StackOptions) -> Self {
+        StackNamer {
+            symbolizer,
+            opts,
+            threads: HashMap::new(),
+            named: HashMap::new(),
+        }
+    }
+
+    /// The frames of a row's stack, root first: its thread (with `per_thread`), user frames, kernel frames.
+    pub fn frames(&mut self, row: &Row) -> Vec<Rc<str>> {
+        let mut frames = Vec::with_capacity(row.stack.ips.len() + 2);
+        if self.opts.per_thread && row.tid != 0 {
+            let pid = self.opts.pid;
+            let thread = self
+                .threads
+                .entry(row.tid)
+                .or_insert_with(|| thread_frame(pid, row.tid));
+            frames.push(Rc::clone(thread));
+        }
+        frames.extend(self.stack(&row.stack).iter().cloned());
+        frames
+    }
+
+    fn stack(&mut self, raw: &Rc<RawStack>) -> Rc<[Rc<str>]> {
+        if let Some(named) = self.named.get(&Rc::as_ptr(raw)) {
+            return Rc::clone(named);
+        }
+        let mut frames: Vec<Rc<str>> = Vec::with_capacity(raw.ips.len());
+        if self.opts.addresses {
+            frames.extend(raw.ips.iter().rev().map(|ip| Rc::from(format!("{ip:#x}"))));
+        } else {
+            frames.extend(self.symbolizer.user_stack(raw.user()).into_iter().rev());
+            frames.extend(self.symbolizer.kernel_stack(raw.kernel()).into_iter().rev());
+            if raw.ips.is_empty() {
+                frames.push(Rc::from(NO_STACK));
+            }
+        }
+        let frames: Rc<[Rc<str>]> = frames.into();
+        self.named.insert(Rc::as_ptr(raw), Rc::clone(&frames));
+        frames
+    }
+
+    /// The user frames of a stack, leaf first.
+    pub fn user_frames(&mut self, raw: &RawStack) -> Vec<Rc<str>> {
+        self.symbolizer.user_stack(raw.user())
+    }
+}
+
+/// What one row adds to a profile: its value, under an optional root frame and above an optional leaf frame.
+pub struct Part {
+    pub root: Option<String>,
+    pub leaf: Option<String>,
+    pub value: u64,
+}
+
+impl Part {
+    pub fn value(value: u64) -> Self {
+        Part {
+            root: None,
+            leaf: None,
+            value,
+        }
+    }
+
+    pub fn leaf(leaf: impl Into<String>, value: u64) -> Self {
+        Part {
+            root: None,
+            leaf: Some(leaf.into()),
+            value,
+        }
+    }
+}
+
+/// A profile of every row of `collected`: `parts` says what each row adds.
+pub fn build(
+    collected: &Collected,
+    namer: &mut StackNamer,
+    unit: Unit,
+    mut parts: impl FnMut(&Collected, &Row) -> Vec<Part>,
+) -> Profile {
+    let mut profile = Profile::new(unit);
+    for row in &collected.rows {
+        let parts = parts(collected, row);
+        if parts.iter().all(|p| p.value == 0) {
+            continue;
+        }
+        let frames = namer.frames(row);
+        for part in parts.into_iter().filter(|p| p.value > 0) {
+            let mut ids = Vec::with_capacity(frames.len() + 2);
+            ids.extend(part.root.as_deref().map(|r| profile.intern(r)));
+            ids.extend(frames.iter().map(|f| profile.intern(f)));
+            ids.extend(part.leaf.as_deref().map(|l| profile.intern(l)));
+            profile.add_ids(ids, part.value);
+        }
+    }
+    profile
+}
+
+/// `thread 1234 (name)`.
+fn thread_frame(pid: u32, tid: u32) -> Rc<str> {
+    let name = process::thread_name(pid, tid);
+    if name.is_empty() {
+        format!("thread {tid}").into()
+    } else {
+        format!("thread {tid} ({name})").into()
+    }
+}
+
+/// The innermost frames of a stack given leaf first, leaf last, for one line of a table.
+pub fn innermost(frames: &[Rc<str>]) -> String {
+    let shown: Vec<&str> = frames.iter().take(8).rev().map(|f| f.as_ref()).collect();
+    shown.join(";")
+}

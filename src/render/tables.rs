@@ -1,0 +1,126 @@
+//! The tables some profiles print on stderr beside their flame graph: locks, allocations not freed, syscalls.
+
+use std::{collections::HashMap, fmt::Write};
+
+use crate::{
+    collect::{syscalls, Collected},
+    profile::{
+        locks::LockSummary,
+        stacks::{innermost, StackNamer},
+    },
+};
+
+fn ms(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
+/// The `top` locks by time waited, each with its wait histogram, waiter stacks and waker stacks.
+pub fn locks(mut locks: Vec<LockSummary>, top: usize) -> String {
+    let mut out = format!("top {} locks by time waited:\n", top.min(locks.len()));
+    for l in locks.iter_mut().take(top) {
+        let _ = writeln!(
+            out,
+            "  {} ({:#x}): {} waits, {} in all, longest {}",
+            l.name,
+            l.addr,
+            l.waits,
+            ms(l.total_ns),
+            ms(l.max_ns)
+        );
+        let hist: Vec<String> = l
+            .hist
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| {
+                if i == 0 {
+                    format!("<2us:{n}")
+                } else {
+                    format!("{}us:{n}", 1u64 << i)
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "    waits by length: {}", hist.join(" "));
+        l.waiters.sort_by_key(|w| std::cmp::Reverse(w.0));
+        for (ns, stack) in l.waiters.iter().take(3) {
+            let _ = writeln!(out, "    waiter {}: {stack}", ms(*ns));
+        }
+        l.wakers.sort_by_key(|w| std::cmp::Reverse(w.0));
+        for (n, stack) in l.wakers.iter().take(3) {
+            let _ = writeln!(out, "    woken {n} times by: {stack}");
+        }
+    }
+    out
+}
+
+/// memleak's table: the `top` stacks holding the most bytes, with their allocation counts and innermost
+/// frames (leaf last), like bcc's memleak prints them.
+pub fn outstanding(namer: &mut StackNamer, collected: &Collected, top: usize) -> String {
+    let (bytes, calls) = (collected.column("bytes"), collected.column("calls"));
+    let mut rows: Vec<_> = collected.rows.iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.values[bytes]));
+    let mut out = format!("top {} stacks by bytes not freed:\n", top.min(rows.len()));
+    for row in rows.into_iter().take(top) {
+        let frames = innermost(&namer.user_frames(&row.stack));
+        let _ = writeln!(
+            out,
+            "  {} bytes in {} allocations from {frames}",
+            row.values[bytes], row.values[calls]
+        );
+    }
+    out
+}
+
+/// The syscalls by time spent in them: calls, total, mean and longest, and the failed calls by errno.
+pub fn syscalls(found: &syscalls::Found, top: usize) -> String {
+    #[derive(Default)]
+    struct Sums {
+        calls: u64,
+        total_ns: u64,
+        max_ns: u64,
+        errors: Vec<(u64, String)>,
+    }
+    let c = &found.collected;
+    let mut by_nr: HashMap<u64, Sums> = HashMap::new();
+    for row in &c.rows {
+        let s = by_nr.entry(row.key).or_default();
+        s.calls += c.value(row, "calls");
+        s.total_ns += c.value(row, "total_ns");
+        s.max_ns = s.max_ns.max(c.value(row, "max_ns"));
+    }
+    for f in &found.errors {
+        let s = by_nr.entry(f.nr.into()).or_default();
+        s.errors.push((f.calls, syscalls::errno_name(f.errno)));
+    }
+    let mut rows: Vec<(u64, Sums)> = by_nr.into_iter().filter(|(_, s)| s.calls > 0).collect();
+    rows.sort_by_key(|(nr, s)| (std::cmp::Reverse(s.total_ns), *nr));
+    let mut out = format!(
+        "top {} syscalls by time spent in them:\n",
+        top.min(rows.len())
+    );
+    let _ = writeln!(
+        out,
+        "  {:<20} {:>10} {:>14} {:>12} {:>12}  errors",
+        "syscall", "calls", "total ms", "mean us", "max us"
+    );
+    for (nr, s) in rows.iter_mut().take(top) {
+        s.errors
+            .sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let errors: Vec<String> = s
+            .errors
+            .iter()
+            .map(|(n, name)| format!("{name}:{n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<20} {:>10} {:>14.3} {:>12.1} {:>12.1}  {}",
+            syscalls::name(*nr),
+            s.calls,
+            s.total_ns as f64 / 1e6,
+            s.total_ns as f64 / 1e3 / s.calls as f64,
+            s.max_ns as f64 / 1e3,
+            errors.join(" ")
+        );
+    }
+    out
+}
