@@ -1,73 +1,27 @@
 //! `profile alloc` on a fixture with known allocations, and on the throwaway MariaDB under load.
 
 mod common;
-use std::{
-    io::{BufRead, BufReader, Write},
-    process::{Child, ChildStdout, Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use common::*;
 
-/// tests/fixtures/alloc/leaky.c, running and waiting for its go.
-struct Leaky {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Leaky {
-    /// `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more files to build it with;
-    /// `env`: e.g. LD_PRELOAD.
-    fn start(
-        dir: &std::path::Path,
-        args: &[&str],
-        sources: &[&str],
-        env: &[(&str, &str)],
-    ) -> Leaky {
-        let exe = dir.join("leaky");
-        let fixture =
-            |name: &str| format!("{}/tests/fixtures/alloc/{name}", env!("CARGO_MANIFEST_DIR"));
-        let mut cc = Command::new("cc");
-        cc.args(["-O1", "-g", "-pthread", "-rdynamic", "-o"])
-            .arg(&exe)
-            .arg(fixture("leaky.c"));
-        let cc = cc
-            .args(sources.iter().map(|s| fixture(s)))
-            .output()
-            .unwrap();
-        assert!(
-            cc.status.success(),
-            "{}",
-            String::from_utf8_lossy(&cc.stderr)
-        );
-        let mut child = Command::new(&exe)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
-        Leaky { child, stdout }
-    }
-
-    /// Makes its 100 leaks and 600 short-lived allocations, and waits until they are done.
-    fn allocate(&mut self) {
-        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "done");
-    }
-}
-
-impl Drop for Leaky {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// tests/fixtures/alloc/leaky.c, running and waiting for its go (which makes its 100 leaks and 600
+/// short-lived allocations). `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more
+/// files of tests/fixtures/alloc to build it with; `env`: e.g. LD_PRELOAD.
+fn start_leaky(
+    dir: &std::path::Path,
+    args: &[&str],
+    sources: &[&str],
+    env: &[(&str, &str)],
+) -> Fixture {
+    let sources: Vec<String> = ["leaky.c"]
+        .iter()
+        .chain(sources)
+        .map(|s| format!("alloc/{s}"))
+        .collect();
+    let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+    let exe = compile_fixture(dir, "leaky", &sources, &["-pthread", "-rdynamic"]);
+    Fixture::start(Command::new(exe).args(args).envs(env.iter().copied()))
 }
 
 /// Traces the fixture's allocations with `extra` options; returns the folded stacks.
@@ -90,33 +44,8 @@ fn traced_built_with(
     tracer_env: &[(&str, &str)],
 ) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
-    let mut leaky = Leaky::start(&dir, &[], sources, env);
-    let folded = dir.join("alloc.folded");
-    let pid = leaky.child.id().to_string();
-    let tracer = myprobe()
-        .envs(tracer_env.iter().copied())
-        .args([
-            "profile",
-            what,
-            "--any-process",
-            "-p",
-            &pid,
-            "-d",
-            "3",
-            "-o",
-        ])
-        .arg(&folded)
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The probes are in place well within this.
-    std::thread::sleep(Duration::from_millis(1500));
-    leaky.allocate();
-    let out = tracer.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    (read_folded(&folded), stderr)
+    let mut leaky = start_leaky(&dir, &[], sources, env);
+    leaky.profile(&dir, what, extra, tracer_env)
 }
 
 #[test]
@@ -160,7 +89,7 @@ fn sampled_memleak_estimates_a_steady_leak() {
     // By default memleak traces the allocations of one 100 ms period in 10 and scales by the time traced over
     // the time sampled: a leak at a steady rate is estimated from about a tenth of its calls.
     let dir = tempdir("memleak-sampled");
-    let leaky = Leaky::start(&dir, &["steady"], &[], &[]);
+    let leaky = start_leaky(&dir, &["steady"], &[], &[]);
     let folded = dir.join("memleak.folded");
     let pid = leaky.child.id().to_string();
     let out = myprobe()

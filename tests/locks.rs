@@ -12,22 +12,7 @@ use common::*;
 #[test]
 fn contended_mutex_is_named_with_its_waiters_and_wakers() {
     let dir = tempdir("locks-fixture");
-    let exe = dir.join("contended");
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/locks/contended.c"
-    );
-    let cc = Command::new("cc")
-        .args(["-O1", "-g", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = compile_fixture(&dir, "contended", &["locks/contended.c"], &["-pthread"]);
     let mut child = Command::new(&exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -2,96 +2,20 @@
 //! under load.
 
 mod common;
-use std::{
-    io::{BufRead, BufReader, Write},
-    process::{Child, ChildStdout, Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use common::*;
 
 /// tests/fixtures/syscalls/known_calls.c, running and waiting for its go.
-struct KnownCalls {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl KnownCalls {
-    fn start(dir: &std::path::Path) -> KnownCalls {
-        let exe = dir.join("known_calls");
-        let src = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/syscalls/known_calls.c"
-        );
-        let cc = Command::new("cc")
-            .args(["-O1", "-g", "-o"])
-            .arg(&exe)
-            .arg(src)
-            .output()
-            .unwrap();
-        assert!(
-            cc.status.success(),
-            "{}",
-            String::from_utf8_lossy(&cc.stderr)
-        );
-        let mut child = Command::new(&exe)
-            .arg(dir.join("records"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
-        KnownCalls { child, stdout }
-    }
-
-    /// Makes its syscalls and waits until they are done.
-    fn call(&mut self) {
-        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "done");
-    }
-}
-
-impl Drop for KnownCalls {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start_known_calls(dir: &std::path::Path) -> Fixture {
+    let exe = compile_fixture(dir, "known_calls", &["syscalls/known_calls.c"], &[]);
+    Fixture::start(Command::new(exe).arg(dir.join("records")))
 }
 
 /// Traces the fixture's syscalls with `extra` options; returns the folded stacks and stderr.
 fn traced(name: &str, extra: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
     let dir = tempdir(name);
-    let mut fixture = KnownCalls::start(&dir);
-    let folded = dir.join("syscalls.folded");
-    let pid = fixture.child.id().to_string();
-    let tracer = myprobe()
-        .args([
-            "profile",
-            "syscalls",
-            "--any-process",
-            "-p",
-            &pid,
-            "-d",
-            "3",
-            "-o",
-        ])
-        .arg(&folded)
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The probes are in place well within this.
-    std::thread::sleep(Duration::from_millis(1500));
-    fixture.call();
-    let out = tracer.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    (read_folded(&folded), stderr)
+    start_known_calls(&dir).profile(&dir, "syscalls", extra, &[])
 }
 
 /// The value of the stacks that pass through `function` and end in the leaf `[syscall] <syscall>`.

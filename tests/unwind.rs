@@ -177,21 +177,11 @@ fn assert_same_frames(ours: &[u64], eu: &[u64], what: &str) {
 #[test]
 fn fixture_frames_equal_eu_stack() {
     let dir = tempdir("unwind-fixture");
-    let exe = dir.join("known_stack");
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/unwind/known_stack.c"
-    );
-    let cc = Command::new("cc")
-        .args(["-O1", "-g", "-fomit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
+    let exe = compile_fixture(
+        &dir,
+        "known_stack",
+        &["unwind/known_stack.c"],
+        &["-fomit-frame-pointer"],
     );
     let mut child = Command::new(&exe).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();

@@ -208,56 +208,41 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 (1..=10_000).contains(&a.frequency),
                 "-F must be between 1 and 10000 Hz"
             );
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             eprintln!(
                 "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
                 a.frequency, a.trace.duration
             );
-            let collected = collect::cpu::collect(&opts, a.frequency)?;
-            let ended = collect::tracing_ended();
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let collected = collect::cpu::collect(&s.opts, a.frequency)?;
+            let mut namer = s.namer();
             let profile = stacks::build(&collected, &mut namer, Unit::Samples, |c, row| {
                 vec![Part::value(c.value(row, "samples"))]
             });
-            finish(
-                &target,
-                &a.trace,
-                &collected,
-                &profile,
-                ended,
-                "CPU",
-                Palette::Hot,
-            )
+            s.finish(&collected, &profile, "CPU", Palette::Hot)
         }
         ProfileCommand::Offcpu(a) => {
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             eprintln!(
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
             );
-            let collected = collect::offcpu::collect(&opts, a.min_block_us)?;
-            let ended = collect::tracing_ended();
+            let collected = collect::offcpu::collect(&s.opts, a.min_block_us)?;
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let mut namer = s.namer();
             let profile = stacks::build(&collected, &mut namer, Unit::Microseconds, |c, row| {
                 vec![
                     Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
                     Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
                 ]
             });
-            finish(
-                &target,
-                &a.trace,
-                &collected,
-                &profile,
-                ended,
-                "Off-CPU",
-                Palette::Io,
-            )
+            s.finish(&collected, &profile, "Off-CPU", Palette::Io)
         }
         ProfileCommand::Alloc(a) => {
             let alloc = a.filter.options(a.sample, None)?;
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             let every = if alloc.sample_every > 1 {
                 format!("every {}th call", alloc.sample_every)
             } else {
@@ -267,49 +252,32 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
-            let collected = collect::alloc::collect(&opts, &alloc, |_| {})?;
-            let ended = collect::tracing_ended();
+            let collected = collect::alloc::collect(&s.opts, &alloc, |_| {})?;
             let (unit, column) = if a.calls {
                 (Unit::Count, "calls")
             } else {
                 (Unit::Bytes, "bytes")
             };
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let mut namer = s.namer();
             let profile = stacks::build(&collected, &mut namer, unit, |c, row| {
                 vec![Part::value(c.value(row, column))]
             });
-            finish(
-                &target,
-                &a.trace,
-                &collected,
-                &profile,
-                ended,
-                "Allocation",
-                Palette::Mem,
-            )
+            s.finish(&collected, &profile, "Allocation", Palette::Mem)
         }
         ProfileCommand::Locks(a) => {
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             let mut names =
-                DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
+                DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
             eprintln!(
                 "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
-            let collected = collect::locks::collect(&opts)?;
-            let ended = collect::tracing_ended();
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let collected = collect::locks::collect(&s.opts)?;
+            let mut namer = s.namer();
             let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
             eprint!("{}", tables::locks(locks, a.top));
-            finish(
-                &target,
-                &a.trace,
-                &collected,
-                &profile,
-                ended,
-                "Lock wait",
-                Palette::Io,
-            )
+            s.finish(&collected, &profile, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
             let mut alloc = a
@@ -320,7 +288,8 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 "--interval must be at least 1 second"
             );
             alloc.interval = a.interval.map(Duration::from_secs);
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             eprintln!(
                 "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
                  for {} s; Ctrl-C ends early",
@@ -333,26 +302,19 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 a.trace.duration
             );
             let started = Instant::now();
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
-            let collected = collect::alloc::collect(&opts, &alloc, |so_far| {
+            // Borrows only the symbolizer: the options are read while it reports.
+            let stack_options = s.stack_options();
+            let mut namer = StackNamer::new(&mut s.symbolizer, stack_options);
+            let collected = collect::alloc::collect(&s.opts, &alloc, |so_far| {
                 eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
                 eprint!("{}", tables::outstanding(&mut namer, so_far, a.top));
             })?;
-            let ended = collect::tracing_ended();
             let profile = stacks::build(&collected, &mut namer, Unit::Bytes, |c, row| {
                 vec![Part::value(c.value(row, "bytes"))]
             });
             eprint!("{}", tables::outstanding(&mut namer, &collected, a.top));
             let what = "Outstanding allocations";
-            finish(
-                &target,
-                &a.trace,
-                &collected,
-                &profile,
-                ended,
-                what,
-                Palette::Mem,
-            )
+            s.finish(&collected, &profile, what, Palette::Mem)
         }
         ProfileCommand::Syscalls(a) => {
             let only = a
@@ -364,7 +326,8 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                     })
                 })
                 .collect::<Result<Vec<Sysno>>>()?;
-            let (target, opts, mut symbolizer) = prepare(&a.trace)?;
+            let mut s = Session::start(&a.trace)?;
+            let target = &s.target;
             let which = if only.is_empty() {
                 "the syscalls".to_string()
             } else {
@@ -374,9 +337,8 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_us, a.trace.duration
             );
-            let found = collect::syscalls::collect(&opts, a.min_us.saturating_mul(1000), &only)?;
-            let ended = collect::tracing_ended();
-            let mut namer = namer(&target, &a.trace, &mut symbolizer);
+            let found = collect::syscalls::collect(&s.opts, a.min_us.saturating_mul(1000), &only)?;
+            let mut namer = s.namer();
             let (unit, column, scale) = if a.calls {
                 (Unit::Count, "calls", 1)
             } else {
@@ -387,109 +349,120 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 vec![Part::leaf(leaf, c.value(row, column) / scale)]
             });
             eprint!("{}", tables::syscalls(&found, a.top));
-            finish(
-                &target,
-                &a.trace,
-                &found.collected,
-                &profile,
-                ended,
-                "Syscall",
-                Palette::Io,
-            )
+            s.finish(&found.collected, &profile, "Syscall", Palette::Io)
         }
     }
 }
 
-fn namer<'s>(target: &Target, a: &TraceArgs, symbolizer: &'s mut Symbolizer) -> StackNamer<'s> {
-    let opts = StackOptions {
-        pid: target.pid,
-        per_thread: a.per_thread,
-        addresses: a.addresses,
-    };
-    StackNamer::new(symbolizer, opts)
+/// One tracing run of a command: its options, the process, and what is resolved before tracing.
+struct Session<'a> {
+    a: &'a TraceArgs,
+    target: Target,
+    opts: CollectOptions,
+    symbolizer: Symbolizer,
 }
 
-/// Checks and resolves everything before tracing, including the symbolizer's one-time work, so that
-/// results come right after tracing ends.
-fn prepare(a: &TraceArgs) -> Result<(Target, CollectOptions, Symbolizer)> {
-    anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
-    if let Some(out) = &a.output {
-        render::format_for(out)?;
-    }
-    process::check_environment(a.btf.as_deref())?;
-    let target = process::resolve(a.pid, a.any_process)?;
-    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
-        None
-    } else {
-        let tables =
-            ProcessTables::load(target.pid).context("reading the unwind tables of the process")?;
-        for w in &tables.warnings {
-            eprintln!("myprobe: warning: {w}");
+impl<'a> Session<'a> {
+    /// Checks and resolves everything before tracing, including the symbolizer's one-time work, so that
+    /// results come right after tracing ends.
+    fn start(a: &'a TraceArgs) -> Result<Self> {
+        anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
+        if let Some(out) = &a.output {
+            render::format_for(out)?;
         }
-        Some(RefCell::new(tables))
-    };
-    let opts = CollectOptions {
-        pid: target.pid,
-        duration: Duration::from_secs(a.duration),
-        kernel_stacks: a.kernel,
-        btf: a.btf.clone(),
-        unwind,
-    };
-    let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
-    symbolizer.preload(a.kernel);
-    Ok((target, opts, symbolizer))
-}
+        process::check_environment(a.btf.as_deref())?;
+        let target = process::resolve(a.pid, a.any_process)?;
+        let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
+            None
+        } else {
+            let tables = ProcessTables::load(target.pid)
+                .context("reading the unwind tables of the process")?;
+            for w in &tables.warnings {
+                eprintln!("myprobe: warning: {w}");
+            }
+            Some(RefCell::new(tables))
+        };
+        let opts = CollectOptions {
+            pid: target.pid,
+            duration: Duration::from_secs(a.duration),
+            kernel_stacks: a.kernel,
+            btf: a.btf.clone(),
+            unwind,
+        };
+        let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
+        symbolizer.preload(a.kernel);
+        Ok(Session {
+            a,
+            target,
+            opts,
+            symbolizer,
+        })
+    }
 
-/// Writes the results and reports on stderr: time to results, losses, top functions.
-fn finish(
-    target: &Target,
-    a: &TraceArgs,
-    collected: &Collected,
-    profile: &Profile,
-    ended: Instant,
-    what: &str,
-    palette: Palette,
-) -> Result<()> {
-    let mut meta = serde_json::Map::new();
-    meta.insert("pid".into(), target.pid.into());
-    meta.insert("process".into(), target.comm.clone().into());
-    meta.insert("exe".into(), target.exe.display().to_string().into());
-    meta.insert("flavor".into(), target.flavor.to_string().into());
-    meta.insert("version".into(), target.version.clone().into());
-    meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
-    meta.insert("events".into(), collected.events.into());
-    meta.insert("lost".into(), collected.lost.to_json());
-    let opts = RenderOptions {
-        title: a
-            .title
-            .clone()
-            .unwrap_or_else(|| format!("{what} flame graph: {target}")),
-        count_name: None,
-        palette,
-        meta,
-    };
-    render::write_profile(profile, a.output.as_deref(), &opts)?;
-    let ms = ended.elapsed().as_secs_f64() * 1000.0;
-    eprintln!(
-        "myprobe: {} events, {} stacks, {} {} traced in {:.1} s",
-        collected.events,
-        profile.len(),
-        profile.total(),
-        profile.unit.count_name(),
-        collected.traced.as_secs_f64()
-    );
-    for line in collected.lost.report(collected.events) {
-        eprintln!("myprobe: warning: {line}");
+    fn stack_options(&self) -> StackOptions {
+        StackOptions {
+            pid: self.target.pid,
+            per_thread: self.a.per_thread,
+            addresses: self.a.addresses,
+        }
     }
-    if let Some(out) = &a.output {
-        eprintln!("myprobe: wrote {}", out.display());
+
+    fn namer(&mut self) -> StackNamer<'_> {
+        let opts = self.stack_options();
+        StackNamer::new(&mut self.symbolizer, opts)
     }
-    eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
-    if !profile.is_empty() {
-        eprint!(
-            "{}",
-            render::summary::top_functions(profile, 10, palette == Palette::Mem)
+
+    /// Writes the results and reports on stderr: time to results, losses, top functions.
+    /// Writes the results and reports on stderr: time to results, losses, top functions.
+    fn finish(
+        &self,
+        collected: &Collected,
+        profile: &Profile,
+        what: &str,
+        palette: Palette,
+    ) -> Result<()> {
+        let (a, target, ended) = (self.a, &self.target, collect::tracing_ended());
+        let mut meta = serde_json::Map::new();
+        meta.insert("pid".into(), target.pid.into());
+        meta.insert("process".into(), target.comm.clone().into());
+        meta.insert("exe".into(), target.exe.display().to_string().into());
+        meta.insert("flavor".into(), target.flavor.to_string().into());
+        meta.insert("version".into(), target.version.clone().into());
+        meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
+        meta.insert("events".into(), collected.events.into());
+        meta.insert("lost".into(), collected.lost.to_json());
+        let opts = RenderOptions {
+            title: a
+                .title
+                .clone()
+                .unwrap_or_else(|| format!("{what} flame graph: {target}")),
+            count_name: None,
+            palette,
+            meta,
+        };
+        render::write_profile(profile, a.output.as_deref(), &opts)?;
+        let ms = ended.elapsed().as_secs_f64() * 1000.0;
+        eprintln!(
+            "myprobe: {} events, {} stacks, {} {} traced in {:.1} s",
+            collected.events,
+            profile.len(),
+            profile.total(),
+            profile.unit.count_name(),
+            collected.traced.as_secs_f64()
         );
+        for line in collected.lost.report(collected.events) {
+            eprintln!("myprobe: warning: {line}");
+        }
+        if let Some(out) = &a.output {
+            eprintln!("myprobe: wrote {}", out.display());
+        }
+        eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
+        if !profile.is_empty() {
+            eprint!(
+                "{}",
+                render::summary::top_functions(profile, 10, palette == Palette::Mem)
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }

@@ -382,3 +382,102 @@ impl Drop for Background {
         let _ = self.child.wait();
     }
 }
+
+/// Compiles C fixtures of tests/fixtures/ (paths below it; the first is the main one) into `dir/exe` with
+/// `flags` (after `-O1 -g`).
+pub fn compile_fixture(dir: &Path, exe: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    let out = dir.join(exe);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g"])
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .args(sources.iter().map(|s| fixtures.join(s)))
+        .output()
+        .expect("running cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    out
+}
+
+/// A fixture process that prints "ready", then does its known work on each line of stdin ("go") and prints
+/// "done"; it is killed on drop.
+pub struct Fixture {
+    pub child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Fixture {
+    /// Starts `cmd` and waits for its "ready".
+    pub fn start(cmd: &mut Command) -> Fixture {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting a fixture");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        Fixture { child, stdout }
+    }
+
+    /// Has it do its work, and waits until it is done.
+    pub fn go(&mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "done");
+    }
+}
+
+impl Fixture {
+    /// Runs `myprobe profile <what> … -d 3 -o <dir>/<what>.folded [extra]` on the fixture, has it do its work
+    /// once the probes are in place, and returns the folded stacks and myprobe's stderr. `tracer_env`: for
+    /// myprobe (e.g. MYPROBE_DISABLE).
+    pub fn profile(
+        &mut self,
+        dir: &Path,
+        what: &str,
+        extra: &[&str],
+        tracer_env: &[(&str, &str)],
+    ) -> (Vec<(Vec<String>, u64)>, String) {
+        let folded = dir.join(format!("{what}.folded"));
+        let pid = self.child.id().to_string();
+        let tracer = myprobe()
+            .envs(tracer_env.iter().copied())
+            .args([
+                "profile",
+                what,
+                "--any-process",
+                "-p",
+                &pid,
+                "-d",
+                "3",
+                "-o",
+            ])
+            .arg(&folded)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The probes are in place well within this.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        self.go();
+        let out = tracer.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        (read_folded(&folded), stderr)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
