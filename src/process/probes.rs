@@ -148,6 +148,9 @@ fn emulated_entry(_code: &[u8], _address: u64) -> u64 {
     0
 }
 
+/// Demangled as the symbolizer's names are: blazesym (its `demangle` feature) makes this very call, with the
+/// same crate and default options, so a probe's name and a frame's name of one function are the same text.
+/// blazesym has no public demangling function to call instead.
 fn demangle(name: &str) -> String {
     cpp_demangle::Symbol::new(name)
         .ok()
