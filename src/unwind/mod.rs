@@ -2,6 +2,7 @@
 //! traced process gets its `.eh_frame` compiled into rows ([`table`]), once per file (by device and inode),
 //! all rows in one array and a sorted list of mappings pointing into it; only the rows are kept.
 
+pub mod replay;
 pub mod table;
 
 use std::{collections::HashMap, path::PathBuf};
