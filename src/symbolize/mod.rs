@@ -25,7 +25,7 @@ mod clean;
 pub mod data;
 pub(crate) mod elf;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -165,7 +165,119 @@ fn compile<R: gimli::ReaderOffset>(r: &gimli::UnwindTableRow<R>) -> Row {
 mod tests {
     use std::collections::HashMap;
 
+    use object::{Object, ObjectSection, ObjectSymbol};
+
     use super::*;
+    use crate::symbolize::test_support::{build_dir, compile, fixture_source};
+
+    /// Function name → (address, size).
+    type Functions = HashMap<String, (u64, u64)>;
+
+    /// tests/fixtures/unwind/table_rows.c built as a shared library: its table, and its functions' (address,
+    /// size) and .plt section's range.
+    fn fixture() -> (Table, Functions, (u64, u64)) {
+        // Built once: the tests run in parallel.
+        static SO: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let so = SO.get_or_init(|| {
+            let so = build_dir("myprobe-table-").join("table_rows.so");
+            let flags = ["cc", "-O2", "-fomit-frame-pointer", "-shared", "-fPIC"];
+            let src = fixture_source("unwind/table_rows.c");
+            assert!(compile(&flags, &src, &so, &[]), "compiling {src:?}");
+            so
+        });
+        let data = std::fs::read(so).unwrap();
+        let obj = object::File::parse(&*data).unwrap();
+        let funcs = obj
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+            .map(|s| (s.name().unwrap().to_owned(), (s.address(), s.size())))
+            .collect();
+        let plt = obj.section_by_name(".plt").unwrap();
+        (
+            Table::read(so).unwrap(),
+            funcs,
+            (plt.address(), plt.address() + plt.size()),
+        )
+    }
+
+    /// The row in force at `pc`.
+    fn row_at(rows: &[Row], pc: u64) -> Row {
+        rows[rows.partition_point(|r| r.pc <= pc) - 1]
+    }
+
+    fn rule(r: &Row) -> (Kind, i32, i16) {
+        (r.kind, r.cfa_offset, r.fp_offset)
+    }
+
+    #[test]
+    fn rows_are_sorted_merged_and_end_in_a_gap() {
+        let (t, funcs, _) = fixture();
+        assert!(t.rows.windows(2).all(|w| w[0].pc < w[1].pc), "{:?}", t.rows);
+        assert!(
+            t.rows.windows(2).all(|w| rule(&w[0]) != rule(&w[1])),
+            "identical rules not merged: {:?}",
+            t.rows
+        );
+        assert_eq!(t.rows.last().unwrap().kind, Kind::Gap);
+        // Past each function: a gap, unless another function starts right there.
+        let mut checked = 0;
+        for (name, (start, size)) in &funcs {
+            let end = start + size;
+            if !funcs.values().any(|f| f.0 == end) && t.rows.iter().any(|r| r.pc == *start) {
+                assert_eq!(row_at(&t.rows, end).kind, Kind::Gap, "after {name}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "no function followed by padding: {funcs:?}");
+        assert!(t
+            .segments
+            .iter()
+            .any(|s| s.exec && s.holds_vaddr(funcs["leaf"].0)));
+    }
+
+    #[test]
+    fn frame_pointer_function_rows() {
+        let (t, funcs, _) = fixture();
+        let (f, size) = funcs["fp_func"];
+        // push %rbp (1 byte), mov %rsp,%rbp (3 bytes)
+        assert_eq!(rule(&row_at(&t.rows, f)), (Kind::Sp, 8, 0));
+        assert_eq!(rule(&row_at(&t.rows, f + 1)), (Kind::Sp, 16, -16));
+        assert_eq!(rule(&row_at(&t.rows, f + 4)), (Kind::Fp, 16, -16));
+        // Its ret, after the frame pointer is popped.
+        let ret = row_at(&t.rows, f + size - 1);
+        assert_eq!((ret.kind, ret.cfa_offset), (Kind::Sp, 8));
+    }
+
+    #[test]
+    fn leaf_without_frame_pointer_has_only_sp_rows() {
+        let (t, funcs, _) = fixture();
+        let (f, size) = funcs["leaf"];
+        assert_eq!(rule(&row_at(&t.rows, f)), (Kind::Sp, 8, 0));
+        for r in t.rows.iter().filter(|r| r.pc >= f && r.pc < f + size) {
+            assert_eq!((r.kind, r.fp_offset), (Kind::Sp, 0), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn undefined_return_address_is_the_end() {
+        let (t, funcs, _) = fixture();
+        let (f, size) = funcs["outermost"];
+        assert_eq!(row_at(&t.rows, f + size - 1).kind, Kind::End);
+    }
+
+    #[test]
+    fn plt_entries_have_the_plt_rule() {
+        let (t, _, (start, end)) = fixture();
+        let plt: Vec<&Row> = t
+            .rows
+            .iter()
+            .filter(|r| r.pc >= start && r.pc < end)
+            .collect();
+        assert!(
+            plt.iter().any(|r| r.kind == Kind::Plt && r.cfa_offset == 8),
+            "no PLT rule in .plt [{start:#x}, {end:#x}): {plt:?}"
+        );
+    }
 
     #[test]
     #[ignore = "prints the size of the tables of this machine's server and libraries"]
