@@ -160,6 +160,22 @@ impl Lost {
     }
 }
 
+/// The [`Lost`] counted in the kernel, from a skeleton's generated `struct lost_counts` (src/bpf/lost.h):
+/// each skeleton has its own type of it, so this is a macro rather than a function.
+macro_rules! lost_in_kernel {
+    ($counts:expr) => {{
+        let l = $counts;
+        $crate::collect::Lost {
+            ringbuf: l.ringbuf,
+            user_stack: l.user_stack,
+            kernel_stack: l.kernel_stack,
+            state: l.state,
+            undefined_stacks: 0,
+        }
+    }};
+}
+pub(crate) use lost_in_kernel;
+
 /// The result of a tracing run, before symbolization: every collector returns this.
 #[derive(Clone, Debug, Default)]
 pub struct Collected {

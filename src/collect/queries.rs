@@ -10,6 +10,7 @@ use libbpf_rs::{
 };
 
 use super::{
+    lost_in_kernel,
     maps::{for_each_typed, read_prefix, Plain},
     open_object, poll_ring, CollectOptions, Lost,
 };
@@ -196,16 +197,7 @@ pub fn collect(
     attached();
 
     let bss = &skel.maps.bss_data;
-    let lost = || {
-        let l = bss.as_ref().map(|b| b.lost).unwrap_or_default();
-        Lost {
-            ringbuf: l.ringbuf,
-            user_stack: l.user_stack,
-            kernel_stack: l.kernel_stack,
-            state: l.state,
-            undefined_stacks: 0,
-        }
-    };
+    let lost = || lost_in_kernel!(bss.as_ref().map(|b| b.lost).unwrap_or_default());
     let result = poll_ring(
         &skel.maps.events,
         opts.duration,

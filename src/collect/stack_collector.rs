@@ -144,19 +144,12 @@ macro_rules! stack_skeleton {
             }
 
             fn lost(skel: &Self::Loaded<'_>) -> $crate::collect::Lost {
-                let l = skel
+                $crate::collect::lost_in_kernel!(skel
                     .maps
                     .bss_data
                     .as_deref()
                     .map(|b| b.lost)
-                    .unwrap_or_default();
-                $crate::collect::Lost {
-                    ringbuf: l.ringbuf,
-                    user_stack: l.user_stack,
-                    kernel_stack: l.kernel_stack,
-                    state: l.state,
-                    undefined_stacks: 0,
-                }
+                    .unwrap_or_default())
             }
 
             fn unwind_row(r: &$crate::unwind::BpfRow) -> Self::UnwindRow {
