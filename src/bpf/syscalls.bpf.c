@@ -45,9 +45,13 @@ struct syscall_calls {
 	__u64 errors;
 };
 
-/* (syscall, stack id) → calls. Full: counted in lost.state, the call is not counted. */
+/* (syscall, stack id) → calls, per CPU: a server's threads make the same calls from the same stacks on every
+ * CPU, and shared sums would cost an atomic add on a contended line per field (10% of the programs' time on 2
+ * CPUs). Allocated as entries appear, not up front: a preallocated map would take max_entries × 32 bytes per
+ * possible CPU. Full: counted in lost.state, the call is not counted. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, struct syscall_key);
 	__type(value, struct syscall_calls);
@@ -108,12 +112,13 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		count_lost(state);
 		return 0;
 	}
-	__sync_fetch_and_add(&c->count, 1);
-	__sync_fetch_and_add(&c->total_ns, took);
+	/* This CPU's copy: the program is not preempted before it returns. */
+	c->count++;
+	c->total_ns += took;
 	if (took > c->max_ns)
 		c->max_ns = took;
 	if (ret < 0 && ret >= -MAX_ERRNO) {
-		__sync_fetch_and_add(&c->errors, 1);
+		c->errors++;
 		struct errno_key ek = { .nr = nr, .err = -ret };
 		__u64 none = 0;
 		__u64 *n = lookup_or_init(&errors, &ek, &none);

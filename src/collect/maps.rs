@@ -63,6 +63,21 @@ pub fn for_each_entry(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) {
     }
 }
 
+/// Calls `f(key, values)` for every entry of a per-CPU hash map, typed, with one value per possible CPU. The
+/// kernel has no batch lookup that libbpf-rs offers for these maps: one key at a time (entries removed
+/// meanwhile are skipped).
+pub fn for_each_per_cpu<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut(K, Vec<V>)) {
+    for key in map.keys() {
+        let Ok(Some(per_cpu)) = map.lookup_percpu(&key, MapFlags::ANY) else {
+            continue;
+        };
+        let values: Option<Vec<V>> = per_cpu.iter().map(|v| read_exact::<V>(v)).collect();
+        if let (Some(k), Some(values)) = (read_exact::<K>(&key), values) {
+            f(k, values);
+        }
+    }
+}
+
 // SAFETY: plain integers.
 unsafe impl Plain for u64 {}
 // SAFETY: plain integers.

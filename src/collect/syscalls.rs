@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use syscalls::Sysno;
 
 use super::{
-    maps::{for_each_typed, Plain},
+    maps::{for_each_per_cpu, for_each_typed, Plain},
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
@@ -93,14 +93,21 @@ impl Collector for Syscalls {
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
         let mut sums = Vec::new();
-        for_each_typed(
+        for_each_per_cpu(
             &skel.maps.calls,
-            |k: skel::types::syscall_key, c: skel::types::syscall_calls| {
+            |k: skel::types::syscall_key, per_cpu: Vec<skel::types::syscall_calls>| {
+                let mut values = [0u64; 4];
+                for c in per_cpu {
+                    values[0] += c.count;
+                    values[1] += c.total_ns;
+                    values[2] = values[2].max(c.max_ns);
+                    values[3] += c.errors;
+                }
                 sums.push(Sum {
                     tid: 0,
                     key: k.nr.into(),
                     stack_id: k.stack_id,
-                    values: Box::new([c.count, c.total_ns, c.max_ns, c.errors]),
+                    values: Box::new(values),
                 });
             },
         );
