@@ -61,8 +61,8 @@ static __always_inline __u64 stack_hash(const struct stack_event *e)
 	return h | 1;
 }
 
-/* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
-static __always_inline __u64 stack_id_now(void *ctx)
+/* The current thread's stack, unwound into the scratch event and named; 0 if there is no scratch. */
+static __always_inline struct stack_event *stack_event_now(void *ctx)
 {
 	__u32 zero = 0;
 	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
@@ -71,6 +71,18 @@ static __always_inline __u64 stack_id_now(void *ctx)
 	capture_stacks(ctx, e);
 	e->stack_id = stack_hash(e);
 	e->tid = (__u32)bpf_get_current_pid_tgid();
+	return e;
+}
+
+/* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
+static __always_inline __u64 stack_id_now(void *ctx)
+{
+	struct stack_event *e = stack_event_now(ctx);
+	if (!e)
+		return 0;
+	/* Most stacks are known: a lookup takes no lock, a failing insert takes the bucket's. */
+	if (bpf_map_lookup_elem(&known_stacks, &e->stack_id))
+		return e->stack_id;
 	__u8 one = 1;
 	long err = bpf_map_update_elem(&known_stacks, &e->stack_id, &one, BPF_NOEXIST);
 	if (!err)

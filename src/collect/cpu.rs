@@ -1,5 +1,5 @@
-//! On-CPU sampling (src/bpf/cpu.bpf.c): a software CPU-clock perf event per CPU at `freq_hz`; samples summed
-//! per (thread, stack) in the kernel.
+//! On-CPU sampling (src/bpf/cpu.bpf.c): a software CPU-clock perf event per CPU at `freq_hz`; every sample
+//! sends its stack, and the samples are counted per (thread, stack) here.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -8,7 +8,6 @@ use libbpf_rs::Link;
 use perf_event_open_sys as perf;
 
 use super::{
-    maps::{for_each_typed, Plain},
     online_cpus,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Stacks, Sum},
     CollectOptions, Collected,
@@ -18,8 +17,6 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
 }
 stack_skeleton!(Skeleton, CpuSkelBuilder, OpenCpuSkel, CpuSkel);
-// SAFETY: generated from a BTF struct of integers.
-unsafe impl Plain for skel::types::sample_key {}
 
 /// Rows: `samples` per (thread, stack).
 pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
@@ -60,21 +57,9 @@ impl Collector for Cpu {
         Ok(links)
     }
 
-    fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+    fn read(&mut self, _: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.perf_events.clear();
-        let mut sums = Vec::new();
-        for_each_typed(
-            &skel.maps.samples,
-            |k: skel::types::sample_key, samples: u64| {
-                sums.push(Sum {
-                    tid: k.tid,
-                    key: 0,
-                    stack_id: k.stack_id,
-                    values: Box::new([samples]),
-                });
-            },
-        );
-        Ok(sums)
+        Ok(stacks.records())
     }
 }
 

@@ -245,6 +245,9 @@ pub trait Collector {
 #[derive(Default)]
 pub struct Stacks {
     by_id: HashMap<u64, Rc<RawStack>>,
+    /// Records received per (thread, stack id): one per stack for collectors that send a stack once, one per
+    /// sample for those that send every sample (cpu).
+    records: HashMap<(u32, u64), u64>,
     /// Records that were not stacks (never the case for a record of the same skeleton).
     malformed: u64,
 }
@@ -275,7 +278,21 @@ impl Stacks {
         self.by_id
             .entry(r.stack_id)
             .or_insert_with(|| Rc::new(stack));
+        *self.records.entry((r.tid, r.stack_id)).or_default() += 1;
         Some((r.tid, r.stack_id))
+    }
+
+    /// Records received per thread and stack id, as sums of one value.
+    pub fn records(&self) -> Vec<Sum> {
+        self.records
+            .iter()
+            .map(|(&(tid, stack_id), &n)| Sum {
+                tid,
+                key: 0,
+                stack_id,
+                values: Box::new([n]),
+            })
+            .collect()
     }
 
     pub fn len(&self) -> usize {
