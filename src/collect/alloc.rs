@@ -149,11 +149,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
 
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
         let leaks = self.leaks();
-        let rodata = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .context("BPF object has no .rodata")?;
+        let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.sample_every = if leaks {
             1
         } else {

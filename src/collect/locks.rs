@@ -1,7 +1,7 @@
 //! Lock waits (src/bpf/locks.bpf.c): futex waits per lock word and waiter stack, and the stacks that woke
 //! them.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::{
     maps::{for_each_typed, Plain},
@@ -41,11 +41,7 @@ impl Collector for Locks {
     }
 
     fn configure(&mut self, open: &mut Open<'_, Self>, _: &Features) -> Result<()> {
-        let rodata = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .context("BPF object has no .rodata")?;
+        let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.futex_nr = libc::SYS_futex;
         Ok(())
     }

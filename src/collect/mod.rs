@@ -207,6 +207,12 @@ impl Collected {
     }
 }
 
+/// The `.rodata` of an opened skeleton (`open.maps.rodata_data`), where a collector's settings go before
+/// loading.
+pub fn rodata<T>(data: Option<&mut T>) -> Result<&mut T> {
+    data.context("BPF object has no .rodata")
+}
+
 /// Opens a BPF object, pointing libbpf at the kernel's BTF when given one. From here on Ctrl-C ends tracing
 /// with results: the handler is installed before anything is attached, so that a Ctrl-C right after attaching
 /// still detaches cleanly.

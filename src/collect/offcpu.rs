@@ -57,11 +57,7 @@ impl Collector for Offcpu {
     }
 
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
-        let rodata = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .context("BPF object has no .rodata")?;
+        let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_block_ns = self.min_ns;
         self.blocked_iterator = features.task_stacks;
         open.progs

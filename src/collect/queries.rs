@@ -145,11 +145,7 @@ pub fn collect(
         .events
         .set_max_entries(RING_BUFFER_BYTES)
         .context("sizing the ring buffer")?;
-    let rodata = open
-        .maps
-        .rodata_data
-        .as_deref_mut()
-        .context("BPF object has no .rodata")?;
+    let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.target_tgid = opts.pid;
     rodata.syscall_class = syscall_classes();
     if let Some(d) = &dispatch {

@@ -104,11 +104,7 @@ macro_rules! stack_skeleton {
                 pages: u32,
             ) -> anyhow::Result<()> {
                 use anyhow::Context;
-                let rodata = open
-                    .maps
-                    .rodata_data
-                    .as_deref_mut()
-                    .context("BPF object has no .rodata")?;
+                let rodata = $crate::collect::rodata(open.maps.rodata_data.as_deref_mut())?;
                 rodata.target_tgid = pid;
                 rodata.kernel_stacks = kernel;
                 open.maps

@@ -72,11 +72,7 @@ impl Collector for Syscalls {
     }
 
     fn configure(&mut self, open: &mut Open<'_, Self>, _: &Features) -> Result<()> {
-        let rodata = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .context("BPF object has no .rodata")?;
+        let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_ns = self.min_ns;
         let traced = &mut rodata.traced_syscall;
         if self.only.is_empty() {
