@@ -578,3 +578,33 @@ fn tls_connections_are_followed_through_uprobes() {
     assert!((180_000..=260_000).contains(&d), "{}", sleeps[0]);
     assert!(num(sleeps[0], "lock_us") >= 150_000, "{}", sleeps[0]);
 }
+
+#[test]
+fn a_server_whose_binary_was_replaced_is_still_followed_through_uprobes() {
+    let db = testdb();
+    let dir = tempdir("upgraded");
+    let binary = dir.join("mariadbd");
+    std::fs::copy("/usr/sbin/mariadbd", &binary).unwrap();
+    let server = db.start_another_binary(&dir.join("server"), Some(&binary), &[]);
+    let upgraded = &server.0;
+    let mut before = upgraded.session();
+    let tid = before.server_tid();
+    // The upgrade, as a package manager does it: a new file renamed over the path; the running one is deleted.
+    let new = dir.join("mariadbd.new");
+    std::fs::copy("/bin/true", &new).unwrap();
+    std::fs::rename(&new, &binary).unwrap();
+
+    let tracer = trace(upgraded, &["--uprobes"]);
+    assert_eq!(before.query_row("SELECT 40 + 2"), "42");
+    let (out, err) = tracer.stop();
+    assert!(
+        err.contains("through uprobes on dispatch_command("),
+        "{err}"
+    );
+    let all = records(&out);
+    assert_eq!(
+        query_is(&of_thread(&all, tid), "SELECT ? + ?").len(),
+        1,
+        "{all:?}\nstderr:\n{err}"
+    );
+}

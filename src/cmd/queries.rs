@@ -70,7 +70,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         unwind: None,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let dispatch = probes::find_function(&target.exe, "dispatch_command(")?;
+    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
     match &dispatch {
         None if a.uprobes => bail!(
             "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
@@ -81,7 +81,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     }
     let wanted = Cell::new(a.uprobes);
     let probe = dispatch.as_ref().map(|function| DispatchProbe {
-        binary: &target.exe,
+        binary: &target.binary,
         function,
         wanted: &wanted,
     });

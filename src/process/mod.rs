@@ -6,8 +6,6 @@ pub mod probes;
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
@@ -39,7 +37,11 @@ impl std::fmt::Display for Flavor {
 pub struct Target {
     pub pid: u32,
     pub comm: String,
+    /// The executable's path, as the process's memory map names it (for people).
     pub exe: PathBuf,
+    /// Where the running executable is read and probed: `/proc/PID/exe`, the file that runs even when its path
+    /// now names another (an upgrade) or none (deleted), or lives in another mount namespace (a container).
+    pub binary: PathBuf,
     pub flavor: Flavor,
     /// As the binary reports it, e.g. `10.11.19-MariaDB-0+deb12u1`; empty if unknown.
     pub version: String,
@@ -114,14 +116,22 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
         pid,
         comm,
         exe,
+        binary: PathBuf::from(format!("/proc/{pid}/exe")),
         flavor,
         version,
     })
 }
 
-/// The executable of a process, as its memory map names it.
+/// The executable of a process, as its memory map names it (without the ` (deleted)` of a replaced file).
 pub fn exe_of(pid: u32) -> Result<PathBuf> {
-    fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("reading /proc/{pid}/exe"))
+    let link = fs::read_link(format!("/proc/{pid}/exe"))
+        .with_context(|| format!("reading /proc/{pid}/exe"))?;
+    Ok(
+        match link.to_str().and_then(|l| l.strip_suffix(" (deleted)")) {
+            Some(path) => PathBuf::from(path),
+            None => link,
+        },
+    )
 }
 
 /// The file names of the libraries in a process's `LD_PRELOAD` (`mysqld_safe --malloc-lib` puts its
@@ -184,60 +194,73 @@ fn describe(pid: u32) -> String {
     }
 }
 
-/// Flavor and version from the server binary's `--version` (it only prints and exits); bounded in time.
+/// Flavor and version as the server reports them to its clients: its `server_version` variable, read from its
+/// memory at the address its binary's symbol table gives. Nothing of the target is executed (its name is
+/// chosen by whoever started it, and its PID may be reused meanwhile); the binary is read through
+/// `/proc/PID/exe`, the file that runs even when it was deleted (upgraded) or lives in a container.
 fn server_version(pid: u32) -> (Flavor, String) {
-    let fallback = |comm: &str| {
-        if comm == "mariadbd" {
-            Flavor::MariaDb
-        } else {
-            Flavor::MySql
-        }
-    };
     let comm = comm_of(pid).unwrap_or_default();
-    let Ok(mut child) = Command::new(format!("/proc/{pid}/exe"))
-        .arg("--no-defaults")
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
-        return (fallback(&comm), String::new());
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            let mut out = String::new();
-            if let Some(mut stdout) = child.stdout.take() {
-                let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
-            }
-            return parse_version(&out, fallback(&comm));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    (fallback(&comm), String::new())
-}
-
-/// Parses `mariadbd  Ver 10.11.19-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64 (Debian 12)`.
-fn parse_version(out: &str, fallback: Flavor) -> (Flavor, String) {
-    let version = out
-        .split_whitespace()
-        .skip_while(|w| *w != "Ver")
-        .nth(1)
-        .unwrap_or("")
-        .to_string();
-    let flavor = if out.contains("MariaDB") {
+    let fallback = if comm == "mariadbd" {
         Flavor::MariaDb
-    } else if out.contains("Percona") {
-        Flavor::Percona
-    } else if version.is_empty() {
-        fallback
     } else {
         Flavor::MySql
     };
-    (flavor, version)
+    let Ok(binary) = fs::read(format!("/proc/{pid}/exe")) else {
+        return (fallback, String::new());
+    };
+    let version = version_in_memory(pid, &binary).unwrap_or_default();
+    (flavor_of(&version, &binary, fallback), version)
+}
+
+/// Longest `server_version` read (MariaDB's and MySQL's SERVER_VERSION_LENGTH is 60).
+const SERVER_VERSION_MAX: usize = 64;
+
+/// The NUL-terminated string at the runtime address of the binary's `server_version` symbol.
+fn version_in_memory(pid: u32, binary: &[u8]) -> Option<String> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    use std::os::unix::fs::FileExt;
+    let elf = object::File::parse(binary).ok()?;
+    let symbol = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.name() == Ok("server_version") && s.is_definition())?;
+    let vaddr = symbol.address();
+    // Its offset in the file, through the segment that loads it; then where that offset is mapped.
+    let file_offset = elf.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        let within = vaddr.checked_sub(seg.address())?;
+        (within < size).then(|| offset.checked_add(within))?
+    })?;
+    let exe_inode = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(format!("/proc/{pid}/exe")).ok()?.ino()
+    };
+    let maps = maps::ProcMaps::read(pid).ok()?;
+    let address = maps.maps().iter().find_map(|m| {
+        let size = m.end - m.start;
+        let within = file_offset.checked_sub(m.offset)?;
+        (m.inode == exe_inode && within < size).then(|| m.start + within)
+    })?;
+    let mut bytes = [0u8; SERVER_VERSION_MAX];
+    let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let n = mem.read_at(&mut bytes, address).ok()?;
+    let text = bytes[..n].split(|&b| b == 0).next()?;
+    let printable = !text.is_empty() && text.iter().all(|b| b.is_ascii_graphic());
+    printable.then(|| String::from_utf8_lossy(text).into_owned())
+}
+
+/// MariaDB says so in its version; Percona Server in its binary's compilation comment.
+fn flavor_of(version: &str, binary: &[u8], fallback: Flavor) -> Flavor {
+    let has = |needle: &[u8]| binary.windows(needle.len()).any(|w| w == needle);
+    if version.contains("MariaDB") {
+        Flavor::MariaDb
+    } else if version.is_empty() {
+        fallback
+    } else if has(b"Percona Server") {
+        Flavor::Percona
+    } else {
+        Flavor::MySql
+    }
 }
 
 #[cfg(test)]
@@ -245,28 +268,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_server_versions() {
-        let (f, v) = parse_version(
-            "mariadbd  Ver 10.11.19-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64 (Debian 12)\n",
-            Flavor::MySql,
-        );
+    fn flavors_from_the_version_and_the_binary() {
+        let mysql = b"...MySQL Community Server - GPL...";
+        let percona = b"...Percona Server (GPL), Release '27'...";
         assert_eq!(
-            (f, v.as_str()),
-            (Flavor::MariaDb, "10.11.19-MariaDB-0+deb12u1")
+            flavor_of("10.11.19-MariaDB-0+deb12u1", mysql, Flavor::MySql),
+            Flavor::MariaDb
         );
-        let (f, v) = parse_version(
-            "/usr/sbin/mysqld  Ver 8.0.36 for Linux on x86_64 (MySQL Community Server - GPL)\n",
-            Flavor::MariaDb,
-        );
-        assert_eq!((f, v.as_str()), (Flavor::MySql, "8.0.36"));
-        let (f, v) = parse_version(
-            "mysqld  Ver 8.0.35-27 for Linux on x86_64 (Percona Server (GPL), Release '27')",
-            Flavor::MySql,
-        );
-        assert_eq!((f, v.as_str()), (Flavor::Percona, "8.0.35-27"));
+        assert_eq!(flavor_of("8.0.36", mysql, Flavor::MariaDb), Flavor::MySql);
         assert_eq!(
-            parse_version("", Flavor::MariaDb),
-            (Flavor::MariaDb, String::new())
+            flavor_of("8.0.35-27", percona, Flavor::MySql),
+            Flavor::Percona
         );
+        assert_eq!(flavor_of("", percona, Flavor::MariaDb), Flavor::MariaDb);
     }
 }

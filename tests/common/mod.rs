@@ -34,7 +34,21 @@ pub fn testdb() -> TestDb {
 impl TestDb {
     /// Starts another throwaway server in `dir` with extra mariadbd options; it is stopped and removed on drop.
     pub fn start_another(&self, dir: &Path, options: &[&str]) -> OtherServer {
-        let out = Command::new(&self.testdb)
+        self.start_another_binary(dir, None, options)
+    }
+
+    /// As [`TestDb::start_another`], running the server binary `binary` (default: the installed one).
+    pub fn start_another_binary(
+        &self,
+        dir: &Path,
+        binary: Option<&Path>,
+        options: &[&str],
+    ) -> OtherServer {
+        let mut testdb = Command::new(&self.testdb);
+        if let Some(binary) = binary {
+            testdb.env("MYPROBE_TESTDB_MARIADBD", binary);
+        }
+        let out = testdb
             .arg("start")
             .arg(dir)
             .args(options)
