@@ -4,6 +4,25 @@
 //! (`query::protocol`, `profile::folded`), the unwinder (`unwind`) and the symbolizer directly. The map of the
 //! modules and their rules is ARCHITECTURE.md.
 
+/// `eprintln!` that never panics: a diagnostic on a closed stderr (`myprobe … 2>&1 | head`) is dropped, never
+/// the cause of an abort (a panic in a ring buffer callback would unwind through libbpf's C frames).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics (see [`say!`]).
+#[macro_export]
+macro_rules! say_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod cmd;
 pub mod collect;
 pub mod process;

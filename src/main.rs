@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("myprobe: error: {e:#}");
+            myprobe::say!("myprobe: error: {e:#}");
             ExitCode::FAILURE
         }
     }

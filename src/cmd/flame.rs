@@ -58,9 +58,9 @@ pub fn run(a: FlameArgs) -> Result<()> {
     filter(&mut profile, grep.as_ref(), exclude.as_ref());
     if profile.is_empty() {
         if before > 0 {
-            eprintln!("myprobe: warning: no stacks left after --grep/--exclude (of {before})");
+            say!("myprobe: warning: no stacks left after --grep/--exclude (of {before})");
         } else {
-            eprintln!("myprobe: warning: {} holds no stacks", a.input);
+            say!("myprobe: warning: {} holds no stacks", a.input);
         }
     }
     let opts = RenderOptions {

@@ -210,9 +210,10 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             );
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            eprintln!(
+            say!(
                 "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
-                a.frequency, a.trace.duration
+                a.frequency,
+                a.trace.duration
             );
             let collected = collect::cpu::collect(&s.opts, a.frequency)?;
             let mut namer = s.namer();
@@ -224,7 +225,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
         ProfileCommand::Offcpu(a) => {
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            eprintln!(
+            say!(
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
             );
@@ -248,7 +249,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             } else {
                 "every call".into()
             };
-            eprintln!(
+            say!(
                 "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
@@ -269,14 +270,14 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let target = &s.target;
             let mut names =
                 DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
-            eprintln!(
+            say!(
                 "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
             let collected = collect::locks::collect(&s.opts)?;
             let mut namer = s.namer();
             let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
-            eprint!("{}", tables::locks(locks, a.top));
+            say_part!("{}", tables::locks(locks, a.top));
             s.finish(&collected, &profile, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {
@@ -290,7 +291,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             alloc.interval = a.interval.map(Duration::from_secs);
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            eprintln!(
+            say!(
                 "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
                  for {} s; Ctrl-C ends early",
                 a.older,
@@ -306,13 +307,13 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let stack_options = s.stack_options();
             let mut namer = StackNamer::new(&mut s.symbolizer, stack_options);
             let collected = collect::alloc::collect(&s.opts, &alloc, |so_far| {
-                eprint!("after {:.0} s, ", started.elapsed().as_secs_f64());
-                eprint!("{}", tables::outstanding(&mut namer, so_far, a.top));
+                say_part!("after {:.0} s, ", started.elapsed().as_secs_f64());
+                say_part!("{}", tables::outstanding(&mut namer, so_far, a.top));
             })?;
             let profile = stacks::build(&collected, &mut namer, Unit::Bytes, |c, row| {
                 vec![Part::value(c.value(row, "bytes"))]
             });
-            eprint!("{}", tables::outstanding(&mut namer, &collected, a.top));
+            say_part!("{}", tables::outstanding(&mut namer, &collected, a.top));
             let what = "Outstanding allocations";
             s.finish(&collected, &profile, what, Palette::Mem)
         }
@@ -333,9 +334,10 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             } else {
                 only.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
             };
-            eprintln!(
+            say!(
                 "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
-                a.min_us, a.trace.duration
+                a.min_us,
+                a.trace.duration
             );
             let found = collect::syscalls::collect(&s.opts, a.min_us.saturating_mul(1000), &only)?;
             let mut namer = s.namer();
@@ -348,7 +350,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 let leaf = format!("[syscall] {}", collect::syscalls::name(row.key));
                 vec![Part::leaf(leaf, c.value(row, column) / scale)]
             });
-            eprint!("{}", tables::syscalls(&found, a.top));
+            say_part!("{}", tables::syscalls(&found, a.top));
             s.finish(&found.collected, &profile, "Syscall", Palette::Io)
         }
     }
@@ -378,7 +380,7 @@ impl<'a> Session<'a> {
             let tables = ProcessTables::load(target.pid)
                 .context("reading the unwind tables of the process")?;
             for w in &tables.warnings {
-                eprintln!("myprobe: warning: {w}");
+                say!("myprobe: warning: {w}");
             }
             Some(RefCell::new(tables))
         };
@@ -442,7 +444,7 @@ impl<'a> Session<'a> {
         };
         render::write_profile(profile, a.output.as_deref(), &opts)?;
         let ms = ended.elapsed().as_secs_f64() * 1000.0;
-        eprintln!(
+        say!(
             "myprobe: {} events, {} stacks, {} {} traced in {:.1} s",
             collected.events,
             profile.len(),
@@ -451,14 +453,14 @@ impl<'a> Session<'a> {
             collected.traced.as_secs_f64()
         );
         for line in collected.lost.report(collected.events) {
-            eprintln!("myprobe: warning: {line}");
+            say!("myprobe: warning: {line}");
         }
         if let Some(out) = &a.output {
-            eprintln!("myprobe: wrote {}", out.display());
+            say!("myprobe: wrote {}", out.display());
         }
-        eprintln!("myprobe: results written in {ms:.0} ms after tracing ended");
+        say!("myprobe: results written in {ms:.0} ms after tracing ended");
         if !profile.is_empty() {
-            eprint!(
+            say_part!(
                 "{}",
                 render::summary::top_functions(profile, 10, palette == Palette::Mem)
             );

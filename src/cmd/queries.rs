@@ -76,7 +76,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
             target.exe.display()
         ),
-        Some(f) if a.uprobes => eprintln!("myprobe: following statements through uprobes on {}", f.demangled),
+        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
         _ => {}
     }
     let wanted = Cell::new(a.uprobes);
@@ -97,7 +97,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         .duration
         .map(|d| format!("for {d} s"))
         .unwrap_or_else(|| "until Ctrl-C".into());
-    let attached = || eprintln!("myprobe: tracing the statements of {target} {until}");
+    let attached = || say!("myprobe: tracing the statements of {target} {until}");
     if !a.json && !a.summary {
         let _ = writeln!(out, "{}", render::LINE_HEADER);
         let _ = out.flush();
@@ -110,11 +110,11 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 Notice::Tls { .. } if !wanted.get() => {
                     wanted.set(true);
                     match &dispatch {
-                        Some(f) => eprintln!(
+                        Some(f) => say!(
                             "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
                             f.demangled
                         ),
-                        None => eprintln!(
+                        None => say!(
                             "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",
                             target.exe.display()
                         ),
@@ -126,7 +126,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                         let conn = conn
                             .map(|c| format!("connection {c}"))
                             .unwrap_or_else(|| "a connection".into());
-                        eprintln!("myprobe: warning: {conn} (user {user}) uses the compressed protocol: its statements are not traced");
+                        say!("myprobe: warning: {conn} (user {user}) uses the compressed protocol: its statements are not traced");
                     }
                 }
             }
@@ -147,13 +147,16 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         if a.summary {
             digest.add(&record);
         } else if failed.is_none() {
-            if let Err(e) = write_record(&mut out, &record, a.json) {
-                failed = Some(e);
-            }
+            let mut written = write_record(&mut out, &record, a.json);
             // Lines appear as statements finish, yet a busy server does not cost a write per line.
-            if last_flush.elapsed() >= Duration::from_millis(200) {
+            if written.is_ok() && last_flush.elapsed() >= Duration::from_millis(200) {
                 last_flush = Instant::now();
-                let _ = out.flush();
+                written = out.flush();
+            }
+            if let Err(e) = written {
+                // Nobody reads any more (`| head` exited): tracing ends now, not at Ctrl-C.
+                failed = Some(e);
+                collect::STOP.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
     })?;
@@ -165,7 +168,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 writeln!(out, "{}", serde_json::to_string(r)?)?;
             }
         } else if digest.is_empty() {
-            eprintln!(
+            say!(
                 "myprobe: no statements{}",
                 if min_us > 0 {
                     " at or above --min-ms"
@@ -177,24 +180,27 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             write!(out, "{}", render::digest_table(&rows, a.top))?;
         }
     }
-    match failed {
+    let written = match failed {
+        Some(e) => Err(e),
+        None => out.flush(),
+    };
+    match written {
         // A closed pipe (`| head`) is the reader's choice, not an error.
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Some(e) => return Err(e).context("writing the records"),
-        None => out.flush().context("writing the records")?,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.context("writing the records")?,
     }
-    eprintln!("myprobe: {seen} statements traced, {reported} reported");
+    say!("myprobe: {seen} statements traced, {reported} reported");
     if unknown_prepared > 0 {
-        eprintln!(
+        say!(
             "myprobe: note: {unknown_prepared} executions of statements prepared before tracing began: their text is unknown \
              (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
         );
     }
     for line in lost.report(seen) {
-        eprintln!("myprobe: warning: {line}");
+        say!("myprobe: warning: {line}");
     }
     if a.summary {
-        eprintln!(
+        say!(
             "myprobe: results written in {:.0} ms after tracing ended",
             ended.elapsed().as_secs_f64() * 1000.0
         );

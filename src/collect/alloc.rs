@@ -72,7 +72,7 @@ pub fn collect(
         .file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with("libc"))
     {
-        eprintln!(
+        say!(
             "myprobe: note: tracing the allocator of {} (it defines malloc before the C library)",
             allocator.display()
         );
@@ -184,7 +184,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
             );
         }
         if !missing.is_empty() {
-            eprintln!(
+            say!(
                 "myprobe: note: {allocator} has no {} that can be probed: not traced",
                 missing.join(", ")
             );
@@ -203,7 +203,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
                 }
                 // E.g. the process exited: what was traced so far is still reported.
                 Err(e) => {
-                    eprintln!(
+                    say!(
                         "myprobe: warning: {e:#}: the allocations of the periods left are not traced"
                     );
                     self.periods.stop_sampling();

@@ -89,7 +89,7 @@ impl Features {
                 "uprobe_multi" => self.uprobe_multi = false,
                 "uprobe_session" => self.uprobe_session = false,
                 "task_stacks" => self.task_stacks = false,
-                other => eprintln!(
+                other => say!(
                     "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
                     NAMES.join(", ")
                 ),

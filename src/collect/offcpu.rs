@@ -100,9 +100,7 @@ impl Collector for Offcpu {
                     values: Box::new([traced_ns, 0, 1]),
                 })),
                 Err(e) => {
-                    eprintln!(
-                        "myprobe: warning: the threads blocked throughout are left out: {e:#}"
-                    )
+                    say!("myprobe: warning: the threads blocked throughout are left out: {e:#}")
                 }
             }
         }

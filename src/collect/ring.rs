@@ -64,14 +64,14 @@ pub fn poll(
         let status = tick(started.elapsed())?;
         if show_progress && last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
-            eprint!("\r{status}   ");
+            say_part!("\r{status}   ");
         }
     }
     let traced = started.elapsed();
     *TRACING_ENDED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     ring.consume().context("reading the ring buffer")?;
     if show_progress {
-        eprintln!();
+        say!();
     }
     Ok(traced)
 }

@@ -478,7 +478,7 @@ fn install_unwind<S: StackSkeleton>(
     if !installed.warned {
         if rows < tables.rows.len() || pages < tables.pages.len() {
             installed.warned = true;
-            eprintln!(
+            say!(
                 "myprobe: warning: the unwind tables of code loaded while tracing do not fit ({} rows for \
                  {}): its stacks are walked with frame pointers",
                 maps.rows.max_entries(),
@@ -486,7 +486,7 @@ fn install_unwind<S: StackSkeleton>(
             );
         } else if tables.mappings.len() > capacity {
             installed.warned = true;
-            eprintln!(
+            say!(
                 "myprobe: warning: more than {capacity} executable mappings: those above {:#x} are \
                  unwound with frame pointers",
                 tables.mappings[capacity].start

@@ -369,6 +369,11 @@ impl Background {
         }
     }
 
+    /// The PID of the myprobe run.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Ends the run with SIGINT (as Ctrl-C does) and waits for it; asserts success; returns (stdout, stderr).
     pub fn stop(self) -> (String, String) {
         // SAFETY: kill has no memory-safety preconditions.

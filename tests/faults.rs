@@ -1,0 +1,162 @@
+//! Faults around a run: signals, a reader that goes away, a stderr that is closed. myprobe ends promptly and
+//! cleanly, writes what it found when it can, and leaves nothing in the kernel.
+
+mod common;
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// Waits up to `secs` for `child` to exit; kills it and fails if it does not.
+fn exits_within(child: &mut Child, secs: u64, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("myprobe did not end within {secs} s after {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(child_pid: u32, sig: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child_pid as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_ends_tracing_with_results() {
+    let db = testdb();
+    let pid = db.pid.to_string();
+    let queries = Background::start(
+        &["queries", "-p", &pid, "--summary"],
+        "tracing the statements",
+    );
+    db.sql("SELECT 'before sigterm'");
+    let profile = Background::start(&["profile", "offcpu", "-p", &pid, "-d", "60"], "for 60 s");
+    std::thread::sleep(Duration::from_millis(500));
+    signal(queries.pid(), libc::SIGTERM);
+    signal(profile.pid(), libc::SIGTERM);
+    let (digest, err) = queries.wait();
+    assert!(err.contains("statements traced"), "{err}");
+    assert!(
+        digest.contains("select ?"),
+        "the digest is written:\n{digest}\n{err}"
+    );
+    let (folded, err) = profile.wait();
+    assert!(!folded.trim().is_empty(), "the profile is written:\n{err}");
+    assert!(err.contains("traced in"), "{err}");
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_tracing() {
+    let db = testdb();
+    let mut tracer = myprobe()
+        .args(["queries", "-p", &db.pid.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(tracer.stdout.take().unwrap());
+    let mut header = String::new();
+    out.read_line(&mut header).unwrap();
+    assert!(header.starts_with("TIME"), "{header}");
+    // `| head -1`: the reader exits.
+    drop(out);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tracer.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        db.sql("SELECT 'nobody reads this'");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let status = exits_within(&mut tracer, 1, "its stdout was closed");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_closed_stderr_is_no_crash() {
+    let db = testdb();
+    let mut tracer = myprobe()
+        .args(["queries", "-p", &db.pid.to_string(), "-d", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(tracer.stderr.take());
+    std::thread::sleep(Duration::from_millis(1500));
+    // A compressed connection makes the tracer warn from inside the ring buffer callback.
+    let compressed = Command::new("mariadb")
+        .arg("-S")
+        .arg(&db.socket)
+        .args(["-uroot", "--compress", "-e", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(compressed.status.success());
+    db.sql("SELECT 2");
+    let status = exits_within(&mut tracer, 10, "its duration");
+    assert!(status.success(), "{status}");
+}
+
+/// The BPF objects a process holds: (kind, id) from its fdinfo.
+fn bpf_objects(pid: u32) -> Vec<(String, u32)> {
+    let mut ids = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        for line in info.lines() {
+            for kind in ["prog", "map", "link"] {
+                if let Some(id) = line.strip_prefix(&format!("{kind}_id:")) {
+                    ids.push((kind.to_string(), id.trim().parse().unwrap()));
+                }
+            }
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+#[test]
+fn sigkill_leaves_nothing_in_the_kernel() {
+    let db = testdb();
+    let pid = db.pid.to_string();
+    let tracer = Background::start(&["queries", "-p", &pid], "tracing the statements");
+    let held = bpf_objects(tracer.pid());
+    assert!(
+        held.iter().any(|(k, _)| k == "prog") && held.iter().any(|(k, _)| k == "link"),
+        "{held:?}"
+    );
+    signal(tracer.pid(), libc::SIGKILL);
+    drop(tracer);
+    let left = |held: &[(String, u32)]| -> Vec<(String, u32)> {
+        held.iter()
+            .filter(|(kind, id)| {
+                Command::new("bpftool")
+                    .args([kind.as_str(), "show", "id", &id.to_string()])
+                    .output()
+                    .unwrap()
+                    .status
+                    .success()
+            })
+            .cloned()
+            .collect()
+    };
+    // The kernel frees them once the last reference goes, after an RCU grace period.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut remaining = left(&held);
+    while !remaining.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        remaining = left(&remaining);
+    }
+    assert!(remaining.is_empty(), "still in the kernel: {remaining:?}");
+}
