@@ -126,7 +126,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                         let conn = conn
                             .map(|c| format!("connection {c}"))
                             .unwrap_or_else(|| "a connection".into());
-                        say!("myprobe: warning: {conn} (user {user}) uses the compressed protocol: its statements are not traced");
+                        say!(
+                            "myprobe: warning: {conn} (user {}) uses the compressed protocol: its statements are not traced",
+                            crate::render::terminal_safe(&user)
+                        );
                     }
                 }
             }

@@ -14,7 +14,7 @@ use protocol::Reply;
 
 /// One statement, as `myprobe queries --json` prints it (see ARCHITECTURE.md, "Query records").
 /// Times in microseconds.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct QueryRecord {
     pub ts: String,
     pub tid: u32,

@@ -16,6 +16,31 @@ use anyhow::{bail, Context, Result};
 
 use crate::profile::{folded, Profile};
 
+/// Text from the traced server or its clients (user and database names, statements, symbols) made safe for a
+/// terminal: tabs and line breaks become spaces, and every other control character (C0, DEL, C1: what starts
+/// an escape sequence) is written as an escape, `\x1b` or `\u{9b}`, so that nobody who can connect can drive
+/// root's terminal.
+pub fn terminal_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 /// Flame graph colour palettes (FlameGraph's `--colors`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Palette {

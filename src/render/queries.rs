@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::terminal_safe;
 use crate::query::{digest::DigestRow, QueryRecord};
 
 /// Microseconds in an adaptive unit, at most 7 characters: `812us`, `3.25ms`, `312.5ms`, `1.234s`, `2m05s`.
@@ -23,9 +24,9 @@ pub fn line(r: &QueryRecord) -> String {
     let time = r.ts.get(11..26).unwrap_or(&r.ts);
     let opt = |v: u64| if v == 0 { "-".to_string() } else { human_us(v) };
     let text = match (&r.query, &r.fingerprint) {
-        (Some(q), _) => q.replace(['\n', '\r', '\t'], " "),
-        (None, Some(f)) => format!("[{}] {f}", r.command),
-        (None, None) => format!("[{}]", r.command),
+        (Some(q), _) => terminal_safe(q).into_owned(),
+        (None, Some(f)) => format!("[{}] {}", terminal_safe(r.command), terminal_safe(f)),
+        (None, None) => format!("[{}]", terminal_safe(r.command)),
     };
     let mut out = String::with_capacity(160);
     let _ = write!(
@@ -33,8 +34,8 @@ pub fn line(r: &QueryRecord) -> String {
         "{time:<16} {:<7} {:<5} {:<10} {:<11} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<5} ",
         r.tid,
         r.conn.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
-        clip(r.user.as_deref().unwrap_or("?"), 10),
-        clip(r.db.as_deref().unwrap_or("?"), 11),
+        clip(&terminal_safe(r.user.as_deref().unwrap_or("?")), 10),
+        clip(&terminal_safe(r.db.as_deref().unwrap_or("?")), 11),
         human_us(r.duration_us),
         opt(r.cpu_us),
         opt(r.runq_us),
@@ -44,7 +45,7 @@ pub fn line(r: &QueryRecord) -> String {
         r.error.map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
     );
     if r.command != "Query" && r.query.is_some() {
-        let _ = write!(out, "[{}] ", r.command);
+        let _ = write!(out, "[{}] ", terminal_safe(r.command));
     }
     out.push_str(&text);
     if r.in_flight {
@@ -53,7 +54,8 @@ pub fn line(r: &QueryRecord) -> String {
     if let Some(sym) = &r.lock_symbol {
         let _ = write!(
             out,
-            "  (lock: {sym}, {} waits, max {})",
+            "  (lock: {}, {} waits, max {})",
+            terminal_safe(sym),
             r.lock_waits,
             human_us(r.lock_max_us)
         );
@@ -104,10 +106,10 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
             r.io_pct,
             r.net_pct,
             r.sys_pct,
-            r.fingerprint.replace(['\n', '\r', '\t'], " "),
+            terminal_safe(&r.fingerprint),
         );
         if let Some(lock) = &r.top_lock {
-            let _ = write!(out, "  (top lock: {lock})");
+            let _ = write!(out, "  (top lock: {})", terminal_safe(lock));
         }
         out.push('\n');
     }
@@ -120,6 +122,24 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_control_byte_reaches_the_terminal() {
+        let hostile = "ro\u{1b}]0;pwned\u{7}ot\u{9b}31m\u{7f}\tdb\r\nx";
+        let safe = terminal_safe(hostile);
+        assert!(!safe.chars().any(char::is_control), "{safe:?}");
+        assert_eq!(safe, "ro\\x1b]0;pwned\\x07ot\\u{9b}31m\\x7f db  x");
+        assert_eq!(terminal_safe("SELECT 'é' -- fine"), "SELECT 'é' -- fine");
+        let record = QueryRecord {
+            user: Some(hostile.into()),
+            db: Some(hostile.into()),
+            query: Some(hostile.into()),
+            lock_symbol: Some(hostile.into()),
+            ..QueryRecord::default()
+        };
+        let shown = line(&record);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    }
 
     #[test]
     fn adaptive_units() {
