@@ -14,9 +14,12 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("myprobe-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .prefix(&format!("myprobe-test-{name}-"))
+            .tempdir()
+            .expect("creating a temporary directory")
+            .keep();
         TempDir(dir)
     }
 

@@ -32,3 +32,15 @@ fn the_version_comes_from_memory_and_nothing_of_the_target_runs_even_when_delete
     );
     drop(fixture.child.stdin.take());
 }
+
+#[test]
+fn fixtures_are_built_in_private_unpredictable_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    let (a, b) = (tempdir("private"), tempdir("private"));
+    assert_ne!(
+        a.as_ref() as &std::path::Path,
+        b.as_ref() as &std::path::Path
+    );
+    let mode = std::fs::metadata(&*a).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{}", a.display());
+}

@@ -118,8 +118,8 @@ mod tests {
 
     #[test]
     fn merges_and_normalizes() {
-        let dir = std::env::temp_dir().join(format!("myprobe-diff-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let (b, a) = (dir.join("b.folded"), dir.join("a.folded"));
         std::fs::write(&b, "main;a;x 10\nmain;b 5\n").unwrap();
         std::fs::write(&a, "main;a;x 15\nmain;b 2\nmain;c 4\n").unwrap();
@@ -139,6 +139,5 @@ mod tests {
             err.ends_with("b.folded: line 2: expected `frame;frame VALUE`, got \"main;b five\""),
             "{err}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

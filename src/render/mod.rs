@@ -185,8 +185,8 @@ mod tests {
 
     #[test]
     fn write_profile_picks_format_from_extension() {
-        let dir = std::env::temp_dir().join(format!("myprobe-render-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let mut p = Profile::new(crate::profile::Unit::Samples);
         p.add(&["main", "a"], 3);
         let opts = RenderOptions::default();
@@ -211,6 +211,5 @@ mod tests {
 
         assert!(write_profile(&p, Some(&dir.join("p.png")), &opts).is_err());
         assert!(!dir.join("p.png").exists());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,21 +13,35 @@ pub fn fixture_source(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-/// A directory for builds, one per test process (`<prefix><pid>` in the temporary directory); those of test
-/// processes that are gone are removed.
+/// A directory for builds, one per test process and prefix (private, `<prefix><pid>-<random>` in the temporary
+/// directory); those of test processes that are gone are removed.
 pub fn build_dir(prefix: &str) -> PathBuf {
+    static DIRS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, dir)) = dirs.iter().find(|(p, _)| p == prefix) {
+        return dir.clone();
+    }
     let tmp = std::env::temp_dir();
     for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.split('-').next())
+        else {
             continue;
         };
         if !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    let dir = tmp.join(format!("{prefix}{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .prefix(&format!("{prefix}{}-", std::process::id()))
+        .tempdir()
+        .expect("creating a temporary directory")
+        .keep();
+    dirs.push((prefix.to_string(), dir.clone()));
     dir
 }
 

@@ -248,9 +248,13 @@ pub fn run_ok(cmd: &mut Command) -> String {
 /// A fresh temporary directory for one test's files, removed when the test passes (kept for a look when
 /// it fails).
 pub fn tempdir(name: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("myprobe-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    // Private (0700) and unpredictable: fixtures are compiled and run there as root.
+    let dir = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .prefix(&format!("myprobe-test-{name}-"))
+        .tempdir()
+        .expect("creating a temporary directory")
+        .keep();
     TempDir(dir)
 }
 
