@@ -48,10 +48,10 @@ struct query_counters {
 	__u64 net_ns;
 	__u64 net_bytes;
 	__u64 other_ns;
-	__u32 lock_waits;
-	__u32 syncs;
-	__u32 syscalls;
-	__u32 _pad;
+	/* 64 bits: one statement can last for days (a binlog dump, a replica's connection). */
+	__u64 lock_waits;
+	__u64 syncs;
+	__u64 syscalls;
 };
 
 struct query_event {

@@ -28,7 +28,7 @@ pub struct QueryRecord {
     pub cpu_us: u64,
     pub runq_us: u64,
     pub lock_us: u64,
-    pub lock_waits: u32,
+    pub lock_waits: u64,
     pub lock_max_us: u64,
     pub lock_addr: Option<String>,
     pub lock_symbol: Option<String>,
@@ -37,11 +37,11 @@ pub struct QueryRecord {
     pub write_us: u64,
     pub write_bytes: u64,
     pub sync_us: u64,
-    pub syncs: u32,
+    pub syncs: u64,
     pub net_us: u64,
     pub net_bytes: u64,
     pub other_sys_us: u64,
-    pub syscalls: u32,
+    pub syscalls: u64,
     pub error: Option<u16>,
     /// The request was longer than what the tracer keeps: `query` is its beginning.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -293,6 +293,21 @@ pub fn format_ts(epoch_ns: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_statement_counts_do_not_wrap() {
+        // A binlog dump is one statement for as long as the replica is connected.
+        let c = crate::collect::queries::Counters {
+            lock_waits: u64::from(u32::MAX) + 2,
+            syncs: u64::from(u32::MAX) + 3,
+            syscalls: u64::from(u32::MAX) + 4,
+            ..Default::default()
+        };
+        assert_eq!(
+            (c.lock_waits, c.syncs, c.syscalls),
+            (4_294_967_297, 4_294_967_298, 4_294_967_299)
+        );
+    }
 
     #[test]
     fn timestamps() {
