@@ -9,30 +9,23 @@ use quick_xml::events::Event;
 const BEFORE: &str = "main;a;x 10\nmain;b 5\n";
 const AFTER: &str = "main;a;x 15\nmain;b 2\nmain;c 4\n";
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
+/// A temporary directory removed on drop (folded files only: nothing is run from it).
+struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .prefix(&format!("myprobe-test-{name}-"))
-            .tempdir()
-            .expect("creating a temporary directory")
-            .keep();
-        TempDir(dir)
+        let prefix = format!("myprobe-test-{name}-");
+        TempDir(tempfile::Builder::new().prefix(&prefix).tempdir().unwrap())
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
     }
 
     fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
+        let p = self.path().join(name);
         std::fs::write(&p, text).unwrap();
         p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -61,7 +54,7 @@ fn s(p: &Path) -> &str {
 fn diff_folded(dir: &TempDir, extra: &[&str], out_name: &str) -> Vec<String> {
     let before = dir.file("before.folded", BEFORE);
     let after = dir.file("after.folded", AFTER);
-    let out = dir.0.join(out_name);
+    let out = dir.path().join(out_name);
     let mut args = vec!["diff", s(&before), s(&after), "-o", s(&out)];
     args.extend_from_slice(extra);
     let run = ok(&args);
@@ -149,7 +142,7 @@ fn differential_svg_titles_carry_deltas() {
     assert_eq!(title_of(&titles, "c"), "c (4 samples, 19.05%; +19.05%)"); // +4/21
 
     // Same with -o X.svg and --normalize: deltas against the scaled BEFORE (14, 7, 0).
-    let svg_path = dir.0.join("d.svg");
+    let svg_path = dir.path().join("d.svg");
     let run = ok(&[
         "diff",
         s(&before),
@@ -181,7 +174,13 @@ fn diff_rejects_other_formats_and_bad_input() {
     assert_eq!(err.lines().count(), 1, "{err}");
 
     let good = dir.file("good.folded", AFTER);
-    let out = myprobe(&["diff", s(&before), s(&good), "-o", s(&dir.0.join("d.json"))]);
+    let out = myprobe(&[
+        "diff",
+        s(&before),
+        s(&good),
+        "-o",
+        s(&dir.path().join("d.json")),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("diff writes .svg or .folded/.txt"));
 }
@@ -208,7 +207,7 @@ fn flame_corrupt_line_names_the_line() {
 #[test]
 fn flame_missing_file_and_bad_regex_are_one_line() {
     let dir = TempDir::new("flame-errors");
-    let out = myprobe(&["flame", s(&dir.0.join("nope.folded"))]);
+    let out = myprobe(&["flame", s(&dir.path().join("nope.folded"))]);
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -234,7 +233,7 @@ fn flame_grep_exclude_and_formats() {
         "in.folded",
         "start_thread;do_command;dispatch_command 10\nstart_thread;buf_flush_page_cleaner 3\nmain;poll 5\n",
     );
-    let out = dir.0.join("out.folded");
+    let out = dir.path().join("out.folded");
     ok(&[
         "flame",
         s(&input),
@@ -286,7 +285,7 @@ fn flame_grep_exclude_and_formats() {
     svg_titles(&String::from_utf8(run.stdout).unwrap());
     assert!(String::from_utf8_lossy(&run.stderr).contains("no stacks left"));
 
-    let out = myprobe(&["flame", s(&input), "-o", s(&dir.0.join("out.png"))]);
+    let out = myprobe(&["flame", s(&input), "-o", s(&dir.path().join("out.png"))]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(".folded, .txt, .svg, .json, .pb.gz"));
 }

@@ -546,19 +546,7 @@ fn tls_connections_are_followed_through_uprobes() {
         Some(true)
     );
     let before_tid = before.server_tid();
-    let tracer = trace(tls, &["--uprobes"]);
-    assert_eq!(before.query_row("SELECT 2 + 2"), "4");
-    let (out, err) = tracer.stop();
-    assert!(
-        err.contains("through uprobes on dispatch_command("),
-        "{err}"
-    );
-    let all = records(&out);
-    assert_eq!(
-        query_is(&of_thread(&all, before_tid), "SELECT ? + ?").len(),
-        1,
-        "{all:?}\nstderr:\n{err}"
-    );
+    a_sum_is_followed_through_uprobes(tls, &mut before, before_tid);
 
     // Opened while tracing: the TLS handshake turns the uprobes on by itself.
     let tracer = trace(tls, &[]);
@@ -594,8 +582,14 @@ fn a_server_whose_binary_was_replaced_is_still_followed_through_uprobes() {
     std::fs::copy("/bin/true", &new).unwrap();
     std::fs::rename(&new, &binary).unwrap();
 
-    let tracer = trace(upgraded, &["--uprobes"]);
-    assert_eq!(before.query_row("SELECT 40 + 2"), "42");
+    a_sum_is_followed_through_uprobes(upgraded, &mut before, tid);
+}
+
+/// Traces `db` with `--uprobes` while `session`, served by thread `tid`, runs `SELECT 2 + 2`: the statement
+/// is followed through the uprobes on dispatch_command, once.
+fn a_sum_is_followed_through_uprobes(db: &TestDb, session: &mut Session, tid: u32) {
+    let tracer = trace(db, &["--uprobes"]);
+    assert_eq!(session.query_row("SELECT 2 + 2"), "4");
     let (out, err) = tracer.stop();
     assert!(
         err.contains("through uprobes on dispatch_command("),
