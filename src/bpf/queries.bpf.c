@@ -7,6 +7,10 @@
 // entered. Meanwhile the thread's syscalls (by class), futex waits and scheduler events are accounted.
 // Packets outside a statement (the server's greeting, the client's handshake response) are sent to user
 // space as they are, so that it learns connection ids, users and databases.
+// The framing is the client's to choose and so is never assumed: a header may arrive in pieces (reassembled),
+// a packet may be empty (no body follows), a statement's text is cut at its packet's length, recvmsg and
+// sendmsg carry their bytes in an iovec, and a recv entered before tracing began is parsed from the
+// registers at its exit, so that the stream is followed from its first byte.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -44,7 +48,10 @@ struct query_thread {
 	__u8 in_syscall;
 	enum syscall_class syscall_cls;
 	__u8 on_cpu;            /* while a statement is in flight */
-	__u8 _pad[2];
+	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
+	__u8 _pad;
+	__u8 hdr[4];
+	__s32 hdr_fd;           /* the socket the header pieces came from */
 	__s32 fd;               /* the client socket of the statement */
 	__u32 header_len;       /* payload length announced by the header */
 	__u32 futex_op;         /* op of the futex call in progress */
@@ -162,6 +169,9 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->ev.start_ns = st->header_ts;
 	st->ev.end_ns = 0;
 	st->ev.reply_len = 0;
+	/* The packet only: what follows in the same read is the next packet. */
+	if (n > st->header_len)
+		n = st->header_len;
 	capture_text(&st->ev, buf, n);
 	/* Commands the server does not answer: no record (the socket may even be reused before a send). */
 	__u8 cmd = st->ev.text[0];
@@ -199,14 +209,15 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	if (id < 0 || id >= MAX_SYSCALL_NR || !current_is_target(&tid))
 		return 0;
 	enum syscall_class cls = syscall_class[id];
-	bool net = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_SEND;
+	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
+	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
 	struct query_thread *st = thread_state(tid, net);
 	if (!st)
 		return 0;
 	if (!net && !in_statement(st))
 		return 0;
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
-	if (cls == SYSCALL_NET_RECV && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
+	if (recv && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
 		finish_statement(st);
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
@@ -232,47 +243,112 @@ static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd
 	}
 	if (in_statement(st))
 		return; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
-	if (n < 4)
+	/* A packet header: 3 bytes length, 1 byte sequence; a client can send it in pieces, and each piece is
+	 * then read alone. */
+	if (st->hdr_have && st->hdr_fd != fd)
+		st->hdr_have = 0;
+	__u32 used = 0;
+	if (!st->hdr_have && n >= 4) {
+		/* The usual case, in one read of the 4 bytes. */
+		if (bpf_probe_read_user(st->hdr, 4, (void *)buf))
+			return;
+		st->hdr_have = 4;
+		used = 4;
+	}
+	for (int i = 0; i < 4; i++) {
+		if (st->hdr_have >= 4 || used >= n)
+			break;
+		if (bpf_probe_read_user(&st->hdr[st->hdr_have & 3], 1, (void *)(buf + used))) {
+			st->hdr_have = 0;
+			return;
+		}
+		st->hdr_have++;
+		used++;
+	}
+	if (st->hdr_have < 4) {
+		st->hdr_fd = fd;
 		return;
-	/* A packet header: 3 bytes length, 1 byte sequence. */
-	__u8 hdr[4];
-	if (bpf_probe_read_user(hdr, 4, (void *)buf))
-		return;
+	}
+	st->hdr_have = 0;
 	st->fd = fd;
-	st->header_len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16);
-	st->header_seq = hdr[3];
+	st->header_len = st->hdr[0] | (st->hdr[1] << 8) | (st->hdr[2] << 16);
+	st->header_seq = st->hdr[3];
 	st->header_ts = now;
-	if (n == 4) {
+	if (st->header_len == 0)
+		return; /* an empty packet: no body follows (the server answers it as an unknown command) */
+	if (used == n) {
 		st->phase = PHASE_BODY;
 	} else if (st->header_seq == 0) {
-		start_statement(st, tid, buf + 4, n - 4, now); /* header and body in one read */
+		start_statement(st, tid, buf + used, n - used, now); /* header and body in one read */
 	} else {
-		send_packet(EVENT_PACKET_IN, tid, fd, st, buf + 4, n - 4, now);
+		send_packet(EVENT_PACKET_IN, tid, fd, st, buf + used, n - used, now);
 	}
+}
+
+/* The data of a recvmsg/sendmsg that returned `ret` bytes: its first iovec, as (buffer, length). */
+static __always_inline bool msghdr_data(__u64 msg, long ret, __u64 *buf, long *n)
+{
+	struct user_msghdr m;
+	struct iovec iov;
+	if (bpf_probe_read_user(&m, sizeof(m), (void *)msg) || m.msg_iovlen == 0 ||
+	    bpf_probe_read_user(&iov, sizeof(iov), m.msg_iov))
+		return false;
+	*buf = (__u64)iov.iov_base;
+	*n = ret < (long)iov.iov_len ? ret : (long)iov.iov_len;
+	return true;
 }
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
-	(void)regs;
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
 	struct query_thread *st = thread_state(tid, false);
-	if (!st || !st->in_syscall)
+	if (st && !st->in_syscall)
 		return 0;
+	if (!st) {
+		/* A thread seen for the first time, in a syscall entered before tracing began (a connection waiting
+		 * for its next request): not timed, but what it read frames what follows, so it is parsed. The
+		 * registers still hold the arguments. */
+		if (ret <= 0)
+			return 0;
+		long id = regs->orig_ax;
+		if (id < 0 || id >= MAX_SYSCALL_NR)
+			return 0;
+		enum syscall_class cls = syscall_class[id];
+		if (cls != SYSCALL_NET_RECV && cls != SYSCALL_NET_RECVMSG)
+			return 0;
+		st = thread_state(tid, true);
+		if (!st)
+			return 0;
+		__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
+		long n = ret;
+		if (cls == SYSCALL_NET_RECVMSG && !msghdr_data(buf, ret, &buf, &n))
+			return 0;
+		on_recv(st, tid, (__s32)PT_REGS_PARM1_SYSCALL(regs), buf, n, bpf_ktime_get_ns());
+		return 0;
+	}
 	st->in_syscall = 0;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 took = now - st->sys_ts;
 	enum syscall_class cls = st->syscall_cls;
 	__s32 fd = (__s32)st->sys_arg0;
 	bool counted = in_statement(st);
+	/* The bytes: the buffer argument, or a msghdr's first iovec. */
+	__u64 buf = st->sys_arg1;
+	long n = ret;
+	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
+		if (ret <= 0 || !msghdr_data(st->sys_arg1, ret, &buf, &n))
+			n = 0;
+		cls = cls == SYSCALL_NET_RECVMSG ? SYSCALL_NET_RECV : SYSCALL_NET_SEND;
+	}
 
-	if (cls == SYSCALL_NET_RECV && ret > 0)
-		on_recv(st, tid, fd, st->sys_arg1, ret, now);
-	else if (cls == SYSCALL_NET_SEND && ret > 0 && !counted)
-		send_packet(EVENT_PACKET_OUT, tid, fd, st, st->sys_arg1, ret, now);
+	if (cls == SYSCALL_NET_RECV && n > 0)
+		on_recv(st, tid, fd, buf, n, now);
+	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted)
+		send_packet(EVENT_PACKET_OUT, tid, fd, st, buf, n, now);
 
 	if (!counted)
 		return 0;
@@ -315,8 +391,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	default:
 		c->other_ns += took;
 	}
-	if (cls == SYSCALL_NET_SEND && ret > 0 && fd == st->fd)
-		reply_sent(st, st->sys_arg1, ret, now);
+	if (cls == SYSCALL_NET_SEND && n > 0 && fd == st->fd)
+		reply_sent(st, buf, n, now);
 	return 0;
 }
 

@@ -20,6 +20,8 @@ enum syscall_class : __u8 {
 	SYSCALL_WRITE,      /* write, pwrite64, writev, pwritev, pwritev2 */
 	SYSCALL_SYNC,       /* fsync, fdatasync, sync_file_range */
 	SYSCALL_FUTEX,
+	SYSCALL_NET_RECVMSG, /* recvmsg: as NET_RECV, the data in the first iovec of a struct msghdr */
+	SYSCALL_NET_SENDMSG, /* sendmsg: as NET_SEND, likewise */
 };
 
 /* How the uprobe on dispatch_command finds the command and its text. */
