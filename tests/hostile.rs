@@ -34,14 +34,79 @@ fn statements_of(fixture: &mut Fixture, extra: &[&str]) -> (Vec<String>, String)
 }
 
 #[test]
-fn split_headers_empty_packets_and_msghdr_calls_are_framed_exactly() {
+fn split_headers_empty_packets_msghdr_calls_and_load_data_local_are_framed_exactly() {
     let dir = tempdir("fake-wire");
     let exe = compile_fixture(&dir, "fake_wire", &["protocol/fake_wire.c"], &["-pthread"]);
     let mut fixture = Fixture::start(&mut Command::new(&exe));
     let (queries, err) = statements_of(&mut fixture, &[]);
     assert_eq!(
         queries,
-        ["SELECT 1", "SELECT 2", "SELECT 3"],
+        [
+            "SELECT 1",
+            "SELECT 2",
+            "SELECT 3",
+            "LOAD DATA LOCAL INFILE 'f' INTO TABLE t",
+            "SELECT 4"
+        ],
         "stderr:\n{err}"
+    );
+}
+
+#[test]
+fn load_data_local_of_forged_packets_is_one_statement() {
+    let db = testdb();
+    let dir = tempdir("infile");
+    // 10 MB of lines that are each a packet header and a COM_QUERY, wherever the client cuts its packets.
+    let forged = "\x13\x00\x00\x00\x03SELECT 'xyzzy' + 1\n";
+    let file = dir.join("forged.txt");
+    std::fs::write(&file, forged.repeat(10 * 1024 * 1024 / forged.len())).unwrap();
+    db.sql("SET GLOBAL local_infile = 1");
+    db.sql("CREATE TABLE IF NOT EXISTS sbtest.forged_lines (line BLOB)");
+    let pid = db.pid.to_string();
+    let tracer = Background::start(
+        &["queries", "--raw-sql", "--json", "-p", &pid],
+        "tracing the statements",
+    );
+    let load = Command::new("mariadb")
+        .arg("-S")
+        .arg(&db.socket)
+        .args(["-uroot", "--local-infile=1", "sbtest", "-e"])
+        .arg(format!(
+            "LOAD DATA LOCAL INFILE '{}' INTO TABLE forged_lines; SELECT 'after the file'",
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let (out, err) = tracer.stop();
+    db.sql("DROP TABLE sbtest.forged_lines");
+    let queries: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|r| r["query"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        !queries.iter().any(|q| q.contains("xyzzy")),
+        "a file's bytes became statements: {queries:?}\n{err}"
+    );
+    assert_eq!(
+        queries
+            .iter()
+            .filter(|q| q.starts_with("LOAD DATA LOCAL"))
+            .count(),
+        1,
+        "{queries:?}\n{err}"
+    );
+    assert_eq!(
+        queries
+            .iter()
+            .filter(|q| q.as_str() == "SELECT 'after the file'")
+            .count(),
+        1,
+        "{queries:?}\n{err}"
     );
 }

@@ -39,6 +39,8 @@ enum phase : __u8 {
 	PHASE_BODY,       /* header read, the body comes next */
 	PHASE_RUNNING,    /* request read, no reply yet */
 	PHASE_REPLIED,    /* at least one reply send done: the record is ready, more sends may follow */
+	PHASE_INFILE,     /* LOAD DATA LOCAL: the server asked for the file (0xfb); the client's file packets,
+			   * whatever they hold, come until the server's final reply */
 };
 
 struct query_thread {
@@ -115,7 +117,7 @@ static __always_inline void submit(struct query_event *e)
 
 static __always_inline bool in_statement(struct query_thread *st)
 {
-	return st->phase == PHASE_RUNNING || st->phase == PHASE_REPLIED;
+	return st->phase == PHASE_RUNNING || st->phase == PHASE_REPLIED || st->phase == PHASE_INFILE;
 }
 
 /* Copies up to MAX_TEXT bytes of user memory into e->text. */
@@ -182,11 +184,16 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
 static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
 {
-	if (st->phase == PHASE_RUNNING) {
+	if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
 		long m = n > REPLY_HEAD ? REPLY_HEAD : n;
 		if (m <= 0 || bpf_probe_read_user(st->ev.reply, m, (void *)buf))
 			m = 0;
 		st->ev.reply_len = m;
+		/* A query's first reply packet starting with 0xfb asks for a LOAD DATA LOCAL file: not the end. */
+		if (st->phase == PHASE_RUNNING && st->ev.text[0] == COM_QUERY && m > 4 && st->ev.reply[4] == 0xfb) {
+			st->phase = PHASE_INFILE;
+			return;
+		}
 		st->phase = PHASE_REPLIED;
 	}
 	st->ev.end_ns = now;

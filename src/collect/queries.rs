@@ -225,7 +225,7 @@ pub fn collect(
     for_each_typed(&skel.maps.threads, |_: u32, st: query_thread| {
         let mut counters = st.c;
         match st.phase {
-            phase::PHASE_RUNNING => {
+            phase::PHASE_RUNNING | phase::PHASE_INFILE => {
                 if st.on_cpu != 0 {
                     counters.cpu_ns += now.saturating_sub(st.on_cpu_since);
                 } else if st.runnable_since != 0 {
