@@ -110,3 +110,47 @@ fn load_data_local_of_forged_packets_is_one_statement() {
         "{queries:?}\n{err}"
     );
 }
+
+#[test]
+fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
+    let db = testdb();
+    let pid = db.pid.to_string();
+    let tracer = Background::start(&["queries", "--json", "-p", &pid], "tracing the statements");
+    let mut victim = db.session();
+    let tid = victim.server_tid();
+    let conn: u64 = victim.query_row("SELECT CONNECTION_ID()").parse().unwrap();
+    victim.send("SELECT SLEEP(30)");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    db.sql(&format!("KILL {conn}"));
+    drop(victim);
+    // The killed connection's thread goes back to the thread cache; sessions are opened (and kept, so that
+    // their threads stay busy) until one is served by it.
+    let mut others = Vec::new();
+    let mut next = loop {
+        let mut s = db.session();
+        if s.server_tid() == tid {
+            break s;
+        }
+        others.push(s);
+        assert!(
+            others.len() < 20,
+            "thread {tid} never served another connection"
+        );
+    };
+    for i in 0..100 {
+        assert_eq!(
+            next.query_row(&format!("SELECT {i} + 1")),
+            (i + 1).to_string()
+        );
+    }
+    let (out, err) = tracer.stop();
+    let records: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sums = records
+        .iter()
+        .filter(|r| r["tid"] == tid && r["query"] == "SELECT ? + ?")
+        .count();
+    assert_eq!(sums, 100, "statements of the reused thread {tid}:\n{err}");
+}

@@ -181,6 +181,14 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 		st->phase = PHASE_IDLE;
 }
 
+/* The record as of now is what will be sent. */
+static __always_inline void reply_ended(struct query_thread *st, __u64 now)
+{
+	st->ev.end_ns = now;
+	st->ev.c = st->c;
+	st->ev.c.cpu_ns += now - st->on_cpu_since;
+}
+
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
 static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
 {
@@ -196,9 +204,7 @@ static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long 
 		}
 		st->phase = PHASE_REPLIED;
 	}
-	st->ev.end_ns = now;
-	st->ev.c = st->c;
-	st->ev.c.cpu_ns += now - st->on_cpu_since;
+	reply_ended(st, now);
 }
 
 static __always_inline void finish_statement(struct query_thread *st)
@@ -226,6 +232,14 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
 	if (recv && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
 		finish_statement(st);
+	if (cls == SYSCALL_CLOSE && (__s32)arg0 == st->fd && in_statement(st)) {
+		/* The connection ends within its statement (KILL, a client gone, a failed send): the statement
+		 * ends here, and the thread is free for the next connection it serves. */
+		__u64 now = bpf_ktime_get_ns();
+		reply_ended(st, now);
+		st->phase = PHASE_REPLIED;
+		finish_statement(st);
+	}
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
 	st->sys_ts = bpf_ktime_get_ns();

@@ -22,6 +22,7 @@ enum syscall_class : __u8 {
 	SYSCALL_FUTEX,
 	SYSCALL_NET_RECVMSG, /* recvmsg: as NET_RECV, the data in the first iovec of a struct msghdr */
 	SYSCALL_NET_SENDMSG, /* sendmsg: as NET_SEND, likewise */
+	SYSCALL_CLOSE,       /* close: the connection of a statement may end before its reply (KILL, a client gone) */
 };
 
 /* How the uprobe on dispatch_command finds the command and its text. */

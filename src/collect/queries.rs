@@ -118,6 +118,7 @@ fn syscall_classes() -> [syscall_class; 512] {
         syscall_class::SYSCALL_SYNC,
     );
     set(&[libc::SYS_futex], syscall_class::SYSCALL_FUTEX);
+    set(&[libc::SYS_close], syscall_class::SYSCALL_CLOSE);
     classes
 }
 
