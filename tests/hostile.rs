@@ -7,6 +7,14 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
+/// The JSON records of a `queries --json` run.
+fn records(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
 /// The statements `queries --raw-sql` reports for the fixture's work, in order.
 fn statements_of(fixture: &mut Fixture, extra: &[&str]) -> (Vec<String>, String) {
     let pid = fixture.child.id().to_string();
@@ -22,11 +30,7 @@ fn statements_of(fixture: &mut Fixture, extra: &[&str]) -> (Vec<String>, String)
     let tracer = Background::start(&args, "tracing the statements");
     fixture.go();
     let (out, err) = tracer.stop();
-    let records: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
-    let queries = records
+    let queries = records(&out)
         .iter()
         .map(|r| r["query"].as_str().unwrap_or("<none>").to_string())
         .collect();
@@ -84,9 +88,8 @@ fn load_data_local_of_forged_packets_is_one_statement() {
     );
     let (out, err) = tracer.stop();
     db.sql("DROP TABLE sbtest.forged_lines");
-    let queries: Vec<String> = out
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let queries: Vec<String> = records(&out)
+        .iter()
         .filter_map(|r| r["query"].as_str().map(str::to_string))
         .collect();
     assert!(
@@ -144,11 +147,7 @@ fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
         );
     }
     let (out, err) = tracer.stop();
-    let records: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let sums = records
+    let sums = records(&out)
         .iter()
         .filter(|r| r["tid"] == tid && r["query"] == "SELECT ? + ?")
         .count();
