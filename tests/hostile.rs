@@ -38,7 +38,7 @@ fn statements_of(fixture: &mut Fixture, extra: &[&str]) -> (Vec<String>, String)
 }
 
 #[test]
-fn split_headers_empty_packets_msghdr_calls_and_load_data_local_are_framed_exactly() {
+fn framing_load_data_local_and_closed_statements_are_followed_exactly() {
     let dir = tempdir("fake-wire");
     let exe = compile_fixture(&dir, "fake_wire", &["protocol/fake_wire.c"], &["-pthread"]);
     let mut fixture = Fixture::start(&mut Command::new(&exe));
@@ -50,7 +50,10 @@ fn split_headers_empty_packets_msghdr_calls_and_load_data_local_are_framed_exact
             "SELECT 2",
             "SELECT 3",
             "LOAD DATA LOCAL INFILE 'f' INTO TABLE t",
-            "SELECT 4"
+            "SELECT 4",
+            "SELECT ?",
+            "SELECT ?",
+            "<none>"
         ],
         "stderr:\n{err}"
     );

@@ -179,6 +179,9 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	__u8 cmd = st->ev.text[0];
 	if (st->ev.text_len == 0 || cmd == COM_QUIT || cmd == COM_STMT_SEND_LONG_DATA || cmd == COM_STMT_CLOSE)
 		st->phase = PHASE_IDLE;
+	/* User space forgets the statement closed (its prepared statements would only grow). */
+	if (cmd == COM_STMT_CLOSE)
+		send_packet(EVENT_PACKET_IN, tid, st->fd, st, buf, n, now);
 }
 
 /* The record as of now is what will be sent. */

@@ -117,7 +117,12 @@ impl Tracker {
             Event::PacketIn {
                 fd, seq, payload, ..
             } => {
-                if seq == 1 {
+                if seq == 0 && payload.first() == Some(&protocol::COM_STMT_CLOSE) {
+                    let id = protocol::stmt_execute_id(&payload);
+                    if let (Some(conn), Some(id)) = (self.conns.get_mut(&fd), id) {
+                        conn.prepared.remove(&id);
+                    }
+                } else if seq == 1 {
                     if let Some(h) = protocol::parse_handshake_response(&payload) {
                         let conn = self.conn_entry(fd);
                         if h.ssl_request {
