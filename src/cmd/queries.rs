@@ -199,6 +199,22 @@ pub fn run(a: QueriesArgs) -> Result<()> {
              (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
         );
     }
+    if tracker.forgotten_prepared > 0 {
+        say!(
+            "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
+             executions show as `{UNKNOWN_PREPARED} #ID`",
+            tracker.forgotten_prepared,
+            crate::query::MAX_PREPARED_PER_CONN
+        );
+    }
+    if tracker.forgotten_conns > 0 {
+        say!(
+            "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
+             no user or database",
+            tracker.forgotten_conns,
+            crate::query::MAX_CONNS
+        );
+    }
     for line in lost.report(seen) {
         say!("myprobe: warning: {line}");
     }

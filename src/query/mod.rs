@@ -57,9 +57,9 @@ pub struct QueryRecord {
 pub const UNKNOWN_PREPARED: &str = "statement prepared before tracing";
 
 /// Prepared statements remembered per connection, at most; beyond it the oldest are forgotten.
-const MAX_PREPARED_PER_CONN: usize = 4096;
+pub const MAX_PREPARED_PER_CONN: usize = 4096;
 /// Connections remembered, at most (they are keyed by socket fd, so this bounds a leak of closed ones).
-const MAX_CONNS: usize = 65536;
+pub const MAX_CONNS: usize = 65536;
 
 #[derive(Default)]
 struct Conn {
@@ -83,6 +83,9 @@ pub enum Notice {
 pub struct Tracker {
     conns: HashMap<i32, Conn>,
     raw_sql: bool,
+    /// Prepared statements and connections forgotten to keep memory bounded (reported, never silent).
+    pub forgotten_prepared: u64,
+    pub forgotten_conns: u64,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC, ns: turns the kernel's timestamps into wall-clock time.
     realtime_offset_ns: i128,
     pub notices: Vec<Notice>,
@@ -93,6 +96,8 @@ impl Tracker {
         Tracker {
             conns: HashMap::new(),
             raw_sql,
+            forgotten_prepared: 0,
+            forgotten_conns: 0,
             realtime_offset_ns: realtime_offset_ns(),
             notices: Vec::new(),
         }
@@ -149,7 +154,11 @@ impl Tracker {
 
     fn conn_entry(&mut self, fd: i32) -> &mut Conn {
         if self.conns.len() >= MAX_CONNS && !self.conns.contains_key(&fd) {
-            self.conns.clear();
+            // One goes (any: a long-closed socket is as likely as any); its user and db are forgotten.
+            if let Some(&old) = self.conns.keys().next() {
+                self.conns.remove(&old);
+                self.forgotten_conns += 1;
+            }
         }
         self.conns.entry(fd).or_default()
     }
@@ -162,6 +171,7 @@ impl Tracker {
         let truncated = s.packet_len as usize > s.request.len();
         // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
         let mut unknown = Conn::default();
+        let mut forgot_prepared = 0;
         let conn = if s.fd < 0 {
             &mut unknown
         } else {
@@ -200,8 +210,13 @@ impl Tracker {
                 (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. })
                     if !truncated =>
                 {
-                    if conn.prepared.len() >= MAX_PREPARED_PER_CONN {
-                        conn.prepared.clear();
+                    if conn.prepared.len() >= MAX_PREPARED_PER_CONN
+                        && !conn.prepared.contains_key(statement_id)
+                    {
+                        if let Some(&old) = conn.prepared.keys().next() {
+                            conn.prepared.remove(&old);
+                            forgot_prepared += 1;
+                        }
                     }
                     conn.prepared
                         .insert(*statement_id, text.clone().unwrap_or_default());
@@ -215,6 +230,7 @@ impl Tracker {
             _ => None,
         };
         let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
+        self.forgotten_prepared += forgot_prepared;
 
         let c = &s.counters;
         let us = |ns: u64| (ns + 500) / 1000;
@@ -298,6 +314,38 @@ pub fn format_ts(epoch_ns: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.
+    fn prepared(id: u32) -> Event {
+        let mut reply = vec![12, 0, 0, 1, 0];
+        reply.extend(id.to_le_bytes());
+        reply.extend([0; 7]);
+        Event::Statement(RawStatement {
+            tid: 1,
+            fd: 5,
+            packet_len: 9,
+            request: b"\x16SELECT ?".to_vec(),
+            reply,
+            start_ns: 0,
+            end_ns: 1,
+            counters: Default::default(),
+            in_flight: false,
+        })
+    }
+
+    #[test]
+    fn prepared_statements_stay_bounded_and_what_is_forgotten_is_counted() {
+        let mut t = Tracker::new(true);
+        let over = 10;
+        for id in 0..(MAX_PREPARED_PER_CONN as u32 + over) {
+            t.handle(prepared(id));
+        }
+        assert_eq!(t.conns[&5].prepared.len(), MAX_PREPARED_PER_CONN);
+        assert_eq!(t.forgotten_prepared, u64::from(over));
+        // Preparing a known id again forgets nothing.
+        t.handle(prepared(MAX_PREPARED_PER_CONN as u32 + over - 1));
+        assert_eq!(t.forgotten_prepared, u64::from(over));
+    }
 
     #[test]
     fn per_statement_counts_do_not_wrap() {
