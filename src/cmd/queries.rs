@@ -2,7 +2,6 @@
 
 use std::{
     cell::Cell,
-    collections::HashSet,
     io::{BufWriter, Write},
     time::{Duration, Instant},
 };
@@ -90,7 +89,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
     let (mut seen, mut reported, mut unknown_prepared) = (0u64, 0u64, 0u64);
-    let mut said = HashSet::new();
+    // Connections with the compressed protocol: the first few are named, the rest counted (a client can open
+    // thousands).
+    let mut compressed = 0u64;
+    const COMPRESSED_SAID: u64 = 20;
     let mut failed: Option<std::io::Error> = None;
 
     let until = a
@@ -122,7 +124,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 }
                 Notice::Tls { .. } => {}
                 Notice::Compressed { conn, user } => {
-                    if said.insert((conn, user.clone())) {
+                    compressed += 1;
+                    if compressed <= COMPRESSED_SAID {
                         let conn = conn
                             .map(|c| format!("connection {c}"))
                             .unwrap_or_else(|| "a connection".into());
@@ -197,6 +200,12 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         say!(
             "myprobe: note: {unknown_prepared} executions of statements prepared before tracing began: their text is unknown \
              (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
+        );
+    }
+    if compressed > COMPRESSED_SAID {
+        say!(
+            "myprobe: warning: {} more connections use the compressed protocol: their statements are not traced",
+            compressed - COMPRESSED_SAID
         );
     }
     if tracker.forgotten_prepared > 0 {

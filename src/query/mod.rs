@@ -68,6 +68,8 @@ struct Conn {
     db: Option<String>,
     /// Statement id → raw text of COM_STMT_PREPARE.
     prepared: HashMap<u32, String>,
+    /// Its compressed protocol was reported (once per connection).
+    compressed_said: bool,
 }
 
 /// Something user space should say once on stderr.
@@ -136,7 +138,10 @@ impl Tracker {
                         } else {
                             conn.user = Some(h.user.clone());
                             conn.db = h.database.clone();
-                            if h.capabilities & protocol::CLIENT_COMPRESS != 0 {
+                            if h.capabilities & protocol::CLIENT_COMPRESS != 0
+                                && !conn.compressed_said
+                            {
+                                conn.compressed_said = true;
                                 let id = conn.id;
                                 self.notices.push(Notice::Compressed {
                                     conn: id,
@@ -345,6 +350,44 @@ mod tests {
         // Preparing a known id again forgets nothing.
         t.handle(prepared(MAX_PREPARED_PER_CONN as u32 + over - 1));
         assert_eq!(t.forgotten_prepared, u64::from(over));
+    }
+
+    /// A handshake response of `user` asking for the compressed protocol, on socket `fd`.
+    fn compressed_handshake(fd: i32, user: &str) -> Event {
+        let caps = protocol::CLIENT_PROTOCOL_41
+            | protocol::CLIENT_SECURE_CONNECTION
+            | protocol::CLIENT_COMPRESS;
+        let mut payload = caps.to_le_bytes().to_vec();
+        payload.extend(0x0100_0000u32.to_le_bytes());
+        payload.push(0x2d);
+        payload.extend([0; 23]);
+        payload.extend(user.as_bytes());
+        payload.extend([0, 0]); // the end of the name, no auth data
+        Event::PacketIn {
+            fd,
+            seq: 1,
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_compressed_connection_is_reported_once_and_remembered_within_bounds() {
+        let mut t = Tracker::new(false);
+        for _ in 0..3 {
+            t.handle(compressed_handshake(7, "alice"));
+        }
+        assert_eq!(
+            t.notices,
+            [Notice::Compressed {
+                conn: None,
+                user: "alice".into()
+            }]
+        );
+        for fd in 0..(MAX_CONNS as i32 + 100) {
+            t.handle(compressed_handshake(fd, "mallory"));
+        }
+        assert!(t.conns.len() <= MAX_CONNS);
+        assert_eq!(t.forgotten_conns, 100);
     }
 
     #[test]
