@@ -5,7 +5,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The JSON records of a `queries --json` run.
 fn records(stdout: &str) -> Vec<Value> {
@@ -15,34 +15,35 @@ fn records(stdout: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The statements `queries --raw-sql` reports for the fixture's work, in order.
-fn statements_of(fixture: &mut Fixture, extra: &[&str]) -> (Vec<String>, String) {
+/// The records `queries --raw-sql --json` gives for the fixture's work, in order.
+fn traced(fixture: &mut Fixture) -> (Vec<Value>, String) {
     let pid = fixture.child.id().to_string();
-    let mut args = vec![
-        "queries",
-        "--any-process",
-        "--raw-sql",
-        "--json",
-        "-p",
-        &pid,
-    ];
-    args.extend_from_slice(extra);
-    let tracer = Background::start(&args, "tracing the statements");
+    let tracer = Background::start(
+        &[
+            "queries",
+            "--any-process",
+            "--raw-sql",
+            "--json",
+            "-p",
+            &pid,
+        ],
+        "tracing the statements",
+    );
     fixture.go();
     let (out, err) = tracer.stop();
-    let queries = records(&out)
-        .iter()
-        .map(|r| r["query"].as_str().unwrap_or("<none>").to_string())
-        .collect();
-    (queries, err)
+    (records(&out), err)
 }
 
 #[test]
-fn framing_load_data_local_and_closed_statements_are_followed_exactly() {
+fn framing_load_data_local_closed_statements_and_change_user_are_followed_exactly() {
     let dir = tempdir("fake-wire");
     let exe = compile_fixture(&dir, "fake_wire", &["protocol/fake_wire.c"], &["-pthread"]);
     let mut fixture = Fixture::start(&mut Command::new(&exe));
-    let (queries, err) = statements_of(&mut fixture, &[]);
+    let (records, err) = traced(&mut fixture);
+    let queries: Vec<&str> = records
+        .iter()
+        .map(|r| r["query"].as_str().unwrap_or("<none>"))
+        .collect();
     assert_eq!(
         queries,
         [
@@ -53,9 +54,18 @@ fn framing_load_data_local_and_closed_statements_are_followed_exactly() {
             "SELECT 4",
             "SELECT ?",
             "SELECT ?",
-            "<none>"
+            "<none>",
+            "<none>",
+            "SELECT 5"
         ],
         "stderr:\n{err}"
+    );
+    // COM_CHANGE_USER: the statements after it are the new user's, in the new database.
+    let last = records.last().unwrap();
+    assert_eq!(
+        (&last["user"], &last["db"]),
+        (&json!("bob"), &json!("db2")),
+        "{last}"
     );
 }
 

@@ -70,6 +70,8 @@ struct Conn {
     prepared: HashMap<u32, String>,
     /// Its compressed protocol was reported (once per connection).
     compressed_said: bool,
+    /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
+    capabilities: Option<u32>,
 }
 
 /// Something user space should say once on stderr.
@@ -138,6 +140,7 @@ impl Tracker {
                         } else {
                             conn.user = Some(h.user.clone());
                             conn.db = h.database.clone();
+                            conn.capabilities = Some(h.capabilities);
                             if h.capabilities & protocol::CLIENT_COMPRESS != 0
                                 && !conn.compressed_said
                             {
@@ -227,6 +230,17 @@ impl Tracker {
                         .insert(*statement_id, text.clone().unwrap_or_default());
                 }
                 (protocol::COM_RESET_CONNECTION, _) => conn.prepared.clear(),
+                (protocol::COM_CHANGE_USER, _) => {
+                    // Another user, maybe another database, and a fresh session: no prepared statements.
+                    let caps = conn.capabilities.unwrap_or(
+                        protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION,
+                    );
+                    if let Some(h) = protocol::parse_change_user(&s.request, caps) {
+                        conn.user = Some(h.user);
+                        conn.db = h.database;
+                    }
+                    conn.prepared.clear();
+                }
                 _ => {}
             }
         }
