@@ -166,3 +166,23 @@ fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
         .count();
     assert_eq!(sums, 100, "statements of the reused thread {tid}:\n{err}");
 }
+
+#[test]
+fn threads_beyond_those_followed_are_counted_once_each() {
+    let dir = tempdir("many-threads");
+    let exe = compile_fixture(
+        &dir,
+        "many_threads",
+        &["protocol/many_threads.c"],
+        &["-pthread"],
+    );
+    let mut fixture = Fixture::start(&mut Command::new(&exe));
+    let (_, err) = traced(&mut fixture);
+    // 8300 threads, 8192 followed (MAX_THREADS in src/bpf/queries.h): 108 are not, each counted once
+    // however many syscalls it makes.
+    let line = err
+        .lines()
+        .find(|l| l.contains("per-thread"))
+        .unwrap_or_else(|| panic!("no loss reported:\n{err}"));
+    assert!(line.contains(": 108 ("), "{line}");
+}

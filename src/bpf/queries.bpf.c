@@ -92,6 +92,14 @@ struct {
 	__type(value, struct query_event);
 } scratch SEC(".maps");
 
+/* Threads that found `threads` full, each counted once in lost.state (not once per syscall). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u8);
+} untraced SEC(".maps");
+
 static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
 {
 	struct query_thread *st = bpf_map_lookup_elem(&threads, &tid);
@@ -102,8 +110,14 @@ static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
 	if (!init)
 		return 0;
 	st = lookup_or_init(&threads, &tid, init);
-	if (!st)
-		count_lost(state); /* the thread is not traced */
+	if (!st) {
+		__u8 *counted = bpf_task_storage_get(&untraced, bpf_get_current_task_btf(), 0,
+						     BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (counted && !*counted) {
+			*counted = 1;
+			count_lost(state); /* the thread is not traced */
+		}
+	}
 	return st;
 }
 
