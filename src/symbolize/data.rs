@@ -768,7 +768,7 @@ mod tests {
                 assert_eq!(s.name(bias + main_arena + 8), "main_arena+0x8");
             }
         } else {
-            say!(
+            eprintln!(
                 "no debug file for {}: main_arena not checked",
                 libc_path.display()
             );
@@ -829,7 +829,7 @@ mod tests {
     fn cxx_names_are_demangled() {
         let b = built();
         let Some(cxx) = &b.cxx else {
-            say!("no C++ compiler: skipped");
+            eprintln!("no C++ compiler: skipped");
             return;
         };
         let (fx, mut s) = start(cxx);

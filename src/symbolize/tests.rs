@@ -371,7 +371,7 @@ fn libc_static_functions_from_debug_file() {
         &hex[2..]
     ));
     if !debug.is_file() {
-        say!(
+        eprintln!(
             "skipped: no debug file for {} (install libc6-dbg)",
             path.display()
         );
@@ -457,7 +457,7 @@ fn kallsyms() -> Vec<(u64, String)> {
 fn kernel_names_and_return_address_rule() {
     let syms = kallsyms();
     if syms.is_empty() {
-        say!("skipped: /proc/kallsyms hides addresses (not root?)");
+        eprintln!("skipped: /proc/kallsyms hides addresses (not root?)");
         return;
     }
     let i = syms

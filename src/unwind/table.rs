@@ -293,7 +293,7 @@ mod tests {
                 *m.entry(r.kind).or_insert(0) += 1;
                 m
             });
-            say!(
+            eprintln!(
                 "{p}: {} rows in {:?}: {kinds:?}",
                 table.rows.len(),
                 t.elapsed()
