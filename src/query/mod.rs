@@ -56,7 +56,7 @@ pub struct QueryRecord {
 /// The fingerprint of executions of a statement prepared before tracing began, followed by ` #<statement id>`.
 pub const UNKNOWN_PREPARED: &str = "statement prepared before tracing";
 
-/// Prepared statements remembered per connection, at most; beyond it the oldest are forgotten.
+/// Prepared statements remembered per connection, at most; beyond it one is forgotten for each new one.
 pub const MAX_PREPARED_PER_CONN: usize = 4096;
 /// Connections remembered, at most (they are keyed by socket fd, so this bounds a leak of closed ones).
 pub const MAX_CONNS: usize = 65536;
@@ -72,6 +72,25 @@ struct Conn {
     compressed_said: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
+}
+
+/// Before `key` goes into `map`, which holds at most `max` entries: removes one other entry (any) if `key` is
+/// new and the map is full. Returns how many were removed, for the count of what was forgotten.
+fn make_room<K: std::hash::Hash + Eq + Copy, V>(
+    map: &mut HashMap<K, V>,
+    key: &K,
+    max: usize,
+) -> u64 {
+    if map.len() < max || map.contains_key(key) {
+        return 0;
+    }
+    match map.keys().next().copied() {
+        Some(old) => {
+            map.remove(&old);
+            1
+        }
+        None => 0,
+    }
 }
 
 /// Something user space should say once on stderr.
@@ -161,13 +180,8 @@ impl Tracker {
     }
 
     fn conn_entry(&mut self, fd: i32) -> &mut Conn {
-        if self.conns.len() >= MAX_CONNS && !self.conns.contains_key(&fd) {
-            // One goes (any: a long-closed socket is as likely as any); its user and db are forgotten.
-            if let Some(&old) = self.conns.keys().next() {
-                self.conns.remove(&old);
-                self.forgotten_conns += 1;
-            }
-        }
+        // A long-closed socket is as likely to go as any: its user and db are forgotten.
+        self.forgotten_conns += make_room(&mut self.conns, &fd, MAX_CONNS);
         self.conns.entry(fd).or_default()
     }
 
@@ -218,14 +232,8 @@ impl Tracker {
                 (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. })
                     if !truncated =>
                 {
-                    if conn.prepared.len() >= MAX_PREPARED_PER_CONN
-                        && !conn.prepared.contains_key(statement_id)
-                    {
-                        if let Some(&old) = conn.prepared.keys().next() {
-                            conn.prepared.remove(&old);
-                            forgot_prepared += 1;
-                        }
-                    }
+                    forgot_prepared +=
+                        make_room(&mut conn.prepared, statement_id, MAX_PREPARED_PER_CONN);
                     conn.prepared
                         .insert(*statement_id, text.clone().unwrap_or_default());
                 }
@@ -407,14 +415,16 @@ mod tests {
     #[test]
     fn per_statement_counts_do_not_wrap() {
         // A binlog dump is one statement for as long as the replica is connected.
-        let c = crate::collect::queries::Counters {
-            lock_waits: u64::from(u32::MAX) + 2,
-            syncs: u64::from(u32::MAX) + 3,
-            syscalls: u64::from(u32::MAX) + 4,
-            ..Default::default()
+        let mut t = Tracker::new(true);
+        let Event::Statement(mut s) = prepared(1) else {
+            unreachable!()
         };
+        s.counters.lock_waits = u64::from(u32::MAX) + 2;
+        s.counters.syncs = u64::from(u32::MAX) + 3;
+        s.counters.syscalls = u64::from(u32::MAX) + 4;
+        let r = t.handle(Event::Statement(s)).unwrap();
         assert_eq!(
-            (c.lock_waits, c.syncs, c.syscalls),
+            (r.lock_waits, r.syncs, r.syscalls),
             (4_294_967_297, 4_294_967_298, 4_294_967_299)
         );
     }
