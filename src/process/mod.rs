@@ -205,21 +205,27 @@ fn server_version(pid: u32) -> (Flavor, String) {
     } else {
         Flavor::MySql
     };
-    let Ok(binary) = fs::read(format!("/proc/{pid}/exe")) else {
+    let exe = format!("/proc/{pid}/exe");
+    let Ok(file) = fs::File::open(&exe) else {
         return (fallback, String::new());
     };
-    let version = version_in_memory(pid, &binary).unwrap_or_default();
-    (flavor_of(&version, &binary, fallback), version)
+    let version = version_in_memory(pid, &file).unwrap_or_default();
+    let flavor = flavor_of(&version, fallback, || {
+        file_contains(&file, b"Percona Server").unwrap_or(false)
+    });
+    (flavor, version)
 }
 
 /// Longest `server_version` read (MariaDB's and MySQL's SERVER_VERSION_LENGTH is 60).
 const SERVER_VERSION_MAX: usize = 64;
 
-/// The NUL-terminated string at the runtime address of the binary's `server_version` symbol.
-fn version_in_memory(pid: u32, binary: &[u8]) -> Option<String> {
+/// The NUL-terminated string at the runtime address of the binary's `server_version` symbol. The binary is read
+/// through a cache of the ranges parsed (headers and symbol tables), not whole: a server binary is tens of MiB.
+fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
     use object::{Object, ObjectSegment, ObjectSymbol};
-    use std::os::unix::fs::FileExt;
-    let elf = object::File::parse(binary).ok()?;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let cache = object::read::ReadCache::new(binary);
+    let elf = object::File::parse(&cache).ok()?;
     let symbol = elf
         .dynamic_symbols()
         .chain(elf.symbols())
@@ -231,15 +237,12 @@ fn version_in_memory(pid: u32, binary: &[u8]) -> Option<String> {
         let within = vaddr.checked_sub(seg.address())?;
         (within < size).then(|| offset.checked_add(within))?
     })?;
-    let exe_inode = {
-        use std::os::unix::fs::MetadataExt;
-        fs::metadata(format!("/proc/{pid}/exe")).ok()?.ino()
-    };
+    let exe_inode = binary.metadata().ok()?.ino();
     let maps = maps::ProcMaps::read(pid).ok()?;
     let address = maps.maps().iter().find_map(|m| {
-        let size = m.end - m.start;
+        let size = m.end.checked_sub(m.start)?;
         let within = file_offset.checked_sub(m.offset)?;
-        (m.inode == exe_inode && within < size).then(|| m.start + within)
+        (m.inode == exe_inode && within < size).then(|| m.start.checked_add(within))?
     })?;
     let mut bytes = [0u8; SERVER_VERSION_MAX];
     let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
@@ -249,14 +252,41 @@ fn version_in_memory(pid: u32, binary: &[u8]) -> Option<String> {
     printable.then(|| String::from_utf8_lossy(text).into_owned())
 }
 
-/// MariaDB says so in its version; Percona Server in its binary's compilation comment.
-fn flavor_of(version: &str, binary: &[u8], fallback: Flavor) -> Flavor {
-    let has = |needle: &[u8]| binary.windows(needle.len()).any(|w| w == needle);
+/// Whether `needle` occurs in the file, read a chunk at a time (chunks overlap by the needle's length, so a match
+/// across a boundary is found).
+fn file_contains(file: &fs::File, needle: &[u8]) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const CHUNK: usize = 1 << 20;
+    let finder = memchr::memmem::Finder::new(needle);
+    let overlap = needle.len().saturating_sub(1);
+    let mut buf = vec![0u8; CHUNK + overlap];
+    let (mut kept, mut offset) = (0usize, 0u64);
+    loop {
+        let n = file.read_at(&mut buf[kept..], offset)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let filled = kept + n;
+        if finder.find(&buf[..filled]).is_some() {
+            return Ok(true);
+        }
+        offset += n as u64;
+        kept = overlap.min(filled);
+        buf.copy_within(filled - kept..filled, 0);
+    }
+}
+
+/// MariaDB says so in its version; Percona Server in its binary's compilation comment (searched only when needed).
+fn flavor_of(
+    version: &str,
+    fallback: Flavor,
+    binary_says_percona: impl FnOnce() -> bool,
+) -> Flavor {
     if version.contains("MariaDB") {
         Flavor::MariaDb
     } else if version.is_empty() {
         fallback
-    } else if has(b"Percona Server") {
+    } else if binary_says_percona() {
         Flavor::Percona
     } else {
         Flavor::MySql
@@ -269,17 +299,34 @@ mod tests {
 
     #[test]
     fn flavors_from_the_version_and_the_binary() {
-        let mysql = b"...MySQL Community Server - GPL...";
-        let percona = b"...Percona Server (GPL), Release '27'...";
+        let mariadb = flavor_of("10.11.19-MariaDB-0+deb12u1", Flavor::MySql, || {
+            panic!("a MariaDB version needs no search of the binary")
+        });
+        assert_eq!(mariadb, Flavor::MariaDb);
         assert_eq!(
-            flavor_of("10.11.19-MariaDB-0+deb12u1", mysql, Flavor::MySql),
-            Flavor::MariaDb
+            flavor_of("8.0.36", Flavor::MariaDb, || false),
+            Flavor::MySql
         );
-        assert_eq!(flavor_of("8.0.36", mysql, Flavor::MariaDb), Flavor::MySql);
         assert_eq!(
-            flavor_of("8.0.35-27", percona, Flavor::MySql),
+            flavor_of("8.0.35-27", Flavor::MySql, || true),
             Flavor::Percona
         );
-        assert_eq!(flavor_of("", percona, Flavor::MariaDb), Flavor::MariaDb);
+        assert_eq!(flavor_of("", Flavor::MariaDb, || true), Flavor::MariaDb);
+    }
+
+    #[test]
+    fn a_needle_across_a_chunk_boundary_is_found() {
+        use std::io::Write;
+        let needle = b"Percona Server";
+        for at in [0usize, (1 << 20) - 7, (1 << 20) - 1, 1 << 20, (3 << 20) + 5] {
+            let mut file = tempfile::tempfile().unwrap();
+            let mut bytes = vec![b'x'; (4 << 20) + 100];
+            bytes[at..at + needle.len()].copy_from_slice(needle);
+            file.write_all(&bytes).unwrap();
+            assert!(file_contains(&file, needle).unwrap(), "needle at {at}");
+        }
+        let mut absent = tempfile::tempfile().unwrap();
+        absent.write_all(&vec![b'x'; 3 << 20]).unwrap();
+        assert!(!file_contains(&absent, needle).unwrap());
     }
 }
