@@ -34,39 +34,80 @@ fn traced(fixture: &mut Fixture) -> (Vec<Value>, String) {
     (records(&out), err)
 }
 
-#[test]
-fn framing_load_data_local_closed_statements_and_change_user_are_followed_exactly() {
+/// The fake wire fixture's records, its stderr; `port`: over TCP to that port instead of a socket pair.
+fn fake_wire(port: Option<u16>) -> (Vec<Value>, String) {
     let dir = tempdir("fake-wire");
     let exe = compile_fixture(&dir, "fake_wire", &["protocol/fake_wire.c"], &["-pthread"]);
-    let mut fixture = Fixture::start(&mut Command::new(&exe));
-    let (records, err) = traced(&mut fixture);
-    let queries: Vec<&str> = records
+    let mut cmd = Command::new(&exe);
+    if let Some(port) = port {
+        cmd.arg(port.to_string());
+    }
+    let mut fixture = Fixture::start(&mut cmd);
+    traced(&mut fixture)
+}
+
+fn queries_of(records: &[Value]) -> Vec<&str> {
+    records
         .iter()
         .map(|r| r["query"].as_str().unwrap_or("<none>"))
-        .collect();
-    assert_eq!(
-        queries,
-        [
-            "SELECT 1",
-            "SELECT 2",
-            "SELECT 3",
-            "LOAD DATA LOCAL INFILE 'f' INTO TABLE t",
-            "SELECT 4",
-            "SELECT ?",
-            "SELECT ?",
-            "<none>",
-            "<none>",
-            "SELECT 5"
-        ],
-        "stderr:\n{err}"
-    );
-    // COM_CHANGE_USER: the statements after it are the new user's, in the new database.
-    let last = records.last().unwrap();
-    assert_eq!(
-        (&last["user"], &last["db"]),
-        (&json!("bob"), &json!("db2")),
-        "{last}"
-    );
+        .collect()
+}
+
+#[test]
+fn framing_load_data_local_closed_statements_change_user_and_read_ahead_are_followed_exactly() {
+    for port in [None, Some(free_tcp_port())] {
+        let (records, err) = fake_wire(port);
+        assert_eq!(
+            queries_of(&records),
+            [
+                "SELECT 1",
+                "SELECT 2",
+                "SELECT 3",
+                "LOAD DATA LOCAL INFILE 'f' INTO TABLE t",
+                "SELECT 4",
+                "SELECT ?",
+                "SELECT ?",
+                "<none>",
+                "<none>",
+                "SELECT 5",
+                // Read ahead: recorded when read, before the statement whose read brought them ends; the
+                // third was cut by the read's end.
+                "SELECT 7",
+                "SE",
+                "SELECT 6",
+            ],
+            "over {port:?}; stderr:\n{err}"
+        );
+        // COM_CHANGE_USER: the statements after it are the new user's, in the new database.
+        let select5 = &records[9];
+        assert_eq!(
+            (&select5["user"], &select5["db"]),
+            (&json!("bob"), &json!("db2")),
+            "{select5}"
+        );
+        let pipelined: Vec<_> = records
+            .iter()
+            .map(|r| r["pipelined"] == json!(true))
+            .collect();
+        assert_eq!(pipelined[9..], [false, true, true, false], "{records:?}");
+        assert_eq!(records[11]["truncated"], json!(true), "{}", records[11]);
+    }
+}
+
+/// A TCP port nothing listens on now.
+fn free_tcp_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn the_x_protocol_port_is_not_followed() {
+    if std::net::TcpListener::bind("127.0.0.1:33060").is_err() {
+        eprintln!("skipped: port 33060 is in use here");
+        return;
+    }
+    let (records, err) = fake_wire(Some(33060));
+    assert_eq!(queries_of(&records), Vec::<&str>::new(), "stderr:\n{err}");
 }
 
 #[test]

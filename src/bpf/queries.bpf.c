@@ -13,6 +13,7 @@
 // registers at its exit, so that the stream is followed from its first byte.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include "futex.h"
 #include "lost.h"
@@ -33,6 +34,11 @@ const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 #define COM_QUERY 0x03
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
+#define CLIENT_COMPRESS 0x20
+/* MySQL's X protocol: another framing on another port, not followed. */
+#define X_PROTOCOL_PORT 33060
+/* Packets parsed after the first in one read (a server that reads ahead). */
+#define MAX_READ_AHEAD 8
 
 enum phase : __u8 {
 	PHASE_IDLE = 0,   /* between statements */
@@ -51,9 +57,12 @@ struct query_thread {
 	enum syscall_class syscall_cls;
 	__u8 on_cpu;            /* while a statement is in flight */
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
-	__u8 _pad;
+	__u8 ignoring;          /* ignored_fd is set */
 	__u8 hdr[4];
-	__s32 hdr_fd;           /* the socket the header pieces came from */
+	__s32 hdr_fd;           /* the socket the header pieces came from, or the skipped body's */
+	__u32 skip;             /* bytes of a read-ahead packet's body still to come in later reads */
+	__s32 ignored_fd;       /* a connection not followed: compressed, or the X protocol's */
+	__s32 port_checked_fd;  /* the last socket whose port was checked */
 	__s32 fd;               /* the client socket of the statement */
 	__u32 header_len;       /* payload length announced by the header */
 	__u32 futex_op;         /* op of the futex call in progress */
@@ -148,8 +157,8 @@ static __always_inline void capture_text(struct query_event *e, __u64 src, long 
 
 /* A packet outside any statement (handshake, authentication), sent for user space to parse: for PACKET_IN the
  * payload (its header is in packet_len/seq), for PACKET_OUT the bytes sent, headers included. */
-static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, struct query_thread *st, __u64 buf, long n,
-					__u64 now)
+static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 packet_len, __u8 seq, __u64 buf,
+					long n, __u64 now)
 {
 	__u32 zero = 0;
 	struct query_event *e = bpf_map_lookup_elem(&scratch, &zero);
@@ -158,8 +167,8 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, struct 
 	e->kind = kind;
 	e->tid = tid;
 	e->fd = fd;
-	e->packet_len = st->header_len;
-	e->seq = st->header_seq;
+	e->packet_len = packet_len;
+	e->seq = seq;
 	e->start_ns = now;
 	e->end_ns = now;
 	e->reply_len = 0;
@@ -195,7 +204,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 		st->phase = PHASE_IDLE;
 	/* User space forgets the statement closed (its prepared statements would only grow). */
 	if (cmd == COM_STMT_CLOSE)
-		send_packet(EVENT_PACKET_IN, tid, st->fd, st, buf, n, now);
+		send_packet(EVENT_PACKET_IN, tid, st->fd, st->header_len, 0, buf, n, now);
 }
 
 /* The record as of now is what will be sent. */
@@ -244,9 +253,11 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	struct query_thread *st = thread_state(tid, net);
 	if (!st)
 		return 0;
+	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
+	if (cls == SYSCALL_CLOSE && st->ignoring && (__s32)arg0 == st->ignored_fd)
+		st->ignoring = 0; /* the socket number may next be a followed connection's */
 	if (!net && !in_statement(st))
 		return 0;
-	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
 	if (recv && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
 		finish_statement(st);
 	if (cls == SYSCALL_CLOSE && (__s32)arg0 == st->fd && in_statement(st)) {
@@ -267,45 +278,151 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	return 0;
 }
 
-/* A recv on a socket returned n > 0 bytes at buf. */
-static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
+/* The local port of socket fd of the current task (0 if unknown, or not an internet socket). */
+static __always_inline __u16 local_port(__s32 fd)
 {
-	if (st->phase == PHASE_BODY && fd == st->fd) {
-		if (st->header_seq == 0)
-			start_statement(st, tid, buf, n, now);
-		else {
-			send_packet(EVENT_PACKET_IN, tid, fd, st, buf, n, now);
-			st->phase = PHASE_IDLE;
-		}
-		return;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (fd < 0 || (__u32)fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *file;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return 0;
+	struct socket *sock = BPF_CORE_READ(file, private_data);
+	return BPF_CORE_READ(sock, sk, __sk_common.skc_num);
+}
+
+/* A client packet outside a statement (not a command: handshake, authentication) goes to user space. */
+static __always_inline void client_packet(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
+{
+	if (n > st->header_len)
+		n = st->header_len;
+	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
+	/* A handshake response asking for compression: what follows is compressed, and so not followed (user
+	 * space says so once). Its first bytes are the client's capabilities. */
+	__u8 caps = 0;
+	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, 1, (void *)buf) && (caps & CLIENT_COMPRESS)) {
+		st->ignoring = 1;
+		st->ignored_fd = fd;
 	}
+}
+
+struct read_ahead_args {
+	__u64 buf;
+	__u64 now;
+	long off;
+	long n;
+	__u32 tid;
+	__s32 fd;
+};
+
+/* Packets after the first in one read, from `off`: a server that reads ahead (MariaDB does not) has the
+ * client's next packets in its buffer and handles them with no syscall between. Each goes to user space as a
+ * PACKET_IN (at sequence 0, a pipelined command: user space records it within the time of the statement
+ * before it); a body or header cut by the read's end continues in the next read.
+ * A global function: the verifier checks it once, not at every place it is called from. */
+__noinline int read_ahead(struct query_thread *st, struct read_ahead_args *a)
+{
+	if (!st || !a)
+		return 0;
+	long off = a->off, n = a->n;
+	for (int i = 0; i < MAX_READ_AHEAD; i++) {
+		long left = n - off;
+		if (left <= 0)
+			return 0;
+		if (left < 4) {
+			if (!bpf_probe_read_user(st->hdr, left & 3, (void *)(a->buf + off))) {
+				st->hdr_have = left;
+				st->hdr_fd = a->fd;
+			}
+			return 0;
+		}
+		__u8 h[4];
+		if (bpf_probe_read_user(h, 4, (void *)(a->buf + off)))
+			return 0;
+		long len = h[0] | (h[1] << 8) | (h[2] << 16);
+		off += 4;
+		left -= 4;
+		send_packet(EVENT_PACKET_IN, a->tid, a->fd, len, h[3], a->buf + off, left < len ? left : len, a->now);
+		if (len > left) {
+			st->skip = len - left;
+			st->hdr_fd = a->fd;
+			return 0;
+		}
+		off += len;
+	}
+	if (off < n)
+		count_lost(state); /* more packets than parsed: the stream is lost until its next statement */
+	return 0;
+}
+
+/* The packet that began in this read ends at offset `end` of it (maybe beyond its n bytes). */
+static __always_inline void packet_read(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long end, long n,
+					__u64 now)
+{
+	if (end < n) {
+		struct read_ahead_args a = { .buf = buf, .now = now, .off = end, .n = n, .tid = tid, .fd = fd };
+		read_ahead(st, &a);
+	} else if (!in_statement(st)) {
+		/* The rest of a body no statement reads (an authentication packet, COM_STMT_SEND_LONG_DATA) comes
+		 * in the next reads: it is not a header. A statement's own body is read while it runs. */
+		st->skip = end - n;
+		st->hdr_fd = fd;
+	}
+}
+
+/* Where a recv's bytes are: the offset of the first byte of a packet's body in it, or none to handle. */
+static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u64 buf, long n, __u64 now)
+{
+	if (st->phase == PHASE_BODY && fd == st->fd)
+		return 0;
 	if (in_statement(st))
-		return; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
+		return -1; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
+	if (st->ignoring && fd == st->ignored_fd)
+		return -1;
+	if (fd != st->port_checked_fd) {
+		st->port_checked_fd = fd;
+		if (local_port(fd) == X_PROTOCOL_PORT) {
+			st->ignoring = 1;
+			st->ignored_fd = fd;
+			return -1;
+		}
+	}
+	if ((st->hdr_have || st->skip) && st->hdr_fd != fd) {
+		st->hdr_have = 0;
+		st->skip = 0;
+	}
+	/* The rest of a read-ahead packet's body. */
+	long used = 0;
+	if (st->skip) {
+		used = st->skip < n ? st->skip : n;
+		st->skip -= used;
+		if (used == n)
+			return -1;
+	}
 	/* A packet header: 3 bytes length, 1 byte sequence; a client can send it in pieces, and each piece is
 	 * then read alone. */
-	if (st->hdr_have && st->hdr_fd != fd)
-		st->hdr_have = 0;
-	__u32 used = 0;
-	if (!st->hdr_have && n >= 4) {
+	if (!st->hdr_have && n - used >= 4) {
 		/* The usual case, in one read of the 4 bytes. */
-		if (bpf_probe_read_user(st->hdr, 4, (void *)buf))
-			return;
+		if (bpf_probe_read_user(st->hdr, 4, (void *)(buf + used)))
+			return -1;
 		st->hdr_have = 4;
-		used = 4;
+		used += 4;
 	}
 	for (int i = 0; i < 4; i++) {
 		if (st->hdr_have >= 4 || used >= n)
 			break;
 		if (bpf_probe_read_user(&st->hdr[st->hdr_have & 3], 1, (void *)(buf + used))) {
 			st->hdr_have = 0;
-			return;
+			return -1;
 		}
 		st->hdr_have++;
 		used++;
 	}
 	if (st->hdr_have < 4) {
 		st->hdr_fd = fd;
-		return;
+		return -1;
 	}
 	st->hdr_have = 0;
 	st->fd = fd;
@@ -313,14 +430,29 @@ static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd
 	st->header_seq = st->hdr[3];
 	st->header_ts = now;
 	if (st->header_len == 0)
-		return; /* an empty packet: no body follows (the server answers it as an unknown command) */
+		return used; /* an empty packet: no body (the server answers it as an unknown command) */
 	if (used == n) {
 		st->phase = PHASE_BODY;
-	} else if (st->header_seq == 0) {
-		start_statement(st, tid, buf + used, n - used, now); /* header and body in one read */
-	} else {
-		send_packet(EVENT_PACKET_IN, tid, fd, st, buf + used, n - used, now);
+		return -1;
 	}
+	return used; /* header and body in one read */
+}
+
+/* A recv on a socket returned n > 0 bytes at buf. */
+static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
+{
+	long body = packet_start(st, fd, buf, n, now);
+	if (body < 0 || body > n)
+		return;
+	if (st->header_len && body < n) {
+		if (st->header_seq == 0) {
+			start_statement(st, tid, buf + body, n - body, now);
+		} else {
+			client_packet(st, tid, fd, buf + body, n - body, now);
+			st->phase = PHASE_IDLE;
+		}
+	}
+	packet_read(st, tid, fd, buf, body + st->header_len, n, now);
 }
 
 /* The data of a recvmsg/sendmsg that returned `ret` bytes: its first iovec, as (buffer, length). */
@@ -346,7 +478,18 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	struct query_thread *st = thread_state(tid, false);
 	if (st && !st->in_syscall)
 		return 0;
-	if (!st) {
+	__u64 now = bpf_ktime_get_ns();
+	enum syscall_class cls;
+	__s32 fd;
+	__u64 buf;
+	long n = ret;
+	bool timed = st != 0;
+	if (st) {
+		st->in_syscall = 0;
+		cls = st->syscall_cls;
+		fd = (__s32)st->sys_arg0;
+		buf = st->sys_arg1;
+	} else {
 		/* A thread seen for the first time, in a syscall entered before tracing began (a connection waiting
 		 * for its next request): not timed, but what it read frames what follows, so it is parsed. The
 		 * registers still hold the arguments. */
@@ -355,40 +498,32 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		long id = regs->orig_ax;
 		if (id < 0 || id >= MAX_SYSCALL_NR)
 			return 0;
-		enum syscall_class cls = syscall_class[id];
+		cls = syscall_class[id];
 		if (cls != SYSCALL_NET_RECV && cls != SYSCALL_NET_RECVMSG)
 			return 0;
 		st = thread_state(tid, true);
 		if (!st)
 			return 0;
-		__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
-		long n = ret;
-		if (cls == SYSCALL_NET_RECVMSG && !msghdr_data(buf, ret, &buf, &n))
-			return 0;
-		on_recv(st, tid, (__s32)PT_REGS_PARM1_SYSCALL(regs), buf, n, bpf_ktime_get_ns());
-		return 0;
+		/* Read with a helper: a plain load here would be merged with the one from st above into one
+		 * instruction on two kinds of pointer, which the verifier refuses. */
+		fd = (__s32)PT_REGS_PARM1_CORE_SYSCALL(regs);
+		buf = PT_REGS_PARM2_CORE_SYSCALL(regs);
 	}
-	st->in_syscall = 0;
-	__u64 now = bpf_ktime_get_ns();
 	__u64 took = now - st->sys_ts;
-	enum syscall_class cls = st->syscall_cls;
-	__s32 fd = (__s32)st->sys_arg0;
 	bool counted = in_statement(st);
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
-	__u64 buf = st->sys_arg1;
-	long n = ret;
 	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
-		if (ret <= 0 || !msghdr_data(st->sys_arg1, ret, &buf, &n))
+		if (ret <= 0 || !msghdr_data(buf, ret, &buf, &n))
 			n = 0;
 		cls = cls == SYSCALL_NET_RECVMSG ? SYSCALL_NET_RECV : SYSCALL_NET_SEND;
 	}
 
 	if (cls == SYSCALL_NET_RECV && n > 0)
 		on_recv(st, tid, fd, buf, n, now);
-	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted)
-		send_packet(EVENT_PACKET_OUT, tid, fd, st, buf, n, now);
+	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted && !(st->ignoring && fd == st->ignored_fd))
+		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
 
-	if (!counted)
+	if (!counted || !timed)
 		return 0;
 	struct query_counters *c = &st->c;
 	c->syscalls++;

@@ -45,16 +45,23 @@ pub struct RawStatement {
     pub counters: Counters,
     /// Still running when tracing ended: `end_ns` is then, and there is no reply yet.
     pub in_flight: bool,
+    /// Read ahead with the statement before it on its thread, and run within that statement's time: no
+    /// syscall separates them, so its own time and counters are unknown (zero).
+    pub pipelined: bool,
 }
 
 #[derive(Clone, Debug)]
 pub enum Event {
     Statement(RawStatement),
-    /// A client packet outside a statement (handshake response): sequence id and payload.
+    /// A client packet outside a statement (handshake response, or a command read ahead with the one before
+    /// it, at sequence 0): sequence id, the length its header gives, and its payload (maybe the beginning).
     PacketIn {
+        tid: u32,
         fd: i32,
         seq: u8,
+        packet_len: u32,
         payload: Vec<u8>,
+        ts_ns: u64,
     },
     /// Bytes the server sent outside a statement (greeting, authentication), headers included.
     PacketOut {
@@ -263,6 +270,7 @@ fn statement(
         end_ns,
         counters,
         in_flight,
+        pipelined: false,
     })
 }
 
@@ -284,9 +292,12 @@ fn decode(data: &[u8]) -> Option<Event> {
             statement(&e, e.c, e.end_ns, false).map(Event::Statement)
         }
         query_event_kind::EVENT_PACKET_IN => Some(Event::PacketIn {
+            tid: e.tid,
             fd: e.fd,
             seq: e.seq,
+            packet_len: e.packet_len,
             payload: text,
+            ts_ns: e.start_ns,
         }),
         query_event_kind::EVENT_PACKET_OUT => Some(Event::PacketOut {
             fd: e.fd,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::collect::queries::{Event, RawStatement};
+use crate::collect::queries::{Counters, Event, RawStatement};
 use protocol::Reply;
 
 /// One statement, as `myprobe queries --json` prints it (see ARCHITECTURE.md, "Query records").
@@ -49,6 +49,10 @@ pub struct QueryRecord {
     /// Still running when tracing ended: `duration_us` and the rest are so far.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub in_flight: bool,
+    /// Read ahead with the statement before it on its thread, and run within that statement's time (its own
+    /// time and counters are unknown: zero).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pipelined: bool,
     #[serde(skip)]
     pub lock_addr_raw: u64,
 }
@@ -68,8 +72,9 @@ struct Conn {
     db: Option<String>,
     /// Statement id → raw text of COM_STMT_PREPARE.
     prepared: HashMap<u32, String>,
-    /// Its compressed protocol was reported (once per connection).
-    compressed_said: bool,
+    /// It uses the compressed protocol: reported once, and its statements are not recorded (the kernel side
+    /// does not follow it; what might still come through would be misread).
+    compressed: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
 }
@@ -143,13 +148,33 @@ impl Tracker {
                 None
             }
             Event::PacketIn {
-                fd, seq, payload, ..
+                tid,
+                fd,
+                seq,
+                packet_len,
+                payload,
+                ts_ns,
             } => {
-                if seq == 0 && payload.first() == Some(&protocol::COM_STMT_CLOSE) {
+                let command = payload.first().copied();
+                if seq == 0 && command == Some(protocol::COM_STMT_CLOSE) {
                     let id = protocol::stmt_execute_id(&payload);
                     if let (Some(conn), Some(id)) = (self.conns.get_mut(&fd), id) {
                         conn.prepared.remove(&id);
                     }
+                } else if seq == 0 && command.is_some_and(protocol::command_is_answered) {
+                    // A command read ahead: a statement of its own, within the time of the one before it.
+                    return self.statement(RawStatement {
+                        tid,
+                        fd,
+                        packet_len,
+                        request: payload,
+                        reply: Vec::new(),
+                        start_ns: ts_ns,
+                        end_ns: ts_ns,
+                        counters: Counters::default(),
+                        in_flight: false,
+                        pipelined: true,
+                    });
                 } else if seq == 1 {
                     if let Some(h) = protocol::parse_handshake_response(&payload) {
                         let conn = self.conn_entry(fd);
@@ -160,10 +185,8 @@ impl Tracker {
                             conn.user = Some(h.user.clone());
                             conn.db = h.database.clone();
                             conn.capabilities = Some(h.capabilities);
-                            if h.capabilities & protocol::CLIENT_COMPRESS != 0
-                                && !conn.compressed_said
-                            {
-                                conn.compressed_said = true;
+                            if h.capabilities & protocol::CLIENT_COMPRESS != 0 && !conn.compressed {
+                                conn.compressed = true;
                                 let id = conn.id;
                                 self.notices.push(Notice::Compressed {
                                     conn: id,
@@ -175,8 +198,13 @@ impl Tracker {
                 }
                 None
             }
-            Event::Statement(s) => Some(self.record(s)),
+            Event::Statement(s) => self.statement(s),
         }
+    }
+
+    fn statement(&mut self, s: RawStatement) -> Option<QueryRecord> {
+        let compressed = self.conns.get(&s.fd).is_some_and(|c| c.compressed);
+        (!compressed).then(|| self.record(s))
     }
 
     fn conn_entry(&mut self, fd: i32) -> &mut Conn {
@@ -303,6 +331,7 @@ impl Tracker {
             error,
             truncated,
             in_flight: s.in_flight,
+            pipelined: s.pipelined,
             lock_addr_raw,
         }
     }
@@ -357,6 +386,7 @@ mod tests {
             end_ns: 1,
             counters: Default::default(),
             in_flight: false,
+            pipelined: false,
         })
     }
 
@@ -386,9 +416,12 @@ mod tests {
         payload.extend(user.as_bytes());
         payload.extend([0, 0]); // the end of the name, no auth data
         Event::PacketIn {
+            tid: 1,
             fd,
             seq: 1,
+            packet_len: payload.len() as u32,
             payload,
+            ts_ns: 0,
         }
     }
 
@@ -404,6 +437,16 @@ mod tests {
                 conn: None,
                 user: "alice".into()
             }]
+        );
+        // What comes through of it is not recorded: it would be misread.
+        let Event::Statement(mut s) = prepared(1) else {
+            unreachable!()
+        };
+        s.fd = 7;
+        assert!(t.handle(Event::Statement(s)).is_none());
+        assert!(
+            t.handle(prepared(1)).is_some(),
+            "socket 5 is not compressed"
         );
         for fd in 0..(MAX_CONNS as i32 + 100) {
             t.handle(compressed_handshake(fd, "mallory"));

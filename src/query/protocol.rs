@@ -78,6 +78,11 @@ pub const CLIENT_ZSTD_COMPRESSION_ALGORITHM: u32 = 0x0400_0000;
 /// A payload of this length continues in the next packet.
 pub const MAX_PAYLOAD_LEN: u32 = 0x00ff_ffff;
 
+/// Whether the server answers the command (COM_QUIT, COM_STMT_SEND_LONG_DATA and COM_STMT_CLOSE it does not).
+pub fn command_is_answered(cmd: u8) -> bool {
+    !matches!(cmd, COM_QUIT | COM_STMT_SEND_LONG_DATA | COM_STMT_CLOSE)
+}
+
 /// The name SHOW PROCESSLIST and performance_schema give the command (`"Query"`, `"Execute"`, ...),
 /// `"Unknown"` for unassigned values.
 pub fn command_name(cmd: u8) -> &'static str {

@@ -51,6 +51,9 @@ pub fn line(r: &QueryRecord) -> String {
     if r.in_flight {
         out.push_str("  (still running)");
     }
+    if r.pipelined {
+        out.push_str("  (pipelined: within the time of the statement before it)");
+    }
     if let Some(sym) = &r.lock_symbol {
         let _ = write!(
             out,
