@@ -160,3 +160,29 @@ fn sigkill_leaves_nothing_in_the_kernel() {
     }
     assert!(remaining.is_empty(), "still in the kernel: {remaining:?}");
 }
+
+#[test]
+fn a_server_that_exits_ends_tracing_with_results() {
+    let db = testdb();
+    let dir = tempdir("restarted");
+    let server = db.start_another(&dir.join("server"), &[]);
+    let other = &server.0;
+    let pid = other.pid.to_string();
+    let queries = Background::start(
+        &["queries", "-p", &pid, "--summary"],
+        "tracing the statements",
+    );
+    let profile = Background::start(&["profile", "offcpu", "-p", &pid, "-d", "120"], "for 120 s");
+    other.sql("SELECT 'before the restart'");
+    // A restart begins with the old server's exit.
+    other.stop();
+    let (digest, err) = queries.wait_within(5, "the server exited");
+    assert!(err.contains("exited (a restart?)"), "{err}");
+    assert!(
+        digest.contains("select ?"),
+        "the digest is written:\n{digest}\n{err}"
+    );
+    let (folded, err) = profile.wait_within(5, "the server exited");
+    assert!(err.contains("exited (a restart?)"), "{err}");
+    assert!(!folded.trim().is_empty(), "the profile is written:\n{err}");
+}

@@ -1,4 +1,5 @@
-//! Reading a collector's ring buffer until the duration ends or Ctrl-C, with progress on a terminal.
+//! Reading a collector's ring buffer until the duration ends, Ctrl-C, or the traced process exits, with
+//! progress on a terminal.
 
 use std::{
     io::IsTerminal,
@@ -37,7 +38,7 @@ pub fn reader<'cb>(
     builder.build().context("setting up the ring buffer reader")
 }
 
-/// Reads `ring` until `duration` passes or Ctrl-C, then what is left. `tick` runs after every poll (at least
+/// Reads `ring` until `duration` passes, Ctrl-C, or the traced process exits, then what is left. `tick` runs after every poll (at least
 /// every 100 ms) and returns a status line, shown once a second on a terminal. Returns the time traced. The
 /// programs stay attached until the caller drops them.
 pub fn poll(
@@ -48,10 +49,23 @@ pub fn poll(
     let started = Instant::now();
     let show_progress = std::io::stderr().is_terminal();
     let mut last_progress = started;
+    let mut last_check = started;
     while !STOP.load(Ordering::SeqCst) {
         let left = duration.saturating_sub(started.elapsed());
         if left.is_zero() {
             break;
+        }
+        if last_check.elapsed() >= Duration::from_millis(500) {
+            last_check = Instant::now();
+            if let Some(pid) = crate::process::target_exited() {
+                if show_progress {
+                    say!();
+                }
+                say!(
+                    "myprobe: the traced process (PID {pid}) exited (a restart?): tracing ends with the results until then; run myprobe again to trace its successor"
+                );
+                break;
+            }
         }
         // The BPF side wakes us only once a batch has accumulated; otherwise what it sent without a wakeup is
         // read when the timeout expires, so nothing waits more than 100 ms.

@@ -107,6 +107,7 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
     };
     let comm = comm_of(pid).with_context(|| format!("process {pid} exited"))?;
     let exe = exe_of(pid)?;
+    *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = start_time(pid).map(|t| (pid, t));
     let (flavor, version) = if SERVER_NAMES.contains(&comm.as_str()) {
         server_version(pid)
     } else {
@@ -120,6 +121,26 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
         flavor,
         version,
     })
+}
+
+/// The process traced, and its start time: what [`target_exited`] checks.
+static WATCHED: std::sync::Mutex<Option<(u32, u64)>> = std::sync::Mutex::new(None);
+
+/// When the process with this PID started (clock ticks after boot): with the PID, it names one process even
+/// when the PID is reused.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the name in parentheses (which may hold anything), field 22 is the 20th.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The traced process, if it exited since [`resolve`] found it (a server restarted has a new PID, and a PID
+/// reused names another process).
+pub fn target_exited() -> Option<u32> {
+    let watched = *WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+    let (pid, started) = watched?;
+    (start_time(pid) != Some(started)).then_some(pid)
 }
 
 /// The executable of a process, as its memory map names it (without the ` (deleted)` of a replaced file).
@@ -296,6 +317,14 @@ fn flavor_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_time_names_this_process() {
+        let me = std::process::id();
+        let t = start_time(me).expect("a start time");
+        assert_eq!(start_time(me), Some(t));
+        assert!(start_time(u32::MAX).is_none());
+    }
 
     #[test]
     fn flavors_from_the_version_and_the_binary() {

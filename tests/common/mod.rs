@@ -37,6 +37,16 @@ impl TestDb {
         self.start_another_binary(dir, None, options)
     }
 
+    /// Stops this server (its directory stays; [`OtherServer`] removes it when dropped).
+    pub fn stop(&self) {
+        let out = Command::new(&self.testdb)
+            .arg("stop")
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "stopping the server: {out:?}");
+    }
+
     /// As [`TestDb::start_another`], running the server binary `binary` (default: the installed one).
     pub fn start_another_binary(
         &self,
@@ -382,6 +392,22 @@ impl Background {
     pub fn stop(self) -> (String, String) {
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.wait()
+    }
+
+    /// As [`Background::wait`], for a run that must end by itself within `secs` seconds because of `why`.
+    pub fn wait_within(mut self, secs: u64, why: &str) -> (String, String) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while self.child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                self.stderr_thread.take().unwrap().join().unwrap();
+                let stderr = self.stderr.lock().unwrap().clone();
+                panic!("myprobe went on for {secs} s after {why}; stderr:\n{stderr}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         self.wait()
     }
 
