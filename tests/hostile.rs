@@ -227,3 +227,520 @@ fn threads_beyond_those_followed_are_counted_once_each() {
         .unwrap_or_else(|| panic!("no loss reported:\n{err}"));
     assert!(line.contains(": 108 ("), "{line}");
 }
+
+/// A client of the classic protocol written byte by byte, so that a test chooses every byte and every write.
+mod wire {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::os::unix::net::UnixStream;
+    use std::path::PathBuf;
+
+    #[derive(Clone, Debug)]
+    pub enum Transport {
+        Unix(PathBuf),
+        V4(u16),
+        V6(u16),
+    }
+
+    pub const CLIENT_LONG_PASSWORD: u32 = 1;
+    pub const CLIENT_CONNECT_WITH_DB: u32 = 8;
+    pub const CLIENT_COMPRESS: u32 = 0x20;
+    pub const CLIENT_PROTOCOL_41: u32 = 0x200;
+    pub const CLIENT_SECURE_CONNECTION: u32 = 0x8000;
+    pub const CLIENT_PLUGIN_AUTH: u32 = 0x8_0000;
+
+    pub trait Stream: Read + Write + Send {}
+    impl<T: Read + Write + Send> Stream for T {}
+
+    pub struct Client {
+        stream: Box<dyn Stream>,
+        /// The server's connection id, from its greeting.
+        pub id: u32,
+    }
+
+    /// A packet: 3 bytes of length, the sequence id, the payload.
+    pub fn packet(seq: u8, payload: &[u8]) -> Vec<u8> {
+        let mut p = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+        p.push(seq);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    /// A handshake response: `caps` added to protocol 4.1 and plugin auth, no auth data unless given.
+    pub fn handshake_response(user: &[u8], db: Option<&str>, caps: u32, auth: &[u8]) -> Vec<u8> {
+        let caps = caps
+            | CLIENT_LONG_PASSWORD
+            | CLIENT_PROTOCOL_41
+            | CLIENT_SECURE_CONNECTION
+            | CLIENT_PLUGIN_AUTH
+            | if db.is_some() {
+                CLIENT_CONNECT_WITH_DB
+            } else {
+                0
+            };
+        let mut p = caps.to_le_bytes().to_vec();
+        p.extend((1u32 << 24).to_le_bytes());
+        p.push(0x21); // utf8
+        p.extend([0; 23]);
+        p.extend_from_slice(user);
+        p.push(0);
+        p.push(auth.len() as u8);
+        p.extend_from_slice(auth);
+        if let Some(db) = db {
+            p.extend(db.as_bytes());
+            p.push(0);
+        }
+        p.extend(b"mysql_native_password\0");
+        p
+    }
+
+    impl Client {
+        /// Connects and reads the server's greeting.
+        pub fn connect(t: &Transport) -> Client {
+            let stream: Box<dyn Stream> = match t {
+                Transport::Unix(path) => Box::new(UnixStream::connect(path).expect("unix socket")),
+                Transport::V4(port) => {
+                    let s = TcpStream::connect(("127.0.0.1", *port)).expect("TCP over IPv4");
+                    s.set_nodelay(true).unwrap();
+                    Box::new(s)
+                }
+                Transport::V6(port) => {
+                    let s = TcpStream::connect(("::1", *port)).expect("TCP over IPv6");
+                    s.set_nodelay(true).unwrap();
+                    Box::new(s)
+                }
+            };
+            let mut c = Client { stream, id: 0 };
+            let (_, greeting) = c.read_packet();
+            assert_eq!(greeting.first(), Some(&10), "not a greeting: {greeting:?}");
+            let version_end = greeting.iter().skip(1).position(|&b| b == 0).unwrap() + 2;
+            c.id = u32::from_le_bytes(greeting[version_end..version_end + 4].try_into().unwrap());
+            c
+        }
+
+        /// Connects and logs in as a user without a password; panics unless the server says OK.
+        pub fn login(t: &Transport, user: &str, db: Option<&str>) -> Client {
+            let mut c = Client::connect(t);
+            let reply = c.handshake(user.as_bytes(), db, 0, &[]);
+            assert_eq!(
+                reply.first(),
+                Some(&0),
+                "login refused: {}",
+                String::from_utf8_lossy(&reply)
+            );
+            c
+        }
+
+        /// Sends a handshake response; returns the payload of the server's answer.
+        pub fn handshake(
+            &mut self,
+            user: &[u8],
+            db: Option<&str>,
+            caps: u32,
+            auth: &[u8],
+        ) -> Vec<u8> {
+            self.write(&packet(1, &handshake_response(user, db, caps, auth)));
+            self.read_packet().1
+        }
+
+        pub fn write(&mut self, bytes: &[u8]) {
+            self.stream.write_all(bytes).expect("writing to the server");
+        }
+
+        pub fn read_packet(&mut self) -> (u8, Vec<u8>) {
+            let mut h = [0u8; 4];
+            self.stream.read_exact(&mut h).expect("a packet header");
+            let len = u32::from_le_bytes([h[0], h[1], h[2], 0]) as usize;
+            let mut payload = vec![0; len];
+            self.stream.read_exact(&mut payload).expect("a packet body");
+            (h[3], payload)
+        }
+
+        /// The whole reply to a command: OK, ERR, or a result set (without CLIENT_DEPRECATE_EOF: column
+        /// definitions, EOF, rows, EOF). Returns its first packet's payload.
+        pub fn reply(&mut self) -> Vec<u8> {
+            let (_, first) = self.read_packet();
+            if matches!(first.first(), Some(0x00 | 0xff)) {
+                return first;
+            }
+            let mut eofs = 0;
+            while eofs < 2 {
+                let (_, p) = self.read_packet();
+                if p.first() == Some(&0xff) {
+                    return p;
+                }
+                if p.first() == Some(&0xfe) && p.len() < 9 {
+                    eofs += 1;
+                }
+            }
+            first
+        }
+
+        /// A command (its byte, then its arguments) in one write; its reply's first packet.
+        pub fn command(&mut self, cmd: u8, args: &[u8]) -> Vec<u8> {
+            let mut payload = vec![cmd];
+            payload.extend_from_slice(args);
+            self.write(&packet(0, &payload));
+            self.reply()
+        }
+
+        pub fn query(&mut self, sql: &str) -> Vec<u8> {
+            self.command(0x03, sql.as_bytes())
+        }
+
+        /// COM_STMT_PREPARE; the statement id.
+        pub fn prepare(&mut self, sql: &str) -> u32 {
+            let mut payload = vec![0x16];
+            payload.extend(sql.as_bytes());
+            self.write(&packet(0, &payload));
+            let (_, ok) = self.read_packet();
+            assert_eq!(
+                ok.first(),
+                Some(&0),
+                "prepare refused: {}",
+                String::from_utf8_lossy(&ok)
+            );
+            let id = u32::from_le_bytes(ok[1..5].try_into().unwrap());
+            let columns = u16::from_le_bytes([ok[5], ok[6]]) as usize;
+            let params = u16::from_le_bytes([ok[7], ok[8]]) as usize;
+            // Parameter and column definitions, each list ended by an EOF.
+            let more = params + (params > 0) as usize + columns + (columns > 0) as usize;
+            for _ in 0..more {
+                self.read_packet();
+            }
+            id
+        }
+    }
+}
+
+/// Every transport of the test server: its unix socket, TCP over IPv4 and IPv6 (if the server listens there).
+fn transports(db: &TestDb) -> Vec<wire::Transport> {
+    let port: u16 = std::env::var("MYPROBE_TEST_PORT")
+        .expect("MYPROBE_TEST_PORT")
+        .parse()
+        .unwrap();
+    let mut all = vec![
+        wire::Transport::Unix(db.socket.clone()),
+        wire::Transport::V4(port),
+    ];
+    if std::net::TcpStream::connect(("::1", port)).is_ok() {
+        all.push(wire::Transport::V6(port));
+    } else {
+        eprintln!("note: the test server does not listen on ::1: no IPv6 client");
+    }
+    all
+}
+
+/// Users without a password, from every host the transports come from, and their databases.
+fn create_hostile_users(db: &TestDb) {
+    let mut sql = String::from(
+        "CREATE DATABASE IF NOT EXISTS hostiledb; CREATE DATABASE IF NOT EXISTS hostiledb2;",
+    );
+    for user in ["hostile", "hostile2"] {
+        for host in ["localhost", "127.0.0.1", "::1"] {
+            sql += &format!(
+                "CREATE USER IF NOT EXISTS '{user}'@'{host}'; GRANT ALL ON *.* TO '{user}'@'{host}';"
+            );
+        }
+    }
+    db.sql(&sql);
+}
+
+/// What one raw client does (`tag` names it in its statements), the 20 MiB statement if `big`. Returns its
+/// connection id and the records expected of it: (query or `<command>`, user, db).
+fn hostile_client(
+    t: &wire::Transport,
+    tag: &str,
+    big: bool,
+) -> (u32, Vec<(String, &'static str, &'static str)>) {
+    let mut c = wire::Client::login(t, "hostile", Some("hostiledb"));
+    let mut expected = Vec::new();
+    let mut expect = |q: String, user, db| expected.push((q, user, db));
+    // 1. A header one byte a write: the server reads it in pieces.
+    let sql = format!("SELECT '{tag}', 1");
+    let mut payload = vec![0x03];
+    payload.extend(sql.as_bytes());
+    let p = wire::packet(0, &payload);
+    for b in &p[..4] {
+        c.write(&[*b]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    c.write(&p[4..]);
+    assert_eq!(c.reply().first(), Some(&2), "{sql}: two columns");
+    expect(sql, "hostile", "hostiledb");
+    // 2. An empty packet: answered with an error, and no statement.
+    c.write(&wire::packet(0, &[]));
+    assert_eq!(c.reply().first(), Some(&0xff));
+    let sql = format!("SELECT '{tag}', 2");
+    c.query(&sql);
+    expect(sql, "hostile", "hostiledb");
+    // 5. A statement of 20 MiB (two packets: 16 MiB - 1 and the rest), holding forged packets.
+    if big {
+        let forged = "\x0e\x00\x00\x00\x03SELECT forged";
+        let sql = format!(
+            "SELECT LENGTH('{}')",
+            forged.repeat(20 * 1024 * 1024 / forged.len())
+        );
+        let mut payload = vec![0x03];
+        payload.extend(sql.as_bytes());
+        let mut bytes = wire::packet(0, &payload[..0xff_ffff]);
+        bytes.extend(wire::packet(1, &payload[0xff_ffff..]));
+        c.write(&bytes);
+        assert_eq!(
+            c.reply().first(),
+            Some(&1),
+            "the 20 MiB statement is answered"
+        );
+        expect("SELECT LENGTH('".into(), "hostile", "hostiledb");
+    }
+    // 6. Two statements in one write.
+    let (a, b) = (format!("SELECT '{tag}', 61"), format!("SELECT '{tag}', 62"));
+    let mut bytes = wire::packet(0, &[&[0x03u8][..], a.as_bytes()].concat());
+    bytes.extend(wire::packet(0, &[&[0x03u8][..], b.as_bytes()].concat()));
+    c.write(&bytes);
+    c.reply();
+    c.reply();
+    expect(a, "hostile", "hostiledb");
+    expect(b, "hostile", "hostiledb");
+    // 9. COM_CHANGE_USER, then COM_RESET_CONNECTION, which drops the prepared statement.
+    let mut change = b"hostile2\0\0hostiledb2\0".to_vec();
+    change.extend(0x21u16.to_le_bytes());
+    change.extend(b"mysql_native_password\0");
+    c.write(&wire::packet(0, &[&[0x11u8][..], &change].concat()));
+    let (seq, mut answer) = c.read_packet();
+    if answer.first() == Some(&0xfe) {
+        // An authentication switch (a new scramble): an empty password is an empty reply.
+        c.write(&wire::packet(seq + 1, &[]));
+        answer = c.read_packet().1;
+    }
+    assert_eq!(
+        answer.first(),
+        Some(&0),
+        "change user: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    expect("<Change user>".into(), "hostile2", "hostiledb2");
+    let sql = format!("SELECT '{tag}', 9");
+    c.query(&sql);
+    expect(sql, "hostile2", "hostiledb2");
+    let id = c.prepare(&format!("SELECT '{tag}', ?"));
+    expect(format!("SELECT '{tag}', ?"), "hostile2", "hostiledb2");
+    assert_eq!(c.command(0x1f, &[]).first(), Some(&0), "reset connection");
+    expect("<Reset Connection>".into(), "hostile2", "hostiledb2");
+    let mut execute = id.to_le_bytes().to_vec();
+    execute.extend([0, 1, 0, 0, 0]);
+    assert_eq!(
+        c.command(0x17, &execute).first(),
+        Some(&0xff),
+        "a statement reset away"
+    );
+    expect("<Execute>".into(), "hostile2", "hostiledb2");
+    let sql = format!("SELECT '{tag}', 10");
+    c.query(&sql);
+    expect(sql, "hostile2", "hostiledb2");
+    c.write(&wire::packet(0, &[0x01])); // COM_QUIT
+    (c.id, expected)
+}
+
+#[test]
+fn raw_clients_over_three_transports_at_once_are_followed_exactly() {
+    let db = testdb();
+    create_hostile_users(&db);
+    let max_packet = db.sql("SELECT @@GLOBAL.max_allowed_packet");
+    db.sql("SET GLOBAL max_allowed_packet = 64 * 1024 * 1024");
+    let pid = db.pid.to_string();
+    let tracer = Background::start(
+        &["queries", "--raw-sql", "--json", "-p", &pid],
+        "tracing the statements",
+    );
+    let clients: Vec<_> = transports(&db)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            std::thread::spawn(move || {
+                let tag = format!("{t:?}").split('(').next().unwrap().to_string();
+                (tag.clone(), hostile_client(&t, &tag, i == 0))
+            })
+        })
+        .collect();
+    let clients: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let (out, err) = tracer.stop();
+    db.sql(&format!(
+        "SET GLOBAL max_allowed_packet = {}",
+        max_packet.trim()
+    ));
+    let records = records(&out);
+    assert!(
+        !records.iter().any(|r| r["query"]
+            .as_str()
+            .is_some_and(|q| q.starts_with("SELECT forged"))),
+        "bytes of a statement became a statement:\n{err}"
+    );
+    for (tag, (conn, expected)) in clients {
+        let got: Vec<(String, &str, &str)> = records
+            .iter()
+            .filter(|r| r["conn"] == json!(conn))
+            .map(|r| {
+                let q = match r["query"].as_str() {
+                    Some(q) if q.starts_with("SELECT LENGTH('") => "SELECT LENGTH('".to_string(),
+                    Some(q) => q.to_string(),
+                    None => format!("<{}>", r["command"].as_str().unwrap_or("?")),
+                };
+                (
+                    q,
+                    r["user"].as_str().unwrap_or("-"),
+                    r["db"].as_str().unwrap_or("-"),
+                )
+            })
+            .collect();
+        let got: Vec<(String, &str, &str)> = got.into_iter().collect();
+        let expected: Vec<(String, &str, &str)> = expected;
+        assert_eq!(
+            got, expected,
+            "client over {tag} (connection {conn}); stderr:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_terminal() {
+    let db = testdb();
+    create_hostile_users(&db);
+    let pid = db.pid.to_string();
+    // The table, not JSON: what root reads in a terminal.
+    let tracer = Background::start(
+        &["queries", "--raw-sql", "-p", &pid],
+        "tracing the statements",
+    );
+    let evil = b"\x1b[31mevil\x1b]0;pwned\x07\x1b[2J\xc2\x9b1m";
+    let workers: Vec<_> = transports(&db)
+        .into_iter()
+        .take(2)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..5000 {
+                    let mut c = wire::Client::connect(&t);
+                    // One in ten asks for compression, which myprobe reports with the user's name.
+                    let caps = if i % 10 == 0 {
+                        wire::CLIENT_COMPRESS
+                    } else {
+                        0
+                    };
+                    let answer = c.handshake(evil, Some("hostiledb"), caps, &[1; 20]);
+                    assert_eq!(answer.first(), Some(&0xff), "a wrong password is refused");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    // And statements whose text and identifiers hold escapes, from a user who logged in.
+    let mut c = wire::Client::login(&transports(&db)[0], "hostile", Some("hostiledb"));
+    c.query("SELECT '\x1b[2J' AS `\x1b]0;owned\x07`");
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", tracer.pid()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .unwrap();
+    let (out, err) = tracer.stop();
+    for (name, text) in [("stdout", &out), ("stderr", &err)] {
+        let bad: Vec<char> = text
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "control characters {bad:?} reach the terminal on {name}:\n{text}"
+        );
+    }
+    assert!(
+        out.contains("\\x1b[2J"),
+        "the statement is shown, escaped:\n{out}"
+    );
+    assert!(err.contains("compressed protocol"), "{err}");
+    assert!(
+        err.lines()
+            .filter(|l| l.contains("compressed protocol"))
+            .count()
+            <= 21,
+        "a line per compressed connection:\n{err}"
+    );
+    // 10,000 connections leave no trace in memory (peak RSS of a run that saw one statement is ~40 MiB).
+    assert!(rss_kib < 100 * 1024, "peak RSS {rss_kib} KiB");
+}
+
+#[test]
+fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
+    let db = testdb();
+    let pid = db.pid.to_string();
+    let tracer = Background::start(
+        &["queries", "--raw-sql", "--json", "-p", &pid],
+        "tracing the statements",
+    );
+    // 4. The compressed protocol: reported, and no record of it (its bytes are not the classic framing).
+    let compressed = Command::new("mariadb")
+        .arg("-S")
+        .arg(&db.socket)
+        .args(["-uroot", "--compress", "-e"])
+        .arg("SELECT 'compressed', 4; SELECT REPEAT('compressed', 1000)")
+        .output()
+        .unwrap();
+    assert!(compressed.status.success(), "{compressed:?}");
+    // 8. A client SIGKILLed while its UPDATE waits for a row lock; the lock is then released.
+    let mut holder = db.session();
+    holder.query_row("BEGIN; UPDATE sbtest.sbtest1 SET k = k + 1 WHERE id = 1; SELECT 'held'");
+    let mut victim = Command::new("mariadb")
+        .arg("-S")
+        .arg(&db.socket)
+        .args([
+            "-uroot",
+            "-e",
+            "UPDATE sbtest.sbtest1 SET k = k + 1 WHERE id = 1 AND 'victim' <> ''",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    holder.query_row("COMMIT; SELECT 'released'");
+    // The thread is free for what comes next.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for i in 0..20 {
+        db.sql(&format!("SELECT 'after', {i}"));
+    }
+    let (out, err) = tracer.stop();
+    let records = records(&out);
+    let queries: Vec<&str> = records.iter().filter_map(|r| r["query"].as_str()).collect();
+    assert!(
+        err.contains("uses the compressed protocol"),
+        "the compressed connection is reported:\n{err}"
+    );
+    assert!(
+        !queries.iter().any(|q| q.contains("compressed")),
+        "a compressed statement was read as the classic protocol: {queries:?}"
+    );
+    // Nothing but what the clients sent: the mariadb client's own statements, the UPDATEs, the SELECTs.
+    let strange: Vec<_> = records
+        .iter()
+        .filter(|r| r["command"] != json!("Query") && r["command"] != json!("Init DB"))
+        .collect();
+    assert!(strange.is_empty(), "records of no statement: {strange:?}");
+    let victim = records
+        .iter()
+        .find(|r| r["query"].as_str().is_some_and(|q| q.contains("victim")))
+        .unwrap_or_else(|| panic!("no record of the killed client's UPDATE: {queries:?}\n{err}"));
+    assert!(
+        victim["lock_us"].as_u64().unwrap() >= 500_000,
+        "it waited for the row lock: {victim}"
+    );
+    for i in 0..20 {
+        let q = format!("SELECT 'after', {i}");
+        assert_eq!(
+            queries.iter().filter(|x| **x == q).count(),
+            1,
+            "{q}: {queries:?}"
+        );
+    }
+}
