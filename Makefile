@@ -4,13 +4,14 @@
 #   make test    setup + build + cargo test against a throwaway MariaDB (scripts/run-tests)
 #   make demo    profile a throwaway MariaDB under sysbench load; writes demo-out/ (scripts/demo)
 #   make bench   overhead of the collectors on sysbench TPS (bench/overhead; COLLECTORS="cpu offcpu")
+#   make fuzz    the property tests of tests/fuzz.rs, long, with fresh seeds (scripts/fuzz; FUZZ_SECS=3600)
 #   make clean   cargo clean, remove demo-out/ bench-out/, stop the demo and bench servers
 
 SHELL := /bin/bash
 CARGO ?= cargo
 COLLECTORS ?=
 
-.PHONY: all build setup test demo bench clean
+.PHONY: all build setup test demo bench fuzz clean
 
 all: build
 
@@ -28,6 +29,9 @@ demo:
 
 bench:
 	bench/overhead $(COLLECTORS)
+
+fuzz:
+	scripts/fuzz
 
 clean:
 	-scripts/testdb stop /tmp/myprobe-demo --clean

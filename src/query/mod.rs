@@ -486,3 +486,13 @@ mod tests {
         );
     }
 }
+
+#[allow(clippy::items_after_test_module)]
+impl Tracker {
+    /// The connections remembered and the most prepared statements remembered on one of them: what
+    /// [`MAX_CONNS`] and [`MAX_PREPARED_PER_CONN`] bound.
+    pub fn memory_bounds(&self) -> (usize, usize) {
+        let prepared = self.conns.values().map(|c| c.prepared.len()).max();
+        (self.conns.len(), prepared.unwrap_or(0))
+    }
+}
