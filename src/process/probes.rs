@@ -85,15 +85,21 @@ pub fn entry_probes(binary: &Path, names: &[&str]) -> Result<Vec<Option<EntryPro
         let address = sym.address();
         let section = file.section_by_index(sym.section_index()?).ok()?;
         let (section_offset, _) = section.file_range()?;
-        let code = section.data_range(address, 64).ok().flatten().or_else(|| {
-            let data = section.data().ok()?;
-            data.get((address - section.address()) as usize..)
-        })?;
-        let file_offset = section_offset + (address - section.address());
+        // A symbol before its section, or a file offset past 2^64: no place in the file to probe.
+        let within = address.checked_sub(section.address())?;
+        let file_offset = section_offset.checked_add(within)?;
+        let code = section
+            .data_range(address, 64)
+            .ok()
+            .flatten()
+            .or_else(|| section.data().ok()?.get(usize::try_from(within).ok()?..))?;
+        let skip = emulated_entry(code, address);
+        // EntryProbe::offset adds them.
+        file_offset.checked_add(skip)?;
         Some(EntryProbe {
             address,
             file_offset,
-            skip: emulated_entry(code, address),
+            skip,
         })
     };
     Ok(names.iter().map(|name| find(name)).collect())
@@ -198,9 +204,8 @@ mod tests {
         assert_eq!(emulated_entry(&[], 0x1000), 0);
     }
 
-    #[test]
-    fn entry_probes_of_the_c_library() {
-        let libc = [
+    fn c_library() -> &'static Path {
+        [
             "/lib/x86_64-linux-gnu/libc.so.6",
             "/lib64/libc.so.6",
             "/usr/lib/libc.so.6",
@@ -208,12 +213,42 @@ mod tests {
         .into_iter()
         .map(Path::new)
         .find(|p| p.exists())
-        .expect("a C library");
+        .expect("a C library")
+    }
+
+    #[test]
+    fn entry_probes_of_the_c_library() {
+        let libc = c_library();
         let probes = entry_probes(libc, &["malloc", "free", "no_such_function_anywhere"]).unwrap();
         let (malloc, free) = (probes[0].unwrap(), probes[1].unwrap());
         assert_ne!(malloc.address, free.address);
         assert!(malloc.file_offset > 0 && malloc.skip < 16 && free.skip < 16);
         assert_eq!(probes[2], None);
+    }
+
+    #[test]
+    fn symbols_outside_their_section_have_no_entry_probe() {
+        let mut data = std::fs::read(c_library()).unwrap();
+        let (dynsym, indexes) = {
+            let file = object::File::parse(&*data).unwrap();
+            let dynsym = file.section_by_name(".dynsym").unwrap();
+            let index = |name: &str| {
+                let sym = file.dynamic_symbols().find(|s| s.name() == Ok(name));
+                sym.unwrap().index().0 as u64
+            };
+            let offset = dynsym.file_range().unwrap().0;
+            (offset, [index("malloc"), index("calloc")])
+        };
+        // st_value of Elf64_Sym: before .text, and at the end of the address space.
+        for (index, value) in indexes.into_iter().zip([1, u64::MAX - 16]) {
+            let at = (dynsym + index * 24 + 8) as usize;
+            data[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        let copy = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(copy.path(), &data).unwrap();
+        let probes = entry_probes(copy.path(), &["malloc", "calloc", "free"]).unwrap();
+        assert_eq!(probes[..2], [None, None]);
+        assert!(probes[2].is_some());
     }
 
     #[test]
