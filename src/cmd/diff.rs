@@ -73,12 +73,19 @@ pub fn run(a: DiffArgs) -> Result<()> {
     }
 }
 
+/// The largest total of an input: inferno draws a change as the signed 64-bit difference of the two values,
+/// after scaling BEFORE in floating point with `--normalize` (2^62 leaves room for its rounding).
+const MAX_TOTAL: u64 = 1 << 62;
+
 /// The differential folded lines `stack BEFORE AFTER` of two folded files, sorted by stack.
 /// Both inputs are checked (a corrupt line is an error naming its file and line) and handed
 /// to inferno's `differential`, which merges them and, with `normalize`, scales BEFORE.
 pub fn differential(before: &str, after: &str, normalize: bool) -> Result<Vec<String>> {
     let canonical = |input: &str| -> Result<Vec<u8>> {
         let profile = read_folded(input, Unit::Samples)?;
+        if profile.total() > MAX_TOTAL {
+            bail!("{input}: the values add up to more than {MAX_TOTAL}, too much to compare");
+        }
         let mut text = Vec::new();
         folded::write(&profile, &mut text)?;
         Ok(text)
@@ -114,6 +121,35 @@ mod tests {
     fn stack_part() {
         assert_eq!(stack_of("main;a;x 10 15"), "main;a;x");
         assert_eq!(stack_of("main;f(a, b) 1 2"), "main;f(a, b)");
+    }
+
+    #[test]
+    fn values_too_large_to_subtract_are_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (b, a) = (dir.join("b.folded"), dir.join("a.folded"));
+        std::fs::write(&b, "main;a 9223372036854775808\n").unwrap();
+        std::fs::write(&a, "main;a 1\n").unwrap();
+        let args = |before: &std::path::Path, after: &std::path::Path| DiffArgs {
+            before: before.to_str().unwrap().into(),
+            after: after.to_str().unwrap().into(),
+            output: Some(dir.join("out.svg")),
+            normalize: false,
+            title: "t".into(),
+            count_name: "samples".into(),
+            colors: Palette::Hot,
+        };
+        for (before, after) in [(&b, &a), (&a, &b)] {
+            let err = format!("{:#}", run(args(before, after)).unwrap_err());
+            assert!(
+                err.ends_with(
+                    ": the values add up to more than 4611686018427387904, too much to compare"
+                ),
+                "{err}"
+            );
+        }
+        std::fs::write(&b, "main;a 4611686018427387904\n").unwrap();
+        run(args(&b, &a)).unwrap();
     }
 
     #[test]

@@ -110,17 +110,16 @@ impl<R: FnMut(&Collected)> Alloc<'_, R> {
     /// The allocations not freed, at least `older_ns` old, by stack, multiplied by the periods' scale.
     fn outstanding(&self, skel: &Loaded<'_, Self>, older_ns: u64) -> Vec<Sum> {
         let now = monotonic_ns();
-        let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
+        let mut old_enough = Vec::new();
         for_each_typed(
             &skel.maps.outstanding,
             |_: u64, a: skel::types::outstanding_alloc| {
                 if now.saturating_sub(a.ts) >= older_ns {
-                    let sum = amounts.entry(a.stack_id).or_default();
-                    sum[0] += a.size;
-                    sum[1] += 1;
+                    old_enough.push((a.stack_id, a.size));
                 }
             },
         );
+        let amounts = sum_by_stack(old_enough);
         let scale = self.periods.scale();
         let scaled = |v: u64| (v as f64 * scale).round() as u64;
         amounts
@@ -252,13 +251,29 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
                         tid: 0,
                         key: 0,
                         stack_id,
-                        values: Box::new([t.bytes * every, t.calls * every]),
+                        values: Box::new([scale_up(t.bytes, every), scale_up(t.calls, every)]),
                     });
                 }
             },
         );
         Ok(sums)
     }
+}
+
+/// Bytes and allocations by stack id, of (stack id, size) allocations; sums stop at `u64::MAX`.
+fn sum_by_stack(allocations: impl IntoIterator<Item = (u64, u64)>) -> HashMap<u64, [u64; 2]> {
+    let mut amounts: HashMap<u64, [u64; 2]> = HashMap::new();
+    for (stack_id, size) in allocations {
+        let [bytes, count] = amounts.entry(stack_id).or_default();
+        *bytes = bytes.saturating_add(size);
+        *count = count.saturating_add(1);
+    }
+    amounts
+}
+
+/// An amount traced in one call of `every`, as an estimate of all calls; stops at `u64::MAX`.
+fn scale_up(traced: u64, every: u64) -> u64 {
+    traced.saturating_mul(every)
 }
 
 /// How the running kernel lets the probes be attached.
@@ -578,4 +593,19 @@ fn probed_names() -> Vec<&'static str> {
         .map(|(name, _)| *name)
         .chain(["free"])
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_past_the_largest_stop_there() {
+        assert_eq!(scale_up(u64::MAX / 2, 3), u64::MAX);
+        assert_eq!(scale_up(1 << 40, 1 << 30), u64::MAX);
+        assert_eq!(scale_up(7, 1000), 7000);
+        let sums = sum_by_stack([(1, u64::MAX - 1), (1, 16), (2, 8), (2, 8)]);
+        assert_eq!(sums[&1], [u64::MAX, 2]);
+        assert_eq!(sums[&2], [16, 2]);
+    }
 }

@@ -108,8 +108,17 @@ pub struct Lost {
 }
 
 impl Lost {
+    /// Every loss, summed; stops at `u64::MAX`.
     pub fn total(&self) -> u64 {
-        self.ringbuf + self.user_stack + self.kernel_stack + self.state + self.undefined_stacks
+        [
+            self.ringbuf,
+            self.user_stack,
+            self.kernel_stack,
+            self.state,
+            self.undefined_stacks,
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
     }
 
     /// One line per kind of loss, for stderr; empty when nothing was lost. `events`: what was traced.
@@ -133,7 +142,9 @@ impl Lost {
                 "left out: amounts whose stack was never received",
             ),
         ];
-        let attempted = events + self.ringbuf + self.state;
+        let attempted = events
+            .saturating_add(self.ringbuf)
+            .saturating_add(self.state);
         reasons
             .iter()
             .filter(|(n, _)| *n > 0)
@@ -253,4 +264,28 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: ts is a valid timespec to write into.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn losses_past_the_largest_stop_there() {
+        let lost = Lost {
+            ringbuf: u64::MAX,
+            state: 2,
+            undefined_stacks: 1,
+            ..Lost::default()
+        };
+        assert_eq!(lost.total(), u64::MAX);
+        let report = lost.report(5);
+        assert_eq!(
+            report[0],
+            format!(
+                "events dropped: ring buffer full: {0} (100.00% of {0} events)",
+                u64::MAX
+            )
+        );
+    }
 }

@@ -388,11 +388,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     lost.ringbuf += stacks.malformed;
     let (rows, undefined) = stacks.join(sums);
     lost.undefined_stacks += undefined;
-    let events_column = collector.events_column();
-    let events = rows
-        .iter()
-        .map(|r| r.values.get(events_column).copied().unwrap_or(0))
-        .sum();
+    let events = events(&rows, collector.events_column());
     Ok(Collected {
         columns: collector.columns(),
         rows,
@@ -400,6 +396,13 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         lost,
         traced,
     })
+}
+
+/// What the rows traced: the sum of their `column`, stopping at `u64::MAX`.
+fn events(rows: &[Row], column: usize) -> u64 {
+    rows.iter()
+        .map(|r| r.values.get(column).copied().unwrap_or(0))
+        .fold(0, u64::saturating_add)
 }
 
 /// Attaches every program loaded whose section says where (tracepoints, perf events); the others (uprobes
@@ -533,4 +536,26 @@ fn refresh_unwind<S: StackSkeleton>(
         install_unwind::<S>(opts, installed, maps)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_past_the_largest_stop_there() {
+        let stack = Rc::new(RawStack {
+            user_len: 0,
+            ips: Box::new([]),
+        });
+        let row = |values: &[u64]| Row {
+            tid: 1,
+            key: 0,
+            stack: Rc::clone(&stack),
+            values: values.into(),
+        };
+        let rows = [row(&[9, u64::MAX]), row(&[1, 2]), row(&[3])];
+        assert_eq!(events(&rows, 0), 13);
+        assert_eq!(events(&rows, 1), u64::MAX);
+    }
 }

@@ -92,18 +92,11 @@ impl Collector for Syscalls {
         for_each_per_cpu(
             &skel.maps.calls,
             |k: skel::types::syscall_key, per_cpu: Vec<skel::types::syscall_calls>| {
-                let mut values = [0u64; 4];
-                for c in per_cpu {
-                    values[0] += c.count;
-                    values[1] += c.total_ns;
-                    values[2] = values[2].max(c.max_ns);
-                    values[3] += c.errors;
-                }
                 sums.push(Sum {
                     tid: 0,
                     key: k.nr.into(),
                     stack_id: k.stack_id,
-                    values: Box::new(values),
+                    values: Box::new(sum_cpus(&per_cpu)),
                 });
             },
         );
@@ -121,6 +114,18 @@ impl Collector for Syscalls {
     }
 }
 
+/// One (syscall, stack)'s counts over the CPUs: calls, total, longest, errors; sums stop at `u64::MAX`.
+fn sum_cpus(per_cpu: &[skel::types::syscall_calls]) -> [u64; 4] {
+    let mut values = [0u64; 4];
+    for c in per_cpu {
+        values[0] = values[0].saturating_add(c.count);
+        values[1] = values[1].saturating_add(c.total_ns);
+        values[2] = values[2].max(c.max_ns);
+        values[3] = values[3].saturating_add(c.errors);
+    }
+    values
+}
+
 /// The name of syscall `nr` on this architecture.
 pub fn name(nr: u64) -> String {
     match usize::try_from(nr).ok().and_then(Sysno::new) {
@@ -135,4 +140,22 @@ pub fn errno_name(n: u32) -> String {
     errno
         .name()
         .map_or_else(|| format!("errno {n}"), str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_sums_past_the_largest_stop_there() {
+        let cpu = |count, total_ns, max_ns, errors| skel::types::syscall_calls {
+            count,
+            total_ns,
+            max_ns,
+            errors,
+        };
+        let per_cpu = [cpu(u64::MAX, u64::MAX - 1, 9, 1), cpu(2, 2, 4, u64::MAX)];
+        assert_eq!(sum_cpus(&per_cpu), [u64::MAX, u64::MAX, 9, u64::MAX]);
+        assert_eq!(sum_cpus(&[cpu(1, 2, 3, 4), cpu(1, 2, 5, 4)]), [2, 4, 5, 8]);
+    }
 }

@@ -25,6 +25,16 @@ pub struct Mapping {
     pub kind: MapKind,
 }
 
+impl Mapping {
+    /// The file offset of the byte at `addr`; `None` outside the mapping, or past the largest offset.
+    pub fn file_offset(&self, addr: u64) -> Option<u64> {
+        if addr < self.start || addr >= self.end {
+            return None;
+        }
+        (addr - self.start).checked_add(self.offset)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MapKind {
     /// A mapped file: index into [`ProcMaps::file`]. Also what the kernel shows as a path without being a
@@ -81,11 +91,30 @@ impl ProcMaps {
     /// mappings are kept.
     pub fn reread(&mut self) -> Result<()> {
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        self.set_text(&text);
+        Ok(())
+    }
+
+    /// The mappings of `text` (as `/proc/PID/maps` writes it) replace the current ones.
+    fn set_text(&mut self, text: &str) {
         let mut maps: Vec<Mapping> = text.lines().filter_map(|l| self.parse_line(l)).collect();
         maps.sort_by_key(|m| m.start);
         self.maps = maps;
         self.read_at = Instant::now();
-        Ok(())
+    }
+
+    /// The maps of process `pid` as `text` gives them, without reading `/proc`.
+    #[cfg(test)]
+    pub(crate) fn from_text(pid: u32, text: &str) -> Self {
+        let mut maps = ProcMaps {
+            pid,
+            maps: Vec::new(),
+            files: Vec::new(),
+            file_index: HashMap::new(),
+            read_at: Instant::now(),
+        };
+        maps.set_text(text);
+        maps
     }
 
     /// Whether the maps were read long enough ago to read them again for an address in no known mapping (a
@@ -161,6 +190,10 @@ impl ProcMaps {
         let start = u64::from_str_radix(start, 16).ok()?;
         let end = u64::from_str_radix(end, 16).ok()?;
         let offset = u64::from_str_radix(offset, 16).ok()?;
+        // Every user of a mapping takes `end - start` and `addr - start + offset` as sizes and offsets.
+        if start > end {
+            return None;
+        }
         let kind = if path.is_empty() {
             MapKind::Anon
         } else if path == "[vdso]" {
@@ -218,4 +251,38 @@ fn open_path(pid: u32, symbolic: &Path, inode: u64, start: u64, end: u64) -> Pat
         return mapped;
     }
     symbolic.to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pid with no process: paths are opened as the maps name them.
+    const NO_PID: u32 = u32::MAX;
+
+    #[test]
+    fn a_mapping_that_ends_before_it_starts_is_skipped() {
+        let maps = ProcMaps::from_text(
+            NO_PID,
+            "7f0000002000-7f0000001000 r-xp 00000000 08:01 42 /lib/a.so\n\
+             7f0000003000-7f0000004000 r-xp 00001000 08:01 42 /lib/a.so\n",
+        );
+        let starts: Vec<u64> = maps.maps().iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0x7f0000003000]);
+        assert_eq!(maps.find(0x7f0000001800), None);
+    }
+
+    #[test]
+    fn file_offsets_past_the_largest_are_none() {
+        let maps = ProcMaps::from_text(
+            NO_PID,
+            "1000-3000 r-xp fffffffffffff000 08:01 42 /lib/a.so\n",
+        );
+        let m = &maps.maps()[0];
+        assert_eq!(m.file_offset(0x1000), Some(0xffff_ffff_ffff_f000));
+        assert_eq!(m.file_offset(0x1fff), Some(u64::MAX));
+        assert_eq!(m.file_offset(0x2000), None);
+        assert_eq!(m.file_offset(0x3000), None);
+        assert_eq!(m.file_offset(0xfff), None);
+    }
 }

@@ -17,11 +17,13 @@ pub fn write(profile: &Profile, mut w: impl Write) -> io::Result<()> {
 
 /// Reads folded stacks into a profile of the given unit. Blank lines and `# ` comment lines
 /// (which inferno also skips) are ignored; identical stacks are summed. A line without a
-/// trailing integer value, or without a stack before it, is an error naming its line number.
+/// trailing integer value, or without a stack before it, is an error naming its line number;
+/// so is the line whose value brings the total past `u64::MAX` (a flame graph's width is the total).
 pub fn read(mut r: impl BufRead, unit: Unit) -> Result<Profile> {
     let mut profile = Profile::new(unit);
     let mut buf = Vec::new();
     let mut lineno = 0usize;
+    let mut total = 0u64;
     loop {
         buf.clear();
         lineno += 1;
@@ -42,6 +44,10 @@ pub fn read(mut r: impl BufRead, unit: Unit) -> Result<Profile> {
                 shorten(line)
             );
         };
+        let Some(sum) = total.checked_add(value) else {
+            bail!("line {lineno}: the values add up to more than {}", u64::MAX);
+        };
+        total = sum;
         let frames: Vec<&str> = stack.split(';').collect();
         profile.add(&frames, value);
     }
@@ -129,6 +135,24 @@ mod tests {
         ] {
             let err = read_str(bad).unwrap_err().to_string();
             assert!(err.starts_with("line 1: expected"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn values_that_add_up_past_the_largest_are_an_error() {
+        let max = u64::MAX;
+        let p = read_str(&format!("main;a {}\nmain;b 1\n", max - 1)).unwrap();
+        assert_eq!(p.total(), max);
+        for input in [
+            format!("main;a {max}\n\nmain;b 1\n"),
+            format!("main;a {max}\n\nmain;a 1\n"),
+            format!("main;a {}\n\nmain;b {}\n", max / 2 + 1, max / 2 + 1),
+        ] {
+            let err = read_str(&input).unwrap_err().to_string();
+            assert_eq!(
+                err, "line 3: the values add up to more than 18446744073709551615",
+                "{input}"
+            );
         }
     }
 

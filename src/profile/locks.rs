@@ -26,6 +26,25 @@ pub struct LockSummary {
     pub wakers: Vec<(u64, String)>,
 }
 
+impl LockSummary {
+    /// Adds one waiter stack's waits: how many, their total and longest, and their histogram; sums stop at
+    /// `u64::MAX`.
+    fn add_waits(
+        &mut self,
+        waits: u64,
+        total_ns: u64,
+        max_ns: u64,
+        hist: impl Iterator<Item = u64>,
+    ) {
+        self.waits = self.waits.saturating_add(waits);
+        self.total_ns = self.total_ns.saturating_add(total_ns);
+        self.max_ns = self.max_ns.max(max_ns);
+        for (h, n) in self.hist.iter_mut().zip(hist) {
+            *h = h.saturating_add(n);
+        }
+    }
+}
+
 /// The profile of time waited (µs) by lock and stack, and the locks by time waited, longest first.
 pub fn summarize(
     collected: &Collected,
@@ -62,13 +81,9 @@ pub fn summarize(
         let stack = innermost(&namer.user_frames(&row.stack));
         let (waits, wakes) = (collected.value(row, "waits"), collected.value(row, "wakes"));
         if waits > 0 {
-            l.waits += waits;
             let wait_ns = collected.value(row, "wait_ns");
-            l.total_ns += wait_ns;
-            l.max_ns = l.max_ns.max(collected.value(row, "max_wait_ns"));
-            for (h, &c) in l.hist.iter_mut().zip(&hist_columns) {
-                *h += row.values[c];
-            }
+            let hist = hist_columns.iter().map(|&c| row.values[c]);
+            l.add_waits(waits, wait_ns, collected.value(row, "max_wait_ns"), hist);
             l.waiters.push((wait_ns, stack.clone()));
         }
         if wakes > 0 {
@@ -79,4 +94,21 @@ pub fn summarize(
     let mut locks: Vec<LockSummary> = locks.into_values().filter(|l| l.waits > 0).collect();
     locks.sort_by_key(|l| std::cmp::Reverse(l.total_ns));
     (profile, locks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_past_the_largest_stop_there() {
+        let mut l = LockSummary {
+            hist: vec![0; 3],
+            ..LockSummary::default()
+        };
+        l.add_waits(u64::MAX, u64::MAX - 5, 7, [u64::MAX, 1, 0].into_iter());
+        l.add_waits(2, 10, 9, [1, 2, 3].into_iter());
+        assert_eq!((l.waits, l.total_ns, l.max_ns), (u64::MAX, u64::MAX, 9));
+        assert_eq!(l.hist, [u64::MAX, 3, 3]);
+    }
 }

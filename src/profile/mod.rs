@@ -64,10 +64,11 @@ impl Profile {
         &self.frames[id as usize]
     }
 
-    /// Adds `value` to the stack of interned frame ids (root first).
+    /// Adds `value` to the stack of interned frame ids (root first); a stack's value stops at `u64::MAX`.
     pub fn add_ids(&mut self, stack: Vec<u32>, value: u64) {
         if value > 0 {
-            *self.stacks.entry(stack).or_insert(0) += value;
+            let sum = self.stacks.entry(stack).or_insert(0);
+            *sum = sum.saturating_add(value);
         }
     }
 
@@ -88,8 +89,9 @@ impl Profile {
         out
     }
 
+    /// The sum of the stacks' values, stopping at `u64::MAX`.
     pub fn total(&self) -> u64 {
-        self.stacks.values().sum()
+        self.stacks.values().fold(0, |a, &v| a.saturating_add(v))
     }
 
     pub fn len(&self) -> usize {
@@ -107,5 +109,23 @@ impl Profile {
             let names: Vec<&str> = ids.iter().map(|&i| frames[i as usize].as_str()).collect();
             keep(&names)
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_stop_at_the_largest() {
+        let mut p = Profile::new(Unit::Bytes);
+        p.add(&["main", "a"], u64::MAX - 1);
+        p.add(&["main", "a"], 2);
+        p.add(&["main", "b"], 5);
+        assert_eq!(
+            p.stacks(),
+            vec![(vec!["main", "a"], u64::MAX), (vec!["main", "b"], 5)]
+        );
+        assert_eq!(p.total(), u64::MAX);
     }
 }

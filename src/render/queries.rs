@@ -40,7 +40,10 @@ pub fn line(r: &QueryRecord) -> String {
         opt(r.cpu_us),
         opt(r.runq_us),
         opt(r.lock_us),
-        opt(r.read_us + r.write_us + r.sync_us),
+        opt(r
+            .read_us
+            .saturating_add(r.write_us)
+            .saturating_add(r.sync_us)),
         opt(r.net_us),
         r.error.map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
     );
@@ -79,7 +82,7 @@ fn clip(s: &str, n: usize) -> String {
 /// The digest as an aligned table, largest total first, at most `top` rows.
 pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     let mut out = String::new();
-    let grand: u64 = rows.iter().map(|r| r.total_us).sum();
+    let grand = rows.iter().fold(0u64, |a, r| a.saturating_add(r.total_us));
     let _ = writeln!(
         out,
         "{:>4} {:>8} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}  FINGERPRINT",
@@ -142,6 +145,42 @@ mod tests {
         };
         let shown = line(&record);
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    }
+
+    #[test]
+    fn times_that_add_up_past_the_largest_stop_there() {
+        let record = QueryRecord {
+            read_us: u64::MAX,
+            write_us: 1,
+            sync_us: 1,
+            ..QueryRecord::default()
+        };
+        assert!(line(&record).contains(&human_us(u64::MAX)));
+        let row = |fingerprint: &str, total_us: u64| DigestRow {
+            fingerprint: fingerprint.into(),
+            count: 1,
+            errors: 0,
+            total_us,
+            avg_us: 0,
+            p50_us: 0,
+            p95_us: 0,
+            p99_us: 0,
+            max_us: 0,
+            cpu_pct: 0.0,
+            runq_pct: 0.0,
+            lock_pct: 0.0,
+            io_pct: 0.0,
+            net_pct: 0.0,
+            sys_pct: 0.0,
+            top_lock: None,
+        };
+        let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);
+        let shares: Vec<&str> = table
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().nth(4).unwrap())
+            .collect();
+        assert_eq!(shares, ["100.0%", "0.0%"], "{table}");
     }
 
     #[test]

@@ -47,12 +47,14 @@ pub fn function_values(profile: &Profile, memory: bool) -> HashMap<&str, (u64, u
             .rev()
             .find(|f| !is_marker(f) && (!memory || !is_allocator(f)));
         if let Some(&leaf) = leaf.or_else(|| frames.iter().rev().find(|f| !is_marker(f))) {
-            values.entry(leaf).or_default().0 += value;
+            let v = values.entry(leaf).or_default();
+            v.0 = v.0.saturating_add(value);
         }
         seen.clear();
         for &f in frames.iter().filter(|f| !is_marker(f)) {
             if seen.insert(f) {
-                values.entry(f).or_default().1 += value;
+                let v = values.entry(f).or_default();
+                v.1 = v.1.saturating_add(value);
             }
         }
     }
@@ -126,6 +128,17 @@ mod tests {
         p.add(&["main", "a", "a", "a"], 3); // recursion: a counted once per stack in total
         p.add(&["main"], 2);
         p
+    }
+
+    #[test]
+    fn values_that_add_up_past_the_largest_stop_there() {
+        let mut p = Profile::new(Unit::Bytes);
+        p.add(&["main", "a"], u64::MAX);
+        p.add(&["main", "b", "a"], u64::MAX);
+        let v = function_values(&p, false);
+        assert_eq!(v["main"], (0, u64::MAX));
+        assert_eq!(v["a"], (u64::MAX, u64::MAX));
+        assert!(top_functions(&p, 5, false).starts_with(&format!("total: {} bytes", u64::MAX)));
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub fn write_lines<'a>(
     mut w: impl Write,
 ) -> Result<()> {
     let lines: Vec<&str> = lines.into_iter().collect();
-    let total: u64 = lines
+    // inferno lays the frames out on the 64-bit sum of the values.
+    let total = lines
         .iter()
         .filter_map(|l| {
             l.trim()
@@ -37,7 +38,13 @@ pub fn write_lines<'a>(
                 .parse::<u64>()
                 .ok()
         })
-        .fold(0u64, |a, b| a.saturating_add(b));
+        .try_fold(0u64, u64::checked_add)
+        .with_context(|| {
+            format!(
+                "the values add up to more than {}: too much to draw",
+                u64::MAX
+            )
+        })?;
     if total == 0 {
         return write_empty(&opts.title, &mut w);
     }
@@ -147,6 +154,22 @@ mod tests {
             ..Default::default()
         };
         assert!(titles(&render(&p, &opts)).contains(&"alloc (300 allocs, 75.00%)".to_string()));
+    }
+
+    #[test]
+    fn values_that_add_up_past_the_largest_are_not_drawn() {
+        let lines = ["main;a 18446744073709551615", "main;b 1"];
+        let err = write_lines(lines, &RenderOptions::default(), "samples", Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "the values add up to more than 18446744073709551615: too much to draw"
+        );
+        let mut p = Profile::new(Unit::Bytes);
+        p.add(&["main", "a"], u64::MAX);
+        p.add(&["main", "b"], u64::MAX);
+        assert!(write(&p, &RenderOptions::default(), Vec::new()).is_err());
     }
 
     #[test]

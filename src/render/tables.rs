@@ -84,8 +84,8 @@ pub fn syscalls(found: &syscalls::Found, top: usize) -> String {
     let mut by_nr: HashMap<u64, Sums> = HashMap::new();
     for row in &c.rows {
         let s = by_nr.entry(row.key).or_default();
-        s.calls += c.value(row, "calls");
-        s.total_ns += c.value(row, "total_ns");
+        s.calls = s.calls.saturating_add(c.value(row, "calls"));
+        s.total_ns = s.total_ns.saturating_add(c.value(row, "total_ns"));
         s.max_ns = s.max_ns.max(c.value(row, "max_ns"));
     }
     for f in &found.errors {
@@ -123,4 +123,44 @@ pub fn syscalls(found: &syscalls::Found, top: usize) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::collect::{RawStack, Row};
+
+    #[test]
+    fn syscall_sums_past_the_largest_stop_there() {
+        let row = |stack: &[u64], calls: u64, total_ns: u64| Row {
+            tid: 0,
+            key: 0,
+            stack: Rc::new(RawStack {
+                user_len: stack.len() as u16,
+                ips: stack.into(),
+            }),
+            values: Box::new([calls, total_ns, 7, 0]),
+        };
+        let found = syscalls::Found {
+            collected: Collected {
+                columns: ["calls", "total_ns", "max_ns", "errors"]
+                    .map(String::from)
+                    .into(),
+                rows: vec![row(&[1], u64::MAX, u64::MAX), row(&[2], 3, 5)],
+                ..Collected::default()
+            },
+            errors: Vec::new(),
+        };
+        let table = syscalls(&found, 10);
+        let line = table.lines().nth(2).unwrap();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields[1], u64::MAX.to_string(), "{table}");
+        assert_eq!(
+            fields[2],
+            format!("{:.3}", u64::MAX as f64 / 1e6),
+            "{table}"
+        );
+    }
 }

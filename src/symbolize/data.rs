@@ -335,6 +335,11 @@ impl DataSymbolizer {
     pub fn new(pid: u32) -> Result<Self> {
         let maps = ProcMaps::read(pid)
             .with_context(|| format!("reading the mappings of process {pid}"))?;
+        Ok(Self::with_maps(pid, maps))
+    }
+
+    /// For the process `pid` whose mappings are `maps`.
+    fn with_maps(pid: u32, maps: ProcMaps) -> Self {
         let mut s = DataSymbolizer {
             maps,
             map_state: Vec::new(),
@@ -345,7 +350,7 @@ impl DataSymbolizer {
             demangling: new_blazesym(true, None),
         };
         s.index_maps();
-        Ok(s)
+        s
     }
 
     /// The name of the data address `addr` (see the module documentation): `var`, `var+0x28`,
@@ -443,11 +448,12 @@ impl DataSymbolizer {
     fn name_in_mapping(&mut self, map: usize, addr: u64) -> String {
         let m = &self.maps.maps()[map];
         if let Some(bin) = self.file_of(m) {
-            let file_off = addr - m.start + m.offset;
-            return match self.bias(map) {
-                Some(bias) => self.name_at_vaddr(bin, addr.wrapping_sub(bias)),
+            let file_off = m.file_offset(addr);
+            return match (self.bias(map), file_off) {
+                (Some(bias), _) => self.name_at_vaddr(bin, addr.wrapping_sub(bias)),
                 // Not ELF (or unreadable): the file offset.
-                None => format!("{}+0x{file_off:x}", self.maps.file(bin).basename),
+                (None, Some(off)) => format!("{}+0x{off:x}", self.maps.file(bin).basename),
+                (None, None) => self.maps.label(&self.maps.maps()[map]).into_owned(),
             };
         }
         if !self.is_anon(m) {
@@ -948,5 +954,16 @@ mod tests {
         assert_eq!(name(0x300), Some("sizeless"));
         assert_eq!(name(0x301), None);
         assert_eq!(t.syms.len(), 5);
+    }
+
+    #[test]
+    fn a_mapping_whose_file_offsets_pass_2_64_is_named_by_its_path() {
+        let maps = ProcMaps::from_text(
+            u32::MAX,
+            "1000-3000 rw-p fffffffffffff000 08:01 42 /nonexistent/tc.log\n",
+        );
+        let mut s = DataSymbolizer::with_maps(u32::MAX, maps);
+        assert_eq!(s.name(0x1fff), "tc.log+0xffffffffffffffff");
+        assert_eq!(s.name(0x2000), "/nonexistent/tc.log");
     }
 }

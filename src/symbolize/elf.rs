@@ -73,19 +73,37 @@ impl Segment {
         vaddr >= self.vaddr && vaddr - self.vaddr < self.memsz
     }
 
-    /// ELF virtual address of the byte at `file_off` in the file, if one of `segments` holds it.
+    /// Whether the segment's first `len` bytes from its file offset hold `file_off`. A difference, not
+    /// `offset + len`: both come from the file and may add up past 2^64.
+    fn holds_offset(&self, file_off: u64, len: u64) -> bool {
+        file_off >= self.offset && file_off - self.offset < len
+    }
+
+    /// As [`Self::holds_offset`], from the start of the page that holds the segment's start: where a mapping
+    /// of the segment starts.
+    pub fn holds_page_offset(&self, file_off: u64, len: u64) -> bool {
+        file_off >= self.offset & !0xfff
+            && (file_off < self.offset || self.holds_offset(file_off, len))
+    }
+
+    /// ELF virtual address of the byte at `file_off` in the file, if one of `segments` holds it (and the
+    /// address is below 2^64).
     pub fn vaddr_of_offset(segments: &[Segment], file_off: u64) -> Option<u64> {
         let in_file = segments
             .iter()
-            .find(|s| file_off >= s.offset && file_off < s.offset + s.filesz.max(1));
+            .find(|s| s.holds_offset(file_off, s.filesz.max(1)));
         // A mapping starts at the page holding the segment start: accept the bytes just before it, and the
         // zero-filled tail past the file size.
         let seg = in_file.or_else(|| {
-            segments.iter().find(|s| {
-                file_off >= s.offset & !0xfff && file_off < s.offset + s.memsz.max(s.filesz)
-            })
+            segments
+                .iter()
+                .find(|s| s.holds_page_offset(file_off, s.memsz.max(s.filesz)))
         })?;
-        Some(file_off.wrapping_sub(seg.offset).wrapping_add(seg.vaddr))
+        if file_off >= seg.offset {
+            seg.vaddr.checked_add(file_off - seg.offset)
+        } else {
+            seg.vaddr.checked_sub(seg.offset - file_off)
+        }
     }
 }
 
@@ -271,22 +289,29 @@ impl EhTable {
         let cache = ReadCache::new(file);
         let obj = object::File::parse(&cache)
             .with_context(|| format!("parsing ELF {}", path.display()))?;
-        let mut ranges: Vec<(u64, u32)> = Vec::new();
+        let mut fdes: Vec<(u64, u64)> = Vec::new();
         for_each_fde(&obj, |_, _, fde| {
-            if fde.len() > 0 {
-                ranges.push((
-                    fde.initial_address(),
-                    u32::try_from(fde.len()).unwrap_or(u32::MAX),
-                ));
-            }
+            fdes.push((fde.initial_address(), fde.len()));
         })
         .with_context(|| format!("reading .eh_frame of {}", path.display()))?;
+        Ok(Self::from_fdes(fdes))
+    }
+
+    /// The table of FDEs given as (initial address, length). Empty ones are left out, and so are those that
+    /// end past 2^64: no code is there, and a wrapped end would hold every address, or none.
+    fn from_fdes(fdes: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut ranges: Vec<(u64, u32)> = fdes
+            .into_iter()
+            .filter(|&(_, len)| len > 0)
+            .map(|(start, len)| (start, u32::try_from(len).unwrap_or(u32::MAX)))
+            .filter(|&(start, len)| start.checked_add(u64::from(len)).is_some())
+            .collect();
         ranges.sort_unstable();
         ranges.dedup_by_key(|r| r.0);
-        Ok(EhTable {
+        EhTable {
             starts: ranges.iter().map(|r| r.0).collect(),
             lens: ranges.iter().map(|r| r.1).collect(),
-        })
+        }
     }
 
     /// The `[start, end)` of the function (FDE) that holds `vaddr`.
@@ -322,5 +347,64 @@ impl EhTable {
             .zip(&self.lens)
             .map(|(&s, &l)| (s, s + u64::from(l)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(offset: u64, filesz: u64, vaddr: u64, memsz: u64) -> Segment {
+        Segment {
+            offset,
+            filesz,
+            vaddr,
+            memsz,
+            exec: true,
+            writable: false,
+        }
+    }
+
+    #[test]
+    fn a_segment_whose_file_range_ends_past_2_64_still_maps_its_bytes() {
+        let s = [segment(u64::MAX - 0xfff, 0x2000, 0x1000, 0x2000)];
+        assert_eq!(Segment::vaddr_of_offset(&s, u64::MAX - 0x10), Some(0x1fef));
+        assert_eq!(Segment::vaddr_of_offset(&s, u64::MAX - 0xfff), Some(0x1000));
+        assert_eq!(Segment::vaddr_of_offset(&s, 0x10), None);
+    }
+
+    #[test]
+    fn virtual_addresses_past_2_64_or_below_0_are_none() {
+        let high = [segment(0, 0x2000, u64::MAX - 0xff, 0x2000)];
+        assert_eq!(Segment::vaddr_of_offset(&high, 0xff), Some(u64::MAX));
+        assert_eq!(Segment::vaddr_of_offset(&high, 0x1000), None);
+        // The page before a segment that starts at a low address.
+        let low = [segment(0x1800, 0x100, 0x100, 0x100)];
+        assert_eq!(Segment::vaddr_of_offset(&low, 0x1700), Some(0));
+        assert_eq!(Segment::vaddr_of_offset(&low, 0x1000), None);
+        // The zero-filled tail, up to the memory size.
+        let bss = [segment(0, 0x10, 0x1000, u64::MAX)];
+        assert_eq!(Segment::vaddr_of_offset(&bss, 0x20), Some(0x1020));
+        assert_eq!(Segment::vaddr_of_offset(&bss, u64::MAX), None);
+    }
+
+    #[test]
+    fn an_fde_that_ends_past_2_64_is_left_out() {
+        let t = EhTable::from_fdes([
+            (0x1000, 0x100),
+            (u64::MAX - 0xf, 0x100),
+            (0x2000, 0),
+            (0x3000, 1 << 40),
+        ]);
+        assert_eq!(
+            t.ranges_for_tests(),
+            [(0x1000, 0x1100), (0x3000, 0x3000 + u64::from(u32::MAX))]
+        );
+        assert_eq!(t.find(u64::MAX - 1), None);
+        assert_eq!(t.find(0x10ff), Some((0x1000, 0x1100)));
+        assert_eq!(
+            t.last_at_or_before(u64::MAX),
+            Some((0x3000, 0x3000 + u64::from(u32::MAX)))
+        );
     }
 }

@@ -132,10 +132,17 @@ impl Symbolizer {
         let t0 = Instant::now();
         let maps = ProcMaps::read(pid)
             .with_context(|| format!("reading the mappings of process {pid}"))?;
+        let mut s = Self::with_maps(pid, maps);
+        s.stats.elapsed += t0.elapsed();
+        Ok(s)
+    }
+
+    /// For the process `pid` whose mappings are `maps`.
+    fn with_maps(pid: u32, maps: ProcMaps) -> Self {
         let extra_debug_dirs = elf::target_debug_dirs(pid);
         let mut debug_dirs: Vec<PathBuf> = elf::DEBUG_DIRS.iter().map(PathBuf::from).collect();
         debug_dirs.extend(extra_debug_dirs.iter().cloned());
-        let mut s = Symbolizer {
+        Symbolizer {
             pid,
             raw: new_blazesym(false, Some(&debug_dirs)),
             demangling: new_blazesym(true, Some(&debug_dirs)),
@@ -149,9 +156,7 @@ impl Symbolizer {
             kallsyms_ok: None,
             names: HashSet::new(),
             stats: SymbolizeStats::default(),
-        };
-        s.stats.elapsed += t0.elapsed();
-        Ok(s)
+        }
     }
 
     /// Names for a user stack, leaf first, same length as `ips` (one name per address; never drops frames).
@@ -315,8 +320,16 @@ impl Symbolizer {
                 };
                 let m = &self.maps.maps()[i];
                 if let Some(bin) = binary_of(m) {
-                    let file_off = addr - m.start + m.offset;
-                    by_binary.entry(bin).or_default().push((addr, file_off));
+                    match m.file_offset(addr) {
+                        Some(file_off) => by_binary.entry(bin).or_default().push((addr, file_off)),
+                        // An offset past 2^64: no place in the file, as for an offset in no segment.
+                        None => {
+                            self.stats.no_symbol += 1;
+                            let name = format!("[{}]", self.maps.file(bin).basename);
+                            let name = self.intern(&name);
+                            self.user_cache.insert(addr, name);
+                        }
+                    }
                 } else if m.kind == MapKind::Vdso {
                     vdso.push(addr);
                 } else {

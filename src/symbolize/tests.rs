@@ -598,3 +598,18 @@ fn manual() {
         }
     }
 }
+
+#[test]
+fn a_mapping_whose_file_offsets_pass_2_64_names_its_file() {
+    let maps = ProcMaps::from_text(
+        u32::MAX,
+        "1000-3000 r-xp fffffffffffff000 08:01 42 /nonexistent/lib.so\n\
+         4000-5000 r-xp 00000000 08:01 43 /nonexistent/b.so\n",
+    );
+    let mut s = Symbolizer::with_maps(u32::MAX, maps);
+    // 0x1fff is the last byte of the file's address space, 0x2000 one past it.
+    assert_eq!(
+        names(&s.user_stack(&[0x1fff, 0x2001, 0x4100])),
+        ["[lib.so]", "[lib.so]", "[b.so]"]
+    );
+}

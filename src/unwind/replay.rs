@@ -291,10 +291,12 @@ impl Core {
             .iter()
             .find(|&&(v, _, size)| addr >= v && addr - v < size as u64)?;
         let at = (addr - vaddr) as usize;
-        if at + 8 > size {
+        if size - at < 8 {
             return None;
         }
-        let b = self.data.get(off + at..off + at + 8)?;
+        // The segment's file offset comes from the core file: it may point anywhere, even past 2^64.
+        let start = off.checked_add(at)?;
+        let b = self.data.get(start..start.checked_add(8)?)?;
         Some(u64::from_le_bytes(b.try_into().unwrap()))
     }
 
@@ -314,7 +316,7 @@ impl Core {
             });
             let exec = segs
                 .iter()
-                .any(|s| s.exec && f.offset >= s.offset & !0xfff && f.offset < s.offset + s.filesz);
+                .any(|s| s.exec && s.holds_page_offset(f.offset, s.filesz));
             if exec {
                 code.push(CodeMapping {
                     start: f.start,
@@ -353,22 +355,81 @@ fn prstatus(desc: &[u8]) -> Result<CoreThread> {
 
 /// NT_FILE: count, page size, count × (start, end, offset in pages), then the names.
 fn nt_file(desc: &[u8]) -> Result<Vec<CoreFile>> {
-    let (count, page) = (u64_at(desc, 0)? as usize, u64_at(desc, 8)?);
+    let (count, page) = (u64_at(desc, 0)?, u64_at(desc, 8)?);
+    // The count comes from the file: its entries must fit in the note (16 + count × 24 may pass 2^64).
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= (desc.len() - 16) / 24)
+        .context("NT_FILE too short")?;
     let names_at = 16 + count * 24;
-    let mut names = desc
-        .get(names_at..)
-        .context("NT_FILE too short")?
-        .split(|&c| c == 0);
+    let mut names = desc[names_at..].split(|&c| c == 0);
     (0..count)
         .map(|i| {
             let at = 16 + i * 24;
             let name = names.next().context("NT_FILE: a name missing")?;
+            let pages = u64_at(desc, at + 16)?;
             Ok(CoreFile {
                 start: u64_at(desc, at)?,
                 end: u64_at(desc, at + 8)?,
-                offset: u64_at(desc, at + 16)? * page,
+                offset: pages
+                    .checked_mul(page)
+                    .context("NT_FILE: a file offset past 2^64")?,
                 path: PathBuf::from(String::from_utf8_lossy(name).into_owned()),
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An NT_FILE note: count, page size, (start, end, offset in pages) per file, then NUL-terminated names.
+    fn nt_file_note(count: u64, page: u64, files: &[(u64, u64, u64, &str)]) -> Vec<u8> {
+        let mut desc: Vec<u8> = [count, page].iter().flat_map(|v| v.to_le_bytes()).collect();
+        for &(start, end, pages, _) in files {
+            desc.extend([start, end, pages].iter().flat_map(|v| v.to_le_bytes()));
+        }
+        for &(.., name) in files {
+            desc.extend(name.as_bytes());
+            desc.push(0);
+        }
+        desc
+    }
+
+    #[test]
+    fn nt_file_with_a_count_past_its_size_is_an_error() {
+        let files = [(0x1000, 0x2000, 1, "/lib/a.so")];
+        let ok = nt_file(&nt_file_note(1, 4096, &files)).unwrap();
+        assert_eq!((ok[0].start, ok[0].offset), (0x1000, 4096));
+        assert_eq!(ok[0].path, Path::new("/lib/a.so"));
+        // 2^61 entries of 24 bytes wrap 16 + count × 24 to 16.
+        for count in [2, 1 << 61, u64::MAX / 24 + 1, u64::MAX] {
+            let err = nt_file(&nt_file_note(count, 4096, &files)).unwrap_err();
+            assert_eq!(err.to_string(), "NT_FILE too short", "count {count}");
+        }
+    }
+
+    #[test]
+    fn nt_file_with_an_offset_past_2_64_is_an_error() {
+        let files = [(0x1000, 0x2000, 1 << 53, "/lib/a.so")];
+        let err = nt_file(&nt_file_note(1, 4096, &files)).unwrap_err();
+        assert_eq!(err.to_string(), "NT_FILE: a file offset past 2^64");
+    }
+
+    #[test]
+    fn memory_whose_file_offset_passes_the_end_is_not_read() {
+        let mut data = vec![0u8; 64];
+        data[8..16].copy_from_slice(&42u64.to_le_bytes());
+        let core = Core {
+            threads: Vec::new(),
+            files: Vec::new(),
+            memory: vec![(0x1000, 8, 32), (0x2000, usize::MAX - 4, 32)],
+            data,
+        };
+        assert_eq!(core.read_u64(0x1000), Some(42));
+        assert_eq!(core.read_u64(0x1019), None);
+        assert_eq!(core.read_u64(0x2000), None);
+        assert_eq!(core.read_u64(0x2010), None);
+    }
 }
