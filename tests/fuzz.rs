@@ -1287,7 +1287,6 @@ proptest! {
 
     /// Sums of one stack past u64::MAX must be an error or saturate, never wrap.
     #[test]
-    #[ignore = "Profile::add and Profile::total wrap past u64::MAX"]
     fn folded_sums_never_wrap(values in vec(any::<u64>(), 1..6)) {
         let text: String = values.iter().map(|v| format!("main;f {v}\n")).collect();
         if let Ok(p) = read_folded(text.as_bytes()) {
@@ -1410,7 +1409,19 @@ prop_compose! {
             end_ns: start_ns.wrapping_add(duration_ns),
             counters: Default::default(),
             in_flight,
+            pipelined: false,
         }
+    }
+}
+
+fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
+    Event::PacketIn {
+        tid: 1,
+        fd,
+        seq,
+        packet_len: payload.len() as u32,
+        payload,
+        ts_ns: 0,
     }
 }
 
@@ -1421,21 +1432,13 @@ fn event() -> impl Strategy<Value = Event> {
             bytes: packet(0, &g.full()),
         }),
         1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Event::PacketOut { fd, bytes }),
-        2 => (fd(), handshake_payload()).prop_map(|(fd, payload)| Event::PacketIn {
-            fd,
-            seq: 1,
-            payload,
+        2 => (fd(), handshake_payload()).prop_map(|(fd, payload)| packet_in(fd, 1, payload)),
+        1 => (fd(), any::<u8>(), bytes(40)).prop_map(|(fd, seq, payload)| packet_in(fd, seq, payload)),
+        2 => (fd(), statement_id()).prop_map(|(fd, id)| {
+            packet_in(fd, 0, [&[p::COM_STMT_CLOSE][..], &id.to_le_bytes()].concat())
         }),
-        1 => (fd(), any::<u8>(), bytes(40)).prop_map(|(fd, seq, payload)| Event::PacketIn {
-            fd,
-            seq,
-            payload,
-        }),
-        2 => (fd(), statement_id()).prop_map(|(fd, id)| Event::PacketIn {
-            fd,
-            seq: 0,
-            payload: [&[p::COM_STMT_CLOSE][..], &id.to_le_bytes()].concat(),
-        }),
+        // A command read ahead with the statement before it (a pipelined statement).
+        1 => (fd(), request()).prop_map(|(fd, payload)| packet_in(fd, 0, payload)),
         8 => raw_statement().prop_map(Event::Statement),
     ]
 }
@@ -1476,7 +1479,10 @@ proptest! {
                         }
                     }
                 }
-                Event::PacketIn { fd, payload, .. } => {
+                Event::PacketIn { fd, seq, payload, .. } => {
+                    if *seq == 0 {
+                        statements.push(lossy(payload)); // a command read ahead
+                    }
                     fed.push(payload.clone());
                     fds.insert(*fd);
                 }
@@ -1570,6 +1576,7 @@ proptest! {
                     end_ns: 1,
                     counters: Default::default(),
                     in_flight: false,
+                    pipelined: false,
                 }));
                 prepared += 1;
             }

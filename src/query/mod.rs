@@ -207,6 +207,13 @@ impl Tracker {
         (!compressed).then(|| self.record(s))
     }
 
+    /// The connections remembered and the most prepared statements remembered on one of them: what
+    /// [`MAX_CONNS`] and [`MAX_PREPARED_PER_CONN`] bound.
+    pub fn memory_bounds(&self) -> (usize, usize) {
+        let prepared = self.conns.values().map(|c| c.prepared.len()).max();
+        (self.conns.len(), prepared.unwrap_or(0))
+    }
+
     fn conn_entry(&mut self, fd: i32) -> &mut Conn {
         // A long-closed socket is as likely to go as any: its user and db are forgotten.
         self.forgotten_conns += make_room(&mut self.conns, &fd, MAX_CONNS);
@@ -288,7 +295,7 @@ impl Tracker {
         self.forgotten_prepared += forgot_prepared;
 
         let c = &s.counters;
-        let us = |ns: u64| (ns + 500) / 1000;
+        let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
         QueryRecord {
             ts: format_ts(s.start_ns as i128 + self.realtime_offset_ns),
@@ -484,15 +491,5 @@ mod tests {
             format_ts(951_782_400_000_001_000),
             "2000-02-29T00:00:00.000001Z"
         );
-    }
-}
-
-#[allow(clippy::items_after_test_module)]
-impl Tracker {
-    /// The connections remembered and the most prepared statements remembered on one of them: what
-    /// [`MAX_CONNS`] and [`MAX_PREPARED_PER_CONN`] bound.
-    pub fn memory_bounds(&self) -> (usize, usize) {
-        let prepared = self.conns.values().map(|c| c.prepared.len()).max();
-        (self.conns.len(), prepared.unwrap_or(0))
     }
 }
