@@ -74,15 +74,19 @@ pub struct ProcMaps {
 }
 
 impl ProcMaps {
-    /// Reads `/proc/PID/maps` (an error if that fails: no such process, no permission).
-    pub fn read(pid: u32) -> Result<Self> {
-        let mut maps = ProcMaps {
+    fn empty(pid: u32) -> Self {
+        ProcMaps {
             pid,
             maps: Vec::new(),
             files: Vec::new(),
             file_index: HashMap::new(),
             read_at: Instant::now(),
-        };
+        }
+    }
+
+    /// Reads `/proc/PID/maps` (an error if that fails: no such process, no permission).
+    pub fn read(pid: u32) -> Result<Self> {
+        let mut maps = ProcMaps::empty(pid);
         maps.reread()?;
         Ok(maps)
     }
@@ -106,13 +110,7 @@ impl ProcMaps {
     /// The maps of process `pid` as `text` gives them, without reading `/proc`.
     #[cfg(test)]
     pub(crate) fn from_text(pid: u32, text: &str) -> Self {
-        let mut maps = ProcMaps {
-            pid,
-            maps: Vec::new(),
-            files: Vec::new(),
-            file_index: HashMap::new(),
-            read_at: Instant::now(),
-        };
+        let mut maps = ProcMaps::empty(pid);
         maps.set_text(text);
         maps
     }
