@@ -218,9 +218,11 @@ fn threads_beyond_those_followed_are_counted_once_each() {
         &["-pthread"],
     );
     let mut fixture = Fixture::start(&mut Command::new(&exe));
-    let (_, err) = traced(&mut fixture);
+    let (records, err) = traced(&mut fixture);
     // 8300 threads, 8192 followed (MAX_THREADS in src/bpf/queries.h): 108 are not, each counted once
-    // however many syscalls it makes.
+    // however many syscalls it makes; JSON ends with the counts.
+    let last = records.last().expect("a JSON record of the losses");
+    assert_eq!(last["lost"]["state"], json!(108), "{last}");
     let line = err
         .lines()
         .find(|l| l.contains("per-thread"))

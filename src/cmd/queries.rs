@@ -186,6 +186,21 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             write!(out, "{}", render::digest_table(&rows, a.top))?;
         }
     }
+    // JSON readers see where records went missing: a last line with the counts, when anything was lost.
+    let forgotten = tracker
+        .forgotten_prepared
+        .saturating_add(tracker.forgotten_conns);
+    if a.json && failed.is_none() && (lost.total() > 0 || forgotten > 0) {
+        let losses = serde_json::json!({
+            "lost": lost.to_json(),
+            "statements": seen,
+            "forgotten_prepared": tracker.forgotten_prepared,
+            "forgotten_connections": tracker.forgotten_conns,
+        });
+        if let Err(e) = writeln!(out, "{losses}") {
+            failed = Some(e);
+        }
+    }
     let written = match failed {
         Some(e) => Err(e),
         None => out.flush(),
