@@ -207,6 +207,18 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 		send_packet(EVENT_PACKET_IN, tid, st->fd, st->header_len, 0, buf, n, now);
 }
 
+/* A connection not followed (compressed, or the X protocol's): its bytes are not the classic framing. */
+static __always_inline void ignore_connection(struct query_thread *st, __s32 fd)
+{
+	st->ignoring = 1;
+	st->ignored_fd = fd;
+}
+
+static __always_inline bool ignored(struct query_thread *st, __s32 fd)
+{
+	return st->ignoring && fd == st->ignored_fd;
+}
+
 /* The record as of now is what will be sent. */
 static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 {
@@ -254,7 +266,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	if (!st)
 		return 0;
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
-	if (cls == SYSCALL_CLOSE && st->ignoring && (__s32)arg0 == st->ignored_fd)
+	if (cls == SYSCALL_CLOSE && ignored(st, (__s32)arg0))
 		st->ignoring = 0; /* the socket number may next be a followed connection's */
 	if (!net && !in_statement(st))
 		return 0;
@@ -302,10 +314,8 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 	/* A handshake response asking for compression: what follows is compressed, and so not followed (user
 	 * space says so once). Its first bytes are the client's capabilities. */
 	__u8 caps = 0;
-	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, 1, (void *)buf) && (caps & CLIENT_COMPRESS)) {
-		st->ignoring = 1;
-		st->ignored_fd = fd;
-	}
+	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, 1, (void *)buf) && (caps & CLIENT_COMPRESS))
+		ignore_connection(st, fd);
 }
 
 struct read_ahead_args {
@@ -379,13 +389,12 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 		return 0;
 	if (in_statement(st))
 		return -1; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
-	if (st->ignoring && fd == st->ignored_fd)
+	if (ignored(st, fd))
 		return -1;
 	if (fd != st->port_checked_fd) {
 		st->port_checked_fd = fd;
 		if (local_port(fd) == X_PROTOCOL_PORT) {
-			st->ignoring = 1;
-			st->ignored_fd = fd;
+			ignore_connection(st, fd);
 			return -1;
 		}
 	}
@@ -478,7 +487,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	struct query_thread *st = thread_state(tid, false);
 	if (st && !st->in_syscall)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
 	enum syscall_class cls;
 	__s32 fd;
 	__u64 buf;
@@ -509,6 +517,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		fd = (__s32)PT_REGS_PARM1_CORE_SYSCALL(regs);
 		buf = PT_REGS_PARM2_CORE_SYSCALL(regs);
 	}
+	/* Read here, after the returns above: most syscalls of the server are its background threads'. */
+	__u64 now = bpf_ktime_get_ns();
 	__u64 took = now - st->sys_ts;
 	bool counted = in_statement(st);
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
@@ -520,7 +530,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 
 	if (cls == SYSCALL_NET_RECV && n > 0)
 		on_recv(st, tid, fd, buf, n, now);
-	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted && !(st->ignoring && fd == st->ignored_fd))
+	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted && !ignored(st, fd))
 		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
 
 	if (!counted || !timed)
@@ -628,10 +638,7 @@ int BPF_KRETPROBE(on_dispatch_return)
 	struct query_thread *st = thread_state(tid, false);
 	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	st->ev.end_ns = now;
-	st->ev.c = st->c;
-	st->ev.c.cpu_ns += now - st->on_cpu_since;
+	reply_ended(st, bpf_ktime_get_ns());
 	st->phase = PHASE_REPLIED;
 	finish_statement(st);
 	return 0;
