@@ -93,10 +93,9 @@ fn a_closed_stderr_is_no_crash() {
     drop(tracer.stderr.take());
     std::thread::sleep(Duration::from_millis(1500));
     // A compressed connection makes the tracer warn from inside the ring buffer callback.
-    let compressed = Command::new("mariadb")
-        .arg("-S")
-        .arg(&db.socket)
-        .args(["-uroot", "--compress", "-e", "SELECT 1"])
+    let compressed = db
+        .client()
+        .args(["--compress", "-e", "SELECT 1"])
         .output()
         .unwrap();
     assert!(compressed.status.success());

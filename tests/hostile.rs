@@ -7,31 +7,20 @@ use std::process::Command;
 use common::*;
 use serde_json::{json, Value};
 
-/// The JSON records of a `queries --json` run.
-fn records(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
+/// `queries --raw-sql` of process `pid`, with `extra` options, started.
+fn raw_sql_tracer(pid: u32, extra: &[&str]) -> Background {
+    let pid = pid.to_string();
+    let mut args = vec!["queries", "--raw-sql", "-p", &pid];
+    args.extend_from_slice(extra);
+    Background::start(&args, "tracing the statements")
 }
 
 /// The records `queries --raw-sql --json` gives for the fixture's work, in order.
 fn traced(fixture: &mut Fixture) -> (Vec<Value>, String) {
-    let pid = fixture.child.id().to_string();
-    let tracer = Background::start(
-        &[
-            "queries",
-            "--any-process",
-            "--raw-sql",
-            "--json",
-            "-p",
-            &pid,
-        ],
-        "tracing the statements",
-    );
+    let tracer = raw_sql_tracer(fixture.child.id(), &["--any-process", "--json"]);
     fixture.go();
     let (out, err) = tracer.stop();
-    (records(&out), err)
+    (json_lines(&out), err)
 }
 
 /// The fake wire fixture's records, its stderr; `port`: over TCP to that port instead of a socket pair.
@@ -120,15 +109,10 @@ fn load_data_local_of_forged_packets_is_one_statement() {
     std::fs::write(&file, forged.repeat(10 * 1024 * 1024 / forged.len())).unwrap();
     db.sql("SET GLOBAL local_infile = 1");
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.forged_lines (line BLOB)");
-    let pid = db.pid.to_string();
-    let tracer = Background::start(
-        &["queries", "--raw-sql", "--json", "-p", &pid],
-        "tracing the statements",
-    );
-    let load = Command::new("mariadb")
-        .arg("-S")
-        .arg(&db.socket)
-        .args(["-uroot", "--local-infile=1", "sbtest", "-e"])
+    let tracer = raw_sql_tracer(db.pid, &["--json"]);
+    let load = db
+        .client()
+        .args(["--local-infile=1", "sbtest", "-e"])
         .arg(format!(
             "LOAD DATA LOCAL INFILE '{}' INTO TABLE forged_lines; SELECT 'after the file'",
             file.display()
@@ -142,7 +126,7 @@ fn load_data_local_of_forged_packets_is_one_statement() {
     );
     let (out, err) = tracer.stop();
     db.sql("DROP TABLE sbtest.forged_lines");
-    let queries: Vec<String> = records(&out)
+    let queries: Vec<String> = json_lines(&out)
         .iter()
         .filter_map(|r| r["query"].as_str().map(str::to_string))
         .collect();
@@ -201,7 +185,7 @@ fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
         );
     }
     let (out, err) = tracer.stop();
-    let sums = records(&out)
+    let sums = json_lines(&out)
         .iter()
         .filter(|r| r["tid"] == tid && r["query"] == "SELECT ? + ?")
         .count();
@@ -550,11 +534,7 @@ fn raw_clients_over_three_transports_at_once_are_followed_exactly() {
     create_hostile_users(&db);
     let max_packet = db.sql("SELECT @@GLOBAL.max_allowed_packet");
     db.sql("SET GLOBAL max_allowed_packet = 64 * 1024 * 1024");
-    let pid = db.pid.to_string();
-    let tracer = Background::start(
-        &["queries", "--raw-sql", "--json", "-p", &pid],
-        "tracing the statements",
-    );
+    let tracer = raw_sql_tracer(db.pid, &["--json"]);
     let clients: Vec<_> = transports(&db)
         .into_iter()
         .enumerate()
@@ -571,7 +551,7 @@ fn raw_clients_over_three_transports_at_once_are_followed_exactly() {
         "SET GLOBAL max_allowed_packet = {}",
         max_packet.trim()
     ));
-    let records = records(&out);
+    let records = json_lines(&out);
     assert!(
         !records.iter().any(|r| r["query"]
             .as_str()
@@ -608,12 +588,8 @@ fn raw_clients_over_three_transports_at_once_are_followed_exactly() {
 fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_terminal() {
     let db = testdb();
     create_hostile_users(&db);
-    let pid = db.pid.to_string();
     // The table, not JSON: what root reads in a terminal.
-    let tracer = Background::start(
-        &["queries", "--raw-sql", "-p", &pid],
-        "tracing the statements",
-    );
+    let tracer = raw_sql_tracer(db.pid, &[]);
     let evil = b"\x1b[31mevil\x1b]0;pwned\x07\x1b[2J\xc2\x9b1m";
     let workers: Vec<_> = transports(&db)
         .into_iter()
@@ -676,16 +652,11 @@ fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_termin
 #[test]
 fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
     let db = testdb();
-    let pid = db.pid.to_string();
-    let tracer = Background::start(
-        &["queries", "--raw-sql", "--json", "-p", &pid],
-        "tracing the statements",
-    );
+    let tracer = raw_sql_tracer(db.pid, &["--json"]);
     // 4. The compressed protocol: reported, and no record of it (its bytes are not the classic framing).
-    let compressed = Command::new("mariadb")
-        .arg("-S")
-        .arg(&db.socket)
-        .args(["-uroot", "--compress", "-e"])
+    let compressed = db
+        .client()
+        .args(["--compress", "-e"])
         .arg("SELECT 'compressed', 4; SELECT REPEAT('compressed', 1000)")
         .output()
         .unwrap();
@@ -693,11 +664,9 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
     // 8. A client SIGKILLed while its UPDATE waits for a row lock; the lock is then released.
     let mut holder = db.session();
     holder.query_row("BEGIN; UPDATE sbtest.sbtest1 SET k = k + 1 WHERE id = 1; SELECT 'held'");
-    let mut victim = Command::new("mariadb")
-        .arg("-S")
-        .arg(&db.socket)
+    let mut victim = db
+        .client()
         .args([
-            "-uroot",
             "-e",
             "UPDATE sbtest.sbtest1 SET k = k + 1 WHERE id = 1 AND 'victim' <> ''",
         ])
@@ -713,7 +682,7 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
         db.sql(&format!("SELECT 'after', {i}"));
     }
     let (out, err) = tracer.stop();
-    let records = records(&out);
+    let records = json_lines(&out);
     let queries: Vec<&str> = records.iter().filter_map(|r| r["query"].as_str()).collect();
     assert!(
         err.contains("uses the compressed protocol"),

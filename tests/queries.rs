@@ -50,15 +50,6 @@ fn trace(db: &TestDb, extra: &[&str]) -> Background {
     Background::start(&args, READY)
 }
 
-fn records(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
-        })
-        .collect()
-}
-
 fn of_thread(records: &[Value], tid: u32) -> Vec<&Value> {
     records.iter().filter(|r| r["tid"] == tid).collect()
 }
@@ -85,7 +76,7 @@ fn sleep_is_one_record_of_blocked_time() {
     let tracer = trace(&db, &[]);
     assert_eq!(s.query_row("SELECT SLEEP(0.3)"), "0");
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     let mine = of_thread(&all, tid);
     let sleeps = query_is(&mine, "SELECT SLEEP(?)");
     assert_eq!(
@@ -116,7 +107,7 @@ fn statement_still_running_at_the_end_is_reported_in_flight() {
     std::thread::sleep(Duration::from_millis(800));
     let (out, err) = tracer.stop();
     assert_eq!(s.read_line(), "0");
-    let all = records(&out);
+    let all = json_lines(&out);
     let sleeps = query_is(&of_thread(&all, tid), "SELECT SLEEP(?)");
     assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");
     let r = sleeps[0];
@@ -140,7 +131,7 @@ fn row_lock_wait_is_lock_time_with_an_address() {
     holder.exec("COMMIT");
     assert_eq!(waiter.read_line(), "updated");
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     let mine = of_thread(&all, tid);
     let updates = query_is(&mine, "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?");
     assert_eq!(
@@ -180,7 +171,7 @@ fn commit_with_durable_log_has_sync_time() {
     let tracer = trace(&db, &[]);
     s.exec("BEGIN; INSERT INTO sbtest.synctest (v) VALUES (1); COMMIT");
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     let mine = of_thread(&all, tid);
     let commits = query_is(&mine, "COMMIT");
     assert_eq!(
@@ -221,7 +212,7 @@ fn user_database_and_connection_id() {
     assert_eq!(with_db.query_row("SELECT 2"), "2");
     assert_eq!(before.query_row("SELECT 3"), "3");
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
 
     let count = query_is(
         &of_thread(&all, after_tid),
@@ -317,7 +308,7 @@ fn prepared_statement_executed_100_times() {
     client.execute(100);
     client.close();
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
     assert_eq!(
         executes.len(),
@@ -343,7 +334,7 @@ fn statement_prepared_before_tracing_is_labelled_by_id() {
     client.execute(3);
     client.close();
     let (out, err) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
     assert_eq!(executes.len(), 3, "{all:?}\nstderr:\n{err}");
     // Statement ids are the server's: one id, one statement.
@@ -371,11 +362,9 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
     let db = testdb();
     for raw in [false, true] {
         let tracer = trace(&db, if raw { &["--raw-sql"] } else { &[] });
-        let out = Command::new("mariadb")
-            .arg("-S")
-            .arg(&db.socket)
+        let out = db
+            .client()
             .args([
-                "-uroot",
                 "sbtest",
                 "-e",
                 "SELECT * FROM no_such_table WHERE c = 'secret-literal-42'",
@@ -384,7 +373,7 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
             .unwrap();
         assert!(!out.status.success());
         let (out, err) = tracer.stop();
-        let all = records(&out);
+        let all = json_lines(&out);
         let failed: Vec<_> = all.iter().filter(|r| !r["error"].is_null()).collect();
         assert_eq!(
             failed.len(),
@@ -415,7 +404,7 @@ fn json_records_under_load_have_every_field() {
     let load = db.load(3);
     load.wait();
     let (out, err) = tracer.wait();
-    let all = records(&out);
+    let all = json_lines(&out);
     assert!(
         all.len() > 200,
         "only {} records under sysbench load\nstderr:\n{err}",
@@ -484,7 +473,7 @@ fn summary_digest_and_min_ms() {
     assert_eq!(s.query_row("SELECT 1"), "1");
     assert_eq!(s.query_row("SELECT SLEEP(0.15)"), "0");
     let (out, _) = tracer.stop();
-    let all = records(&out);
+    let all = json_lines(&out);
     assert!(
         !all.is_empty() && all.iter().all(|r| num(r, "duration_us") >= 100_000),
         "{all:?}"
@@ -559,7 +548,7 @@ fn tls_connections_are_followed_through_uprobes() {
         err.contains("uses TLS"),
         "TLS not reported on stderr: {err}"
     );
-    let all = records(&out);
+    let all = json_lines(&out);
     let sleeps = query_is(&of_thread(&all, tid), "SELECT SLEEP(?)");
     assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");
     let d = num(sleeps[0], "duration_us");
@@ -595,7 +584,7 @@ fn a_sum_is_followed_through_uprobes(db: &TestDb, session: &mut Session, tid: u3
         err.contains("through uprobes on dispatch_command("),
         "{err}"
     );
-    let all = records(&out);
+    let all = json_lines(&out);
     assert_eq!(
         query_is(&of_thread(&all, tid), "SELECT ? + ?").len(),
         1,

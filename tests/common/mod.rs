@@ -97,12 +97,18 @@ impl TestDb {
         Load(Some(child))
     }
 
+    /// The mariadb client, connecting to this server's socket as root; options and statements to be added.
+    pub fn client(&self) -> Command {
+        let mut cmd = Command::new("mariadb");
+        cmd.arg("-S").arg(&self.socket).arg("-uroot");
+        cmd
+    }
+
     /// Runs SQL through the mariadb client as root; returns its tab-separated output.
     pub fn sql(&self, sql: &str) -> String {
-        let out = Command::new("mariadb")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(["-uroot", "-N", "-B", "-e", sql])
+        let out = self
+            .client()
+            .args(["-N", "-B", "-e", sql])
             .output()
             .expect("running the mariadb client");
         assert!(
@@ -125,10 +131,9 @@ impl TestDb {
 
     /// A session with extra client options (e.g. `--ssl`).
     pub fn session_with<S: AsRef<std::ffi::OsStr>>(&self, options: &[S]) -> Session {
-        let mut child = Command::new("mariadb")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(["-uroot", "-N", "-B", "--unbuffered"])
+        let mut child = self
+            .client()
+            .args(["-N", "-B", "--unbuffered"])
             .args(options)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -143,6 +148,16 @@ impl TestDb {
             stdout,
         }
     }
+}
+
+/// The JSON objects of `stdout`, one a line (`--json` output); panics on a line that is not JSON.
+pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
+        })
+        .collect()
 }
 
 /// A server of a test's own (see [`TestDb::start_another`]).
