@@ -187,10 +187,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         }
     }
     // JSON readers see where records went missing: a last line with the counts, when anything was lost.
-    let forgotten = tracker
-        .forgotten_prepared
-        .saturating_add(tracker.forgotten_conns);
-    if a.json && failed.is_none() && (lost.total() > 0 || forgotten > 0) {
+    let forgot = tracker.forgotten_prepared > 0 || tracker.forgotten_conns > 0;
+    if a.json && failed.is_none() && (lost.total() > 0 || forgot) {
         let losses = serde_json::json!({
             "lost": lost.to_json(),
             "statements": seen,
