@@ -251,6 +251,57 @@ fn offcpu_profile_under_load_splits_blocked_and_runnable() {
 }
 
 #[test]
+fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
+    // Connection churn: 30,000 threads that each wait on three stacks and exit make 90,000 (thread, stack)
+    // sums, more than the kernel's map holds at once (65,536). They are moved to user space as tracing goes,
+    // so that none is lost.
+    let dir = tempdir("offcpu-churn");
+    let exe = compile_fixture(
+        &dir,
+        "thread_churn",
+        &["offcpu/thread_churn.c"],
+        &["-pthread"],
+    );
+    let mut fixture = Fixture::start(&mut std::process::Command::new(&exe));
+    let pid = fixture.child.id().to_string();
+    let folded = dir.join("offcpu.folded");
+    let folded_arg = folded.to_string_lossy().into_owned();
+    let tracer = Background::start(
+        &[
+            "profile",
+            "offcpu",
+            "--any-process",
+            "-p",
+            &pid,
+            "-d",
+            "120",
+            "-o",
+            &folded_arg,
+        ],
+        "tracing off-CPU time",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    fixture.go();
+    let (_, stderr) = tracer.stop();
+    assert!(
+        !stderr.contains("not counted") && !stderr.contains("left out"),
+        "{stderr}"
+    );
+    let events: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("myprobe: ")?.split_once(" events,"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no event count:\n{stderr}"));
+    assert!(events >= 90_000, "{events} waits traced:\n{stderr}");
+    let stacks = read_folded(&folded);
+    for function in ["first_wait", "second_wait", "third_wait"] {
+        // 30,000 waits of at least 20 µs each.
+        let us = value_with_frame(&stacks, |f| f == function);
+        assert!(us >= 600_000, "{us} µs in {function}:\n{stderr}");
+    }
+}
+
+#[test]
 fn svg_and_json_outputs_are_well_formed() {
     let db = testdb();
     let dir = tempdir("formats");

@@ -79,7 +79,8 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u32 op = PT_REGS_PARM2_SYSCALL(regs);
 	if (futex_op_waits(op)) {
 		struct futex_call c = { .addr = addr, .ts = bpf_ktime_get_ns() };
-		bpf_map_update_elem(&in_wait, &tid, &c, BPF_ANY);
+		if (bpf_map_update_elem(&in_wait, &tid, &c, BPF_ANY))
+			count_lost(state);
 	} else if (futex_op_wakes(op) && bpf_map_lookup_elem(&waited, &addr)) {
 		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false) };
 		__u64 zero = 0;

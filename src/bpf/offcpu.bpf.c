@@ -58,7 +58,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	if (task_is_target(prev)) {
+	if (task_is_target(prev) && !(prev_state & TASK_DEAD)) {
 		__u32 tid = prev->pid;
 		struct thread_state zero = {};
 		struct thread_state *st = lookup_or_init(&threads, &tid, &zero);

@@ -8,6 +8,8 @@ const volatile __u32 target_tgid = 0;
 
 /* task_struct.__state of a task that is running or runnable (include/linux/sched.h). */
 #define TASK_RUNNING 0
+/* The state of a thread's last switch out, after sched_process_exit: whatever is made for it then outlives it. */
+#define TASK_DEAD 0x80
 
 /* Whether the current thread belongs to the traced process; its thread id in *tid. */
 static __always_inline bool current_is_target(__u32 *tid)

@@ -210,10 +210,9 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             );
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            say!(
+            s.opts.announce = format!(
                 "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
-                a.frequency,
-                a.trace.duration
+                a.frequency, a.trace.duration
             );
             let collected = collect::cpu::collect(&s.opts, a.frequency)?;
             let mut namer = s.namer();
@@ -225,11 +224,11 @@ pub fn run(c: ProfileCommand) -> Result<()> {
         ProfileCommand::Offcpu(a) => {
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            say!(
+            s.opts.announce = format!(
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
             );
-            let collected = collect::offcpu::collect(&s.opts, a.min_block_us)?;
+            let collected = collect::offcpu::collect(&s.opts, a.min_block_us, a.trace.per_thread)?;
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
             let mut namer = s.namer();
             let profile = stacks::build(&collected, &mut namer, Unit::Microseconds, |c, row| {
@@ -249,7 +248,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             } else {
                 "every call".into()
             };
-            say!(
+            s.opts.announce = format!(
                 "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
@@ -270,7 +269,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let target = &s.target;
             let mut names =
                 DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
-            say!(
+            s.opts.announce = format!(
                 "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
                 a.trace.duration
             );
@@ -291,7 +290,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             alloc.interval = a.interval.map(Duration::from_secs);
             let mut s = Session::start(&a.trace)?;
             let target = &s.target;
-            say!(
+            s.opts.announce = format!(
                 "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
                  for {} s; Ctrl-C ends early",
                 a.older,
@@ -334,10 +333,9 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             } else {
                 only.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
             };
-            say!(
+            s.opts.announce = format!(
                 "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
-                a.min_us,
-                a.trace.duration
+                a.min_us, a.trace.duration
             );
             let found = collect::syscalls::collect(&s.opts, a.min_us.saturating_mul(1000), &only)?;
             let mut namer = s.namer();
@@ -390,6 +388,7 @@ impl<'a> Session<'a> {
             kernel_stacks: a.kernel,
             btf: a.btf.clone(),
             unwind,
+            announce: String::new(),
         };
         let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
         symbolizer.preload(a.kernel);
@@ -414,7 +413,6 @@ impl<'a> Session<'a> {
         StackNamer::new(&mut self.symbolizer, opts)
     }
 
-    /// Writes the results and reports on stderr: time to results, losses, top functions.
     /// Writes the results and reports on stderr: time to results, losses, top functions.
     fn finish(
         &self,

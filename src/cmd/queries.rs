@@ -67,6 +67,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         kernel_stacks: false,
         btf: a.btf.clone(),
         unwind: None,
+        announce: String::new(),
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;

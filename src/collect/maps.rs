@@ -1,7 +1,10 @@
 //! Reading BPF maps as the skeletons' generated types (`types::*` of each `*.skel.rs`, generated from the
 //! BPF objects' BTF): the one place where bytes from the kernel become Rust values.
 
-use libbpf_rs::{MapCore, MapFlags};
+use std::os::fd::AsRawFd;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{libbpf_sys, MapCore, MapFlags};
 
 /// A type of a skeleton's `types` module: `#[repr(C)]` plain integers and arrays, any bit pattern valid.
 ///
@@ -51,15 +54,107 @@ pub fn for_each_typed<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut(K
 /// Calls `f(key, value)` for every entry of a hash map, read in batches (the maps summed in the kernel hold
 /// up to a million entries); one entry at a time on kernels without batch lookups for hash maps.
 pub fn for_each_entry(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) {
-    match map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY) {
-        Ok(batches) => batches.for_each(|(k, v)| f(&k, &v)),
-        Err(_) => {
-            for key in map.keys() {
-                if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
-                    f(&key, &value);
-                }
+    let mut read = false;
+    let batched = batches(map, false, &mut |k, v| {
+        read = true;
+        f(k, v)
+    });
+    if batched.is_err() && !read {
+        for key in map.keys() {
+            if let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) {
+                f(&key, &value);
             }
         }
+    }
+}
+
+/// Moves every entry of a hash map to `f(key, value)`: each batch of entries is read and deleted in one step,
+/// so what the kernel adds meanwhile goes to new entries, read by the next drain. Returns the entries moved.
+/// An add that a probe makes between its lookup and its write, while the entry is being deleted, is lost:
+/// a window of a few instructions, against seconds between drains.
+pub fn drain_typed<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut(K, V)) -> Result<u64> {
+    let mut moved = 0;
+    batches(map, true, &mut |key, value| {
+        if let (Some(k), Some(v)) = (read_exact::<K>(key), read_exact::<V>(value)) {
+            f(k, v);
+            moved += 1;
+        }
+    })
+    .context("reading and emptying a map")?;
+    Ok(moved)
+}
+
+/// Entries a batch asks for. The kernel returns whole hash buckets only, so a batch is often shorter: only
+/// ENOENT ends the walk (libbpf-rs's `lookup_batch` iterator stops at the first short batch, which left most
+/// of a map of more than a few thousand entries unread).
+const BATCH: usize = 4096;
+
+/// Walks a hash map in batches, deleting what it read with `delete`.
+fn batches(map: &dyn MapCore, delete: bool, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+    let fd = map.as_fd().as_raw_fd();
+    let (key_size, value_size) = (map.key_size() as usize, map.value_size() as usize);
+    let mut count = BATCH;
+    let mut keys = vec![0u8; key_size * count];
+    let mut values = vec![0u8; value_size * count];
+    // The position between calls: a bucket number for hash maps, at most a key's size.
+    let mut position = vec![0u8; key_size.max(8)];
+    let mut next = vec![0u8; key_size.max(8)];
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
+    let call = if delete {
+        libbpf_sys::bpf_map_lookup_and_delete_batch
+    } else {
+        libbpf_sys::bpf_map_lookup_batch
+    };
+    let mut first = true;
+    loop {
+        let mut n = count as u32;
+        let in_batch = if first {
+            std::ptr::null_mut()
+        } else {
+            position.as_mut_ptr().cast()
+        };
+        // SAFETY: the buffers hold `count` keys and values of the map's sizes and a position of at least the
+        // size the kernel writes; the options are initialised with their size.
+        let ret = unsafe {
+            call(
+                fd,
+                in_batch,
+                next.as_mut_ptr().cast(),
+                keys.as_mut_ptr().cast(),
+                values.as_mut_ptr().cast(),
+                &mut n,
+                &opts,
+            )
+        };
+        let err = (ret < 0).then(std::io::Error::last_os_error);
+        match err.as_ref().and_then(std::io::Error::raw_os_error) {
+            None | Some(libc::ENOENT) => {}
+            Some(libc::EINTR) => continue,
+            // One bucket holds more entries than a batch: larger batches.
+            Some(libc::ENOSPC) if n == 0 && count < 1 << 20 => {
+                count *= 4;
+                keys.resize(key_size * count, 0);
+                values.resize(value_size * count, 0);
+                continue;
+            }
+            Some(_) => return Err(err.unwrap()).context("reading a map in batches"),
+        }
+        let n = (n as usize).min(count);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(n)
+        {
+            f(k, v);
+        }
+        if err.is_some() {
+            return Ok(()); // ENOENT: the walk is done
+        }
+        std::mem::swap(&mut position, &mut next);
+        first = false;
     }
 }
 
@@ -82,3 +177,54 @@ pub fn for_each_per_cpu<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut
 unsafe impl Plain for u64 {}
 // SAFETY: plain integers.
 unsafe impl Plain for u32 {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libbpf_rs::{MapHandle, MapType};
+
+    /// A kernel hash map of `n` entries `i → 3 i`.
+    fn filled_map(n: u64) -> MapHandle {
+        let opts = libbpf_sys::bpf_map_create_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+            ..Default::default()
+        };
+        let map = MapHandle::create(MapType::Hash, Some("batch_test"), 8, 8, n as u32, &opts)
+            .expect("creating a hash map (needs root)");
+        let keys: Vec<u64> = (0..n).collect();
+        let values: Vec<u64> = keys.iter().map(|k| 3 * k).collect();
+        map.update_batch(
+            as_bytes(&keys),
+            as_bytes(&values),
+            n as u32,
+            MapFlags::ANY,
+            MapFlags::ANY,
+        )
+        .unwrap();
+        map
+    }
+
+    #[test]
+    fn every_entry_of_a_map_larger_than_a_batch_is_read_and_drained() {
+        // The kernel's batches end at bucket edges, so most are shorter than asked: each must be followed.
+        let n = 10 * BATCH as u64 + 123;
+        let map = filled_map(n);
+        let mut seen = vec![false; n as usize];
+        for_each_typed(&map, |k: u64, v: u64| {
+            assert_eq!(v, 3 * k);
+            assert!(
+                !std::mem::replace(&mut seen[k as usize], true),
+                "{k} read twice"
+            );
+        });
+        assert!(seen.iter().all(|&s| s), "entries unread");
+        let mut drained = 0;
+        let moved = drain_typed(&map, |k: u64, v: u64| {
+            assert_eq!(v, 3 * k);
+            drained += 1;
+        })
+        .unwrap();
+        assert_eq!((moved, drained), (n, n));
+        assert_eq!(map.keys().count(), 0, "entries left after the drain");
+    }
+}

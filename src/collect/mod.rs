@@ -30,7 +30,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::{skel::SkelBuilder, OpenObject};
 
 pub use features::Features;
-pub use ring::{poll_ring, tracing_ended};
+pub use ring::tracing_ended;
 
 use crate::unwind::ProcessTables;
 
@@ -54,6 +54,9 @@ pub struct CollectOptions {
     pub btf: Option<PathBuf>,
     /// `.eh_frame` tables for unwinding user stacks in the kernel; `None`: frame pointers only.
     pub unwind: Option<RefCell<ProcessTables>>,
+    /// Said on stderr once the probes are in place (what is traced, for how long): a line that scripts and
+    /// tests can wait for.
+    pub announce: String,
 }
 
 impl CollectOptions {

@@ -1,13 +1,17 @@
 //! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints time every wait of the process's threads,
 //! split into blocked and runnable time, summed per (thread, stack) in the kernel.
 
-use std::io::Read;
+use std::{
+    collections::HashMap,
+    io::Read,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{skel::Skel, Iter, IterOpts, Link};
 
 use super::{
-    maps::{for_each_typed, Plain},
+    maps::{drain_typed, for_each_typed, Plain},
     monotonic_ns,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
@@ -24,18 +28,31 @@ unsafe impl Plain for skel::types::offcpu_time {}
 // SAFETY: as above.
 unsafe impl Plain for skel::types::thread_state {}
 
-/// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per (thread, stack).
-pub fn collect(opts: &CollectOptions, min_block_us: u64) -> Result<Collected> {
+/// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per stack, and per thread with
+/// `per_thread` (tid 0 otherwise).
+pub fn collect(opts: &CollectOptions, min_block_us: u64, per_thread: bool) -> Result<Collected> {
     let mut offcpu = Offcpu {
         min_ns: min_block_us.saturating_mul(1000),
+        per_thread,
         ..Offcpu::default()
     };
     stack_collector::run(&mut offcpu, opts)
 }
 
+/// How often the kernel's sums are moved to user space while tracing. Every thread leaves entries behind
+/// when it exits, and a server under connection churn starts new ones all the time: left in the kernel, they
+/// filled the map within minutes (a fifth of the waits of an hour went uncounted).
+const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
 #[derive(Default)]
 struct Offcpu {
     min_ns: u64,
+    /// Sums are kept per thread only when asked: otherwise what user space holds is bounded by the stacks,
+    /// not by the threads that ever ran.
+    per_thread: bool,
+    /// The sums moved from the kernel so far, by (thread, stack id).
+    drained: HashMap<(u32, u64), [u64; 3]>,
+    last_drain: Option<Instant>,
     /// The threads blocked throughout are found by a task iterator when tracing ends.
     blocked_iterator: bool,
     started_ns: u64,
@@ -69,7 +86,19 @@ impl Collector for Offcpu {
 
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
         self.started_ns = monotonic_ns();
+        self.last_drain = Some(Instant::now());
         stack_collector::attach_by_section(skel.object())
+    }
+
+    fn tick(&mut self, skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {
+        if self
+            .last_drain
+            .is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL)
+        {
+            self.last_drain = Some(Instant::now());
+            self.drain(skel)?;
+        }
+        Ok(())
     }
 
     fn stop(&mut self) {
@@ -77,42 +106,69 @@ impl Collector for Offcpu {
     }
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
-        let mut sums = Vec::new();
-        for_each_typed(
-            &skel.maps.totals,
-            |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
-                sums.push(Sum {
-                    tid: k.tid as u32,
-                    key: 0,
-                    stack_id: k.stack_id,
-                    values: Box::new([t.blocked_ns, t.runnable_ns, t.periods]),
-                });
-            },
-        );
-        self.add_open_waits(skel, &mut sums);
+        self.drain(skel)?;
+        self.add_open_waits(skel);
         if self.blocked_iterator {
             let traced_ns = self.ended_ns.saturating_sub(self.started_ns);
             match blocked_throughout(&skel.progs.blocked_threads, stacks) {
-                Ok(blocked) => sums.extend(blocked.into_iter().map(|(tid, stack_id)| Sum {
-                    tid,
-                    key: 0,
-                    stack_id,
-                    values: Box::new([traced_ns, 0, 1]),
-                })),
+                Ok(blocked) => {
+                    for (tid, stack_id) in blocked {
+                        self.add(tid, stack_id, [traced_ns, 0, 1]);
+                    }
+                }
                 Err(e) => {
                     say!("myprobe: warning: the threads blocked throughout are left out: {e:#}")
                 }
             }
         }
-        Ok(sums)
+        Ok(self
+            .drained
+            .drain()
+            .map(|((tid, stack_id), values)| Sum {
+                tid,
+                key: 0,
+                stack_id,
+                values: Box::new(values),
+            })
+            .collect())
     }
 }
 
 impl Offcpu {
+    fn add(&mut self, tid: u32, stack_id: u64, values: [u64; 3]) {
+        let tid = if self.per_thread { tid } else { 0 };
+        let sum = self.drained.entry((tid, stack_id)).or_default();
+        for (s, v) in sum.iter_mut().zip(values) {
+            *s = s.saturating_add(v);
+        }
+    }
+
+    /// Moves the kernel's sums here, emptying its map.
+    fn drain(&mut self, skel: &Loaded<'_, Self>) -> Result<()> {
+        drain_typed(
+            &skel.maps.totals,
+            |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
+                self.add(
+                    k.tid as u32,
+                    k.stack_id,
+                    [t.blocked_ns, t.runnable_ns, t.periods],
+                );
+            },
+        )
+        .context("moving the off-CPU sums from the kernel")?;
+        say!(
+            "DEBUG drained, left {}, drained {}",
+            libbpf_rs::MapCore::keys(&skel.maps.totals).count(),
+            self.drained.len()
+        );
+        Ok(())
+    }
+
     /// The waits of the threads still off CPU when tracing ended (an idle connection blocked since its last
     /// statement), up to then, on the stack where each left the CPU.
-    fn add_open_waits(&self, skel: &Loaded<'_, Self>, sums: &mut Vec<Sum>) {
+    fn add_open_waits(&mut self, skel: &Loaded<'_, Self>) {
         let end = self.ended_ns;
+        let mut open = Vec::new();
         for_each_typed(
             &skel.maps.threads,
             |tid: u32, st: skel::types::thread_state| {
@@ -132,14 +188,12 @@ impl Offcpu {
                 } else {
                     [end - off, 0]
                 };
-                sums.push(Sum {
-                    tid,
-                    key: 0,
-                    stack_id: st.stack_id,
-                    values: Box::new([blocked, runnable, 1]),
-                });
+                open.push((tid, st.stack_id, [blocked, runnable, 1]));
             },
         );
+        for (tid, stack_id, values) in open {
+            self.add(tid, stack_id, values);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use libbpf_rs::{
 use super::{
     lost_in_kernel,
     maps::{for_each_typed, read_prefix, Plain},
-    open_object, poll_ring, CollectOptions, Lost,
+    open_object, ring, CollectOptions, Lost,
 };
 use crate::process::probes::Function;
 
@@ -200,34 +200,34 @@ pub fn collect(
 
     let bss = &skel.maps.bss_data;
     let lost = || lost_in_kernel!(bss.as_ref().map(|b| b.lost).unwrap_or_default());
-    let result = poll_ring(
-        &skel.maps.events,
-        opts.duration,
-        |data| {
-            if let Some(e) = decode(data) {
-                on_event(e);
-            }
-        },
-        |elapsed| {
-            attach_dispatch(&mut dispatch_links)?;
-            let l = lost();
-            let secs = if opts.duration.as_secs() > 1 << 40 {
-                String::new()
-            } else {
-                format!("/{}", opts.duration.as_secs())
-            };
-            Ok(format!(
-                "queries: {:>4}{secs} s, {} lost",
-                elapsed.as_secs(),
-                l.total()
-            ))
-        },
-    );
-    // Return probe first, as it was attached first.
+    let reader = ring::reader(&skel.maps.events, |data| {
+        if let Some(e) = decode(data) {
+            on_event(e);
+        }
+    })?;
+    let result = ring::poll(&reader, opts.duration, |elapsed| {
+        attach_dispatch(&mut dispatch_links)?;
+        let l = lost();
+        let secs = if opts.duration.as_secs() > 1 << 40 {
+            String::new()
+        } else {
+            format!("/{}", opts.duration.as_secs())
+        };
+        Ok(format!(
+            "queries: {:>4}{secs} s, {} lost",
+            elapsed.as_secs(),
+            l.total()
+        ))
+    });
+    // Return probe first, as it was attached first; then the tracepoints, so that nothing is sent after the
+    // last read of the ring buffer and the threads' state is still when read.
     for link in dispatch_links.drain(..) {
         drop(link);
     }
+    skel.links = Default::default();
     result?;
+    reader.consume().context("reading the ring buffer")?;
+    drop(reader);
     // A statement still running now is often the reason for tracing at all: report it, as in flight.
     let now = super::monotonic_ns();
     for_each_typed(&skel.maps.threads, |_: u32, st: query_thread| {

@@ -89,13 +89,3 @@ pub fn poll(
     }
     Ok(traced)
 }
-
-/// [`reader`] and [`poll`] in one.
-pub fn poll_ring(
-    events: &dyn MapCore,
-    duration: Duration,
-    on_event: impl FnMut(&[u8]),
-    tick: impl FnMut(Duration) -> Result<String>,
-) -> Result<Duration> {
-    poll(&reader(events, on_event)?, duration, tick)
-}

@@ -357,6 +357,9 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut installed = Installed::default();
     install_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
     let links = collector.attach(&mut skel)?;
+    if !opts.announce.is_empty() {
+        say!("{}", opts.announce);
+    }
 
     let stacks = RefCell::new(Stacks::default());
     let reader = ring::reader(C::Skel::events(&skel), |data| {
@@ -381,6 +384,9 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     collector.stop();
     drop(links);
     let traced = traced?;
+    // What the probes sent between the last read and their detaching: the definitions of stacks first seen
+    // then (a server shutting down while tracing ends makes hundreds).
+    reader.consume().context("reading the ring buffer")?;
     drop(reader);
     let mut stacks = stacks.into_inner();
     let sums = collector.read(&mut skel, &mut stacks)?;
