@@ -76,22 +76,14 @@ struct query_thread {
 	struct query_event ev;  /* the statement being built; ev.c is the snapshot at the last reply send */
 };
 
-/* Bounded by the number of connection threads; entries go when a thread exits. */
+/* Per thread: found from the task without a hash lookup, as many as the server has threads (no table to
+ * fill), freed with the thread. Made zeroed on a thread's first socket syscall. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, MAX_THREADS);
-	__type(key, __u32);
+	__type(key, int);
 	__type(value, struct query_thread);
 } threads SEC(".maps");
-
-/* Zeroed template for new entries: the value is larger than the BPF stack. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct query_thread);
-} zero_thread SEC(".maps");
 
 /* Packet events are built here (they are not part of a thread's state). */
 struct {
@@ -101,32 +93,14 @@ struct {
 	__type(value, struct query_event);
 } scratch SEC(".maps");
 
-/* Threads that found `threads` full, each counted once in lost.state (not once per syscall). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, __u8);
-} untraced SEC(".maps");
-
-static __always_inline struct query_thread *thread_state(__u32 tid, bool create)
+/* The state of `task`; with `create`, made if it has none. Making it fails only without memory, or when the
+ * task storage is in use by a program interrupted on this CPU: that event is counted and not followed. */
+static __always_inline struct query_thread *thread_state(struct task_struct *task, bool create)
 {
-	struct query_thread *st = bpf_map_lookup_elem(&threads, &tid);
-	if (st || !create)
-		return st;
-	__u32 zero = 0;
-	struct query_thread *init = bpf_map_lookup_elem(&zero_thread, &zero);
-	if (!init)
-		return 0;
-	st = lookup_or_init(&threads, &tid, init);
-	if (!st) {
-		__u8 *counted = bpf_task_storage_get(&untraced, bpf_get_current_task_btf(), 0,
-						     BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (counted && !*counted) {
-			*counted = 1;
-			count_lost(state); /* the thread is not traced */
-		}
-	}
+	struct query_thread *st =
+		bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!st && create)
+		count_lost(state);
 	return st;
 }
 
@@ -262,7 +236,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	enum syscall_class cls = syscall_class[id];
 	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
 	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
-	struct query_thread *st = thread_state(tid, net);
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), net);
 	if (!st)
 		return 0;
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
@@ -484,7 +458,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	struct query_thread *st = thread_state(tid, false);
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
 	if (st && !st->in_syscall)
 		return 0;
 	enum syscall_class cls;
@@ -509,7 +483,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		cls = syscall_class[id];
 		if (cls != SYSCALL_NET_RECV && cls != SYSCALL_NET_RECVMSG)
 			return 0;
-		st = thread_state(tid, true);
+		st = thread_state(bpf_get_current_task_btf(), true);
 		if (!st)
 			return 0;
 		/* Read with a helper: a plain load here would be merged with the one from st above into one
@@ -589,7 +563,7 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	struct query_thread *st = thread_state(tid, true);
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), true);
 	if (!st || (in_statement(st) && !st->via_dispatch))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
@@ -634,8 +608,7 @@ SEC("uretprobe")
 int BPF_KRETPROBE(on_dispatch_return)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct query_thread *st = thread_state(tid, false);
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
 	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
 		return 0;
 	reply_ended(st, bpf_ktime_get_ns());
@@ -650,8 +623,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u64 now = 0;
 	if (task_is_target(prev)) {
-		__u32 tid = prev->pid;
-		struct query_thread *st = thread_state(tid, false);
+		struct query_thread *st = thread_state(prev, false);
 		if (st && in_statement(st)) {
 			now = bpf_ktime_get_ns();
 			st->c.cpu_ns += now - st->on_cpu_since;
@@ -660,8 +632,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		}
 	}
 	if (task_is_target(next)) {
-		__u32 tid = next->pid;
-		struct query_thread *st = thread_state(tid, false);
+		struct query_thread *st = thread_state(next, false);
 		if (st && in_statement(st)) {
 			if (!now)
 				now = bpf_ktime_get_ns();
@@ -679,8 +650,7 @@ static __always_inline void mark_woken(struct task_struct *p)
 {
 	if (!task_is_target(p))
 		return;
-	__u32 tid = p->pid;
-	struct query_thread *st = thread_state(tid, false);
+	struct query_thread *st = thread_state(p, false);
 	if (st && in_statement(st) && !st->runnable_since)
 		st->runnable_since = bpf_ktime_get_ns();
 }
@@ -693,11 +663,24 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	(void)ctx;
 	if (!task_is_target(p))
 		return 0;
-	__u32 tid = p->pid;
-	struct query_thread *st = thread_state(tid, false);
+	struct query_thread *st = thread_state(p, false);
 	if (st) {
 		finish_statement(st);
-		bpf_map_delete_elem(&threads, &tid);
+		bpf_task_storage_delete(&threads, p);
 	}
+	return 0;
+}
+
+/* Run once when tracing ends: the state of each thread of the process in a statement, for the statements
+ * still in flight. */
+SEC("iter/task")
+int in_flight(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (!task || !task_is_target(task))
+		return 0;
+	struct query_thread *st = bpf_task_storage_get(&threads, task, 0, 0);
+	if (st && in_statement(st))
+		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
 	return 0;
 }

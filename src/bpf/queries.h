@@ -4,7 +4,6 @@
 #include "vmlinux.h"
 
 #define MAX_SYSCALL_NR 512
-#define MAX_THREADS 8192
 #define MAX_TEXT 1024         /* request bytes kept per statement: the SQL text, truncated (power of 2) */
 _Static_assert(!(MAX_TEXT & (MAX_TEXT - 1)), "text lengths are masked with MAX_TEXT - 1");
 #define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */

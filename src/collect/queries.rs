@@ -1,17 +1,17 @@
 //! Per-statement accounting (src/bpf/queries.bpf.c): the client/server protocol followed through the server's
 //! socket syscalls, with each statement's syscalls, futex waits and scheduler time.
 
-use std::{cell::Cell, mem::MaybeUninit, path::Path};
+use std::{cell::Cell, io::Read, mem::MaybeUninit, path::Path};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    Link, UprobeOpts,
+    Iter, IterOpts, Link, UprobeOpts,
 };
 
 use super::{
     lost_in_kernel,
-    maps::{for_each_typed, read_prefix, Plain},
+    maps::{read_exact, read_prefix, Plain},
     open_object, ring, CollectOptions, Lost,
 };
 use crate::process::probes::Function;
@@ -157,6 +157,8 @@ pub fn collect(
     if let Some(d) = &dispatch {
         rodata.dispatch_abi = dispatch_abi_of(&d.function.demangled);
     }
+    // Run once, when tracing ends.
+    open.progs.in_flight.set_autoattach(false);
     let mut skel = open
         .load()
         .context("loading the query tracing programs into the kernel")?;
@@ -230,28 +232,48 @@ pub fn collect(
     drop(reader);
     // A statement still running now is often the reason for tracing at all: report it, as in flight.
     let now = super::monotonic_ns();
-    for_each_typed(&skel.maps.threads, |_: u32, st: query_thread| {
-        let mut counters = st.c;
-        match st.phase {
-            phase::PHASE_RUNNING | phase::PHASE_INFILE => {
-                if st.on_cpu != 0 {
-                    counters.cpu_ns += now.saturating_sub(st.on_cpu_since);
-                } else if st.runnable_since != 0 {
-                    counters.runq_ns += now.saturating_sub(st.runnable_since);
-                }
-                if let Some(s) = statement(&st.ev, counters, now, true) {
-                    on_event(Event::Statement(s));
+    match in_flight(&skel.progs.in_flight) {
+        Ok(threads) => {
+            for st in threads {
+                let mut counters = st.c;
+                match st.phase {
+                    phase::PHASE_RUNNING | phase::PHASE_INFILE => {
+                        if st.on_cpu != 0 {
+                            counters.cpu_ns += now.saturating_sub(st.on_cpu_since);
+                        } else if st.runnable_since != 0 {
+                            counters.runq_ns += now.saturating_sub(st.runnable_since);
+                        }
+                        if let Some(s) = statement(&st.ev, counters, now, true) {
+                            on_event(Event::Statement(s));
+                        }
+                    }
+                    phase::PHASE_REPLIED => {
+                        if let Some(s) = statement(&st.ev, st.ev.c, st.ev.end_ns, false) {
+                            on_event(Event::Statement(s));
+                        }
+                    }
+                    _ => {}
                 }
             }
-            phase::PHASE_REPLIED => {
-                if let Some(s) = statement(&st.ev, st.ev.c, st.ev.end_ns, false) {
-                    on_event(Event::Statement(s));
-                }
-            }
-            _ => {}
         }
-    });
+        Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
+    }
     Ok(lost())
+}
+
+/// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).
+fn in_flight(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<query_thread>> {
+    let link = iterator
+        .attach_iter_with_opts(IterOpts::None)
+        .context("attaching the task iterator")?;
+    let mut records = Vec::new();
+    Iter::new(&link)
+        .context("running the task iterator")?
+        .read_to_end(&mut records)?;
+    Ok(records
+        .chunks_exact(std::mem::size_of::<query_thread>())
+        .filter_map(read_exact)
+        .collect())
 }
 
 fn statement(
