@@ -71,6 +71,22 @@ fn memleak_reports_exactly_the_known_leak() {
         stderr.contains("after 1 s, top ") && stderr.contains("after 2 s, top "),
         "no interval reports:\n{stderr}"
     );
+    // A kernel memory budget that holds fewer outstanding allocations than memleak asks for: said, and the
+    // leak is still exact.
+    let (stacks, stderr) = traced(
+        "memleak-budget",
+        "memleak",
+        &["--sample", "1", "--max-kernel-mem", "24"],
+    );
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "leak_here"),
+        409_600,
+        "{stacks:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("to keep within --max-kernel-mem 24 MiB: at most "),
+        "{stderr}"
+    );
     // --older: the leaks are younger than 60 s when tracing ends.
     let (stacks, _) = traced(
         "memleak-older",

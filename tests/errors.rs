@@ -165,3 +165,25 @@ fn queries_uprobes_on_a_binary_without_dispatch_command() {
     assert!(line.contains("has no dispatch_command symbol"), "{line}");
     assert!(line.contains("--uprobes"), "{line}");
 }
+
+#[test]
+fn a_kernel_memory_budget_too_small_for_the_maps() {
+    let db = testdb();
+    let line = one_error_line(myprobe().args([
+        "profile",
+        "memleak",
+        "-d",
+        "1",
+        "--max-kernel-mem",
+        "2",
+        "-p",
+        &db.pid.to_string(),
+    ]));
+    // What takes the memory, and the two ways out.
+    assert!(
+        line.contains("more than --max-kernel-mem 2 MiB")
+            && line.contains("unwind_rows")
+            && line.contains("--frame-pointers"),
+        "{line}"
+    );
+}

@@ -86,6 +86,9 @@ pub struct TraceArgs {
     /// Frames as raw addresses (0x…) instead of function names, e.g. to compare with eu-stack or gdb
     #[arg(long)]
     pub addresses: bool,
+    /// Kernel memory the BPF maps may take, in MiB; past it, the maps that can be smaller are (said on stderr)
+    #[arg(long, value_name = "MIB", default_value_t = collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
 }
 
 #[derive(Args)]
@@ -388,6 +391,7 @@ impl<'a> Session<'a> {
             kernel_stacks: a.kernel,
             btf: a.btf.clone(),
             unwind,
+            max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
             announce: String::new(),
         };
         let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;

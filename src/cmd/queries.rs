@@ -51,6 +51,9 @@ pub struct QueriesArgs {
     /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
     #[arg(long, value_name = "FILE")]
     pub btf: Option<std::path::PathBuf>,
+    /// Kernel memory the BPF maps may take, in MiB; past it, the maps that can be smaller are (said on stderr)
+    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
 }
 
 pub fn run(a: QueriesArgs) -> Result<()> {
@@ -67,6 +70,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         kernel_stacks: false,
         btf: a.btf.clone(),
         unwind: None,
+        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;

@@ -7,6 +7,7 @@
 //! buffer itself ([`ring`]).
 
 pub mod alloc;
+pub mod budget;
 pub mod cpu;
 pub mod features;
 pub mod locks;
@@ -54,6 +55,8 @@ pub struct CollectOptions {
     pub btf: Option<PathBuf>,
     /// `.eh_frame` tables for unwinding user stacks in the kernel; `None`: frame pointers only.
     pub unwind: Option<RefCell<ProcessTables>>,
+    /// The kernel memory the maps may take, in bytes (`--max-kernel-mem`; see [`budget`]).
+    pub max_kernel_mem: u64,
     /// Said on stderr once the probes are in place (what is traced, for how long): a line that scripts and
     /// tests can wait for.
     pub announce: String,

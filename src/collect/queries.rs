@@ -159,6 +159,7 @@ pub fn collect(
     }
     // Run once, when tracing ends.
     open.progs.in_flight.set_autoattach(false);
+    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
         .load()
         .context("loading the query tracing programs into the kernel")?;

@@ -351,6 +351,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         size(pages),
     )?;
     collector.configure(&mut open, &features)?;
+    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
         .load()
         .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;
