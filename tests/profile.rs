@@ -250,19 +250,12 @@ fn offcpu_profile_under_load_splits_blocked_and_runnable() {
     );
 }
 
-#[test]
-fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
-    // Connection churn: 30,000 threads that each wait on three stacks and exit make 90,000 (thread, stack)
-    // sums, more than the kernel's map holds at once (65,536). They are moved to user space as tracing goes,
-    // so that none is lost.
-    let dir = tempdir("offcpu-churn");
-    let exe = compile_fixture(
-        &dir,
-        "thread_churn",
-        &["offcpu/thread_churn.c"],
-        &["-pthread"],
-    );
-    let mut fixture = Fixture::start(&mut std::process::Command::new(&exe));
+/// `profile offcpu` of a fixture while it does its work once: the folded stacks, stderr, and the waits
+/// counted; asserts that nothing was lost.
+fn offcpu_of_fixture(
+    dir: &std::path::Path,
+    fixture: &mut Fixture,
+) -> (Vec<(Vec<String>, u64)>, String, u64) {
     let pid = fixture.child.id().to_string();
     let folded = dir.join("offcpu.folded");
     let folded_arg = folded.to_string_lossy().into_owned();
@@ -280,7 +273,6 @@ fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
         ],
         "tracing off-CPU time",
     );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
     fixture.go();
     let (_, stderr) = tracer.stop();
     assert!(
@@ -292,13 +284,51 @@ fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
         .find_map(|l| l.strip_prefix("myprobe: ")?.split_once(" events,"))
         .and_then(|(n, _)| n.parse().ok())
         .unwrap_or_else(|| panic!("no event count:\n{stderr}"));
+    (read_folded(&folded), stderr, events)
+}
+
+#[test]
+fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
+    // Connection churn: 30,000 threads that each wait on three stacks and exit make 90,000 (thread, stack)
+    // sums, more than the kernel's map holds at once (65,536). They are moved to user space as tracing goes,
+    // so that none is lost.
+    let dir = tempdir("offcpu-churn");
+    let exe = compile_fixture(
+        &dir,
+        "thread_churn",
+        &["offcpu/thread_churn.c"],
+        &["-pthread"],
+    );
+    let mut fixture = Fixture::start(&mut std::process::Command::new(&exe));
+    let (stacks, stderr, events) = offcpu_of_fixture(&dir, &mut fixture);
     assert!(events >= 90_000, "{events} waits traced:\n{stderr}");
-    let stacks = read_folded(&folded);
     for function in ["first_wait", "second_wait", "third_wait"] {
         // 30,000 waits of at least 20 µs each.
         let us = value_with_frame(&stacks, |f| f == function);
         assert!(us >= 600_000, "{us} µs in {function}:\n{stderr}");
     }
+}
+
+#[test]
+fn offcpu_follows_every_thread_of_thousands() {
+    // 8300 threads, each woken once to serve a request and then waiting again until the end: a table of 8192
+    // threads counted the others as lost.
+    let dir = tempdir("offcpu-many");
+    let exe = compile_fixture(
+        &dir,
+        "many_threads",
+        &["protocol/many_threads.c"],
+        &["-pthread"],
+    );
+    let mut fixture = Fixture::start(&mut std::process::Command::new(&exe));
+    let (stacks, stderr, events) = offcpu_of_fixture(&dir, &mut fixture);
+    assert!(events >= 8300, "{events} waits traced:\n{stderr}");
+    // Each waits in connection() until the end: a wait still open, from the task iterator.
+    let waiting = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x == "connection"))
+        .count();
+    assert!(waiting > 0, "{stacks:?}");
 }
 
 #[test]

@@ -61,11 +61,12 @@ struct futex_call {
 	__u64 ts;
 };
 
-/* Thread → the futex wait it is in. */
+/* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
+ * with the thread. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct futex_call);
 } in_wait SEC(".maps");
 
@@ -78,9 +79,14 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u64 addr = PT_REGS_PARM1_SYSCALL(regs);
 	__u32 op = PT_REGS_PARM2_SYSCALL(regs);
 	if (futex_op_waits(op)) {
-		struct futex_call c = { .addr = addr, .ts = bpf_ktime_get_ns() };
-		if (bpf_map_update_elem(&in_wait, &tid, &c, BPF_ANY))
+		struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0,
+							    BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (c) {
+			c->addr = addr;
+			c->ts = bpf_ktime_get_ns();
+		} else {
 			count_lost(state);
+		}
 	} else if (futex_op_wakes(op) && bpf_map_lookup_elem(&waited, &addr)) {
 		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false) };
 		__u64 zero = 0;
@@ -100,12 +106,12 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	struct futex_call *c = bpf_map_lookup_elem(&in_wait, &tid);
-	if (!c)
+	struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0, 0);
+	if (!c || !c->ts)
 		return 0;
 	__u64 took = bpf_ktime_get_ns() - c->ts;
 	struct lock_key k = { .addr = c->addr };
-	bpf_map_delete_elem(&in_wait, &tid);
+	c->ts = 0;
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
 		return 0;
 	__u8 one = 1;

@@ -22,15 +22,15 @@ struct thread_state {
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u64 stack_id; /* where it left the CPU */
 	__u32 preempted;
-	__u32 _pad;
+	__u32 tid;
 };
 
-/* Bounded by the number of server threads; entries go when the thread exits. A hash (not task storage), so
- * that user space can add the waits still open when tracing ends. */
+/* Per thread: found from the task without a hash lookup, as many as the process has threads (no table to
+ * fill), freed with the thread. The waits still open when tracing ends are read by a task iterator. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
@@ -59,10 +59,10 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	__u64 now = bpf_ktime_get_ns();
 
 	if (task_is_target(prev) && !(prev_state & TASK_DEAD)) {
-		__u32 tid = prev->pid;
-		struct thread_state zero = {};
-		struct thread_state *st = lookup_or_init(&threads, &tid, &zero);
+		struct thread_state *st =
+			bpf_task_storage_get(&threads, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (st) {
+			st->tid = prev->pid;
 			st->off_ts = now;
 			st->wake_ts = 0;
 			st->preempted = preempt || prev_state == TASK_RUNNING;
@@ -75,7 +75,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 	if (task_is_target(next)) {
 		__u32 tid = next->pid;
-		struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+		struct thread_state *st = bpf_task_storage_get(&threads, next, 0, 0);
 		if (!st || !st->off_ts)
 			return 0;
 		__u64 off = now - st->off_ts;
@@ -109,22 +109,23 @@ static __always_inline void mark_woken(struct task_struct *p)
 {
 	if (!task_is_target(p))
 		return;
-	__u32 tid = p->pid;
-	struct thread_state *st = bpf_map_lookup_elem(&threads, &tid);
+	struct thread_state *st = bpf_task_storage_get(&threads, p, 0, 0);
 	if (st && st->off_ts && !st->wake_ts)
 		st->wake_ts = bpf_ktime_get_ns();
 }
 
 WAKEUP_PROGRAMS(mark_woken)
 
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(on_exit, struct task_struct *p)
+/* Run once when tracing ends: the waits still open (threads off CPU since before the end). */
+SEC("iter/task")
+int open_waits(struct bpf_iter__task *ctx)
 {
-	(void)ctx;
-	if (task_is_target(p)) {
-		__u32 tid = p->pid;
-		bpf_map_delete_elem(&threads, &tid);
-	}
+	struct task_struct *task = ctx->task;
+	if (!task || !task_is_target(task))
+		return 0;
+	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
+	if (st && st->off_ts)
+		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
 	return 0;
 }
 
@@ -137,9 +138,9 @@ int blocked_threads(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task || !task_is_target(task) || task->__state == TASK_RUNNING)
 		return 0;
-	__u32 tid = task->pid;
-	if (bpf_map_lookup_elem(&threads, &tid))
+	if (bpf_task_storage_get(&threads, task, 0, 0))
 		return 0;
+	__u32 tid = task->pid;
 	__u32 zero = 0;
 	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!e)

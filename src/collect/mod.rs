@@ -249,6 +249,20 @@ pub fn open_object<'obj, B: SkelBuilder<'obj>>(
 }
 
 /// The CPUs perf events can be opened on.
+/// Runs a task iterator program once and returns what it wrote.
+pub fn run_task_iterator(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<u8>> {
+    let link = iterator
+        .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+        .context("attaching the task iterator")?;
+    let mut records = Vec::new();
+    std::io::Read::read_to_end(
+        &mut libbpf_rs::Iter::new(&link).context("running the task iterator")?,
+        &mut records,
+    )
+    .context("running the task iterator")?;
+    Ok(records)
+}
+
 pub fn online_cpus() -> Result<Vec<u32>> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .context("reading /sys/devices/system/cpu/online")?;

@@ -3,15 +3,14 @@
 
 use std::{
     collections::HashMap,
-    io::Read,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{skel::Skel, Iter, IterOpts, Link};
+use libbpf_rs::{skel::Skel, Link};
 
 use super::{
-    maps::{drain_typed, for_each_typed, Plain},
+    maps::{drain_typed, read_exact, Plain},
     monotonic_ns,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
@@ -81,6 +80,7 @@ impl Collector for Offcpu {
             .blocked_threads
             .set_autoload(self.blocked_iterator);
         open.progs.blocked_threads.set_autoattach(false);
+        open.progs.open_waits.set_autoattach(false);
         Ok(())
     }
 
@@ -107,7 +107,9 @@ impl Collector for Offcpu {
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.drain(skel)?;
-        self.add_open_waits(skel);
+        if let Err(e) = self.add_open_waits(skel) {
+            say!("myprobe: warning: the waits still open at the end are left out: {e:#}");
+        }
         if self.blocked_iterator {
             let traced_ns = self.ended_ns.saturating_sub(self.started_ns);
             match blocked_throughout(&skel.progs.blocked_threads, stacks) {
@@ -156,44 +158,37 @@ impl Offcpu {
             },
         )
         .context("moving the off-CPU sums from the kernel")?;
-        say!(
-            "DEBUG drained, left {}, drained {}",
-            libbpf_rs::MapCore::keys(&skel.maps.totals).count(),
-            self.drained.len()
-        );
         Ok(())
     }
 
     /// The waits of the threads still off CPU when tracing ended (an idle connection blocked since its last
     /// statement), up to then, on the stack where each left the CPU.
-    fn add_open_waits(&mut self, skel: &Loaded<'_, Self>) {
+    fn add_open_waits(&mut self, skel: &Loaded<'_, Self>) -> Result<()> {
         let end = self.ended_ns;
-        let mut open = Vec::new();
-        for_each_typed(
-            &skel.maps.threads,
-            |tid: u32, st: skel::types::thread_state| {
-                if st.off_ts == 0
-                    || st.off_ts > end
-                    || end - st.off_ts < self.min_ns
-                    || st.stack_id == 0
-                {
-                    return;
-                }
-                let off = st.off_ts.max(self.started_ns);
-                let [blocked, runnable] = if st.preempted != 0 {
-                    [0, end - off]
-                } else if st.wake_ts >= st.off_ts && st.wake_ts <= end {
-                    let wake = st.wake_ts.max(off);
-                    [wake - off, end - wake]
-                } else {
-                    [end - off, 0]
-                };
-                open.push((tid, st.stack_id, [blocked, runnable, 1]));
-            },
-        );
-        for (tid, stack_id, values) in open {
-            self.add(tid, stack_id, values);
+        let records = super::run_task_iterator(&skel.progs.open_waits)?;
+        for st in records
+            .chunks_exact(std::mem::size_of::<skel::types::thread_state>())
+            .filter_map(read_exact::<skel::types::thread_state>)
+        {
+            if st.off_ts == 0
+                || st.off_ts > end
+                || end - st.off_ts < self.min_ns
+                || st.stack_id == 0
+            {
+                continue;
+            }
+            let off = st.off_ts.max(self.started_ns);
+            let [blocked, runnable] = if st.preempted != 0 {
+                [0, end - off]
+            } else if st.wake_ts >= st.off_ts && st.wake_ts <= end {
+                let wake = st.wake_ts.max(off);
+                [wake - off, end - wake]
+            } else {
+                [end - off, 0]
+            };
+            self.add(st.tid, st.stack_id, [blocked, runnable, 1]);
         }
+        Ok(())
     }
 }
 
@@ -203,13 +198,7 @@ fn blocked_throughout(
     iterator: &libbpf_rs::ProgramMut,
     stacks: &mut Stacks,
 ) -> Result<Vec<(u32, u64)>> {
-    let link = iterator
-        .attach_iter_with_opts(IterOpts::None)
-        .context("attaching the task iterator")?;
-    let mut records = Vec::new();
-    Iter::new(&link)
-        .context("running the task iterator")?
-        .read_to_end(&mut records)?;
+    let records = super::run_task_iterator(iterator)?;
     let mut blocked = Vec::new();
     for record in records.chunks_exact(std::mem::size_of::<skel::types::stack_event>()) {
         if let Some(stack) = stacks.add_record::<Skeleton>(record) {

@@ -1,12 +1,12 @@
 //! Per-statement accounting (src/bpf/queries.bpf.c): the client/server protocol followed through the server's
 //! socket syscalls, with each statement's syscalls, futex waits and scheduler time.
 
-use std::{cell::Cell, io::Read, mem::MaybeUninit, path::Path};
+use std::{cell::Cell, mem::MaybeUninit, path::Path};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel},
-    Iter, IterOpts, Link, UprobeOpts,
+    Link, UprobeOpts,
 };
 
 use super::{
@@ -264,14 +264,7 @@ pub fn collect(
 
 /// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).
 fn in_flight(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<query_thread>> {
-    let link = iterator
-        .attach_iter_with_opts(IterOpts::None)
-        .context("attaching the task iterator")?;
-    let mut records = Vec::new();
-    Iter::new(&link)
-        .context("running the task iterator")?
-        .read_to_end(&mut records)?;
-    Ok(records
+    Ok(super::run_task_iterator(iterator)?
         .chunks_exact(std::mem::size_of::<query_thread>())
         .filter_map(read_exact)
         .collect())
