@@ -13,9 +13,10 @@
 
 #define MAX_STACKS 32768
 
-/* Ids already sent to user space. */
+/* Ids already sent to user space. Least recently used ones make room: a stack forgotten here is sent again
+ * when next seen (user space keeps every definition), where a full table left its amounts undefined. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_STACKS);
 	__type(key, __u64);
 	__type(value, __u8);
@@ -88,7 +89,7 @@ static __always_inline __u64 stack_id_now(void *ctx)
 	if (!err)
 		submit_event(e, stack_event_size(e));
 	else if (err != -EEXIST)
-		count_lost(state); /* the amounts of this stack are counted, but it is never defined */
+		count_lost(state); /* no room even in the LRU: the amounts of this stack are counted, never defined */
 	return e->stack_id;
 }
 

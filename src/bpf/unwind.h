@@ -76,6 +76,10 @@ volatile __u32 unwind_mapping_count;
 volatile __u32 unwind_enabled;
 /* Bumped by user space whenever tables are added: stacks kept from before may now unwind further. */
 volatile __u32 unwind_generation;
+/* Set by user space: the leaf frame is the start of its unwind row, not the instruction itself. A thread
+ * preempted or faulting leaves the CPU at any instruction; summed per stack, each instruction would be a
+ * stack of its own, and tens of thousands a minute fill any table. The row start is in the same function. */
+const volatile bool leaf_at_row_start = false;
 
 struct user_unwind {
 	__u64 ip;
@@ -191,12 +195,16 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 	__u64 pc = index ? s->ip - 1 : s->ip;
 	__u64 cfa = 0, ra = 0, bp = s->bp;
 	struct unwind_row *row = 0;
+	__u64 bias = 0;
 	int m = find_unwind_mapping(pc, s->mapping);
 	if (m >= 0 && m < MAX_UNWIND_MAPPINGS) {
 		s->mapping = m;
+		bias = unwind_mappings[m].bias;
 		if (unwind_mappings[m].row_count)
-			row = find_unwind_row(&unwind_mappings[m], pc - unwind_mappings[m].bias);
+			row = find_unwind_row(&unwind_mappings[m], pc - bias);
 	}
+	if (!index && row && leaf_at_row_start)
+		s->ips[0] = row->pc + bias;
 
 	__u8 kind = row ? row->kind : UNWIND_GAP;
 	switch (kind) {
@@ -318,5 +326,6 @@ static __always_inline long unwind_task_user_stack(struct task_struct *task, __u
 }
 
 static const __u32 unwind_generation = 0;
+const volatile bool leaf_at_row_start = false;
 
 #endif

@@ -75,6 +75,8 @@ impl Collector for Offcpu {
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_block_ns = self.min_ns;
+        // Switches out at any instruction (preemption, page faults) would make each a stack of its own.
+        rodata.leaf_at_row_start = true;
         self.blocked_iterator = features.task_stacks;
         open.progs
             .blocked_threads
