@@ -17,7 +17,6 @@
 #include <bpf/bpf_tracing.h>
 #include "futex.h"
 #include "lost.h"
-#include "maps.h"
 #include "queries.h"
 #include "ringbuf.h"
 #include "target.h"

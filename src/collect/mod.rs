@@ -248,7 +248,6 @@ pub fn open_object<'obj, B: SkelBuilder<'obj>>(
     builder.open(object).context("opening the BPF object")
 }
 
-/// The CPUs perf events can be opened on.
 /// Runs a task iterator program once and returns what it wrote.
 pub fn run_task_iterator(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<u8>> {
     let link = iterator
@@ -263,6 +262,7 @@ pub fn run_task_iterator(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<u8>> {
     Ok(records)
 }
 
+/// The CPUs perf events can be opened on.
 pub fn online_cpus() -> Result<Vec<u32>> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .context("reading /sys/devices/system/cpu/online")?;
