@@ -28,11 +28,18 @@ struct {
 #define SITE_SETS (1 << SITE_SET_BITS)
 #define SITE_WAYS 4
 
+/* A site is the same place (address, stack and frame pointers) but not always the same stack: two callers
+ * at the same depth reach a function with the same registers. So a site also keeps where its first return
+ * addresses were on the stack, from sp, and a hash of them, and a hit reads them again. */
+#define NO_SLOT 0xffffffffu
+
 struct call_site {
 	__u64 at;
 	__u64 sp;
 	__u64 bp;
 	__u64 stack_id;
+	__u64 ra_hash;
+	__u32 slot_off[RECORDED_SLOTS];  /* NO_SLOT from the first not recorded */
 };
 
 struct thread_sites {
@@ -73,6 +80,21 @@ static __always_inline struct stack_event *stack_event_now(void *ctx)
 	e->stack_id = stack_hash(e);
 	e->tid = (__u32)bpf_get_current_pid_tgid();
 	return e;
+}
+
+/* The hash of the return addresses at the site's slots, as they are now; 0 if one cannot be read. */
+static __always_inline __u64 return_addresses_hash(__u64 sp, const __u32 *slot_off)
+{
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < RECORDED_SLOTS; i++) {
+		if (slot_off[i] == NO_SLOT)
+			break;
+		__u64 ra;
+		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(sp + slot_off[i])))
+			return 0;
+		h = (h ^ ra) * 0x100000001b3ULL;
+	}
+	return h | 1;
 }
 
 /* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
@@ -116,14 +138,25 @@ static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
 	struct call_site *set = t->slot[mix >> (64 - SITE_SET_BITS)];
 	for (int i = 0; i < SITE_WAYS; i++) {
 		struct call_site *c = &set[i];
-		if (c->stack_id && c->at == at && c->sp == sp && c->bp == bp)
+		if (c->stack_id && c->at == at && c->sp == sp && c->bp == bp &&
+		    return_addresses_hash(sp, c->slot_off) == c->ra_hash)
 			return c->stack_id;
 	}
+	/* The unwind below records its slots; none are left from another when it falls back to frame pointers. */
+	__u64 *slots = last_unwind_slots();
+	if (slots)
+		__builtin_memset(slots, 0, RECORDED_SLOTS * sizeof(__u64));
 	__u64 id = stack_id_now(ctx);
 	struct call_site *c = &set[t->next++ % SITE_WAYS];
 	c->at = at;
 	c->sp = sp;
 	c->bp = bp;
-	c->stack_id = id;
+	bool recorded = slots != 0;
+	for (int i = 0; i < RECORDED_SLOTS; i++) {
+		recorded = recorded && slots[i] >= sp && slots[i] - sp < NO_SLOT;
+		c->slot_off[i] = recorded ? slots[i] - sp : NO_SLOT;
+	}
+	c->ra_hash = return_addresses_hash(sp, c->slot_off);
+	c->stack_id = c->ra_hash ? id : 0;
 	return id;
 }

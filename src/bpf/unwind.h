@@ -12,6 +12,9 @@
 #define MAX_USER_FRAMES 127
 #define MAX_UNWIND_MAPPINGS 256
 #define UNWIND_BUFFER_FRAMES 128 /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
+/* Return addresses whose stack slots an unwind records (unwind_buffer.slots), for the call-site cache of
+ * stack_ids.h to check that a stack seen at the same place is still the same stack. */
+#define RECORDED_SLOTS 4
 _Static_assert(UNWIND_BUFFER_FRAMES > MAX_USER_FRAMES && !(UNWIND_BUFFER_FRAMES & (UNWIND_BUFFER_FRAMES - 1)),
 	       "frame indexes are masked with UNWIND_BUFFER_FRAMES - 1");
 
@@ -90,6 +93,7 @@ struct user_unwind {
 	__u32 mapping;  /* the mapping of the previous frame */
 	__u32 _pad;
 	__u64 *ips;     /* a MAX_USER_FRAMES array in a map value */
+	__u64 *slots;   /* a RECORDED_SLOTS array in a map value: where the return addresses of frames 1.. were */
 	struct task_struct *task;  /* another task's stack (unwind_task_step), else 0 */
 };
 
@@ -237,6 +241,8 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 		s->done = 1;
 		return 1;
 	}
+	if (index < RECORDED_SLOTS)
+		s->slots[index & (RECORDED_SLOTS - 1)] = cfa - 8;
 	if (row && (kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && row->fp_offset) {
 		if (read_user(&bp, sizeof(bp), cfa + row->fp_offset, s, other_task))
 			bp = 0;
@@ -252,10 +258,13 @@ static long unwind_step(__u64 index, struct user_unwind *s)
 	return unwind_step_of(index, s, false);
 }
 
-/* Per CPU: where unwinding writes, before the frames are copied into the event. */
+/* Per CPU: where unwinding writes, before the frames are copied into the event. The slots of the last unwind
+ * stay here for its caller to read: slots[i], 0 if none, is where frame i + 1's return address was read. */
 struct unwind_buffer {
 	__u64 ips[UNWIND_BUFFER_FRAMES];
+	__u64 slots[RECORDED_SLOTS];
 };
+_Static_assert(!(RECORDED_SLOTS & (RECORDED_SLOTS - 1)), "slot indexes are masked with RECORDED_SLOTS - 1");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -277,8 +286,10 @@ static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct
 		.bp = PT_REGS_FP(regs),
 		.mapping = MAX_UNWIND_MAPPINGS,
 		.ips = buf->ips,
+		.slots = buf->slots,
 		.task = task,
 	};
+	__builtin_memset(buf->slots, 0, sizeof(buf->slots));
 	if (!s.ip)
 		return -1;
 	bpf_loop(MAX_USER_FRAMES, step, &s, 0);
@@ -298,6 +309,14 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 		return -1;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	return regs ? unwind_from(regs, 0, unwind_step, ips) : -1;
+}
+
+/* The stack slots of the current CPU's last unwind (unwind_buffer.slots), or 0. */
+static __always_inline __u64 *last_unwind_slots(void)
+{
+	__u32 zero = 0;
+	struct unwind_buffer *buf = bpf_map_lookup_elem(&unwind_buffers, &zero);
+	return buf ? buf->slots : 0;
 }
 
 static long unwind_task_step(__u64 index, struct user_unwind *s)
@@ -323,6 +342,11 @@ static __always_inline long unwind_user_stack(__u64 *ips)
 static __always_inline long unwind_task_user_stack(struct task_struct *task, __u64 *ips)
 {
 	return -1;
+}
+
+static __always_inline __u64 *last_unwind_slots(void)
+{
+	return 0;
 }
 
 static const __u32 unwind_generation = 0;
