@@ -1486,6 +1486,7 @@ proptest! {
                     fed.push(payload.clone());
                     fds.insert(*fd);
                 }
+                Event::Stack { .. } => {}
                 Event::PacketOut { fd, bytes } => {
                     fed.push(bytes.clone());
                     fds.insert(*fd);

@@ -13,7 +13,7 @@ use serde_json::Value;
 const READY: &str = "tracing the statements";
 
 /// Every field of ARCHITECTURE.md's "Query records".
-const FIELDS: [&str; 27] = [
+const FIELDS: [&str; 30] = [
     "ts",
     "tid",
     "conn",
@@ -23,24 +23,41 @@ const FIELDS: [&str; 27] = [
     "query",
     "fingerprint",
     "duration_us",
-    "cpu_us",
+    "user_us",
+    "sys_us",
     "runq_us",
     "lock_us",
+    "read_us",
+    "write_us",
+    "sync_us",
+    "net_us",
+    "other_us",
+    "unseen_us",
     "lock_waits",
     "lock_max_us",
     "lock_addr",
     "lock_symbol",
-    "read_us",
+    "lock_site",
     "read_bytes",
-    "write_us",
     "write_bytes",
-    "sync_us",
     "syncs",
-    "net_us",
     "net_bytes",
-    "other_sys_us",
     "syscalls",
     "error",
+];
+
+/// The parts of a record's time, which add up to its duration.
+const PARTS: [&str; 10] = [
+    "user_us",
+    "sys_us",
+    "runq_us",
+    "lock_us",
+    "read_us",
+    "write_us",
+    "sync_us",
+    "net_us",
+    "other_us",
+    "unseen_us",
 ];
 
 fn trace(db: &TestDb, extra: &[&str]) -> Background {
@@ -90,7 +107,7 @@ fn sleep_is_one_record_of_blocked_time() {
         (270_000..=330_000).contains(&d),
         "SLEEP(0.3) took {d} us: {r}"
     );
-    let on_cpu = num(r, "cpu_us") + num(r, "runq_us");
+    let on_cpu = num(r, "user_us") + num(r, "sys_us") + num(r, "runq_us");
     assert!(on_cpu * 10 < d, "SLEEP should be blocked, not on CPU: {r}");
     assert_eq!(r["command"], "Query");
     assert_eq!(r["fingerprint"], "select sleep(?)");
@@ -160,6 +177,82 @@ fn row_lock_wait_is_lock_time_with_an_address() {
         r["lock_symbol"].as_str().is_some_and(|s| !s.is_empty()),
         "the lock has no name: {r}"
     );
+    // Where: InnoDB's lock_wait, or without its symbol the unnamed function in the handler call that read the
+    // row; never a metadata lock's or the redo log's site.
+    let site = r["lock_site"].as_str().unwrap_or_default();
+    assert!(is_row_lock_site(site), "not a row lock's site: {r}");
+    assert!(!is_mdl_site(site) && !is_redo_site(site), "{r}");
+}
+
+fn is_row_lock_site(site: &str) -> bool {
+    site == "lock_wait" || site.contains(" in handler::") || site.contains(" in ha_innobase::")
+}
+
+fn is_mdl_site(site: &str) -> bool {
+    site == "MDL_context::acquire_lock"
+}
+
+fn is_redo_site(site: &str) -> bool {
+    // MariaDB 10.6 and later: the reply waits in net_real_write until the redo log is durable.
+    [
+        "group_commit_lock::",
+        "log_write_up_to",
+        "ha_commit_trans",
+        "net_real_write",
+    ]
+    .iter()
+    .any(|s| site.contains(s))
+}
+
+#[test]
+fn metadata_lock_wait_is_named_by_its_site() {
+    let db = testdb();
+    db.sql("CREATE TABLE IF NOT EXISTS sbtest.mdltest (id INT PRIMARY KEY) ENGINE=InnoDB");
+    let mut holder = db.session();
+    let mut waiter = db.session();
+    let tid = waiter.server_tid();
+    let tracer = trace(&db, &[]);
+    holder.exec("LOCK TABLES sbtest.mdltest WRITE");
+    waiter.send("SELECT COUNT(*) FROM sbtest.mdltest");
+    std::thread::sleep(Duration::from_millis(400));
+    holder.exec("UNLOCK TABLES");
+    assert_eq!(waiter.read_line(), "0");
+    let (out, err) = tracer.stop();
+    let all = json_lines(&out);
+    let mine = of_thread(&all, tid);
+    let selects = query_is(&mine, "SELECT COUNT(*) FROM sbtest.mdltest");
+    assert_eq!(selects.len(), 1, "{mine:?}\nstderr:\n{err}");
+    let r = selects[0];
+    assert!(num(r, "lock_max_us") >= 300_000, "{r}");
+    let site = r["lock_site"].as_str().unwrap_or_default();
+    assert!(is_mdl_site(site), "not the metadata lock's site: {r}");
+    assert!(!is_row_lock_site(site) && !is_redo_site(site), "{r}");
+}
+
+#[test]
+fn commits_waiting_for_the_redo_log_are_named_by_their_site() {
+    // Concurrent commits with a durable log: one thread writes and syncs the redo log for the group, the others
+    // wait for it.
+    let db = testdb();
+    db.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1");
+    let tracer = trace(&db, &["-d", "4"]);
+    let load = db.load(3);
+    load.wait();
+    let (out, err) = tracer.wait();
+    let all = json_lines(&out);
+    let mut sites: std::collections::HashMap<&str, u64> = Default::default();
+    for r in all.iter().filter(|r| r["query"] == "COMMIT") {
+        if let Some(site) = r["lock_site"].as_str() {
+            *sites.entry(site).or_default() += num(r, "lock_max_us");
+        }
+    }
+    let top = sites
+        .iter()
+        .max_by_key(|(_, us)| **us)
+        .map(|(s, _)| *s)
+        .unwrap_or_else(|| panic!("no COMMIT waited: {sites:?}\nstderr:\n{err}"));
+    assert!(is_redo_site(top), "COMMIT waits most in {top}: {sites:?}");
+    assert!(!is_row_lock_site(top) && !is_mdl_site(top), "{sites:?}");
 }
 
 #[test]
@@ -415,6 +508,10 @@ fn json_records_under_load_have_every_field() {
         for f in FIELDS {
             assert!(obj.contains_key(f), "record lacks {f}: {r}");
         }
+        // Method R: the parts are the duration, partitioned (rounded to microseconds so that they add up).
+        let parts: u64 = PARTS.iter().map(|p| num(r, p)).sum();
+        assert_eq!(parts, num(r, "duration_us"), "parts do not add up: {r}");
+        assert!(num(r, "unseen_us") == 0 || r["pipelined"] == true, "{r}");
     }
     // sysbench uses prepared statements: their executions carry the prepared text.
     let executes = all.iter().filter(|r| r["command"] == "Execute").count();
@@ -454,9 +551,11 @@ fn summary_digest_and_min_ms() {
         "P95",
         "P99",
         "MAX",
-        "CPU%",
+        "USER%",
+        "RUNQ%",
         "LOCK%",
-        "IO%",
+        "SYNC%",
+        "NET%",
         "FINGERPRINT",
     ] {
         assert!(header.contains(col), "digest header lacks {col}: {out}");
@@ -466,6 +565,26 @@ fn summary_digest_and_min_ms() {
         "digest lacks sysbench's point select:\n{out}\nstderr:\n{err}"
     );
     assert!(out.contains("commit"), "digest lacks COMMIT:\n{out}");
+    // The shares of each row add up to 100%, and the top fingerprints get a sentence.
+    let rows: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty() && !l.starts_with("..."))
+        .collect();
+    assert!(!rows.is_empty(), "{out}");
+    for row in rows {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        let shares: f64 = cells[9..19].iter().map(|c| c.parse::<f64>().unwrap()).sum();
+        assert!(
+            (shares - 100.0).abs() < 0.01,
+            "shares add up to {shares}: {row}"
+        );
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("commit: ") && l.contains("% of its time")),
+        "no sentence for COMMIT:\n{out}"
+    );
 
     // Only what is slower than --min-ms is reported.
     let mut s = db.session();

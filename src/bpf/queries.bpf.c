@@ -19,6 +19,7 @@
 #include "lost.h"
 #include "queries.h"
 #include "ringbuf.h"
+#include "stack_ids.h"
 #include "target.h"
 #include "wakeups.h"
 
@@ -48,13 +49,21 @@ enum phase : __u8 {
 			   * whatever they hold, come until the server's final reply */
 };
 
+/* Where a thread in a statement is. */
+enum thread_place : __u8 {
+	PLACE_CPU = 0,
+	PLACE_RUNQ,       /* preempted or woken, not yet back on a CPU */
+	PLACE_BLOCKED,
+};
+
 struct query_thread {
 	enum phase phase;
 	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
 	__u8 header_seq;
 	__u8 in_syscall;
 	enum syscall_class syscall_cls;
-	__u8 on_cpu;            /* while a statement is in flight */
+	enum thread_place place; /* while a statement is in flight */
+	enum time_part part;    /* the part the time since `since` goes to */
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
 	__u8 ignoring;          /* ignored_fd is set */
 	__u8 hdr[4];
@@ -69,8 +78,7 @@ struct query_thread {
 	__u64 sys_ts;           /* current syscall: entry time and the arguments needed at exit */
 	__u64 sys_arg0;
 	__u64 sys_arg1;
-	__u64 on_cpu_since;     /* while a statement is in flight: last switch-in */
-	__u64 runnable_since;   /* preempted or woken, not yet back on a CPU */
+	__u64 since;            /* while a statement is in flight: the last change of part */
 	struct query_counters c;
 	struct query_event ev;  /* the statement being built; ev.c is the snapshot at the last reply send */
 };
@@ -90,7 +98,7 @@ struct {
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct query_event);
-} scratch SEC(".maps");
+} packets SEC(".maps");
 
 /* The state of `task`; with `create`, made if it has none. Making it fails only without memory, or when the
  * task storage is in use by a program interrupted on this CPU: that event is counted and not followed. */
@@ -116,6 +124,48 @@ static __always_inline bool in_statement(struct query_thread *st)
 	return st->phase == PHASE_RUNNING || st->phase == PHASE_REPLIED || st->phase == PHASE_INFILE;
 }
 
+/* The part of the time in a syscall of class `cls` (a futex: `futex_op`), on a CPU or blocked. */
+static __always_inline enum time_part syscall_part(enum syscall_class cls, __u32 futex_op, bool on_cpu)
+{
+	switch (cls) {
+	case SYSCALL_NET_RECV:
+	case SYSCALL_NET_SEND:
+	case SYSCALL_NET_POLL:
+	case SYSCALL_NET_RECVMSG:
+	case SYSCALL_NET_SENDMSG:
+		return PART_NET;
+	case SYSCALL_READ:
+		return PART_READ;
+	case SYSCALL_WRITE:
+		return PART_WRITE;
+	case SYSCALL_SYNC:
+		return PART_SYNC;
+	case SYSCALL_FUTEX:
+		if (futex_op_waits(futex_op))
+			return PART_LOCK;
+		break;
+	default:
+		break;
+	}
+	return on_cpu ? PART_SYS : PART_OTHER;
+}
+
+/* The part of the time on a CPU from now on. */
+static __always_inline enum time_part on_cpu_part(struct query_thread *st)
+{
+	return st->in_syscall ? syscall_part(st->syscall_cls, st->futex_op, true) : PART_USER;
+}
+
+/* The time since the last change goes to the part it was in; `next` from now on. */
+static __always_inline void charge(struct query_thread *st, __u64 now, enum time_part next)
+{
+	__u8 part = st->part;
+	if (now > st->since && part < PARTS)
+		st->c.part_ns[part] += now - st->since;
+	st->since = now;
+	st->part = next;
+}
+
 /* Copies up to MAX_TEXT bytes of user memory into e->text. */
 static __always_inline void capture_text(struct query_event *e, __u64 src, long n)
 {
@@ -134,7 +184,7 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 					long n, __u64 now)
 {
 	__u32 zero = 0;
-	struct query_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	struct query_event *e = bpf_map_lookup_elem(&packets, &zero);
 	if (!e)
 		return;
 	e->kind = kind;
@@ -156,9 +206,12 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	__builtin_memset(&st->c, 0, sizeof(st->c));
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 0;
-	st->on_cpu = 1;
-	st->on_cpu_since = now;
-	st->runnable_since = 0;
+	/* A header read alone began the statement: the time until its body's read is reading the request. */
+	if (st->header_ts < now)
+		st->c.part_ns[PART_NET] = now - st->header_ts;
+	st->place = PLACE_CPU;
+	st->part = PART_USER;
+	st->since = now;
 	st->ev.kind = EVENT_STATEMENT;
 	st->ev.tid = tid;
 	st->ev.fd = st->fd;
@@ -195,9 +248,9 @@ static __always_inline bool ignored(struct query_thread *st, __s32 fd)
 /* The record as of now is what will be sent. */
 static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 {
+	charge(st, now, st->part);
 	st->ev.end_ns = now;
 	st->ev.c = st->c;
-	st->ev.c.cpu_ns += now - st->on_cpu_since;
 }
 
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
@@ -253,13 +306,16 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		st->phase = PHASE_REPLIED;
 		finish_statement(st);
 	}
+	__u64 now = bpf_ktime_get_ns();
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
-	st->sys_ts = bpf_ktime_get_ns();
+	st->sys_ts = now;
 	st->sys_arg0 = arg0;
 	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
 	if (cls == SYSCALL_FUTEX)
 		st->futex_op = PT_REGS_PARM2_SYSCALL(regs);
+	if (in_statement(st))
+		charge(st, now, on_cpu_part(st));
 	return 0;
 }
 
@@ -508,44 +564,25 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 
 	if (!counted || !timed)
 		return 0;
+	charge(st, now, PART_USER);
 	struct query_counters *c = &st->c;
 	c->syscalls++;
-	switch (cls) {
-	case SYSCALL_NET_RECV:
-	case SYSCALL_NET_SEND:
-	case SYSCALL_NET_POLL:
-		c->net_ns += took;
-		if (ret > 0 && cls != SYSCALL_NET_POLL)
-			c->net_bytes += ret;
-		break;
-	case SYSCALL_READ:
-		c->read_ns += took;
-		if (ret > 0)
-			c->read_bytes += ret;
-		break;
-	case SYSCALL_WRITE:
-		c->write_ns += took;
-		if (ret > 0)
-			c->write_bytes += ret;
-		break;
-	case SYSCALL_SYNC:
-		c->sync_ns += took;
+	if (ret > 0 && (cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_SEND))
+		c->net_bytes += ret;
+	else if (ret > 0 && cls == SYSCALL_READ)
+		c->read_bytes += ret;
+	else if (ret > 0 && cls == SYSCALL_WRITE)
+		c->write_bytes += ret;
+	else if (cls == SYSCALL_SYNC)
 		c->syncs++;
-		break;
-	case SYSCALL_FUTEX:
-		if (futex_op_waits(st->futex_op)) {
-			c->lock_ns += took;
-			c->lock_waits++;
-			if (took > c->lock_max_ns) {
-				c->lock_max_ns = took;
-				c->lock_addr = st->sys_arg0;
-			}
-		} else {
-			c->other_ns += took;
+	else if (cls == SYSCALL_FUTEX && futex_op_waits(st->futex_op)) {
+		c->lock_waits++;
+		if (took > c->lock_max_ns) {
+			c->lock_max_ns = took;
+			c->lock_addr = st->sys_arg0;
+			/* Where it waited: its registers are still those it entered the kernel with. */
+			c->lock_stack = stack_id_of_call(ctx, false);
 		}
-		break;
-	default:
-		c->other_ns += took;
 	}
 	if (cls == SYSCALL_NET_SEND && n > 0 && fd == st->fd)
 		reply_sent(st, buf, n, now);
@@ -625,9 +662,14 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		struct query_thread *st = thread_state(prev, false);
 		if (st && in_statement(st)) {
 			now = bpf_ktime_get_ns();
-			st->c.cpu_ns += now - st->on_cpu_since;
-			st->on_cpu = 0;
-			st->runnable_since = (preempt || prev_state == TASK_RUNNING) ? now : 0;
+			if (preempt || prev_state == TASK_RUNNING) {
+				charge(st, now, PART_RUNQ);
+				st->place = PLACE_RUNQ;
+			} else {
+				charge(st, now, st->in_syscall ? syscall_part(st->syscall_cls, st->futex_op, false)
+								: PART_OTHER);
+				st->place = PLACE_BLOCKED;
+			}
 		}
 	}
 	if (task_is_target(next)) {
@@ -635,23 +677,23 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (st && in_statement(st)) {
 			if (!now)
 				now = bpf_ktime_get_ns();
-			if (st->runnable_since && st->runnable_since <= now)
-				st->c.runq_ns += now - st->runnable_since;
-			st->runnable_since = 0;
-			st->on_cpu = 1;
-			st->on_cpu_since = now;
+			charge(st, now, on_cpu_part(st));
+			st->place = PLACE_CPU;
 		}
 	}
 	return 0;
 }
 
+/* A blocked thread woken waits for a CPU from now on. */
 static __always_inline void mark_woken(struct task_struct *p)
 {
 	if (!task_is_target(p))
 		return;
 	struct query_thread *st = thread_state(p, false);
-	if (st && in_statement(st) && !st->runnable_since)
-		st->runnable_since = bpf_ktime_get_ns();
+	if (st && in_statement(st) && st->place == PLACE_BLOCKED) {
+		charge(st, bpf_ktime_get_ns(), PART_RUNQ);
+		st->place = PLACE_RUNQ;
+	}
 }
 
 WAKEUP_PROGRAMS(mark_woken)

@@ -36,27 +36,39 @@ enum query_event_kind : __u32 {
 	EVENT_PACKET_OUT = 3,  /* a server send outside a statement (greeting, authentication) */
 };
 
+/* Where a statement's time goes, each nanosecond in exactly one part (the response-time profile of Method R).
+ * A syscall's time, on CPU or blocked, is its class's; waiting for a CPU is always PART_RUNQ. */
+enum time_part : __u8 {
+	PART_USER = 0,  /* on CPU outside syscalls (its page faults and interrupts included) */
+	PART_SYS,       /* on CPU in syscalls of no class below (futex wakes, mmap, ...) */
+	PART_RUNQ,      /* runnable, waiting for a CPU */
+	PART_LOCK,      /* in futex waits */
+	PART_READ,      /* in read syscalls */
+	PART_WRITE,     /* in write syscalls */
+	PART_SYNC,      /* in fsync, fdatasync, sync_file_range */
+	PART_NET,       /* in socket reads, sends and polls */
+	PART_OTHER,     /* blocked elsewhere: other syscalls, page faults */
+	PARTS,
+};
+
 struct query_counters {
-	__u64 cpu_ns;
-	__u64 runq_ns;
-	__u64 lock_ns;
-	__u64 lock_max_ns;
-	__u64 lock_addr;      /* futex word of the longest wait */
-	__u64 read_ns;
+	__u64 part_ns[PARTS];
+	__u64 lock_max_ns;    /* the longest futex wait, */
+	__u64 lock_addr;      /* its futex word */
+	__u64 lock_stack;     /* and the id of its stack (stack_ids.h), 0 if none */
 	__u64 read_bytes;
-	__u64 write_ns;
 	__u64 write_bytes;
-	__u64 sync_ns;
-	__u64 net_ns;
 	__u64 net_bytes;
-	__u64 other_ns;
 	/* 64 bits: one statement can last for days (a binlog dump, a replica's connection). */
 	__u64 lock_waits;
 	__u64 syncs;
 	__u64 syscalls;
 };
 
+/* Shares the ring buffer with the definitions of stacks (stack_event.h), whose first word, half a stack id, is
+ * never 0: this one's is. */
 struct query_event {
+	__u32 not_a_stack;
 	enum query_event_kind kind;
 	__u32 tid;
 	__s32 fd;

@@ -56,7 +56,8 @@ struct {
 	__type(value, struct thread_sites);
 } sites SEC(".maps");
 
-/* FNV-1a of the frames; never 0 (0 means "no stack"). */
+/* FNV-1a of the frames; neither half is ever 0 (0 means "no stack", and a record whose first word is 0 is not
+ * a stack: queries.h). */
 static __always_inline __u64 stack_hash(const struct stack_event *e)
 {
 	__u32 n = e->user_len + e->kernel_len;
@@ -66,7 +67,7 @@ static __always_inline __u64 stack_hash(const struct stack_event *e)
 			break;
 		h = (h ^ e->ips[i]) * 0x100000001b3ULL;
 	}
-	return h | 1;
+	return h | 0x100000001ULL;
 }
 
 /* The current thread's stack, unwound into the scratch event and named; 0 if there is no scratch. */

@@ -1,8 +1,10 @@
 //! `myprobe queries`: one record per statement with its time broken down, as lines, JSON, or a digest.
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
+    collections::HashMap,
     io::{BufWriter, Write},
+    rc::Rc,
     time::{Duration, Instant},
 };
 
@@ -10,11 +12,17 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{
-    collect::{self, queries::DispatchProbe, CollectOptions},
+    collect::{
+        self,
+        queries::{DispatchProbe, Event},
+        CollectOptions, RawStack,
+    },
     process::{self, probes},
+    profile::waits,
     query::{digest::Digest, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
-    symbolize::data::DataSymbolizer,
+    symbolize::{data::DataSymbolizer, Symbolizer},
+    unwind::ProcessTables,
 };
 
 #[derive(Args)]
@@ -54,6 +62,47 @@ pub struct QueriesArgs {
     /// Kernel memory the BPF maps may take, in MiB; past it, the maps that can be smaller are (said on stderr)
     #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
     pub max_kernel_mem: u64,
+    /// Walk the stacks of lock waits (for their site) by frame pointers only, without loading the process's
+    /// .eh_frame tables into the kernel
+    #[arg(long)]
+    pub frame_pointers: bool,
+}
+
+/// Stacks of lock waits named by their site, at most this many (a server has a few hundred wait sites).
+const MAX_SITES: usize = 65536;
+
+/// The sites of lock waits' stacks, as they arrive: symbolized once each, while tracing.
+struct Sites {
+    pid: u32,
+    symbolizer: Option<Symbolizer>,
+    by_stack: HashMap<u64, Option<Rc<str>>>,
+}
+
+impl Sites {
+    fn add(&mut self, id: u64, stack: &RawStack) {
+        if self.by_stack.len() >= MAX_SITES {
+            self.by_stack.clear();
+        }
+        if self.symbolizer.is_none() {
+            match Symbolizer::new(self.pid) {
+                Ok(s) => self.symbolizer = Some(s),
+                Err(e) => {
+                    say!("myprobe: warning: lock wait sites are not named: {e:#}");
+                    self.by_stack.insert(id, None);
+                    return;
+                }
+            }
+        }
+        let Some(symbolizer) = self.symbolizer.as_mut() else {
+            return;
+        };
+        let frames = symbolizer.user_stack(stack.user());
+        self.by_stack.insert(id, waits::site(&frames).map(Rc::from));
+    }
+
+    fn of(&self, id: u64) -> Option<String> {
+        self.by_stack.get(&id)?.as_deref().map(str::to_string)
+    }
 }
 
 pub fn run(a: QueriesArgs) -> Result<()> {
@@ -64,12 +113,24 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     );
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
+    // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
+    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
+        None
+    } else {
+        match ProcessTables::load(target.pid) {
+            Ok(tables) => Some(RefCell::new(tables)),
+            Err(e) => {
+                say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
+                None
+            }
+        }
+    };
     let opts = CollectOptions {
         pid: target.pid,
         duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
         kernel_stacks: false,
         btf: a.btf.clone(),
-        unwind: None,
+        unwind,
         max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
     };
@@ -90,6 +151,11 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         wanted: &wanted,
     });
     let mut tracker = Tracker::new(a.raw_sql);
+    let mut sites = Sites {
+        pid: target.pid,
+        symbolizer: None,
+        by_stack: HashMap::new(),
+    };
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
@@ -111,6 +177,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     }
     let mut last_flush = Instant::now();
     let lost = collect::queries::collect(&opts, probe, attached, |event| {
+        if let Event::Stack { id, stack } = &event {
+            sites.add(*id, stack);
+            return;
+        }
         let record = tracker.handle(event);
         for n in tracker.notices.drain(..) {
             match n {
@@ -152,8 +222,16 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             return;
         }
         reported += 1;
+        if record.lock_stack != 0 {
+            record.lock_site = sites.of(record.lock_stack);
+        }
         if record.lock_addr_raw != 0 {
-            record.lock_symbol = Some(locks.name(record.lock_addr_raw));
+            let symbol = locks.name(record.lock_addr_raw);
+            record.lock_symbol = Some(waits::lock_name(
+                &symbol,
+                record.lock_addr_raw,
+                record.lock_site.as_deref(),
+            ));
         }
         if a.summary {
             digest.add(&record);
@@ -189,6 +267,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             );
         } else {
             write!(out, "{}", render::digest_table(&rows, a.top))?;
+            write!(out, "\n{}", render::digest_findings(&rows, 5))?;
         }
     }
     // JSON readers see where records went missing: a last line with the counts, when anything was lost.

@@ -1,7 +1,8 @@
 //! Per-statement accounting (src/bpf/queries.bpf.c): the client/server protocol followed through the server's
-//! socket syscalls, with each statement's syscalls, futex waits and scheduler time.
+//! socket syscalls, with each statement's time partitioned (on CPU, waiting for one, in syscalls by class)
+//! and the stack of its longest futex wait.
 
-use std::{cell::Cell, mem::MaybeUninit, path::Path};
+use std::{cell::Cell, mem::MaybeUninit, path::Path, time::Instant};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
@@ -12,7 +13,12 @@ use libbpf_rs::{
 use super::{
     lost_in_kernel,
     maps::{read_exact, read_prefix, Plain},
-    open_object, ring, CollectOptions, Lost,
+    open_object, ring,
+    stack_collector::{
+        install_unwind, refresh_unwind, stack_skeleton, Installed, StackSkeleton,
+        SPARE_UNWIND_ROWS, UNWIND_REFRESH_INTERVAL,
+    },
+    CollectOptions, Lost, RawStack,
 };
 use crate::process::probes::Function;
 
@@ -20,6 +26,7 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/queries.skel.rs"));
 }
 use skel::{types::*, QueriesSkelBuilder};
+stack_skeleton!(Skeleton, QueriesSkelBuilder, OpenQueriesSkel, QueriesSkel);
 // SAFETY: generated from BTF structs of integers, integer arrays and such structs.
 unsafe impl Plain for query_event {}
 // SAFETY: as above.
@@ -30,6 +37,8 @@ const RING_BUFFER_BYTES: u32 = 16 << 20;
 
 /// A statement's resource use, as the kernel side counted it (nanoseconds, bytes, counts).
 pub type Counters = query_counters;
+/// The parts of a statement's time (`Counters::part_ns`), by their generated names: `time_part::PART_LOCK`.
+pub use skel::types::time_part as TimePart;
 
 #[derive(Clone, Debug)]
 pub struct RawStatement {
@@ -67,6 +76,12 @@ pub enum Event {
     PacketOut {
         fd: i32,
         bytes: Vec<u8>,
+    },
+    /// A stack (the longest lock wait's of statements: `Counters::lock_stack`), sent once, before the first
+    /// statement that names it.
+    Stack {
+        id: u64,
+        stack: RawStack,
     },
 }
 
@@ -147,12 +162,19 @@ pub fn collect(
 ) -> Result<Lost> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
+    let (rows, pages) = opts.unwind.as_ref().map_or((1, 1), |t| {
+        let t = t.borrow();
+        (
+            t.rows.len() + SPARE_UNWIND_ROWS,
+            t.pages.len() + SPARE_UNWIND_ROWS,
+        )
+    });
+    Skeleton::set_common(&mut open, opts.pid, false, rows as u32, pages as u32)?;
     open.maps
         .events
         .set_max_entries(RING_BUFFER_BYTES)
         .context("sizing the ring buffer")?;
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
-    rodata.target_tgid = opts.pid;
     rodata.syscall_class = syscall_classes();
     if let Some(d) = &dispatch {
         rodata.dispatch_abi = dispatch_abi_of(&d.function.demangled);
@@ -163,13 +185,14 @@ pub fn collect(
     let mut skel = open
         .load()
         .context("loading the query tracing programs into the kernel")?;
+    let mut installed = Installed::default();
+    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
     skel.attach()
         .context("attaching to the syscall and scheduler tracepoints")?;
 
     // Return probe attached first: an entry probe without it would start statements that nothing ends.
     let mut dispatch_links: Vec<Link> = Vec::new();
-    let progs = &skel.progs;
-    let attach_dispatch = |links: &mut Vec<Link>| -> Result<()> {
+    let attach_dispatch = |progs: &skel::QueriesProgs, links: &mut Vec<Link>| -> Result<()> {
         let Some(d) = dispatch
             .as_ref()
             .filter(|d| d.wanted.get() && links.is_empty())
@@ -198,19 +221,30 @@ pub fn collect(
         }
         Ok(())
     };
-    attach_dispatch(&mut dispatch_links)?;
+    attach_dispatch(&skel.progs, &mut dispatch_links)?;
     attached();
 
-    let bss = &skel.maps.bss_data;
-    let lost = || lost_in_kernel!(bss.as_ref().map(|b| b.lost).unwrap_or_default());
+    let lost = |skel: &skel::QueriesSkel| {
+        lost_in_kernel!(skel
+            .maps
+            .bss_data
+            .as_ref()
+            .map(|b| b.lost)
+            .unwrap_or_default())
+    };
     let reader = ring::reader(&skel.maps.events, |data| {
         if let Some(e) = decode(data) {
             on_event(e);
         }
     })?;
+    let mut last_refresh = Instant::now();
     let result = ring::poll(&reader, opts.duration, |elapsed| {
-        attach_dispatch(&mut dispatch_links)?;
-        let l = lost();
+        attach_dispatch(&skel.progs, &mut dispatch_links)?;
+        if last_refresh.elapsed() >= UNWIND_REFRESH_INTERVAL {
+            last_refresh = Instant::now();
+            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        }
+        let l = lost(&skel);
         let secs = if opts.duration.as_secs() > 1 << 40 {
             String::new()
         } else {
@@ -239,10 +273,9 @@ pub fn collect(
                 let mut counters = st.c;
                 match st.phase {
                     phase::PHASE_RUNNING | phase::PHASE_INFILE => {
-                        if st.on_cpu != 0 {
-                            counters.cpu_ns += now.saturating_sub(st.on_cpu_since);
-                        } else if st.runnable_since != 0 {
-                            counters.runq_ns += now.saturating_sub(st.runnable_since);
+                        // The time since its last change of part is that part's.
+                        if let Some(part) = counters.part_ns.get_mut(st.part.0 as usize) {
+                            *part = part.saturating_add(now.saturating_sub(st.since));
                         }
                         if let Some(s) = statement(&st.ev, counters, now, true) {
                             on_event(Event::Statement(s));
@@ -259,7 +292,7 @@ pub fn collect(
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
     }
-    Ok(lost())
+    Ok(lost(&skel))
 }
 
 /// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).
@@ -299,8 +332,24 @@ fn dispatch_abi_of(demangled: &str) -> dispatch_abi {
     }
 }
 
-/// Decodes one `struct query_event`; the record is sent without the unused part of its text.
+/// Decodes one `struct query_event` (sent without the unused part of its text), or a stack's definition (its
+/// first word is not 0).
 fn decode(data: &[u8]) -> Option<Event> {
+    if data.get(..4)? != [0; 4] {
+        let e: stack_event = read_prefix(data, Skeleton::STACK_EVENT_HEADER)?;
+        let frames = e.user_len as usize + e.kernel_len as usize;
+        let ips = e
+            .ips
+            .get(..frames)
+            .filter(|_| data.len() >= Skeleton::STACK_EVENT_HEADER + frames * 8)?;
+        return Some(Event::Stack {
+            id: e.stack_id,
+            stack: RawStack {
+                user_len: e.user_len,
+                ips: ips.into(),
+            },
+        });
+    }
     let e: query_event = read_prefix(data, std::mem::offset_of!(query_event, text))?;
     let text = e.text.get(..e.text_len as usize)?.to_vec();
     match e.kind {

@@ -320,10 +320,10 @@ impl Stacks {
 
 /// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
 /// loaded while tracing.
-const SPARE_UNWIND_ROWS: usize = 65536;
+pub(crate) const SPARE_UNWIND_ROWS: usize = 65536;
 
 /// How often the process's memory map is read again for code mapped while tracing.
-const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
 pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
@@ -435,7 +435,7 @@ pub fn attach_by_section(object: &Object) -> Result<Vec<Link>> {
 
 /// How much of the tables a collector's maps hold (rows and pages are only ever appended).
 #[derive(Default)]
-struct Installed {
+pub(crate) struct Installed {
     rows: usize,
     pages: usize,
     warned: bool,
@@ -473,7 +473,7 @@ fn append_array<U, T: Plain>(
 /// Loads the unwind tables into a collector's maps and turns unwinding on; called again after
 /// `ProcessTables::update`. Rows and pages are appended before the mappings that use them are published, so a
 /// stack being unwound meanwhile reads valid entries.
-fn install_unwind<S: StackSkeleton>(
+pub(crate) fn install_unwind<S: StackSkeleton>(
     opts: &CollectOptions,
     installed: &mut Installed,
     maps: UnwindMaps<'_, S::UnwindMapping>,
@@ -530,7 +530,7 @@ fn install_unwind<S: StackSkeleton>(
     Ok(())
 }
 
-fn refresh_unwind<S: StackSkeleton>(
+pub(crate) fn refresh_unwind<S: StackSkeleton>(
     opts: &CollectOptions,
     installed: &mut Installed,
     maps: UnwindMaps<'_, S::UnwindMapping>,

@@ -3,6 +3,7 @@
 pub mod folded;
 pub mod locks;
 pub mod stacks;
+pub mod waits;
 
 use std::collections::HashMap;
 

@@ -1,13 +1,14 @@
 //! The digest of `myprobe queries --summary`: per fingerprint (as pt-query-digest groups them) the count, total and
-//! latency percentiles, and where the time went: on CPU, waiting for a CPU, in lock waits, disk I/O, network and
-//! other syscalls. Latencies go into an HDR histogram, so memory stays bounded however long the run.
+//! latency percentiles, and where the time went, as shares of the parts of `TimeParts` that add up to 100%
+//! (Method R's response-time profile), with the site of the longest lock waits. Latencies go into an HDR
+//! histogram, so memory stays bounded however long the run.
 
 use std::collections::HashMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::QueryRecord;
+use super::{largest_remainder, QueryRecord, TimeParts};
 
 /// Distinct fingerprints kept at most; the rest are counted under one `(other)` row.
 const MAX_FINGERPRINTS: usize = 10_000;
@@ -18,14 +19,10 @@ struct Entry {
     errors: u64,
     latency_us: Histogram<u64>,
     total_us: u64,
-    cpu_us: u64,
-    runq_us: u64,
-    lock_us: u64,
-    io_us: u64,
-    net_us: u64,
-    sys_us: u64,
-    /// The lock word whose waits were longest, and their total.
+    parts_us: [u64; 10],
+    /// Longest lock waits' time by lock word, and by the site they were waited at.
     lock_symbols: HashMap<String, u64>,
+    lock_sites: HashMap<String, u64>,
 }
 
 impl Entry {
@@ -37,13 +34,9 @@ impl Entry {
             latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2)
                 .expect("valid histogram bounds"),
             total_us: 0,
-            cpu_us: 0,
-            runq_us: 0,
-            lock_us: 0,
-            io_us: 0,
-            net_us: 0,
-            sys_us: 0,
+            parts_us: [0; 10],
             lock_symbols: HashMap::new(),
+            lock_sites: HashMap::new(),
         }
     }
 }
@@ -65,16 +58,73 @@ pub struct DigestRow {
     pub p95_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
-    /// Shares of the total duration, in percent. Syscall classes are wall time inside the syscalls, which
-    /// includes their own CPU time: the shares can add up to a little more than 100.
-    pub cpu_pct: f64,
+    /// The parts of the total, as the statements' own (`TimeParts`).
+    #[serde(flatten)]
+    pub time: TimeParts,
+    /// The parts' shares of the total in percent, to 0.1, adding up to 100 (when the total is not 0).
+    #[serde(flatten)]
+    pub shares: Shares,
+    /// The lock the statements waited on longest, by name, and the site where they waited on locks longest.
+    pub top_lock: Option<String>,
+    pub top_lock_site: Option<String>,
+}
+
+/// Each part of `TimeParts` as a share of the total, in percent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Shares {
+    pub user_pct: f64,
+    pub sys_pct: f64,
     pub runq_pct: f64,
     pub lock_pct: f64,
-    pub io_pct: f64,
+    pub read_pct: f64,
+    pub write_pct: f64,
+    pub sync_pct: f64,
     pub net_pct: f64,
-    pub sys_pct: f64,
-    /// The lock the statements waited on longest, by name.
-    pub top_lock: Option<String>,
+    pub other_pct: f64,
+    pub unseen_pct: f64,
+}
+
+impl Shares {
+    /// Shares to 0.1% that add up to exactly 100% (0 for a total of 0).
+    pub fn of(parts: &TimeParts) -> Self {
+        let v = parts.values();
+        let total = v.iter().fold(0u64, |a, &x| a.saturating_add(x));
+        if total == 0 {
+            return Shares::default();
+        }
+        // In millionths of the total (widened: no product overflows), rounded to thousandths.
+        let exact: [u64; 10] = v.map(|x| ((x as u128 * 1_000_000) / total as u128) as u64);
+        let p = largest_remainder(&exact, 1000, 1000);
+        let [user, sys, runq, lock, read, write, sync, net, other, unseen] =
+            p.map(|x| x as f64 / 10.0);
+        Shares {
+            user_pct: user,
+            sys_pct: sys,
+            runq_pct: runq,
+            lock_pct: lock,
+            read_pct: read,
+            write_pct: write,
+            sync_pct: sync,
+            net_pct: net,
+            other_pct: other,
+            unseen_pct: unseen,
+        }
+    }
+
+    pub fn values(&self) -> [f64; 10] {
+        [
+            self.user_pct,
+            self.sys_pct,
+            self.runq_pct,
+            self.lock_pct,
+            self.read_pct,
+            self.write_pct,
+            self.sync_pct,
+            self.net_pct,
+            self.other_pct,
+            self.unseen_pct,
+        ]
+    }
 }
 
 impl Digest {
@@ -92,16 +142,18 @@ impl Digest {
         e.count += 1;
         e.errors += r.error.is_some() as u64;
         e.latency_us.saturating_record(r.duration_us.max(1));
-        e.total_us += r.duration_us;
-        e.cpu_us += r.cpu_us;
-        e.runq_us += r.runq_us;
-        e.lock_us += r.lock_us;
-        e.io_us += r.read_us + r.write_us + r.sync_us;
-        e.net_us += r.net_us;
-        e.sys_us += r.other_sys_us;
-        if let Some(sym) = &r.lock_symbol {
-            if e.lock_symbols.len() < 64 || e.lock_symbols.contains_key(sym) {
-                *e.lock_symbols.entry(sym.clone()).or_default() += r.lock_max_us;
+        e.total_us = e.total_us.saturating_add(r.duration_us);
+        for (sum, v) in e.parts_us.iter_mut().zip(r.time.values()) {
+            *sum = sum.saturating_add(v);
+        }
+        for (names, name) in [
+            (&mut e.lock_symbols, &r.lock_symbol),
+            (&mut e.lock_sites, &r.lock_site),
+        ] {
+            if let Some(name) = name {
+                if names.len() < 64 || names.contains_key(name) {
+                    *names.entry(name.clone()).or_default() += r.lock_max_us;
+                }
             }
         }
     }
@@ -115,13 +167,13 @@ impl Digest {
             .entries
             .iter()
             .map(|(fp, e)| {
-                let pct = |v: u64| {
-                    if e.total_us > 0 {
-                        (v as f64 * 1000.0 / e.total_us as f64).round() / 10.0
-                    } else {
-                        0.0
-                    }
+                let top = |names: &HashMap<String, u64>| {
+                    names
+                        .iter()
+                        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                        .map(|(s, _)| s.clone())
                 };
+                let time = TimeParts::from_values(e.parts_us);
                 DigestRow {
                     fingerprint: fp.clone(),
                     count: e.count,
@@ -132,17 +184,10 @@ impl Digest {
                     p95_us: e.latency_us.value_at_quantile(0.95),
                     p99_us: e.latency_us.value_at_quantile(0.99),
                     max_us: e.latency_us.max(),
-                    cpu_pct: pct(e.cpu_us),
-                    runq_pct: pct(e.runq_us),
-                    lock_pct: pct(e.lock_us),
-                    io_pct: pct(e.io_us),
-                    net_pct: pct(e.net_us),
-                    sys_pct: pct(e.sys_us),
-                    top_lock: e
-                        .lock_symbols
-                        .iter()
-                        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
-                        .map(|(s, _)| s.clone()),
+                    time,
+                    shares: Shares::of(&time),
+                    top_lock: top(&e.lock_symbols),
+                    top_lock_site: top(&e.lock_sites),
                 }
             })
             .collect();

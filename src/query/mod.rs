@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::collect::queries::{Counters, Event, RawStatement};
+use crate::collect::queries::{Counters, Event, RawStatement, TimePart};
 use protocol::Reply;
 
 /// One statement, as `myprobe queries --json` prints it (see ARCHITECTURE.md, "Query records").
@@ -25,22 +25,20 @@ pub struct QueryRecord {
     pub query: Option<String>,
     pub fingerprint: Option<String>,
     pub duration_us: u64,
-    pub cpu_us: u64,
-    pub runq_us: u64,
-    pub lock_us: u64,
+    /// `duration_us`, partitioned.
+    #[serde(flatten)]
+    pub time: TimeParts,
     pub lock_waits: u64,
     pub lock_max_us: u64,
     pub lock_addr: Option<String>,
     pub lock_symbol: Option<String>,
-    pub read_us: u64,
+    /// Where the longest lock wait happened: the innermost function above the locking primitives
+    /// (`profile::waits::site`).
+    pub lock_site: Option<String>,
     pub read_bytes: u64,
-    pub write_us: u64,
     pub write_bytes: u64,
-    pub sync_us: u64,
     pub syncs: u64,
-    pub net_us: u64,
     pub net_bytes: u64,
-    pub other_sys_us: u64,
     pub syscalls: u64,
     pub error: Option<u16>,
     /// The request was longer than what the tracer keeps: `query` is its beginning.
@@ -55,6 +53,115 @@ pub struct QueryRecord {
     pub pipelined: bool,
     #[serde(skip)]
     pub lock_addr_raw: u64,
+    /// The stack id of the longest lock wait (`collect::queries::Event::Stack`), 0 if none.
+    #[serde(skip)]
+    pub lock_stack: u64,
+}
+
+/// A statement's time as parts that add up to its duration (the response-time profile of Method R), in
+/// microseconds. Each nanosecond the kernel side saw went to one part (`enum time_part` of
+/// src/bpf/queries.h); `unseen_us` is what it did not see (a statement read ahead with the one before it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TimeParts {
+    /// On CPU in the server's code (and the page faults and interrupts it takes).
+    pub user_us: u64,
+    /// On CPU in syscalls that are none of the waits below.
+    pub sys_us: u64,
+    /// Runnable, waiting for a CPU.
+    pub runq_us: u64,
+    /// In futex waits: mutexes, rw-locks, condition variables, InnoDB's latches and row locks.
+    pub lock_us: u64,
+    /// In read, write and sync syscalls (disk I/O, or the page cache's).
+    pub read_us: u64,
+    pub write_us: u64,
+    pub sync_us: u64,
+    /// In the client's socket: reading the request, sending the reply, polls.
+    pub net_us: u64,
+    /// Blocked anywhere else: other syscalls, page faults.
+    pub other_us: u64,
+    pub unseen_us: u64,
+}
+
+impl TimeParts {
+    /// The parts' names, in the order of [`TimeParts::values`].
+    pub const NAMES: [&'static str; 10] = [
+        "user", "sys", "runq", "lock", "read", "write", "sync", "net", "other", "unseen",
+    ];
+
+    pub fn values(&self) -> [u64; 10] {
+        [
+            self.user_us,
+            self.sys_us,
+            self.runq_us,
+            self.lock_us,
+            self.read_us,
+            self.write_us,
+            self.sync_us,
+            self.net_us,
+            self.other_us,
+            self.unseen_us,
+        ]
+    }
+
+    fn from_values(v: [u64; 10]) -> Self {
+        let [user_us, sys_us, runq_us, lock_us, read_us, write_us, sync_us, net_us, other_us, unseen_us] =
+            v;
+        TimeParts {
+            user_us,
+            sys_us,
+            runq_us,
+            lock_us,
+            read_us,
+            write_us,
+            sync_us,
+            net_us,
+            other_us,
+            unseen_us,
+        }
+    }
+
+    /// The parts of a statement of `duration_ns` whose seen parts are `part_ns` (in the order of the kernel's
+    /// `enum time_part`), and its duration in µs: rounded so that the parts add up to it exactly.
+    pub fn of(duration_ns: u64, part_ns: &[u64]) -> (Self, u64) {
+        let mut ns = [0u64; 10];
+        for (slot, part) in [
+            TimePart::PART_USER,
+            TimePart::PART_SYS,
+            TimePart::PART_RUNQ,
+            TimePart::PART_LOCK,
+            TimePart::PART_READ,
+            TimePart::PART_WRITE,
+            TimePart::PART_SYNC,
+            TimePart::PART_NET,
+            TimePart::PART_OTHER,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            ns[slot] = part_ns.get(part.0 as usize).copied().unwrap_or(0);
+        }
+        let seen = ns.iter().fold(0u64, |a, &v| a.saturating_add(v));
+        ns[9] = duration_ns.saturating_sub(seen);
+        let total = duration_ns.max(seen);
+        let us = largest_remainder(&ns, total.saturating_add(500) / 1000, 1000);
+        (Self::from_values(us), total.saturating_add(500) / 1000)
+    }
+}
+
+/// `values` divided by `unit` and rounded so that they add up to `target` (which is their sum divided by
+/// `unit`, rounded): the largest remainders are rounded up (Hamilton's method), so parts add up exactly.
+pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u64) -> [u64; N] {
+    let mut out = values.map(|v| v / unit);
+    let floor = out.iter().fold(0u64, |a, &v| a.saturating_add(v));
+    let mut by_remainder: Vec<usize> = (0..N).collect();
+    by_remainder.sort_by_key(|&i| std::cmp::Reverse(values[i] % unit));
+    for &i in by_remainder
+        .iter()
+        .take(target.saturating_sub(floor) as usize)
+    {
+        out[i] += 1;
+    }
+    out
 }
 
 /// The fingerprint of executions of a statement prepared before tracing began, followed by ` #<statement id>`.
@@ -134,6 +241,7 @@ impl Tracker {
     /// Feeds one event; returns a record for a statement.
     pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
         match event {
+            Event::Stack { .. } => None,
             Event::PacketOut { fd, bytes, .. } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh).
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
@@ -297,6 +405,7 @@ impl Tracker {
         let c = &s.counters;
         let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
+        let (time, duration_us) = TimeParts::of(s.end_ns.saturating_sub(s.start_ns), &c.part_ns);
         QueryRecord {
             ts: format_ts(s.start_ns as i128 + self.realtime_offset_ns),
             tid: s.tid,
@@ -317,29 +426,24 @@ impl Tracker {
                     fingerprint::normalize(&t)
                 }
             }),
-            duration_us: us(s.end_ns.saturating_sub(s.start_ns)),
-            cpu_us: us(c.cpu_ns),
-            runq_us: us(c.runq_ns),
-            lock_us: us(c.lock_ns),
+            duration_us,
+            time,
             lock_waits: c.lock_waits,
             lock_max_us: us(c.lock_max_ns),
             lock_addr: (lock_addr_raw != 0).then(|| format!("{lock_addr_raw:#x}")),
             lock_symbol: None,
-            read_us: us(c.read_ns),
+            lock_site: None,
             read_bytes: c.read_bytes,
-            write_us: us(c.write_ns),
             write_bytes: c.write_bytes,
-            sync_us: us(c.sync_ns),
             syncs: c.syncs,
-            net_us: us(c.net_ns),
             net_bytes: c.net_bytes,
-            other_sys_us: us(c.other_ns),
             syscalls: c.syscalls,
             error,
             truncated,
             in_flight: s.in_flight,
             pipelined: s.pipelined,
             lock_addr_raw,
+            lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
         }
     }
 }
@@ -395,6 +499,25 @@ mod tests {
             in_flight: false,
             pipelined: false,
         })
+    }
+
+    #[test]
+    fn parts_rounded_to_microseconds_add_up_to_the_duration() {
+        // 1.6 + 1.6 + 1.6 + 0.2 µs of 5 µs: rounded alone they would add up to 6.
+        let mut part_ns = [0u64; 9];
+        part_ns[TimePart::PART_USER.0 as usize] = 1600;
+        part_ns[TimePart::PART_LOCK.0 as usize] = 1600;
+        part_ns[TimePart::PART_NET.0 as usize] = 1600;
+        let (parts, us) = TimeParts::of(5000, &part_ns);
+        assert_eq!(us, 5);
+        assert_eq!(parts.values().iter().sum::<u64>(), 5);
+        assert_eq!((parts.user_us, parts.lock_us, parts.net_us), (2, 2, 1));
+        // What was not seen is a part of its own.
+        let (parts, us) = TimeParts::of(10_000, &part_ns);
+        assert_eq!((us, parts.unseen_us), (10, 5));
+        // Parts beyond the duration (never from the kernel side): the duration is their sum.
+        let (parts, us) = TimeParts::of(1000, &[2000; 9]);
+        assert_eq!((parts.values().iter().sum::<u64>(), us), (18, 18));
     }
 
     #[test]

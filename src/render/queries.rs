@@ -3,7 +3,10 @@
 use std::fmt::Write;
 
 use super::terminal_safe;
-use crate::query::{digest::DigestRow, QueryRecord};
+use crate::{
+    profile::waits,
+    query::{digest::DigestRow, QueryRecord, TimeParts},
+};
 
 /// Microseconds in an adaptive unit, at most 7 characters: `812us`, `3.25ms`, `312.5ms`, `1.234s`, `2m05s`.
 pub fn human_us(us: u64) -> String {
@@ -37,14 +40,15 @@ pub fn line(r: &QueryRecord) -> String {
         clip(&terminal_safe(r.user.as_deref().unwrap_or("?")), 10),
         clip(&terminal_safe(r.db.as_deref().unwrap_or("?")), 11),
         human_us(r.duration_us),
-        opt(r.cpu_us),
-        opt(r.runq_us),
-        opt(r.lock_us),
+        opt(r.time.user_us.saturating_add(r.time.sys_us)),
+        opt(r.time.runq_us),
+        opt(r.time.lock_us),
         opt(r
+            .time
             .read_us
-            .saturating_add(r.write_us)
-            .saturating_add(r.sync_us)),
-        opt(r.net_us),
+            .saturating_add(r.time.write_us)
+            .saturating_add(r.time.sync_us)),
+        opt(r.time.net_us),
         r.error.map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
     );
     if r.command != "Query" && r.query.is_some() {
@@ -60,11 +64,15 @@ pub fn line(r: &QueryRecord) -> String {
     if let Some(sym) = &r.lock_symbol {
         let _ = write!(
             out,
-            "  (lock: {}, {} waits, max {})",
+            "  (lock: {}, {} waits, max {}",
             terminal_safe(sym),
             r.lock_waits,
             human_us(r.lock_max_us)
         );
+        if let Some(site) = &r.lock_site {
+            let _ = write!(out, ", in {}", terminal_safe(site));
+        }
+        out.push(')');
     }
     out
 }
@@ -83,11 +91,15 @@ fn clip(s: &str, n: usize) -> String {
 pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     let mut out = String::new();
     let grand = rows.iter().fold(0u64, |a, r| a.saturating_add(r.total_us));
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "{:>4} {:>8} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}  FINGERPRINT",
-        "RANK", "COUNT", "ERRORS", "TOTAL", "SHARE", "P50", "P95", "P99", "MAX", "CPU%", "RUNQ%", "LOCK%", "IO%", "NET%", "SYS%"
+        "{:>4} {:>8} {:>6} {:>8} {:>5} {:>8} {:>8} {:>8} {:>8}",
+        "RANK", "COUNT", "ERRORS", "TOTAL", "SHARE", "P50", "P95", "P99", "MAX"
     );
+    for name in TimeParts::NAMES {
+        let _ = write!(out, " {:>6}", format!("{}%", name.to_uppercase()));
+    }
+    let _ = writeln!(out, "  FINGERPRINT");
     for (i, r) in rows.iter().take(top).enumerate() {
         let share = if grand > 0 {
             r.total_us as f64 * 100.0 / grand as f64
@@ -96,7 +108,7 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
         };
         let _ = write!(
             out,
-            "{:>4} {:>8} {:>6} {:>8} {:>4.1}% {:>8} {:>8} {:>8} {:>8} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1} {:>5.1}  {}",
+            "{:>4} {:>8} {:>6} {:>8} {:>4.1}% {:>8} {:>8} {:>8} {:>8}",
             i + 1,
             r.count,
             r.errors,
@@ -106,14 +118,11 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
             human_us(r.p95_us),
             human_us(r.p99_us),
             human_us(r.max_us),
-            r.cpu_pct,
-            r.runq_pct,
-            r.lock_pct,
-            r.io_pct,
-            r.net_pct,
-            r.sys_pct,
-            terminal_safe(&r.fingerprint),
         );
+        for pct in r.shares.values() {
+            let _ = write!(out, " {pct:>6.1}");
+        }
+        let _ = write!(out, "  {}", terminal_safe(&r.fingerprint));
         if let Some(lock) = &r.top_lock {
             let _ = write!(out, "  (top lock: {})", terminal_safe(lock));
         }
@@ -121,6 +130,59 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     }
     if rows.len() > top {
         let _ = writeln!(out, "... {} more fingerprints", rows.len() - top);
+    }
+    out
+}
+
+/// What each part of a statement's time is doing, after "N% of its time".
+const PART_PHRASES: [&str; 10] = [
+    "runs on a CPU in the server's own code",
+    "runs on a CPU in the kernel (syscalls)",
+    "waits for a CPU (more runnable threads than CPUs)",
+    "waits for locks",
+    "waits for disk reads",
+    "waits for disk writes",
+    "waits for disk sync",
+    "waits on the client's socket (the network, or the client itself)",
+    "waits in other syscalls or page faults",
+    "was not seen by the tracer",
+];
+
+/// One sentence per fingerprint of the `top` first: its dominant part, and where it waits for locks.
+pub fn digest_findings(rows: &[DigestRow], top: usize) -> String {
+    let mut out = String::new();
+    for r in rows.iter().take(top).filter(|r| r.total_us > 0) {
+        let shares = r.shares.values();
+        let Some((part, pct)) = shares
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        else {
+            continue;
+        };
+        let _ = write!(
+            out,
+            "{}: {pct:.0}% of its time {}",
+            terminal_safe(&clip(&r.fingerprint, 60)),
+            PART_PHRASES[part]
+        );
+        let site = r.top_lock_site.as_deref().map(|site| {
+            let meaning = waits::site_meaning(site)
+                .map(|m| format!(" (waiting for {m})"))
+                .unwrap_or_default();
+            format!("in {}{meaning}", terminal_safe(site))
+        });
+        if TimeParts::NAMES[part] == "lock" {
+            if let Some(site) = site {
+                let _ = write!(out, ", {site}");
+            }
+        } else if r.shares.lock_pct >= 10.0 {
+            let _ = write!(out, "; {:.0}% waits for locks", r.shares.lock_pct);
+            if let Some(site) = site {
+                let _ = write!(out, " {site}");
+            }
+        }
+        out.push_str(".\n");
     }
     out
 }
@@ -150,9 +212,12 @@ mod tests {
     #[test]
     fn times_that_add_up_past_the_largest_stop_there() {
         let record = QueryRecord {
-            read_us: u64::MAX,
-            write_us: 1,
-            sync_us: 1,
+            time: TimeParts {
+                read_us: u64::MAX,
+                write_us: 1,
+                sync_us: 1,
+                ..TimeParts::default()
+            },
             ..QueryRecord::default()
         };
         assert!(line(&record).contains(&human_us(u64::MAX)));
@@ -166,13 +231,10 @@ mod tests {
             p95_us: 0,
             p99_us: 0,
             max_us: 0,
-            cpu_pct: 0.0,
-            runq_pct: 0.0,
-            lock_pct: 0.0,
-            io_pct: 0.0,
-            net_pct: 0.0,
-            sys_pct: 0.0,
+            time: TimeParts::default(),
+            shares: Default::default(),
             top_lock: None,
+            top_lock_site: None,
         };
         let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);
         let shares: Vec<&str> = table

@@ -1,0 +1,317 @@
+//! What a futex wait is, from its stack's frame names (leaf first) and its futex operation: where it happens (its
+//! site: the innermost function above the locking primitives) and what kind of wait it is (the primitive: a
+//! mutex or rw-lock held by another thread is contention; a condition variable or an event is a thread waiting
+//! for something to do, or to happen).
+
+use std::rc::Rc;
+
+/// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
+/// C++ library's, and the server's own wrappers and latches (MariaDB's `srw_mutex_impl`, `ssux_lock_impl`, the
+/// performance-schema wrappers, MDL's wait).
+const PRIMITIVE_PREFIXES: &[&str] = &[
+    "__",
+    "pthread_",
+    "futex",
+    "syscall",
+    "sem_",
+    "std::",
+    "lll_",
+    "srw_mutex_impl",
+    "srw_lock_impl",
+    "ssux_lock_impl",
+    "ssux_lock",
+    "srw_lock",
+    "sux_lock",
+    "inline_mysql_",
+    "psi_",
+    "my_cond_",
+    "mysql_cond_",
+    "mysql_mutex_",
+    "mysql_rwlock_",
+    "safe_mutex_",
+    "safe_cond_",
+    "my_pthread_",
+    "MDL_wait::",
+    "Interruptible_wait::",
+];
+
+/// Unnamed frames of the C and C++ libraries (`libc.so.6+0x…`) are primitives too.
+const LIBRARY_PREFIXES: &[&str] = &["libc.so", "libc-", "libpthread", "libstdc++", "ld-linux"];
+
+fn is_primitive(frame: &str) -> bool {
+    PRIMITIVE_PREFIXES.iter().any(|p| frame.starts_with(p))
+        || LIBRARY_PREFIXES.iter().any(|p| frame.starts_with(p))
+}
+
+/// A frame the symbolizer could not name: `mariadbd+0x8a1c00`, `[unknown]`.
+fn is_unnamed(frame: &str) -> bool {
+    frame.starts_with('[') || frame.contains("+0x")
+}
+
+/// Where a wait happens: the innermost frame above the primitives, by name (`MDL_context::acquire_lock`); when
+/// that frame has no name, with the innermost named one above it (`mariadbd+0xd5ad50 in
+/// handler::ha_index_read_map`). `None` for a stack of primitives only.
+pub fn site(frames: &[Rc<str>]) -> Option<String> {
+    let mut above = frames.iter().skip_while(|f| is_primitive(f));
+    let first = above.next()?;
+    if !is_unnamed(first) {
+        return Some(first.to_string());
+    }
+    match above.find(|f| !is_unnamed(f) && !is_primitive(f)) {
+        Some(named) => Some(format!("{first} in {named}")),
+        None => Some(first.to_string()),
+    }
+}
+
+/// What the server waits for at sites whose name does not say it, by site (MariaDB 10.6 and later).
+const KNOWN_SITES: &[(&str, &str)] = &[
+    // THD::async_state: a commit's reply waits until the redo log write that another thread does is durable.
+    (
+        "net_real_write",
+        "the redo log to be written and synced before replying",
+    ),
+    ("group_commit_lock::acquire", "the redo log's group commit"),
+    ("log_write_up_to", "the redo log's write and sync"),
+    ("lock_wait", "a row lock"),
+    ("MDL_context::acquire_lock", "a metadata lock"),
+    ("tc_acquire_table", "the table cache"),
+    (
+        "tpool::thread_pool_generic::wait_for_tasks",
+        "work (an idle pool worker)",
+    ),
+];
+
+/// What a site waits for, when its name does not say it: `net_real_write` → the redo log's write and sync.
+pub fn site_meaning(site: &str) -> Option<&'static str> {
+    KNOWN_SITES
+        .iter()
+        .find(|(name, _)| site == *name || site.ends_with(&format!(" in {name}")))
+        .map(|(_, meaning)| *meaning)
+}
+
+/// The name of a lock word: its variable's (`symbol`, from `DataSymbolizer`); a word in no variable (`[heap]`,
+/// `[anon]`, `mariadbd+0x21a69cc`) also by its address and where it is waited for: `[heap] 0x55d0c8a4e2a8 (in
+/// lock_wait)`.
+pub fn lock_name(symbol: &str, addr: u64, site: Option<&str>) -> String {
+    let anonymous = symbol.starts_with('[') || symbol.contains("+0x");
+    match (anonymous, site) {
+        (false, _) => symbol.to_string(),
+        (true, Some(site)) if symbol.starts_with('[') => format!("{symbol} {addr:#x} (in {site})"),
+        (true, Some(site)) => format!("{symbol} (in {site})"),
+        (true, None) if symbol.starts_with('[') => format!("{symbol} {addr:#x}"),
+        (true, None) => symbol.to_string(),
+    }
+}
+
+/// The kind of a wait, by its primitive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WaitKind {
+    /// A mutex held by another thread: pthread mutexes (also re-taken after a condition wait), InnoDB's
+    /// `srw_mutex`.
+    Mutex,
+    /// A reader-writer lock held by another thread: pthread rw-locks, InnoDB's `ssux_lock`/`srw_lock`.
+    RwLock,
+    /// A metadata lock held by another connection (`MDL_wait`).
+    MetadataLock,
+    /// A futex wait of no known primitive with the plain wait operation (as InnoDB's latches and its group
+    /// commit wait without symbols): a lock word, most likely held.
+    OtherLock,
+    /// A condition variable or an event: a thread waiting for work (idle pool workers), for a timer
+    /// (background threads), or for something another thread does.
+    Condition,
+}
+
+impl WaitKind {
+    /// Whether a thread waits for another to release something it wants (as opposed to waiting for work).
+    pub fn is_contention(self) -> bool {
+        self != WaitKind::Condition
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            WaitKind::Mutex => "mutex",
+            WaitKind::RwLock => "rw-lock",
+            WaitKind::MetadataLock => "metadata lock",
+            WaitKind::OtherLock => "lock (futex)",
+            WaitKind::Condition => "condition/event",
+        }
+    }
+}
+
+/// The futex operation of a wait, as far as it tells the kind: glibc's mutexes wait with FUTEX_WAIT (or
+/// FUTEX_LOCK_PI), its condition variables and semaphores with FUTEX_WAIT_BITSET.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FutexOp {
+    Wait,
+    WaitBitset,
+    LockPi,
+    Unknown,
+}
+
+impl FutexOp {
+    /// From the operation number, without FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME.
+    pub fn of(op: u32) -> Self {
+        match op & 127 {
+            0 => FutexOp::Wait,
+            9 => FutexOp::WaitBitset,
+            6 | 13 => FutexOp::LockPi,
+            _ => FutexOp::Unknown,
+        }
+    }
+}
+
+/// The kind of a wait: the server's own lock in its primitives (a metadata lock waits on a condition variable);
+/// else the innermost primitive that tells (a mutex taken again after a condition wait is a mutex wait); else
+/// its futex operation.
+pub fn kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
+    let primitives = || frames.iter().take_while(|f| is_primitive(f));
+    for f in primitives() {
+        if f.starts_with("MDL_wait::") {
+            return WaitKind::MetadataLock;
+        }
+        if f.starts_with("srw_mutex_impl") {
+            return WaitKind::Mutex;
+        }
+        if f.starts_with("ssux_lock") || f.starts_with("srw_lock") || f.starts_with("sux_lock") {
+            return WaitKind::RwLock;
+        }
+    }
+    for f in primitives() {
+        let f: &str = f;
+        if f.contains("mutex_lock")
+            || f.contains("mutex_cond_lock")
+            || f.starts_with("__lll_lock")
+            || f.starts_with("lll_lock")
+            || f.starts_with("std::mutex")
+            || f.starts_with("mysql_mutex_")
+            || f.starts_with("inline_mysql_mutex")
+        {
+            return WaitKind::Mutex;
+        }
+        if f.contains("rwlock")
+            || f.starts_with("inline_mysql_rwlock")
+            || f.starts_with("psi_rd_lock")
+            || f.starts_with("psi_wr_lock")
+            || f.starts_with("psi_u_lock")
+            || f.starts_with("std::shared_mutex")
+        {
+            return WaitKind::RwLock;
+        }
+        if f.contains("cond_") || f.contains("condition_variable") || f.starts_with("sem_") {
+            return WaitKind::Condition;
+        }
+    }
+    match op {
+        FutexOp::Wait | FutexOp::LockPi => WaitKind::OtherLock,
+        FutexOp::WaitBitset | FutexOp::Unknown => WaitKind::Condition,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(names: &[&str]) -> Vec<Rc<str>> {
+        names.iter().map(|&n| Rc::from(n)).collect()
+    }
+
+    #[test]
+    fn a_site_is_the_first_frame_above_the_primitives() {
+        let mdl = frames(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_timedwait",
+            "MDL_wait::timed_wait",
+            "MDL_context::acquire_lock",
+            "open_table",
+        ]);
+        assert_eq!(site(&mdl).as_deref(), Some("MDL_context::acquire_lock"));
+        assert_eq!(kind(&mdl, FutexOp::WaitBitset), WaitKind::MetadataLock);
+
+        let row_lock = frames(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_timedwait",
+            "mariadbd+0xd5ad50",
+            "mariadbd+0xdb63c0",
+            "handler::ha_index_read_map",
+        ]);
+        assert_eq!(
+            site(&row_lock).as_deref(),
+            Some("mariadbd+0xd5ad50 in handler::ha_index_read_map")
+        );
+        assert_eq!(kind(&row_lock, FutexOp::WaitBitset), WaitKind::Condition);
+
+        let named_row_lock = frames(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_timedwait",
+            "lock_wait",
+        ]);
+        assert_eq!(site(&named_row_lock).as_deref(), Some("lock_wait"));
+
+        let latch = frames(&[
+            "syscall",
+            "mariadbd+0xd6e1e0",
+            "mariadbd+0xd5e2c0",
+            "ha_commit_trans",
+        ]);
+        assert_eq!(
+            site(&latch).as_deref(),
+            Some("mariadbd+0xd6e1e0 in ha_commit_trans")
+        );
+        assert_eq!(kind(&latch, FutexOp::Wait), WaitKind::OtherLock);
+
+        assert_eq!(
+            site(&frames(&["__lll_lock_wait", "libc.so.6+0x8a000"])),
+            None
+        );
+    }
+
+    #[test]
+    fn known_sites_say_what_is_waited_for() {
+        assert_eq!(
+            site_meaning("net_real_write"),
+            Some("the redo log to be written and synced before replying")
+        );
+        assert_eq!(
+            site_meaning("mariadbd+0x10 in lock_wait"),
+            Some("a row lock")
+        );
+        assert_eq!(site_meaning("my_lock_wait"), None);
+    }
+
+    #[test]
+    fn an_anonymous_lock_is_named_by_its_site() {
+        assert_eq!(lock_name("LOCK_open", 1, Some("open_table")), "LOCK_open");
+        assert_eq!(
+            lock_name("[heap]", 0x55d0, Some("lock_wait")),
+            "[heap] 0x55d0 (in lock_wait)"
+        );
+        assert_eq!(
+            lock_name("mariadbd+0x21a69cc", 7, Some("ha_commit_trans")),
+            "mariadbd+0x21a69cc (in ha_commit_trans)"
+        );
+        assert_eq!(lock_name("[anon]", 0x10, None), "[anon] 0x10");
+    }
+
+    #[test]
+    fn a_mutex_taken_again_after_a_condition_wait_is_contention() {
+        let retake = frames(&[
+            "__lll_lock_wait",
+            "__pthread_mutex_cond_lock",
+            "___pthread_cond_clockwait",
+            "tpool::thread_pool_generic::wait_for_tasks",
+        ]);
+        assert_eq!(kind(&retake, FutexOp::Wait), WaitKind::Mutex);
+        let idle = frames(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_clockwait",
+            "libstdc++.so.6.0.30+0xd4490",
+            "tpool::thread_pool_generic::wait_for_tasks",
+        ]);
+        assert_eq!(kind(&idle, FutexOp::WaitBitset), WaitKind::Condition);
+        assert!(!WaitKind::Condition.is_contention());
+        assert_eq!(
+            site(&idle).as_deref(),
+            Some("tpool::thread_pool_generic::wait_for_tasks")
+        );
+    }
+}
