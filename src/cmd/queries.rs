@@ -40,7 +40,8 @@ pub struct QueriesArgs {
     #[arg(long)]
     pub json: bool,
     /// Instead of one line per statement, print a digest per fingerprint at the end (pt-query-digest's table):
-    /// count, total, p50/p95/p99/max latency and the share of CPU, run queue, lock, I/O, network and other syscalls
+    /// count, total, p50/p95/p99/max latency and each part's share of the time (adding up to 100%), then a
+    /// sentence per top fingerprint naming its dominant part and where it waits
     #[arg(long)]
     pub summary: bool,
     /// Rows of the digest table

@@ -69,7 +69,8 @@ pub fn line(r: &QueryRecord) -> String {
             r.lock_waits,
             human_us(r.lock_max_us)
         );
-        if let Some(site) = &r.lock_site {
+        // An anonymous lock's name already says where it was waited for.
+        if let Some(site) = r.lock_site.as_ref().filter(|_| !sym.contains("(in ")) {
             let _ = write!(out, ", in {}", terminal_safe(site));
         }
         out.push(')');
