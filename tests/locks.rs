@@ -24,20 +24,25 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
         .unwrap();
     assert_eq!(line.trim(), "ready");
     let folded = dir.join("locks.folded");
-    let out = myprobe()
-        .args([
-            "profile",
-            "locks",
-            "--any-process",
-            "-p",
-            &child.id().to_string(),
-            "-d",
-            "2",
-            "-o",
-        ])
-        .arg(&folded)
-        .output()
-        .unwrap();
+    let profile = |extra: &[&str]| {
+        myprobe()
+            .args([
+                "profile",
+                "locks",
+                "--any-process",
+                "-p",
+                &child.id().to_string(),
+                "-d",
+                "2",
+                "-o",
+            ])
+            .arg(&folded)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let all = profile(&["--all"]);
+    let out = profile(&[]);
     drop(child.stdin.take());
     let _ = child.wait();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -56,8 +61,25 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
             "{worker} waited only {waited} us on big_lock: {stacks:?}"
         );
     }
-    // The table names the lock and the stacks that released it.
-    assert!(stderr.contains("  big_lock (0x"), "{stderr}");
+    // The table names the lock and the stacks that released it, contention first; the idle worker's condition
+    // waits are counted apart, and listed with --all.
+    let contended = stderr.split("not contention").next().unwrap_or_default();
+    assert!(
+        contended.contains("contended locks") && contended.contains("  big_lock (0x"),
+        "{stderr}"
+    );
+    assert!(contended.contains(", mutex): "), "{stderr}");
+    assert!(!contended.contains("no_work"), "{stderr}");
+    assert!(
+        stderr.contains("not contention: ") && stderr.contains("--all lists them"),
+        "{stderr}"
+    );
+    let all = String::from_utf8_lossy(&all.stderr);
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("  no_work") && l.contains("condition/event")),
+        "{all}"
+    );
     let wakers: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("woken") && l.contains("by:"))
@@ -113,4 +135,18 @@ fn server_lock_waits_under_load() {
         stderr.contains("top ") && stderr.contains("woken"),
         "{stderr}"
     );
+    // The table leads with contention (or says there was none); idle workers' waits are not in it.
+    let table: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.contains("contended locks") && !l.starts_with("no lock contention"))
+        .take_while(|l| !l.starts_with("not contention"))
+        .collect();
+    assert!(!table.is_empty(), "{stderr}");
+    for lock in table
+        .iter()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+    {
+        assert!(!lock.contains("condition/event"), "{lock}\n{stderr}");
+        assert!(!lock.contains("tpool::"), "{lock}\n{stderr}");
+    }
 }

@@ -29,6 +29,7 @@ struct lock_wait {
 	__u64 count;
 	__u64 total_ns;
 	__u64 max_ns;
+	__u64 futex_ops;          /* bit (op & 15) for each futex operation waited with: what kind of wait */
 	__u64 hist[HIST_BUCKETS]; /* hist[i]: waits of [2^i, 2^(i+1)) µs; hist[0] below 2 µs */
 };
 
@@ -59,6 +60,7 @@ struct {
 struct futex_call {
 	__u64 addr;
 	__u64 ts;
+	__u32 op;
 };
 
 /* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
@@ -83,6 +85,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 							    BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (c) {
 			c->addr = addr;
+			c->op = op;
 			c->ts = bpf_ktime_get_ns();
 		} else {
 			count_lost(state);
@@ -110,6 +113,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (!c || !c->ts)
 		return 0;
 	__u64 took = bpf_ktime_get_ns() - c->ts;
+	__u64 op_bit = 1ULL << (c->op & 15);
 	struct lock_key k = { .addr = c->addr };
 	c->ts = 0;
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
@@ -127,6 +131,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__sync_fetch_and_add(&w->total_ns, took);
 	if (took > w->max_ns)
 		w->max_ns = took;
+	if (!(w->futex_ops & op_bit))
+		__sync_fetch_and_or(&w->futex_ops, op_bit);
 	__u64 us = took / 1000;
 	__u32 b = 0;
 	for (int i = 0; i < HIST_BUCKETS - 1; i++) {

@@ -184,6 +184,9 @@ pub struct LocksArgs {
     /// Locks in the table on stderr
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+    /// Also list condition variable and event waits (idle workers, timers), not only contention
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Args)]
@@ -279,7 +282,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             let collected = collect::locks::collect(&s.opts)?;
             let mut namer = s.namer();
             let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
-            say_part!("{}", tables::locks(locks, a.top));
+            say_part!("{}", tables::locks(locks, a.top, a.all));
             s.finish(&collected, &profile, "Lock wait", Palette::Io)
         }
         ProfileCommand::Memleak(a) => {

@@ -230,6 +230,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             let symbol = locks.name(record.lock_addr_raw);
             record.lock_symbol = Some(waits::lock_name(
                 &symbol,
+                locks.names_no_variable(&symbol),
                 record.lock_addr_raw,
                 record.lock_site.as_deref(),
             ));

@@ -19,14 +19,14 @@ unsafe impl Plain for skel::types::lock_key {}
 unsafe impl Plain for skel::types::lock_wait {}
 
 /// Rows keyed by the lock word (an address in the process), of two kinds: a waiter stack's `waits`,
-/// `wait_ns`, `max_wait_ns` and `hist_<i>` (waits of [2^i, 2^(i+1)) µs; `hist_0` below 2 µs); or a waker
-/// stack's `wakes`.
+/// `wait_ns`, `max_wait_ns`, `futex_ops` (bit `op & 15` for each futex operation it waited with) and `hist_<i>`
+/// (waits of [2^i, 2^(i+1)) µs; `hist_0` below 2 µs); or a waker stack's `wakes`.
 pub fn collect(opts: &CollectOptions) -> Result<Collected> {
     stack_collector::run(&mut Locks, opts)
 }
 
 /// The fixed columns, before the histogram's.
-const COLUMNS: [&str; 4] = ["waits", "wait_ns", "max_wait_ns", "wakes"];
+const COLUMNS: [&str; 5] = ["waits", "wait_ns", "max_wait_ns", "futex_ops", "wakes"];
 
 struct Locks;
 
@@ -51,7 +51,9 @@ impl Collector for Locks {
         for_each_typed(
             &skel.maps.waits,
             |k: skel::types::lock_key, w: skel::types::lock_wait| {
-                let values = [w.count, w.total_ns, w.max_ns, 0].into_iter().chain(w.hist);
+                let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
+                    .into_iter()
+                    .chain(w.hist);
                 sums.push(Sum {
                     tid: 0,
                     key: k.addr,
@@ -62,7 +64,7 @@ impl Collector for Locks {
         );
         let buckets = skel::types::lock_wait::default().hist.len();
         for_each_typed(&skel.maps.wakes, |k: skel::types::lock_key, wakes: u64| {
-            let values = [0, 0, 0, wakes]
+            let values = [0, 0, 0, 0, wakes]
                 .into_iter()
                 .chain(std::iter::repeat_n(0, buckets));
             sums.push(Sum {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use super::{
     stacks::{build, innermost, Part, StackNamer},
+    waits::{self, FutexOp, WaitKind},
     Profile, Unit,
 };
 use crate::{collect::Collected, symbolize::data::DataSymbolizer};
@@ -13,8 +14,11 @@ use crate::{collect::Collected, symbolize::data::DataSymbolizer};
 #[derive(Debug, Default)]
 pub struct LockSummary {
     pub addr: u64,
-    /// The variable that holds it.
+    /// The variable that holds it; a word in none also by its address and site (`waits::lock_name`).
     pub name: String,
+    /// The kind of most of its time waited, and the site where it was waited for longest.
+    pub kind: Option<WaitKind>,
+    pub site: Option<String>,
     pub waits: u64,
     pub total_ns: u64,
     pub max_ns: u64,
@@ -71,6 +75,9 @@ pub fn summarize(
         .map_while(|c| collected.columns.iter().position(|n| *n == c))
         .collect();
     let mut locks: HashMap<u64, LockSummary> = HashMap::new();
+    // Per lock: time waited by kind and by site.
+    let mut kinds: HashMap<u64, HashMap<WaitKind, u64>> = HashMap::new();
+    let mut sites: HashMap<u64, HashMap<String, u64>> = HashMap::new();
     for row in &collected.rows {
         let l = locks.entry(row.key).or_insert_with(|| LockSummary {
             addr: row.key,
@@ -78,17 +85,42 @@ pub fn summarize(
             hist: vec![0; hist_columns.len()],
             ..LockSummary::default()
         });
-        let stack = innermost(&namer.user_frames(&row.stack));
+        let frames = namer.user_frames(&row.stack);
+        let stack = innermost(&frames);
         let (waits, wakes) = (collected.value(row, "waits"), collected.value(row, "wakes"));
         if waits > 0 {
             let wait_ns = collected.value(row, "wait_ns");
             let hist = hist_columns.iter().map(|&c| row.values[c]);
             l.add_waits(waits, wait_ns, collected.value(row, "max_wait_ns"), hist);
             l.waiters.push((wait_ns, stack.clone()));
+            let op = FutexOp::of_set(collected.value(row, "futex_ops"));
+            *kinds
+                .entry(row.key)
+                .or_default()
+                .entry(waits::kind(&frames, op))
+                .or_default() += wait_ns;
+            if let Some(site) = waits::site(&frames) {
+                *sites.entry(row.key).or_default().entry(site).or_default() += wait_ns;
+            }
         }
         if wakes > 0 {
             l.wakers.push((wakes, stack));
         }
+    }
+    for l in locks.values_mut() {
+        l.kind = kinds
+            .get(&l.addr)
+            .and_then(|k| {
+                k.iter()
+                    .max_by_key(|(kind, ns)| (**ns, std::cmp::Reverse(**kind)))
+            })
+            .map(|(kind, _)| *kind);
+        l.site = sites
+            .get(&l.addr)
+            .and_then(|s| s.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))))
+            .map(|(site, _)| site.clone());
+        let anonymous = names.names_no_variable(&l.name);
+        l.name = waits::lock_name(&l.name, anonymous, l.addr, l.site.as_deref());
     }
     // Wakes of words nobody was seen waiting on while traced are not locks of this run.
     let mut locks: Vec<LockSummary> = locks.into_values().filter(|l| l.waits > 0).collect();

@@ -89,16 +89,16 @@ pub fn site_meaning(site: &str) -> Option<&'static str> {
         .map(|(_, meaning)| *meaning)
 }
 
-/// The name of a lock word: its variable's (`symbol`, from `DataSymbolizer`); a word in no variable (`[heap]`,
-/// `[anon]`, `mariadbd+0x21a69cc`) also by its address and where it is waited for: `[heap] 0x55d0c8a4e2a8 (in
-/// lock_wait)`.
-pub fn lock_name(symbol: &str, addr: u64, site: Option<&str>) -> String {
-    let anonymous = symbol.starts_with('[') || symbol.contains("+0x");
+/// The name of a lock word: its variable's (`symbol`, from `DataSymbolizer`); a word in no variable
+/// (`anonymous`: `[heap]`, `[anon]`, `mariadbd+0x21a69cc`) also by its address and where it is waited for:
+/// `[heap] 0x55d0c8a4e2a8 (in lock_wait)`.
+pub fn lock_name(symbol: &str, anonymous: bool, addr: u64, site: Option<&str>) -> String {
+    let mapping = symbol.starts_with('[');
     match (anonymous, site) {
         (false, _) => symbol.to_string(),
-        (true, Some(site)) if symbol.starts_with('[') => format!("{symbol} {addr:#x} (in {site})"),
+        (true, Some(site)) if mapping => format!("{symbol} {addr:#x} (in {site})"),
         (true, Some(site)) => format!("{symbol} (in {site})"),
-        (true, None) if symbol.starts_with('[') => format!("{symbol} {addr:#x}"),
+        (true, None) if mapping => format!("{symbol} {addr:#x}"),
         (true, None) => symbol.to_string(),
     }
 }
@@ -116,8 +116,11 @@ pub enum WaitKind {
     /// A futex wait of no known primitive with the plain wait operation (as InnoDB's latches and its group
     /// commit wait without symbols): a lock word, most likely held.
     OtherLock,
-    /// A condition variable or an event: a thread waiting for work (idle pool workers), for a timer
-    /// (background threads), or for something another thread does.
+    /// A condition variable or an event waited on by a statement (its thread is in `dispatch_command`): for
+    /// something another thread does for it or holds (a row lock, the redo log's write, `SLEEP`).
+    StatementWait,
+    /// A condition variable or an event outside statements: a thread waiting for work (idle pool workers,
+    /// cached connection threads) or for a timer (background threads).
     Condition,
 }
 
@@ -133,6 +136,7 @@ impl WaitKind {
             WaitKind::RwLock => "rw-lock",
             WaitKind::MetadataLock => "metadata lock",
             WaitKind::OtherLock => "lock (futex)",
+            WaitKind::StatementWait => "condition in a statement",
             WaitKind::Condition => "condition/event",
         }
     }
@@ -149,13 +153,16 @@ pub enum FutexOp {
 }
 
 impl FutexOp {
-    /// From the operation number, without FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME.
-    pub fn of(op: u32) -> Self {
-        match op & 127 {
-            0 => FutexOp::Wait,
-            9 => FutexOp::WaitBitset,
-            6 | 13 => FutexOp::LockPi,
-            _ => FutexOp::Unknown,
+    /// From a set of operations (bit `op & 15` for each, as locks.bpf.c counts them): a condition's wait wins.
+    pub fn of_set(ops: u64) -> Self {
+        if ops & (1 << 9) != 0 {
+            FutexOp::WaitBitset
+        } else if ops & (1 << 0) != 0 {
+            FutexOp::Wait
+        } else if ops & ((1 << 6) | (1 << 13)) != 0 {
+            FutexOp::LockPi
+        } else {
+            FutexOp::Unknown
         }
     }
 }
@@ -164,6 +171,15 @@ impl FutexOp {
 /// else the innermost primitive that tells (a mutex taken again after a condition wait is a mutex wait); else
 /// its futex operation.
 pub fn kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
+    match primitive_kind(frames, op) {
+        WaitKind::Condition if frames.iter().any(|f| f.as_ref() == "dispatch_command") => {
+            WaitKind::StatementWait
+        }
+        kind => kind,
+    }
+}
+
+fn primitive_kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
     let primitives = || frames.iter().take_while(|f| is_primitive(f));
     for f in primitives() {
         if f.starts_with("MDL_wait::") {
@@ -239,6 +255,13 @@ mod tests {
             Some("mariadbd+0xd5ad50 in handler::ha_index_read_map")
         );
         assert_eq!(kind(&row_lock, FutexOp::WaitBitset), WaitKind::Condition);
+        let mut in_statement = row_lock.clone();
+        in_statement.push(Rc::from("dispatch_command"));
+        assert_eq!(
+            kind(&in_statement, FutexOp::WaitBitset),
+            WaitKind::StatementWait
+        );
+        assert!(WaitKind::StatementWait.is_contention());
 
         let named_row_lock = frames(&[
             "__futex_abstimed_wait_common",
@@ -280,16 +303,23 @@ mod tests {
 
     #[test]
     fn an_anonymous_lock_is_named_by_its_site() {
-        assert_eq!(lock_name("LOCK_open", 1, Some("open_table")), "LOCK_open");
         assert_eq!(
-            lock_name("[heap]", 0x55d0, Some("lock_wait")),
+            lock_name("LOCK_open", false, 1, Some("open_table")),
+            "LOCK_open"
+        );
+        assert_eq!(
+            lock_name("no_work+0x28", false, 1, Some("idle_worker")),
+            "no_work+0x28"
+        );
+        assert_eq!(
+            lock_name("[heap]", true, 0x55d0, Some("lock_wait")),
             "[heap] 0x55d0 (in lock_wait)"
         );
         assert_eq!(
-            lock_name("mariadbd+0x21a69cc", 7, Some("ha_commit_trans")),
+            lock_name("mariadbd+0x21a69cc", true, 7, Some("ha_commit_trans")),
             "mariadbd+0x21a69cc (in ha_commit_trans)"
         );
-        assert_eq!(lock_name("[anon]", 0x10, None), "[anon] 0x10");
+        assert_eq!(lock_name("[anon]", true, 0x10, None), "[anon] 0x10");
     }
 
     #[test]

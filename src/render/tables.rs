@@ -14,43 +14,91 @@ fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
 }
 
-/// The `top` locks by time waited, each with its wait histogram, waiter stacks and waker stacks.
-pub fn locks(mut locks: Vec<LockSummary>, top: usize) -> String {
-    let mut out = format!("top {} locks by time waited:\n", top.min(locks.len()));
-    for l in locks.iter_mut().take(top) {
+/// The lock table: contention first (mutexes, rw-locks, metadata locks, futex words of no known primitive),
+/// at most `top` locks; condition and event waits (idle workers, timers) summed in one line, or with `all`
+/// listed too, grouped by kind.
+pub fn locks(locks: Vec<LockSummary>, top: usize, all: bool) -> String {
+    let contended = |l: &LockSummary| l.kind.is_none_or(|k| k.is_contention());
+    let (mut contention, mut idle): (Vec<_>, Vec<_>) = locks.into_iter().partition(contended);
+    let mut out = String::new();
+    if contention.is_empty() {
+        out.push_str("no lock contention: no thread waited for a lock another held\n");
+    } else {
         let _ = writeln!(
             out,
-            "  {} ({:#x}): {} waits, {} in all, longest {}",
-            l.name,
-            l.addr,
-            l.waits,
-            ms(l.total_ns),
-            ms(l.max_ns)
+            "top {} contended locks by time waited (mutexes, rw-locks, metadata locks, other lock words, \
+             statements waiting for another thread):",
+            top.min(contention.len())
         );
-        let hist: Vec<String> = l
-            .hist
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(i, n)| {
-                if i == 0 {
-                    format!("<2us:{n}")
-                } else {
-                    format!("{}us:{n}", 1u64 << i)
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "    waits by length: {}", hist.join(" "));
-        l.waiters.sort_by_key(|w| std::cmp::Reverse(w.0));
-        for (ns, stack) in l.waiters.iter().take(3) {
-            let _ = writeln!(out, "    waiter {}: {stack}", ms(*ns));
-        }
-        l.wakers.sort_by_key(|w| std::cmp::Reverse(w.0));
-        for (n, stack) in l.wakers.iter().take(3) {
-            let _ = writeln!(out, "    woken {n} times by: {stack}");
+        for l in contention.iter_mut().take(top) {
+            lock(&mut out, l);
         }
     }
+    let waited = idle.iter().fold(0u64, |a, l| a.saturating_add(l.total_ns));
+    if idle.is_empty() {
+        return out;
+    }
+    if !all {
+        let waits = idle.iter().fold(0u64, |a, l| a.saturating_add(l.waits));
+        let _ = writeln!(
+            out,
+            "not contention: {waits} waits on {} condition variables and events, {} in all (threads waiting \
+             for work or for a timer); --all lists them",
+            idle.len(),
+            ms(waited)
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "condition variables and events by time waited (threads waiting for work, a timer or another thread):"
+    );
+    for l in idle.iter_mut().take(top) {
+        lock(&mut out, l);
+    }
     out
+}
+
+/// One lock of the table: its name, kind, waits, histogram, top waiters and wakers.
+fn lock(out: &mut String, l: &mut LockSummary) {
+    // An anonymous lock's name already has its address.
+    let addr = format!("{:#x}", l.addr);
+    let addr = if l.name.contains(&addr) {
+        String::new()
+    } else {
+        format!("{addr}, ")
+    };
+    let _ = writeln!(
+        out,
+        "  {} ({addr}{}): {} waits, {} in all, longest {}",
+        l.name,
+        l.kind.map_or("?", |k| k.label()),
+        l.waits,
+        ms(l.total_ns),
+        ms(l.max_ns)
+    );
+    let hist: Vec<String> = l
+        .hist
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, n)| {
+            if i == 0 {
+                format!("<2us:{n}")
+            } else {
+                format!("{}us:{n}", 1u64 << i)
+            }
+        })
+        .collect();
+    let _ = writeln!(out, "    waits by length: {}", hist.join(" "));
+    l.waiters.sort_by_key(|w| std::cmp::Reverse(w.0));
+    for (ns, stack) in l.waiters.iter().take(3) {
+        let _ = writeln!(out, "    waiter {}: {stack}", ms(*ns));
+    }
+    l.wakers.sort_by_key(|w| std::cmp::Reverse(w.0));
+    for (n, stack) in l.wakers.iter().take(3) {
+        let _ = writeln!(out, "    woken {n} times by: {stack}");
+    }
 }
 
 /// memleak's table: the `top` stacks holding the most bytes, with their allocation counts and innermost

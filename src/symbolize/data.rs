@@ -375,6 +375,15 @@ impl DataSymbolizer {
         name
     }
 
+    /// Whether `name`, from [`DataSymbolizer::name`], names no variable: a mapping (`[heap]`, `[anon]`) or a file
+    /// and offset (`mariadbd+0x21a69cc`), not `var+0x28`.
+    pub fn names_no_variable(&self, name: &str) -> bool {
+        name.starts_with('[')
+            || name.split_once("+0x").is_some_and(|(file, _)| {
+                (0..self.maps.file_count()).any(|i| self.maps.file(i).basename == file)
+            })
+    }
+
     /// Re-reads `/proc/PID/maps`, for mappings added since (a plugin loaded with `dlopen`) or removed. Files
     /// already read stay loaded; the per-address cache is emptied. If the process is gone, the old mappings
     /// are kept.
