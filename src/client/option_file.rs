@@ -25,6 +25,18 @@ pub struct ClientOptions {
 
 /// Reads `path`'s client groups. A file that does not exist is an error: the caller decides whether that matters.
 pub fn read(path: &Path) -> Result<ClientOptions> {
+    use std::os::unix::fs::PermissionsExt;
+    // Any user could point root's connection elsewhere through it; MySQL's clients ignore such files too.
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o002 != 0 {
+        bail!(
+            "{} is writable by every user: not read (chmod o-w it)",
+            path.display()
+        );
+    }
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
@@ -339,6 +351,13 @@ mod tests {
         std::fs::write(&path, b"[client]\nuser=\xff\n").unwrap();
         let err = format!("{:#}", read(&path).unwrap_err());
         assert!(err.contains("not UTF-8"), "{err}");
+        std::fs::write(&path, b"[client]\nuser=x\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = format!("{:#}", read(&path).unwrap_err());
+        assert!(err.contains("writable by every user"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(read(&path).unwrap().user.as_deref(), Some("x"));
         std::fs::write(&path, b"[client]\nuser=x\n[bad\n").unwrap();
         let err = format!("{:#}", read(&path).unwrap_err());
         assert!(err.contains("my.cnf") && err.contains("line 3"), "{err}");
