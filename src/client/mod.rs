@@ -341,9 +341,14 @@ fn read_password_file(path: &Path) -> Result<String> {
     Ok(password.to_string())
 }
 
-/// Resolves `args` for the server with PID `server_pid` and connects.
+/// Resolves `args` for the server with PID `server_pid` and connects; what the option file had that was not
+/// followed is said on stderr.
 pub fn connect(args: &ConnectArgs, server_pid: Option<u32>) -> Result<Client> {
-    Client::connect(&args.settings(server_pid)?)
+    let settings = args.settings(server_pid)?;
+    for note in &settings.notes {
+        say!("myprobe: note: {note}");
+    }
+    Client::connect(&settings)
 }
 
 /// An open connection to the server.
