@@ -138,6 +138,81 @@ fn sampled_memleak_estimates_a_steady_leak() {
         "estimated {leaked} bytes from leak_here, expected about {expected}:\n{stderr}"
     );
     assert_eq!(value_with_frame(&stacks, |f| f == "churn"), 0, "{stacks:?}");
+    // Scaled figures say so; enough allocations were traced to estimate from, so no warning.
+    assert!(
+        stderr.contains("top 1 stacks by bytes not freed, estimated (scaled ×"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("allocations were traced"), "{stderr}");
+}
+
+#[test]
+fn sampled_memleak_warns_when_a_burst_leaves_few_allocations_traced() {
+    // tests/fixtures/alloc/burst.c: 50 allocations in well under a millisecond, made between the periods
+    // memleak probes by default (the first 100 ms of each second, from when the probes are in place).
+    let dir = tempdir("memleak-burst");
+    let exe = compile_fixture(&dir, "burst", &["alloc/burst.c"], &["-rdynamic"]);
+    let mut burst = Fixture::start(&mut Command::new(&exe));
+    let json = dir.join("memleak.json");
+    let pid = burst.child.id().to_string();
+    let tracer = Background::start(
+        &[
+            "profile",
+            "memleak",
+            "--any-process",
+            "-p",
+            &pid,
+            "-d",
+            "2",
+            "-o",
+            json.to_str().unwrap(),
+        ],
+        "Ctrl-C ends early",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    burst.go();
+    let (_, stderr) = tracer.wait();
+    let warning = stderr
+        .lines()
+        .find(|l| {
+            l.starts_with("myprobe: warning: ")
+                && (l.contains(" was traced in the periods probed")
+                    || l.contains(" were traced in the periods probed"))
+        })
+        .unwrap_or_else(|| panic!("no warning that few allocations were traced:\n{stderr}"));
+    assert!(
+        warning.contains("one 100 ms period in 10")
+            && warning.contains("--sample 1 traces every allocation, exactly")
+            && warning.contains("about twice the cost"),
+        "{warning}"
+    );
+    assert!(
+        stderr.contains("stacks by bytes not freed, estimated (scaled ×"),
+        "the table says it is estimated:\n{stderr}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["estimated"], true, "{doc}");
+    let estimate = &doc["meta"]["estimate"];
+    assert!(estimate["scale"].as_f64().unwrap() > 1.0, "{doc}");
+    assert!(estimate["traced"].as_u64().unwrap() < 100, "{doc}");
+
+    // Every allocation traced: the burst exactly, and nothing to warn about or estimate.
+    let mut burst = Fixture::start(&mut Command::new(&exe));
+    let (stacks, stderr) = burst.profile(&dir, "memleak", &["--sample", "1"], &[]);
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "burst_here"),
+        50_000,
+        "{stacks:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("  50000 bytes in 50 allocations from"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("warning") && !stderr.contains("estimated"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -249,7 +324,12 @@ fn jemalloc_in_ld_preload_is_the_allocator_traced() {
 
 #[test]
 fn sampled_allocations_are_scaled() {
-    let stacks = traced_allocations("alloc-sampled", &["--sample", "10"]);
+    let (stacks, stderr) = traced("alloc-sampled", "alloc", &["--sample", "10"]);
+    assert!(
+        stderr.contains("estimated: ~")
+            && stderr.contains("scaled ×10.00 from every 10th allocation call"),
+        "{stderr}"
+    );
     let leak = value_with_frame(&stacks, |f| f == "leak_here");
     assert!(
         (368_640..=450_560).contains(&leak),

@@ -385,6 +385,9 @@ fn svg_and_json_outputs_are_well_formed() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("JSON parses");
     assert_eq!(v["unit"], "microseconds");
     assert_eq!(v["meta"]["pid"], db.pid);
+    // Off-CPU time is measured, not sampled.
+    assert_eq!(v["estimated"], false);
+    assert!(v["meta"].get("estimate").is_none());
     assert!(v["stacks"].as_array().is_some_and(|s| !s.is_empty()));
 }
 

@@ -26,6 +26,20 @@ struct {
 	__type(value, __u64);
 } calls SEC(".maps");
 
+/* What the figures were estimated from, per CPU: the allocations traced (sampled in, within the size bounds),
+ * and (memleak) the frees seen, a measure of the allocation rate where allocations are not probed. */
+struct alloc_tally {
+	__u64 traced;
+	__u64 frees;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct alloc_tally);
+} tally SEC(".maps");
+
 struct alloc_total {
 	__u64 bytes;
 	__u64 calls;
@@ -95,6 +109,9 @@ static __always_inline int account(void *ctx, enum alloc_kind kind, __u64 size, 
 		if (!n || (*n)++ % sample_every)
 			return 1;
 	}
+	struct alloc_tally *counted = bpf_map_lookup_elem(&tally, &zero);
+	if (counted)
+		counted->traced++;
 	__u64 id = stack_id_of_call(ctx, true);
 	if (track_outstanding) {
 		struct pending_alloc *p = id ? bpf_task_storage_get(&pending, bpf_get_current_task_btf(), 0,
@@ -122,9 +139,13 @@ static __always_inline int account(void *ctx, enum alloc_kind kind, __u64 size, 
 
 static __always_inline void forget(__u64 ptr)
 {
-	__u32 tid;
-	if (track_outstanding && ptr && current_is_target(&tid))
-		bpf_map_delete_elem(&outstanding, &ptr);
+	__u32 tid, zero = 0;
+	if (!track_outstanding || !ptr || !current_is_target(&tid))
+		return;
+	struct alloc_tally *counted = bpf_map_lookup_elem(&tally, &zero);
+	if (counted)
+		counted->frees++;
+	bpf_map_delete_elem(&outstanding, &ptr);
 }
 
 static __always_inline int on_call(struct pt_regs *ctx)

@@ -438,6 +438,10 @@ impl<'a> Session<'a> {
         meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
         meta.insert("events".into(), collected.events.into());
         meta.insert("lost".into(), collected.lost.to_json());
+        let estimate = collected.estimate.as_ref();
+        if let Some(e) = estimate {
+            meta.insert("estimate".into(), e.to_json());
+        }
         let opts = RenderOptions {
             title: a
                 .title
@@ -446,19 +450,34 @@ impl<'a> Session<'a> {
             count_name: None,
             palette,
             meta,
+            estimate: estimate.map(|e| e.describe()),
         };
         render::write_profile(profile, a.output.as_deref(), &opts)?;
         let ms = ended.elapsed().as_secs_f64() * 1000.0;
-        say!(
-            "myprobe: {} events, {} stacks, {} {} traced in {:.1} s",
+        let (events, total, unit, secs) = (
             collected.events,
-            profile.len(),
             profile.total(),
             profile.unit.count_name(),
-            collected.traced.as_secs_f64()
+            collected.traced.as_secs_f64(),
         );
+        match estimate {
+            None => say!(
+                "myprobe: {events} events, {} stacks, {total} {unit} traced in {secs:.1} s",
+                profile.len()
+            ),
+            Some(e) => say!(
+                "myprobe: {} events, {} stacks traced; estimated: ~{events} events, ~{total} {unit} ({}) \
+                 traced in {secs:.1} s",
+                e.traced,
+                profile.len(),
+                e.describe()
+            ),
+        }
         for line in collected.lost.report(collected.events) {
             say!("myprobe: warning: {line}");
+        }
+        if let Some(warning) = estimate.and_then(|e| e.warning.as_ref()) {
+            say!("myprobe: warning: {warning}");
         }
         if let Some(out) = &a.output {
             say!("myprobe: wrote {}", out.display());
@@ -467,7 +486,12 @@ impl<'a> Session<'a> {
         if !profile.is_empty() {
             say_part!(
                 "{}",
-                render::summary::top_functions(profile, 10, palette == Palette::Mem)
+                render::summary::top_functions(
+                    profile,
+                    10,
+                    palette == Palette::Mem,
+                    estimate.is_some()
+                )
             );
         }
         Ok(())

@@ -17,10 +17,10 @@ use crate::process::{
 };
 
 use super::{
-    maps::{for_each_typed, Plain},
+    maps::{for_each_per_cpu, for_each_typed, Plain},
     monotonic_ns,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
-    CollectOptions, Collected, Features,
+    CollectOptions, Collected, Estimate, Features,
 };
 
 mod skel {
@@ -32,6 +32,8 @@ stack_skeleton!(Skeleton, AllocSkelBuilder, OpenAllocSkel, AllocSkel);
 unsafe impl Plain for skel::types::alloc_total {}
 // SAFETY: as above.
 unsafe impl Plain for skel::types::outstanding_alloc {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::alloc_tally {}
 
 /// What to trace: the calls asking for `min_size..=max_size` bytes, one in `sample_every`.
 pub struct AllocOptions {
@@ -86,8 +88,22 @@ pub fn collect(
         periods: SamplePeriods::new(if leaks { alloc.sample_every } else { 1 }),
         last_report: Instant::now(),
         report,
+        tally: Tally::default(),
     };
-    stack_collector::run(&mut collector, opts)
+    let mut collected = stack_collector::run(&mut collector, opts)?;
+    collected.estimate = collector.estimate(true);
+    Ok(collected)
+}
+
+/// Fewer allocations traced than this, and figures scaled from them are mostly noise (a relative error of
+/// about 1/√n, and what happened between samples is not seen at all): said on stderr.
+const FEW_TRACED: u64 = 100;
+
+/// What the kernel counted: allocation calls traced, frees seen (memleak).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    traced: u64,
+    frees: u64,
 }
 
 struct Alloc<'a, R> {
@@ -100,11 +116,59 @@ struct Alloc<'a, R> {
     periods: SamplePeriods,
     last_report: Instant,
     report: R,
+    tally: Tally,
 }
 
 impl<R: FnMut(&Collected)> Alloc<'_, R> {
     fn leaks(&self) -> bool {
         self.alloc.outstanding_older_than.is_some()
+    }
+
+    fn read_tally(skel: &Loaded<'_, Self>) -> Tally {
+        let mut tally = Tally::default();
+        for_each_per_cpu(
+            &skel.maps.tally,
+            |_: u32, cpus: Vec<skel::types::alloc_tally>| {
+                for c in cpus {
+                    tally.traced = tally.traced.saturating_add(c.traced);
+                    tally.frees = tally.frees.saturating_add(c.frees);
+                }
+            },
+        );
+        tally
+    }
+
+    /// How the figures were scaled, if they were; with a warning at the end (`last`) when few were traced.
+    fn estimate(&self, last: bool) -> Option<Estimate> {
+        let every = self.alloc.sample_every;
+        if every <= 1 {
+            return None;
+        }
+        let traced = self.tally.traced;
+        let (sampling, scale) = if self.leaks() {
+            let (probed, total) = self.periods.probed();
+            let sampling = format!(
+                "the allocations of one {} ms period in {every} ({:.1} s of {:.1} s)",
+                SAMPLE_PERIOD.as_millis(),
+                probed.as_secs_f64(),
+                total.as_secs_f64()
+            );
+            (sampling, self.periods.scale())
+        } else {
+            (format!("every {every}th allocation call"), every as f64)
+        };
+        let warning = if last {
+            let secs = self.periods.probed().1.as_secs_f64();
+            few_traced_warning(self.leaks(), &sampling, self.tally, secs)
+        } else {
+            None
+        };
+        Some(Estimate {
+            sampling,
+            scale,
+            traced,
+            warning,
+        })
     }
 
     /// The allocations not freed, at least `older_ns` old, by stack, multiplied by the periods' scale.
@@ -219,9 +283,11 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
             if self.last_report.elapsed() >= every {
                 self.last_report = Instant::now();
                 let (rows, _) = stacks.join(self.outstanding(skel, older));
+                self.tally = Self::read_tally(skel);
                 let so_far = Collected {
                     columns: self.columns(),
                     rows,
+                    estimate: self.estimate(false),
                     ..Collected::default()
                 };
                 (self.report)(&so_far);
@@ -238,6 +304,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
     }
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+        self.tally = Self::read_tally(skel);
         if let Some(older) = self.alloc.outstanding_older_than {
             return Ok(self.outstanding(skel, older));
         }
@@ -269,6 +336,46 @@ fn sum_by_stack(allocations: impl IntoIterator<Item = (u64, u64)>) -> HashMap<u6
         *count = count.saturating_add(1);
     }
     amounts
+}
+
+/// Said when a sampled run traced few allocations: its figures are noise, or zeros that mean nothing.
+fn few_traced_warning(leaks: bool, sampling: &str, tally: Tally, secs: f64) -> Option<String> {
+    let traced = tally.traced;
+    if traced >= FEW_TRACED {
+        return None;
+    }
+    let seen = match traced {
+        0 => "no allocation was traced".to_string(),
+        1 => "only 1 allocation was traced".to_string(),
+        n => format!("only {n} allocations were traced"),
+    };
+    // Zeros scaled are zeros: what they miss is the point, not their error.
+    let unreliable = if traced == 0 {
+        "the zeros say nothing"
+    } else {
+        "figures scaled from so few are unreliable"
+    };
+    if !leaks {
+        return Some(format!(
+            "{seen} ({sampling}): {unreliable}; --sample 1 counts every call, exactly, \
+             at little more cost (the probes already fire on every call)"
+        ));
+    }
+    // The frees are probed all the time: about as many allocation calls would be, with --sample 1.
+    let rate = if tally.frees > 0 && secs > 0.0 {
+        format!(
+            "; here about {:.0} allocation calls a second, judging by the {} frees seen",
+            tally.frees as f64 / secs,
+            tally.frees
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{seen} in the periods probed ({sampling}): {unreliable}, and allocations made between periods, such \
+         as a short burst, are not seen at all; --sample 1 traces every allocation, exactly, at the cost of \
+         probing every allocation call all the time, about twice the cost of this default{rate}"
+    ))
 }
 
 /// An amount traced in one call of `every`, as an estimate of all calls; stops at `u64::MAX`.
@@ -531,9 +638,15 @@ impl SamplePeriods {
         if self.every == 1 {
             return 1.0;
         }
+        let (open, total) = self.probed();
+        total.as_secs_f64() / open.as_secs_f64().max(1e-3)
+    }
+
+    /// The time the allocation functions were probed, and the time traced, so far.
+    fn probed(&self) -> (Duration, Duration) {
         let now = self.ended.unwrap_or_else(Instant::now);
         let open = self.open_for + self.open_since.map_or(Duration::ZERO, |since| now - since);
-        (now - self.started).as_secs_f64() / open.as_secs_f64().max(1e-3)
+        (open, now - self.started)
     }
 }
 
@@ -607,5 +720,40 @@ mod tests {
         let sums = sum_by_stack([(1, u64::MAX - 1), (1, 16), (2, 8), (2, 8)]);
         assert_eq!(sums[&1], [u64::MAX, 2]);
         assert_eq!(sums[&2], [16, 2]);
+    }
+
+    #[test]
+    fn few_allocations_traced_are_said_with_what_exact_figures_cost() {
+        let tally = |traced, frees| Tally { traced, frees };
+        let none = few_traced_warning(true, "periods", tally(0, 0), 2.0).unwrap();
+        assert!(
+            none.starts_with("no allocation was traced in the periods probed (periods)"),
+            "{none}"
+        );
+        assert!(
+            none.contains("--sample 1") && !none.contains("judging"),
+            "{none}"
+        );
+        let few = few_traced_warning(true, "periods", tally(3, 5000), 2.0).unwrap();
+        assert!(few.starts_with("only 3 allocations were traced"), "{few}");
+        assert!(
+            few.contains("figures scaled from so few are unreliable"),
+            "{few}"
+        );
+        assert!(
+            few.ends_with("about 2500 allocation calls a second, judging by the 5000 frees seen"),
+            "{few}"
+        );
+        assert_eq!(
+            few_traced_warning(true, "periods", tally(FEW_TRACED, 0), 2.0),
+            None
+        );
+        let alloc =
+            few_traced_warning(false, "every 10th allocation call", tally(1, 0), 2.0).unwrap();
+        assert!(
+            alloc.starts_with("only 1 allocation was traced (every 10th allocation call)"),
+            "{alloc}"
+        );
+        assert!(alloc.contains("--sample 1 counts every call"), "{alloc}");
     }
 }

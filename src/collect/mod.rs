@@ -203,6 +203,36 @@ pub struct Collected {
     pub events: u64,
     pub lost: Lost,
     pub traced: Duration,
+    /// When the values were scaled up from a sample: how (every figure shown from them says it is estimated).
+    pub estimate: Option<Estimate>,
+}
+
+/// Figures scaled up from a sample of what happened.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// How the sample was taken, e.g. `the allocations of one 100 ms period in 10 (0.4 s of 4.0 s)`.
+    pub sampling: String,
+    /// What every value traced was multiplied by.
+    pub scale: f64,
+    /// The events traced before scaling, e.g. allocation calls.
+    pub traced: u64,
+    /// For stderr, when the sample is too small to estimate from: what it misses, and what exact figures cost.
+    pub warning: Option<String>,
+}
+
+impl Estimate {
+    /// One line: `scaled ×9.87 from the allocations of ...`.
+    pub fn describe(&self) -> String {
+        format!("scaled ×{:.2} from {}", self.scale, self.sampling)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "sampling": self.sampling,
+            "scale": self.scale,
+            "traced": self.traced,
+        })
+    }
 }
 
 impl Collected {

@@ -402,6 +402,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         events,
         lost,
         traced,
+        estimate: None,
     })
 }
 

@@ -1,5 +1,6 @@
-//! JSON: `{"unit": "...", "count_name": "...", "total": N, "meta": {...},
-//! "stacks": [{"frames": [root, ..., leaf], "value": N}, ...]}`, stacks by value, largest first.
+//! JSON: `{"unit": "...", "count_name": "...", "total": N, "estimated": false, "meta": {...},
+//! "stacks": [{"frames": [root, ..., leaf], "value": N}, ...]}`, stacks by value, largest first. `estimated`:
+//! `total` and every value were scaled up from a sample (`meta.estimate` says how).
 
 use std::io::Write;
 
@@ -14,6 +15,7 @@ struct JsonProfile<'a> {
     unit: Unit,
     count_name: String,
     total: u64,
+    estimated: bool,
     meta: &'a serde_json::Map<String, serde_json::Value>,
     stacks: Vec<JsonStack<'a>>,
 }
@@ -37,6 +39,7 @@ pub fn write(profile: &Profile, opts: &RenderOptions, mut w: impl Write) -> Resu
         unit: profile.unit,
         count_name: opts.count_name_for(profile),
         total: profile.total(),
+        estimated: opts.estimate.is_some(),
         meta: &opts.meta,
         stacks,
     };
@@ -69,6 +72,7 @@ mod tests {
                 "unit": "nanoseconds",
                 "count_name": "ns",
                 "total": 20,
+                "estimated": false,
                 "meta": {"pid": 1234, "lost_events": 0},
                 "stacks": [
                     {"frames": ["main", "a", "x"], "value": 10},

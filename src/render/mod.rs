@@ -73,6 +73,8 @@ pub struct RenderOptions {
     pub palette: Palette,
     /// Extra facts for JSON (and pprof comments): pid, duration, lost events...
     pub meta: serde_json::Map<String, serde_json::Value>,
+    /// The values were scaled up from a sample, as this says: JSON's `estimated`, the SVG's subtitle.
+    pub estimate: Option<String>,
 }
 
 impl Default for RenderOptions {
@@ -82,6 +84,7 @@ impl Default for RenderOptions {
             count_name: None,
             palette: Palette::Hot,
             meta: serde_json::Map::new(),
+            estimate: None,
         }
     }
 }

@@ -64,7 +64,7 @@ pub fn function_values(profile: &Profile, memory: bool) -> HashMap<&str, (u64, u
 /// An aligned table of the top `n` functions by self value and by total (inclusive) value, with
 /// percentages of the profile's total and its unit; for printing on stderr at the end of a run. `memory`:
 /// self is what the callers of the allocation functions asked for.
-pub fn top_functions(profile: &Profile, n: usize, memory: bool) -> String {
+pub fn top_functions(profile: &Profile, n: usize, memory: bool, estimated: bool) -> String {
     let unit = profile.unit.count_name();
     let total = profile.total();
     if total == 0 {
@@ -72,7 +72,12 @@ pub fn top_functions(profile: &Profile, n: usize, memory: bool) -> String {
     }
     let values = function_values(profile, memory);
     let mut out = String::new();
-    let _ = writeln!(out, "total: {total} {unit}");
+    let (estimated, about) = if estimated {
+        (", estimated", "~")
+    } else {
+        ("", "")
+    };
+    let _ = writeln!(out, "total: {about}{total} {unit}{estimated}");
     for (i, (heading, pick)) in [
         ("self", (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64),
         ("total", |v: &(u64, u64)| v.1),
@@ -98,7 +103,7 @@ pub fn top_functions(profile: &Profile, n: usize, memory: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "top {} functions{what} by {heading} {unit}:",
+            "top {} functions{what} by {heading} {unit}{estimated}:",
             rows.len()
         );
         let width = rows
@@ -138,7 +143,9 @@ mod tests {
         let v = function_values(&p, false);
         assert_eq!(v["main"], (0, u64::MAX));
         assert_eq!(v["a"], (u64::MAX, u64::MAX));
-        assert!(top_functions(&p, 5, false).starts_with(&format!("total: {} bytes", u64::MAX)));
+        assert!(
+            top_functions(&p, 5, false, false).starts_with(&format!("total: {} bytes", u64::MAX))
+        );
     }
 
     #[test]
@@ -193,14 +200,14 @@ mod tests {
             (5, 155),
             "a stack of the allocator alone keeps it as leaf"
         );
-        assert!(top_functions(&p, 3, true)
+        assert!(top_functions(&p, 3, true, false)
             .contains("top 3 functions (callers of the allocator) by self bytes:"));
     }
 
     #[test]
     fn table() {
         let p = sample();
-        let t = top_functions(&p, 3, false);
+        let t = top_functions(&p, 3, false, false);
         let expected = "\
 total: 20 samples
 top 3 functions by self samples:
@@ -216,12 +223,23 @@ top 3 functions by total samples:
      10   50.00%  x
 ";
         assert_eq!(t, expected);
+        let t = top_functions(&p, 3, false, true);
+        assert!(
+            t.starts_with(
+                "total: ~20 samples, estimated\ntop 3 functions by self samples, estimated:\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("top 3 functions by total samples, estimated:\n"),
+            "{t}"
+        );
     }
 
     #[test]
     fn empty() {
         assert_eq!(
-            top_functions(&Profile::new(Unit::Bytes), 5, true),
+            top_functions(&Profile::new(Unit::Bytes), 5, true, false),
             "no bytes recorded\n"
         );
     }

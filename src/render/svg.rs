@@ -50,6 +50,7 @@ pub fn write_lines<'a>(
     }
     let mut o = inferno::flamegraph::Options::default();
     o.title = opts.title.clone();
+    o.subtitle = opts.estimate.as_ref().map(|e| format!("Estimated: {e}"));
     o.count_name = count_name.to_string();
     o.colors = opts.palette.to_inferno();
     // Colours from a hash of the function name: the same input always gives the same SVG.
@@ -136,6 +137,15 @@ mod tests {
         };
         let svg = render(&p, &opts);
         assert!(svg.contains("Memory &lt;test&gt;"), "title missing");
+        assert!(
+            !svg.contains("Estimated"),
+            "an exact profile has no subtitle"
+        );
+        let estimated = RenderOptions {
+            estimate: Some("scaled ×10.00 from every 10th call".into()),
+            ..opts.clone()
+        };
+        assert!(render(&p, &estimated).contains("Estimated: scaled ×10.00 from every 10th call"));
         let t = titles(&svg);
         assert!(
             t.contains(&"alloc (300 bytes, 75.00%)".to_string()),

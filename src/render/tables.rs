@@ -107,12 +107,20 @@ pub fn outstanding(namer: &mut StackNamer, collected: &Collected, top: usize) ->
     let (bytes, calls) = (collected.column("bytes"), collected.column("calls"));
     let mut rows: Vec<_> = collected.rows.iter().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.values[bytes]));
-    let mut out = format!("top {} stacks by bytes not freed:\n", top.min(rows.len()));
+    // Scaled figures say so: in the heading, and with `~` on each.
+    let (estimated, about) = match &collected.estimate {
+        Some(e) => (format!(", estimated ({})", e.describe()), "~"),
+        None => (String::new(), ""),
+    };
+    let mut out = format!(
+        "top {} stacks by bytes not freed{estimated}:\n",
+        top.min(rows.len())
+    );
     for row in rows.into_iter().take(top) {
         let frames = innermost(&namer.user_frames(&row.stack));
         let _ = writeln!(
             out,
-            "  {} bytes in {} allocations from {frames}",
+            "  {about}{} bytes in {about}{} allocations from {frames}",
             row.values[bytes], row.values[calls]
         );
     }
