@@ -423,7 +423,8 @@ fn statement_prepared_before_tracing_is_labelled_by_id() {
     let db = testdb();
     let mut client = PreparedClient::start(&db);
     client.execute(1);
-    let tracer = trace(&db, &[]);
+    // Without SQL to the server, its text stays unknown.
+    let tracer = trace(&db, &["--no-sql"]);
     client.execute(3);
     client.close();
     let (out, err) = tracer.stop();
@@ -447,6 +448,74 @@ fn statement_prepared_before_tracing_is_labelled_by_id() {
     assert!(
         err.contains("3 executions of statements prepared before tracing"),
         "{err}"
+    );
+}
+
+#[test]
+fn statement_prepared_before_tracing_gets_its_text_from_the_process_list() {
+    let db = testdb();
+    let mut client = PreparedClient::start(&db);
+    client.execute(1);
+    let tracer = trace(&db, &[]);
+    client.execute(30_000);
+    client.close();
+    let (out, err) = tracer.stop();
+    let all = json_lines(&out);
+    let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
+    assert_eq!(executes.len(), 30_000, "stderr:\n{err}");
+    // The text is the statement's own, never another's; most executions wait for it until it is found.
+    let named = executes
+        .iter()
+        .filter(|r| r["query"] == "SELECT id FROM sbtest1 WHERE id = ?")
+        .count();
+    assert!(
+        executes
+            .iter()
+            .all(|r| r["query"].is_null() || r["query"] == "SELECT id FROM sbtest1 WHERE id = ?"),
+        "a wrong text"
+    );
+    assert!(
+        named * 100 >= executes.len() * 95,
+        "{named} of {} named\nstderr:\n{err}",
+        executes.len()
+    );
+    assert!(
+        err.contains("named from the server's process list"),
+        "{err}"
+    );
+    // The reader's own statements are not the server's.
+    assert!(
+        !all.iter().any(|r| r["query"]
+            .as_str()
+            .is_some_and(|q| q.contains("PROCESSLIST"))),
+        "myprobe's own statements were reported"
+    );
+}
+
+#[test]
+fn sysbench_connected_before_tracing_has_its_texts() {
+    // A connection pool: sysbench prepares its statements before tracing begins.
+    let db = testdb();
+    let load = db.load(8);
+    std::thread::sleep(Duration::from_millis(1500));
+    let tracer = trace(&db, &["-d", "5"]);
+    let (out, err) = tracer.wait();
+    load.wait();
+    let all = json_lines(&out);
+    let records: Vec<_> = all
+        .iter()
+        .filter(|r| r.get("duration_us").is_some())
+        .collect();
+    let with_text = records.iter().filter(|r| !r["query"].is_null()).count();
+    assert!(
+        records.len() > 1000,
+        "{} records\nstderr:\n{err}",
+        records.len()
+    );
+    assert!(
+        with_text * 100 >= records.len() * 95,
+        "{with_text} of {} records have their text\nstderr:\n{err}",
+        records.len()
     );
 }
 

@@ -2,9 +2,13 @@
 
 use std::{
     cell::{Cell, RefCell},
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     io::{BufWriter, Write},
     rc::Rc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -12,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{
+    client::{self, ConnectArgs},
     collect::{
         self,
         queries::{DispatchProbe, Event},
@@ -19,7 +24,12 @@ use crate::{
     },
     process::{self, probes},
     profile::waits,
-    query::{digest::Digest, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
+    query::{
+        digest::Digest,
+        fingerprint::fingerprint,
+        texts::{Execution, Sample, SampleRow, TextFinder},
+        Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
+    },
     render::queries as render,
     symbolize::{data::DataSymbolizer, Symbolizer},
     unwind::ProcessTables,
@@ -67,6 +77,231 @@ pub struct QueriesArgs {
     /// .eh_frame tables into the kernel
     #[arg(long)]
     pub frame_pointers: bool,
+    /// Never connect to the server: the texts of statements prepared before tracing are not looked up in its
+    /// process list
+    #[arg(long)]
+    pub no_sql: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+/// The executing prepared statements, and the reader's own row: its `TIME_MS` dates the list (`query::texts`).
+/// MariaDB's process list has the OS thread id (`TID`).
+const PROCESSLIST_SQL: &str =
+    "SELECT TID, TIME_MS, INFO, ID = CONNECTION_ID() FROM information_schema.PROCESSLIST \
+                               WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()";
+
+/// How often the process list is read while texts are wanted (each read takes about a millisecond here).
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
+/// How long a record waits for its statement's text before it is written without.
+const HOLD: Duration = Duration::from_secs(2);
+/// Records held at most (a busy server runs tens of thousands of statements a second).
+const MAX_HELD: usize = 200_000;
+
+/// The texts of statements prepared before tracing, looked up in the server's process list while tracing
+/// (`query::texts`): a thread of its own reads the list while texts are wanted; a record of an execution whose
+/// text is unknown waits for it, and the records after it wait behind it, for at most `HOLD`.
+struct PreparedTexts {
+    finder: TextFinder,
+    samples: Option<mpsc::Receiver<Result<Sample, String>>>,
+    /// Set while texts are wanted (the sampler reads the list only then); `stop` ends the sampler.
+    wanted: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+    held: VecDeque<(QueryRecord, Instant)>,
+    own_fingerprint: String,
+    /// Why the sampler stopped, said once texts are wanted.
+    error: Option<String>,
+    last_join: Instant,
+    named: u64,
+    failed: bool,
+}
+
+impl PreparedTexts {
+    fn new() -> Self {
+        PreparedTexts {
+            finder: TextFinder::default(),
+            samples: None,
+            wanted: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
+            sampler: None,
+            held: VecDeque::new(),
+            own_fingerprint: fingerprint(PROCESSLIST_SQL),
+            error: None,
+            last_join: Instant::now(),
+            named: 0,
+            failed: false,
+        }
+    }
+
+    /// Starts reading the process list, through a connection of a thread of its own (whose failure is said
+    /// once: the texts then stay unknown).
+    fn start(&mut self, args: &ConnectArgs, pid: u32) {
+        let (tx, rx) = mpsc::channel();
+        let (args, wanted, stop) = (
+            args.clone(),
+            Arc::clone(&self.wanted),
+            Arc::clone(&self.stop),
+        );
+        let sampler = std::thread::Builder::new()
+            .name("myprobe-processlist".into())
+            .spawn(move || {
+                let mut client = match client::connect(&args, Some(pid)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    if wanted.load(Ordering::Relaxed) {
+                        let before_ns = collect::monotonic_ns();
+                        let sample = client.query(PROCESSLIST_SQL).map(|rows| {
+                            let mut sample = Sample {
+                                before_ns,
+                                after_ns: collect::monotonic_ns(),
+                                ..Sample::default()
+                            };
+                            for row in rows {
+                                let [tid, time_ms, info, own] = &row[..] else {
+                                    continue;
+                                };
+                                let tid = tid.as_deref().and_then(|t| t.parse().ok());
+                                let time_us = time_ms
+                                    .as_deref()
+                                    .and_then(|t| t.parse::<f64>().ok())
+                                    .map(|ms| (ms * 1000.0).round() as u64);
+                                let (Some(tid), Some(time_us)) = (tid, time_us) else {
+                                    continue;
+                                };
+                                if own.as_deref() == Some("1") {
+                                    sample.own = Some((tid, time_us));
+                                } else if let Some(text) = info {
+                                    sample.rows.push(SampleRow {
+                                        tid,
+                                        time_us,
+                                        text: text.clone(),
+                                    });
+                                }
+                            }
+                            sample
+                        });
+                        let failed = sample.is_err();
+                        if tx.send(sample.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                            return;
+                        }
+                    }
+                    std::thread::sleep(SAMPLE_INTERVAL);
+                }
+            });
+        match sampler {
+            Ok(handle) => {
+                self.sampler = Some(handle);
+                self.samples = Some(rx);
+            }
+            Err(e) => self.fail(&format!("cannot start a thread: {e}")),
+        }
+    }
+
+    fn fail(&mut self, why: &str) {
+        if !self.failed {
+            self.failed = true;
+            say!(
+                "myprobe: warning: the texts of statements prepared before tracing cannot be read from the \
+                 server's process list (--no-sql does without): {why}"
+            );
+        }
+        self.samples = None;
+    }
+
+    /// Takes a record; gives back those ready to be written, in order. The reader's own statements are not
+    /// the server's: they are kept for dating the samples, and not written.
+    fn add(&mut self, tracker: &mut Tracker, record: QueryRecord) -> Vec<QueryRecord> {
+        if self.sampler.is_some() && record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
+            self.finder.own_statement(record.tid, record.start_ns);
+            return Vec::new();
+        }
+        if let Some(key) = record.prepared {
+            let e = Execution {
+                tid: record.tid,
+                start_ns: record.start_ns,
+                end_ns: record.end_ns,
+                key,
+            };
+            let known = record.query.as_ref().and(record.fingerprint.as_deref());
+            self.finder.execution(e, known);
+            let wanted = self.finder.wants_texts();
+            self.wanted.store(wanted, Ordering::Relaxed);
+            if wanted {
+                if let Some(why) = self.error.take() {
+                    self.fail(&why);
+                }
+            }
+        }
+        self.held.push_back((record, Instant::now()));
+        if self.last_join.elapsed() >= Duration::from_millis(50) {
+            self.last_join = Instant::now();
+            self.join(tracker, false);
+        }
+        self.release(false)
+    }
+
+    fn join(&mut self, tracker: &mut Tracker, done: bool) {
+        let mut error = None;
+        if let Some(rx) = &self.samples {
+            while let Ok(sample) = rx.try_recv() {
+                match sample {
+                    Ok(s) => self.finder.sample(s),
+                    Err(e) => error = Some(e),
+                }
+            }
+        }
+        if let Some(e) = error {
+            self.samples = None;
+            if self.finder.wants_texts() {
+                self.fail(&e);
+            } else {
+                self.error = Some(e);
+            }
+        }
+        for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
+            self.named += 1;
+            tracker.learn_prepared(key, &text);
+            for (r, _) in self.held.iter_mut() {
+                if r.prepared == Some(key) && r.query.is_none() {
+                    tracker.name_execution(r, &text);
+                }
+            }
+        }
+    }
+
+    /// The records at the front that have their text or waited long enough (all of them, when done).
+    fn release(&mut self, done: bool) -> Vec<QueryRecord> {
+        let looking = self.samples.is_some() && !done;
+        let mut ready = Vec::new();
+        while let Some((r, since)) = self.held.front() {
+            let waits = looking
+                && r.prepared.is_some()
+                && r.query.is_none()
+                && since.elapsed() < HOLD
+                && self.held.len() < MAX_HELD;
+            if waits {
+                break;
+            }
+            ready.extend(self.held.pop_front().map(|(r, _)| r));
+        }
+        ready
+    }
+
+    /// Tracing ended: the last samples are joined, the sampler stopped, every record given back.
+    fn finish(&mut self, tracker: &mut Tracker) -> Vec<QueryRecord> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+        self.join(tracker, true);
+        self.release(true)
+    }
 }
 
 /// Stacks of lock waits named by their site, at most this many (a server has a few hundred wait sites).
@@ -177,6 +412,37 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         let _ = out.flush();
     }
     let mut last_flush = Instant::now();
+    // Every record goes out here, in order, once its text is known or waited for long enough.
+    let mut emit = |record: QueryRecord| {
+        unknown_prepared += record
+            .fingerprint
+            .as_deref()
+            .is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
+        if record.duration_us < min_us {
+            return;
+        }
+        reported += 1;
+        if a.summary {
+            digest.add(&record);
+        } else if failed.is_none() {
+            let mut written = write_record(&mut out, &record, a.json);
+            // Lines appear as statements finish, yet a busy server does not cost a write per line.
+            if written.is_ok() && last_flush.elapsed() >= Duration::from_millis(200) {
+                last_flush = Instant::now();
+                written = out.flush();
+            }
+            if let Err(e) = written {
+                // Nobody reads any more (`| head` exited): tracing ends now, not at Ctrl-C.
+                failed = Some(e);
+                collect::STOP.store(true, Ordering::SeqCst);
+            }
+        }
+    };
+    // Connected before tracing, read only when texts are wanted.
+    let mut texts = PreparedTexts::new();
+    if !a.no_sql {
+        texts.start(&a.connect, target.pid);
+    }
     let lost = collect::queries::collect(&opts, probe, attached, |event| {
         if let Event::Stack { id, stack } = &event {
             sites.add(*id, stack);
@@ -215,14 +481,6 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         }
         let Some(mut record) = record else { return };
         seen += 1;
-        unknown_prepared += record
-            .fingerprint
-            .as_deref()
-            .is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
-        if record.duration_us < min_us {
-            return;
-        }
-        reported += 1;
         if record.lock_stack != 0 {
             record.lock_site = sites.of(record.lock_stack);
         }
@@ -235,22 +493,22 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 record.lock_site.as_deref(),
             ));
         }
-        if a.summary {
-            digest.add(&record);
-        } else if failed.is_none() {
-            let mut written = write_record(&mut out, &record, a.json);
-            // Lines appear as statements finish, yet a busy server does not cost a write per line.
-            if written.is_ok() && last_flush.elapsed() >= Duration::from_millis(200) {
-                last_flush = Instant::now();
-                written = out.flush();
-            }
-            if let Err(e) = written {
-                // Nobody reads any more (`| head` exited): tracing ends now, not at Ctrl-C.
-                failed = Some(e);
-                collect::STOP.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+        for record in texts.add(&mut tracker, record) {
+            emit(record);
         }
     })?;
+    for record in texts.finish(&mut tracker) {
+        emit(record);
+    }
+    if texts.named > 0 || texts.failed {
+        say!(
+            "myprobe: {} statements prepared before tracing named from the server's process list ({} samples, {} of \
+             one statement)",
+            texts.named,
+            texts.finder.samples_joined,
+            texts.finder.samples_named
+        );
+    }
     let ended = collect::tracing_ended();
     if a.summary {
         let rows = digest.rows();

@@ -4,6 +4,7 @@
 pub mod digest;
 pub mod fingerprint;
 pub mod protocol;
+pub mod texts;
 
 use std::collections::HashMap;
 
@@ -56,6 +57,14 @@ pub struct QueryRecord {
     /// The stack id of the longest lock wait (`collect::queries::Event::Stack`), 0 if none.
     #[serde(skip)]
     pub lock_stack: u64,
+    /// An execution of a prepared statement: its connection's socket and the statement id.
+    #[serde(skip)]
+    pub prepared: Option<texts::StatementKey>,
+    /// When it began and ended (CLOCK_MONOTONIC, ns), to join it with what the server says of its threads.
+    #[serde(skip)]
+    pub start_ns: u64,
+    #[serde(skip)]
+    pub end_ns: u64,
 }
 
 /// A statement's time as parts that add up to its duration (the response-time profile of Method R), in
@@ -345,11 +354,13 @@ impl Tracker {
 
         // The statement's text: its own for Query and Prepare, the prepared one for Execute.
         let mut unknown_statement = None;
+        let mut prepared = None;
         let text: Option<String> = match cmd {
             protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
                 Some(String::from_utf8_lossy(args).into_owned())
             }
             protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request).and_then(|id| {
+                prepared = (s.fd >= 0).then_some((s.fd, id));
                 let known = conn.prepared.get(&id).cloned();
                 if known.is_none() {
                     unknown_statement = Some(id);
@@ -444,7 +455,28 @@ impl Tracker {
             pipelined: s.pipelined,
             lock_addr_raw,
             lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
+            prepared,
+            start_ns: s.start_ns,
+            end_ns: s.end_ns,
         }
+    }
+
+    /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.
+    pub fn learn_prepared(&mut self, (fd, id): texts::StatementKey, text: &str) {
+        let conn = self.conn_entry(fd);
+        let forgot = make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
+        conn.prepared.insert(id, text.to_string());
+        self.forgotten_prepared += forgot;
+    }
+
+    /// Gives `r`, an execution of a statement prepared before tracing, the text learned for it.
+    pub fn name_execution(&self, r: &mut QueryRecord, text: &str) {
+        r.fingerprint = Some(fingerprint::fingerprint(text));
+        r.query = Some(if self.raw_sql {
+            text.to_string()
+        } else {
+            fingerprint::normalize(text)
+        });
     }
 }
 
