@@ -9,9 +9,10 @@
 //!   source, and the source is chosen per file: its own symbols; or the `.symtab` of its separate debug file
 //!   when one is installed (Debian's `libc6-dbg`, `*-dbgsym`: `/usr/lib/debug/.build-id/xx/yyyy.debug`, or a
 //!   `.gnu_debuglink` target with the same build-id), which names static functions too and costs 1 ms where
-//!   DWARF costs 50 ms for glibc (and seconds for a `mariadbd` with debug info); or DWARF through blazesym's
-//!   debug link resolution, for debug files without a symbol table. A stripped `mariadbd` never gets
-//!   `debug_syms`, and what a debug file lacks is looked up in the binary's own symbols.
+//!   DWARF costs 50 ms for glibc (and seconds for a `mariadbd` with debug info); or the DWARF of the debug
+//!   file, for debug files without a symbol table. A stripped `mariadbd` never gets `debug_syms`, and what a
+//!   debug file lacks is looked up in the binary's own symbols. A stripped binary without a local debug file
+//!   gets one from the debuginfod servers of `DEBUGINFOD_URLS`, when set (see [`debuginfod`]).
 //! - Addresses without a symbol (stripped binaries, static functions) are named by the start of the function
 //!   holding them, from the binary's `.eh_frame`: `mariadbd+0x8a1c00`, the ELF virtual address that
 //!   `addr2line -e` takes. blazesym honours symbol sizes; sizeless symbols (which it stretches up to the next
@@ -23,6 +24,7 @@
 
 mod clean;
 pub mod data;
+mod debuginfod;
 pub(crate) mod elf;
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -98,9 +100,9 @@ enum SymMode {
     /// The `.symtab` of its separate debug file (Debian's `-dbg`/`-dbgsym` packages): every function, static
     /// ones included, at the cost of reading one symbol table (1 ms for glibc, against 50 ms for its DWARF).
     DebugFile(PathBuf),
-    /// DWARF, through blazesym's debug link resolution: only for binaries whose debug information comes
-    /// without a symbol table.
-    Dwarf,
+    /// DWARF (blazesym's `debug_syms`): that of the binary itself (`None`), or that of its separate debug file
+    /// when the file has no symbol table.
+    Dwarf(Option<PathBuf>),
 }
 
 /// Address → frame name for one process and the kernel. Not thread-safe (names are `Rc<str>`).
@@ -277,7 +279,8 @@ impl Symbolizer {
                 .map(|i| (&i.debug_file, i.has_debug_info, i.has_symtab))
             {
                 Some((Some((path, true)), _, _)) => SymMode::DebugFile(path.clone()),
-                Some((Some((_, false)), _, _)) | Some((None, true, false)) => SymMode::Dwarf,
+                Some((Some((path, false)), _, _)) => SymMode::Dwarf(Some(path.clone())),
+                Some((None, true, false)) => SymMode::Dwarf(None),
                 _ => SymMode::Own,
             };
             b.info = Some(info);
@@ -495,14 +498,14 @@ impl Symbolizer {
         vaddrs: &[u64],
     ) -> Result<Vec<Option<Found>>> {
         let src = match mode {
-            SymMode::Own | SymMode::Dwarf => {
+            SymMode::Own | SymMode::Dwarf(None) => {
                 let mut src = Elf::new(&self.maps.file(bin).open_path);
-                src.debug_syms = *mode == SymMode::Dwarf;
+                src.debug_syms = *mode != SymMode::Own;
                 src
             }
-            SymMode::DebugFile(path) => {
+            SymMode::DebugFile(path) | SymMode::Dwarf(Some(path)) => {
                 let mut src = Elf::new(path);
-                src.debug_syms = false;
+                src.debug_syms = matches!(mode, SymMode::Dwarf(_));
                 src
             }
         };
