@@ -1,5 +1,7 @@
-//! Debug files from a real `debuginfod` server (elfutils', Debian's `debuginfod` package): a stripped fixture
-//! whose hot function is static, profiled with and without `DEBUGINFOD_URLS`.
+//! Function names without debug symbols installed: debug files from a real `debuginfod` server (elfutils',
+//! Debian's `debuginfod` package) for a stripped fixture whose hot function is static, profiled with and
+//! without `DEBUGINFOD_URLS`; virtual methods without symbols named from vtables; the line that says how
+//! much is unnamed.
 
 mod common;
 use common::*;
@@ -170,6 +172,11 @@ fn profile(dir: &Path, exe: &Path, env: &[(&str, &str)]) -> (Vec<(Vec<String>, u
     fixture.profile(dir, "cpu", &["-F", "199"], &all_env)
 }
 
+/// The line on stderr that says how much has no function name.
+fn unnamed_line(stderr: &str) -> Option<&str> {
+    stderr.lines().find(|l| l.contains("have no function name"))
+}
+
 /// The samples of stacks whose leaf is `leaf`, and whether each such stack has `exported_caller` above it.
 fn leaf_samples(stacks: &[(Vec<String>, u64)], leaf: &str) -> u64 {
     let mut total = 0;
@@ -232,6 +239,7 @@ fn a_stripped_binary_is_named_from_a_debuginfod_server() {
         );
         let cached = cache.join(&built.build_id).join("debuginfo");
         assert!(cached.is_file(), "{} missing", cached.display());
+        assert_eq!(unnamed_line(&stderr), None, "{stderr}");
     }
 
     // elfutils' own client finds what was cached, and so does the next run with the server gone.
@@ -288,4 +296,53 @@ fn a_stripped_binary_is_named_from_a_debuginfod_server() {
             .contains("no debug information for hidden_hot_other: http://127.0.0.1:9/buildid/"),
         "{stderr}"
     );
+}
+
+#[test]
+fn virtual_methods_are_named_from_vtables_in_a_profile() {
+    let dir = tempdir("vtables");
+    let exe = dir.join("hidden_overrides");
+    let full = dir.join("hidden_overrides.full");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vtables/hidden_overrides.cc");
+    run(Command::new("g++")
+        .args([
+            "-O1",
+            "-g",
+            "-fPIE",
+            "-pie",
+            "-rdynamic",
+            "-fno-inline",
+            "-o",
+        ])
+        .arg(&full)
+        .arg(&source));
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&full));
+    let (stacks, stderr) = profile(&dir, &exe, &[]);
+    let anon = "(anonymous namespace)";
+    // Each spins 0.3 s: about 60 samples at 199 Hz.
+    for method in [
+        "Exported::work".to_string(),
+        format!("{anon}::Hidden::work"),
+        format!("{anon}::Hidden::other"),
+        format!("{anon}::Deeper::other"),
+    ] {
+        let samples = value_with_frame(&stacks, |f| f == method);
+        assert!(samples >= 30, "{method}: {samples} samples\n{stderr}");
+        for (frames, _) in stacks.iter().filter(|(f, _)| f.contains(&method)) {
+            let at = frames.iter().position(|f| *f == method).unwrap();
+            assert_eq!(frames[at - 1], "main", "{frames:?}");
+        }
+    }
+    // spin, below each, is in no vtable: unnamed, and said so.
+    assert!(
+        value_with_frame(&stacks, |f| f.starts_with("hidden_overrides+0x")) >= 120,
+        "{stacks:?}"
+    );
+    let line = unnamed_line(&stderr).expect("a line on the unnamed share");
+    assert!(line.contains("in hidden_overrides "), "{line}");
 }
