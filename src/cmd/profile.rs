@@ -483,16 +483,16 @@ impl<'a> Session<'a> {
             say!("myprobe: wrote {}", out.display());
         }
         say!("myprobe: results written in {ms:.0} ms after tracing ended");
+        let memory = palette == Palette::Mem;
         if !profile.is_empty() {
             say_part!(
                 "{}",
-                render::summary::top_functions(
-                    profile,
-                    10,
-                    palette == Palette::Mem,
-                    estimate.is_some()
-                )
+                render::summary::top_functions(profile, 10, memory, estimate.is_some())
             );
+        }
+        let debuginfod = std::env::var_os("DEBUGINFOD_URLS").is_some_and(|u| !u.is_empty());
+        if let Some(line) = render::summary::unnamed_line(profile, memory, debuginfod) {
+            say!("myprobe: {line}");
         }
         Ok(())
     }

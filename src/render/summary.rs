@@ -121,6 +121,116 @@ pub fn top_functions(profile: &Profile, n: usize, memory: bool, estimated: bool)
     out
 }
 
+/// Frames and leaves below this share of a profile without a function name are not worth a line.
+const UNNAMED_NOTICEABLE: f64 = 0.01;
+
+/// The binary of a frame that has no function name (`mariadbd+0x8a1c00`: the symbolizer's name for the start
+/// of a function from `.eh_frame`), if it is one.
+fn unnamed_in(frame: &str) -> Option<&str> {
+    let (binary, hex) = frame.rsplit_once("+0x")?;
+    let plain = !binary.is_empty() && !binary.contains([' ', ';', '(', ':']);
+    (plain && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(binary)
+}
+
+/// How much of a profile has no function name, weighted by its values.
+#[derive(Debug, PartialEq)]
+pub struct Unnamed {
+    /// Of the frames: each frame of a stack counts its stack's value.
+    pub frames: f64,
+    /// Of the leaves, as the self column of [`top_functions`] chooses them.
+    pub leaves: f64,
+    /// Of the frames, per binary, largest first.
+    pub by_binary: Vec<(String, f64)>,
+}
+
+/// How much of `profile` has no function name (`memory`: a memory profile, whose leaves are the callers of
+/// the allocator). `None` for a profile without frames.
+pub fn unnamed_share(profile: &Profile, memory: bool) -> Option<Unnamed> {
+    let (mut frames, mut unnamed, mut leaves, mut unnamed_leaves) = (0u128, 0u128, 0u128, 0u128);
+    let mut by_binary: HashMap<&str, u128> = HashMap::new();
+    let stacks = profile.stacks();
+    for (stack, value) in &stacks {
+        let value = u128::from(*value);
+        for f in stack.iter().filter(|f| !is_marker(f)) {
+            frames += value;
+            if let Some(binary) = unnamed_in(f) {
+                unnamed += value;
+                *by_binary.entry(binary).or_default() += value;
+            }
+        }
+        let leaf = stack
+            .iter()
+            .rev()
+            .find(|f| !is_marker(f) && (!memory || !is_allocator(f)))
+            .or_else(|| stack.iter().rev().find(|f| !is_marker(f)));
+        if let Some(leaf) = leaf {
+            leaves += value;
+            if unnamed_in(leaf).is_some() {
+                unnamed_leaves += value;
+            }
+        }
+    }
+    if frames == 0 || leaves == 0 {
+        return None;
+    }
+    let share = |part: u128, whole: u128| part as f64 / whole as f64;
+    let mut by_binary: Vec<(String, f64)> = by_binary
+        .into_iter()
+        .map(|(b, v)| (b.to_owned(), share(v, frames)))
+        .collect();
+    by_binary.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Some(Unnamed {
+        frames: share(unnamed, frames),
+        leaves: share(unnamed_leaves, leaves),
+        by_binary,
+    })
+}
+
+/// The line that says how much of `profile` has no function name and how to get names, when that is
+/// noticeable (1% of the frames or of the leaves); `debuginfod`: whether `DEBUGINFOD_URLS` is set.
+pub fn unnamed_line(profile: &Profile, memory: bool, debuginfod: bool) -> Option<String> {
+    let Unnamed {
+        frames,
+        leaves,
+        by_binary,
+    } = unnamed_share(profile, memory)?;
+    if frames < UNNAMED_NOTICEABLE && leaves < UNNAMED_NOTICEABLE {
+        return None;
+    }
+    let shown: Vec<String> = by_binary
+        .iter()
+        .take(3)
+        .map(|(b, s)| format!("{b} {:.1}%", 100.0 * s))
+        .collect();
+    let more = if by_binary.len() > 3 { ", …" } else { "" };
+    // What to install, by Debian's names where they are known: for the binaries that matter.
+    let matter = by_binary
+        .iter()
+        .take(3)
+        .filter(|(_, s)| *s >= UNNAMED_NOTICEABLE)
+        .count()
+        .max(1);
+    let install: Vec<String> = by_binary
+        .iter()
+        .take(matter)
+        .map(|(b, _)| match b.as_str() {
+            "mariadbd" => "mariadb-server-core-dbgsym".to_owned(),
+            other => format!("the debug symbols of {other} (its -dbgsym package)"),
+        })
+        .collect();
+    let how = if debuginfod {
+        format!("install {}", install.join(", "))
+    } else {
+        format!("install {}, or set DEBUGINFOD_URLS", install.join(", "))
+    };
+    Some(format!(
+        "{:.1}% of frames ({:.1}% of leaves) have no function name, in {}{more}: {how}",
+        100.0 * frames,
+        100.0 * leaves,
+        shown.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +352,59 @@ top 3 functions by total samples:
             top_functions(&Profile::new(Unit::Bytes), 5, true, false),
             "no bytes recorded\n"
         );
+    }
+
+    #[test]
+    fn unnamed_frames_and_leaves_are_weighted_by_value() {
+        let mut p = Profile::new(Unit::Microseconds);
+        p.add(&["main", "mariadbd+0x8a1c00", "[blocked]"], 30);
+        p.add(&["main", "do_command", "mariadbd+0xdead0"], 10);
+        p.add(&["main", "do_command", "libfoo.so.1+0x10"], 10);
+        p.add(&["main", "operator+", "a::b(0x1)"], 50);
+        let Unnamed {
+            frames,
+            leaves,
+            by_binary,
+        } = unnamed_share(&p, false).unwrap();
+        // Markers left out: 2 × 30 + 3 × 10 + 3 × 10 + 3 × 50 in all, 30 + 10 + 10 without a name.
+        assert!((frames - 50.0 / 270.0).abs() < 1e-9, "{frames}");
+        assert!((leaves - 50.0 / 100.0).abs() < 1e-9, "{leaves}");
+        assert_eq!(by_binary[0].0, "mariadbd");
+        assert!((by_binary[0].1 - 40.0 / 270.0).abs() < 1e-9);
+        assert_eq!(by_binary[1].0, "libfoo.so.1");
+        assert_eq!(
+            unnamed_line(&p, false, false).unwrap(),
+            "18.5% of frames (50.0% of leaves) have no function name, in mariadbd 14.8%, libfoo.so.1 3.7%: \
+             install mariadb-server-core-dbgsym, the debug symbols of libfoo.so.1 (its -dbgsym package), or \
+             set DEBUGINFOD_URLS"
+        );
+        assert!(!unnamed_line(&p, false, true)
+            .unwrap()
+            .contains("DEBUGINFOD_URLS"));
+    }
+
+    #[test]
+    fn a_small_unnamed_share_says_nothing() {
+        let mut p = Profile::new(Unit::Samples);
+        p.add(&["main", "a", "b"], 1000);
+        assert_eq!(unnamed_share(&p, false).unwrap().frames, 0.0);
+        p.add(&["main", "a", "mariadbd+0x10"], 5);
+        assert_eq!(unnamed_line(&p, false, false), None);
+        p.add(&["main", "a", "mariadbd+0x10"], 10);
+        assert!(unnamed_line(&p, false, false).is_some());
+        assert_eq!(unnamed_share(&Profile::new(Unit::Samples), false), None);
+        // A binary below 1% is named, but not in the advice (frames: 2 × 100 + 3 × 1, 101 unnamed).
+        let mut p = Profile::new(Unit::Samples);
+        p.add(&["main", "mariadbd+0x10"], 100);
+        p.add(&["main", "a", "libbar.so+0x10"], 1);
+        assert_eq!(
+            unnamed_line(&p, false, false).unwrap(),
+            "49.8% of frames (100.0% of leaves) have no function name, in mariadbd 49.3%, libbar.so 0.5%: \
+             install mariadb-server-core-dbgsym, or set DEBUGINFOD_URLS"
+        );
+        // Not names of the symbolizer's fallback.
+        for f in ["a+0x", "+0x10", "x+0xzz", "f(int+0x1)", "thread 1 (a+0x1)"] {
+            assert_eq!(unnamed_in(f), None, "{f}");
+        }
     }
 }

@@ -116,8 +116,9 @@ pub struct ElfInfo {
     pub has_debug_info: bool,
     /// The file has a `.symtab` (not stripped).
     pub has_symtab: bool,
-    /// A separate debug file found on this machine (by build-id or `.gnu_debuglink`), and whether it has a
-    /// `.symtab` (`objcopy --only-keep-debug` keeps it: all functions, static ones included).
+    /// A separate debug file found on this machine (by build-id or `.gnu_debuglink`) or fetched from a
+    /// debuginfod server, and whether it has a `.symtab` (`objcopy --only-keep-debug` keeps it: all
+    /// functions, static ones included).
     pub debug_file: Option<(PathBuf, bool)>,
 }
 
@@ -142,13 +143,21 @@ impl ElfInfo {
             .and_then(|(name, _crc)| std::str::from_utf8(name).ok().map(str::to_owned));
         let mut dirs: Vec<PathBuf> = DEBUG_DIRS.iter().map(PathBuf::from).collect();
         dirs.extend(extra_debug_dirs.iter().cloned());
-        let debug_file = find_debug_file(
+        let mut debug_file = find_debug_file(
             &dirs,
             build_id.as_deref(),
             debuglink.as_deref(),
             symbolic_path,
             path,
         );
+        // A stripped binary without a local debug file: the debuginfod servers', when DEBUGINFOD_URLS is set.
+        if let (None, Some(id), false, false) = (&debug_file, &build_id, has_symtab, has_debug_info)
+        {
+            let name = symbolic_path
+                .file_name()
+                .unwrap_or(symbolic_path.as_os_str());
+            debug_file = super::debuginfod::debug_file(id, &name.to_string_lossy());
+        }
         Ok(ElfInfo {
             segments,
             build_id,

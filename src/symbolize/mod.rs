@@ -9,13 +9,16 @@
 //!   source, and the source is chosen per file: its own symbols; or the `.symtab` of its separate debug file
 //!   when one is installed (Debian's `libc6-dbg`, `*-dbgsym`: `/usr/lib/debug/.build-id/xx/yyyy.debug`, or a
 //!   `.gnu_debuglink` target with the same build-id), which names static functions too and costs 1 ms where
-//!   DWARF costs 50 ms for glibc (and seconds for a `mariadbd` with debug info); or DWARF through blazesym's
-//!   debug link resolution, for debug files without a symbol table. A stripped `mariadbd` never gets
-//!   `debug_syms`, and what a debug file lacks is looked up in the binary's own symbols.
+//!   DWARF costs 50 ms for glibc (and seconds for a `mariadbd` with debug info); or the DWARF of the debug
+//!   file, for debug files without a symbol table. A stripped `mariadbd` never gets `debug_syms`, and what a
+//!   debug file lacks is looked up in the binary's own symbols. A stripped binary without a local debug file
+//!   gets one from the debuginfod servers of `DEBUGINFOD_URLS`, when set (see [`debuginfod`]).
 //! - Addresses without a symbol (stripped binaries, static functions) are named by the start of the function
 //!   holding them, from the binary's `.eh_frame`: `mariadbd+0x8a1c00`, the ELF virtual address that
 //!   `addr2line -e` takes. blazesym honours symbol sizes; sizeless symbols (which it stretches up to the next
 //!   symbol in `.symtab`) are checked against the same table.
+//! - Functions without a symbol that a C++ binary's vtables hold are named `Class::method` after the slots of
+//!   their base classes' vtables (see [`vtables`]), before the `.eh_frame` name.
 //! - Names are cleaned (see [`clean_name`]): demangled, no argument lists, no clone suffixes, no `;`.
 //!   Demangling (3 to 7 µs a C++ name) is done once per symbol, not once per address.
 //! - Kernel frames come from `/proc/kallsyms` and end in `_[k]`.
@@ -23,9 +26,11 @@
 
 mod clean;
 pub mod data;
+mod debuginfod;
 pub(crate) mod elf;
 #[cfg(test)]
 pub(crate) mod test_support;
+mod vtables;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -41,6 +46,7 @@ use blazesym::MaybeDefault;
 use crate::process::maps::{MapKind, Mapping, ProcMaps};
 pub use clean::clean_name;
 use elf::{EhTable, ElfInfo};
+use vtables::VtableNames;
 
 /// Counters for diagnostics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +62,8 @@ pub struct SymbolizeStats {
     pub no_symbol: usize,
     /// Of which named `[unknown]` (or `[unknown]_[k]`).
     pub unknown: usize,
+    /// Addresses without a symbol named from the vtables that hold their function (`Class::method`).
+    pub from_vtables: usize,
     /// Errors reported by blazesym (the frames concerned fell back to `.eh_frame` names).
     pub errors: usize,
     /// Time spent in [`Symbolizer::new`] and in resolving cache misses.
@@ -66,12 +74,14 @@ impl fmt::Display for SymbolizeStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} unique addresses ({} user, {} kernel), {} without symbol ({} unknown), {} errors, {:.1} ms",
+            "{} unique addresses ({} user, {} kernel), {} without symbol ({} unknown), {} named from vtables, \
+             {} errors, {:.1} ms",
             self.unique_addrs,
             self.user_addrs,
             self.kernel_addrs,
             self.no_symbol,
             self.unknown,
+            self.from_vtables,
             self.errors,
             self.elapsed.as_secs_f64() * 1e3
         )
@@ -87,6 +97,8 @@ struct Binary {
     mode: SymMode,
     /// `None` until first needed.
     eh: Option<Rc<EhTable>>,
+    /// `None` until first needed.
+    vtables: Option<Rc<VtableNames>>,
 }
 
 /// Where the symbols of a binary come from.
@@ -98,9 +110,9 @@ enum SymMode {
     /// The `.symtab` of its separate debug file (Debian's `-dbg`/`-dbgsym` packages): every function, static
     /// ones included, at the cost of reading one symbol table (1 ms for glibc, against 50 ms for its DWARF).
     DebugFile(PathBuf),
-    /// DWARF, through blazesym's debug link resolution: only for binaries whose debug information comes
-    /// without a symbol table.
-    Dwarf,
+    /// DWARF (blazesym's `debug_syms`): that of the binary itself (`None`), or that of its separate debug file
+    /// when the file has no symbol table.
+    Dwarf(Option<PathBuf>),
 }
 
 /// Address → frame name for one process and the kernel. Not thread-safe (names are `Rc<str>`).
@@ -117,6 +129,8 @@ pub struct Symbolizer {
     binaries: Vec<Binary>,
     /// `.eh_frame` tables by build-id, shared by files with the same contents.
     eh_by_build_id: HashMap<Vec<u8>, Rc<EhTable>>,
+    /// Names from vtables by build-id, likewise.
+    vtables_by_build_id: HashMap<Vec<u8>, Rc<VtableNames>>,
     extra_debug_dirs: Vec<PathBuf>,
     user_cache: HashMap<u64, Rc<str>>,
     kernel_cache: HashMap<u64, Rc<str>>,
@@ -150,6 +164,7 @@ impl Symbolizer {
             binaries: (0..maps.file_count()).map(|_| Binary::default()).collect(),
             maps,
             eh_by_build_id: HashMap::new(),
+            vtables_by_build_id: HashMap::new(),
             extra_debug_dirs,
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
@@ -240,6 +255,7 @@ impl Symbolizer {
                 continue;
             };
             let _ = self.eh_table(bin);
+            let _ = self.vtable_names(bin);
             let mode = self.binaries[bin].mode.clone();
             for blaze in [&self.raw, &self.demangling] {
                 if self.blaze_elf(blaze, bin, &mode, &[vaddr]).is_err() {
@@ -277,7 +293,8 @@ impl Symbolizer {
                 .map(|i| (&i.debug_file, i.has_debug_info, i.has_symtab))
             {
                 Some((Some((path, true)), _, _)) => SymMode::DebugFile(path.clone()),
-                Some((Some((_, false)), _, _)) | Some((None, true, false)) => SymMode::Dwarf,
+                Some((Some((path, false)), _, _)) => SymMode::Dwarf(Some(path.clone())),
+                Some((None, true, false)) => SymMode::Dwarf(None),
                 _ => SymMode::Own,
             };
             b.info = Some(info);
@@ -303,6 +320,36 @@ impl Symbolizer {
         });
         self.binaries[bin].eh = Some(Rc::clone(&eh));
         eh
+    }
+
+    /// The names that the vtables of binary `bin` give its functions without symbols: none for a binary with
+    /// a symbol table of its own or a debug file (every function has its symbol there).
+    fn vtable_names(&mut self, bin: usize) -> Rc<VtableNames> {
+        if let Some(v) = &self.binaries[bin].vtables {
+            return Rc::clone(v);
+        }
+        let (stripped, build_id) = match self.binary_info(bin) {
+            Some(i) => (!i.has_symtab && i.debug_file.is_none(), i.build_id.clone()),
+            None => (false, None),
+        };
+        let cached = build_id
+            .as_ref()
+            .and_then(|id| self.vtables_by_build_id.get(id))
+            .cloned();
+        let v = cached.unwrap_or_else(|| {
+            let v = if stripped {
+                VtableNames::read(&self.maps.file(bin).open_path).unwrap_or_default()
+            } else {
+                VtableNames::default()
+            };
+            let v = Rc::new(v);
+            if let Some(id) = build_id {
+                self.vtables_by_build_id.insert(id, Rc::clone(&v));
+            }
+            v
+        });
+        self.binaries[bin].vtables = Some(Rc::clone(&v));
+        v
     }
 
     fn resolve_user(&mut self, misses: &[u64]) {
@@ -495,14 +542,14 @@ impl Symbolizer {
         vaddrs: &[u64],
     ) -> Result<Vec<Option<Found>>> {
         let src = match mode {
-            SymMode::Own | SymMode::Dwarf => {
+            SymMode::Own | SymMode::Dwarf(None) => {
                 let mut src = Elf::new(&self.maps.file(bin).open_path);
-                src.debug_syms = *mode == SymMode::Dwarf;
+                src.debug_syms = *mode != SymMode::Own;
                 src
             }
-            SymMode::DebugFile(path) => {
+            SymMode::DebugFile(path) | SymMode::Dwarf(Some(path)) => {
                 let mut src = Elf::new(path);
-                src.debug_syms = false;
+                src.debug_syms = matches!(mode, SymMode::Dwarf(_));
                 src
             }
         };
@@ -543,9 +590,16 @@ impl Symbolizer {
                 }
             }
         }
-        self.stats.no_symbol += 1;
         let eh = self.eh_table(bin);
-        let start = eh.find(vaddr).map_or(vaddr, |(s, _)| s);
+        let fde = eh.find(vaddr);
+        if let Some((start, _)) = fde {
+            if let Some(name) = self.vtable_names(bin).get(start) {
+                self.stats.from_vtables += 1;
+                return self.intern(name);
+            }
+        }
+        self.stats.no_symbol += 1;
+        let start = fde.map_or(vaddr, |(s, _)| s);
         let name = format!("{}+0x{start:x}", self.maps.file(bin).basename);
         self.intern(&name)
     }

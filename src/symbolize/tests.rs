@@ -613,3 +613,114 @@ fn a_mapping_whose_file_offsets_pass_2_64_names_its_file() {
         ["[lib.so]", "[lib.so]", "[b.so]"]
     );
 }
+
+/// The C++ fixture `vtables/hidden_overrides.cc` built with `flags` and stripped, started; its unstripped
+/// symbols (demangled name → ELF virtual address) and its load bias.
+fn start_vtables_fixture(
+    name: &str,
+    flags: &[&str],
+) -> (std::process::Child, PathBuf, HashMap<String, u64>, u64) {
+    let dir = build_dir("myprobe-vtables-test-");
+    let plain = dir.join(format!("{name}.full"));
+    let stripped = dir.join(name);
+    if !stripped.exists() {
+        let mut cmd = vec!["g++", "-O1", "-g", "-rdynamic", "-fno-inline"];
+        cmd.extend(flags);
+        let source = fixture_source("vtables/hidden_overrides.cc");
+        assert!(compile(&cmd, &source, &plain, &[]), "g++ failed");
+        run(
+            "strip",
+            &[
+                "--strip-all".as_ref(),
+                "-o".as_ref(),
+                stripped.as_os_str(),
+                plain.as_os_str(),
+            ],
+        );
+    }
+    let data = std::fs::read(&plain).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let syms: HashMap<String, u64> = obj
+        .symbols()
+        .filter_map(|s| {
+            let raw = s.name().ok()?;
+            let d = cpp_demangle::Symbol::new(raw).ok()?.demangle().ok()?;
+            Some((clean_name(&d)?, s.address()))
+        })
+        .collect();
+    let lowest = object::ObjectSegment::address(&obj.segments().next().unwrap()) & !0xfff;
+    let mut child = Command::new(&stripped)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let start = maps_of(child.id())
+        .iter()
+        .filter(|m| m.offset == 0 && Path::new(&m.path) == stripped)
+        .map(|m| m.start)
+        .min()
+        .unwrap();
+    (child, stripped, syms, start - lowest)
+}
+
+#[test]
+fn virtual_methods_without_symbols_are_named_from_vtables() {
+    for (name, flags) in [
+        ("hidden_overrides", &["-fPIE", "-pie"][..]),
+        ("hidden_overrides_nopie", &["-no-pie"][..]),
+    ] {
+        let (mut child, stripped, syms, bias) = start_vtables_fixture(name, flags);
+        let mut s = Symbolizer::new(child.id()).unwrap();
+        let anon = "(anonymous namespace)";
+        let expected = [
+            // A hidden override in an exported vtable.
+            ("Exported::work".to_string(), "Exported::work".to_string()),
+            // Vtables that are not exported at all, their slots named after Base's.
+            (
+                format!("{anon}::Hidden::work"),
+                format!("{anon}::Hidden::work"),
+            ),
+            (
+                format!("{anon}::Hidden::other"),
+                format!("{anon}::Hidden::other"),
+            ),
+            (
+                format!("{anon}::Hidden::~Hidden"),
+                format!("{anon}::Hidden::~Hidden"),
+            ),
+            // Through Hidden's slot, which is unnamed too, up to Base's.
+            (
+                format!("{anon}::Deeper::other"),
+                format!("{anon}::Deeper::other"),
+            ),
+            // Exported symbols are the symbols' names.
+            ("Base::work".to_string(), "Base::work".to_string()),
+        ];
+        for (symbol, frame) in expected {
+            let vaddr = syms[&symbol];
+            assert_eq!(
+                names(&s.user_stack(&[bias + vaddr + 2])),
+                [frame.as_str()],
+                "{name}: {symbol} at {vaddr:#x}"
+            );
+        }
+        // No vtable holds spin: it keeps its .eh_frame name.
+        let base = stripped.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            names(&s.user_stack(&[bias + syms["spin"] + 2])),
+            [format!("{base}+0x{:x}", syms["spin"])]
+        );
+        let st = s.stats();
+        assert_eq!(st.from_vtables, 5, "{name}: {st}");
+        assert_eq!(st.errors, 0, "{st}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
