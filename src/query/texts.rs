@@ -80,15 +80,13 @@ impl TextFinder {
     /// An execution traced, with its fingerprint when its text is known.
     pub fn execution(&mut self, e: Execution, known: Option<&str>) {
         match known {
-            Some(fp) => {
-                if self.fingerprints.get(&e.key).is_none_or(|f| f != fp) {
-                    self.fingerprints.insert(e.key, fp.to_string());
-                }
+            Some(fp) if self.fingerprints.get(&e.key).is_none_or(|f| f != fp) => {
+                self.fingerprints.insert(e.key, fp.to_string());
             }
             None if !self.found.contains_key(&e.key) => {
                 self.wanted.insert(e.key);
             }
-            None => {}
+            _ => {}
         }
         let latest = self.latest_start.entry(e.tid).or_default();
         *latest = (*latest).max(e.start_ns);
