@@ -134,29 +134,49 @@ fn statement_still_running_at_the_end_is_reported_in_flight() {
     assert!(r["error"].is_null(), "{r}");
 }
 
+/// A statement (`wait`, answered by the line `answer`; `shown` normalized) that waits half a second behind one
+/// session's `hold`, until its `release`, traced: its record.
+fn record_of_a_wait(
+    db: &TestDb,
+    hold: &str,
+    wait: &str,
+    answer: &str,
+    release: &str,
+    shown: &str,
+) -> Value {
+    let mut holder = db.session();
+    let mut waiter = db.session();
+    let tid = waiter.server_tid();
+    let tracer = trace(db, &[]);
+    holder.exec(hold);
+    waiter.send(wait);
+    std::thread::sleep(Duration::from_millis(500));
+    holder.exec(release);
+    assert_eq!(waiter.read_line(), answer);
+    let (out, err) = tracer.stop();
+    let all = json_lines(&out);
+    let mine = of_thread(&all, tid);
+    let records = query_is(&mine, shown);
+    assert_eq!(
+        records.len(),
+        1,
+        "expected one record of {shown}: {mine:?}\nstderr:\n{err}"
+    );
+    records[0].clone()
+}
+
 #[test]
 fn row_lock_wait_is_lock_time_with_an_address() {
     let db = testdb();
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.locktest (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; REPLACE INTO sbtest.locktest VALUES (1, 0)");
-    let mut holder = db.session();
-    let mut waiter = db.session();
-    let tid = waiter.server_tid();
-    let tracer = trace(&db, &[]);
-    holder.exec("BEGIN; SELECT v FROM sbtest.locktest WHERE id = 1 FOR UPDATE");
-    waiter.send("UPDATE sbtest.locktest SET v = v + 1 WHERE id = 1; SELECT 'updated'");
-    std::thread::sleep(Duration::from_millis(500));
-    holder.exec("COMMIT");
-    assert_eq!(waiter.read_line(), "updated");
-    let (out, err) = tracer.stop();
-    let all = json_lines(&out);
-    let mine = of_thread(&all, tid);
-    let updates = query_is(&mine, "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?");
-    assert_eq!(
-        updates.len(),
-        1,
-        "expected one UPDATE record: {mine:?}\nstderr:\n{err}"
+    let r = &record_of_a_wait(
+        &db,
+        "BEGIN; SELECT v FROM sbtest.locktest WHERE id = 1 FOR UPDATE",
+        "UPDATE sbtest.locktest SET v = v + 1 WHERE id = 1; SELECT 'updated'",
+        "updated",
+        "COMMIT",
+        "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?",
     );
-    let r = updates[0];
     assert!(num(r, "duration_us") >= 450_000, "{r}");
     assert!(
         num(r, "lock_us") >= 400_000,
@@ -208,22 +228,15 @@ fn is_redo_site(site: &str) -> bool {
 fn metadata_lock_wait_is_named_by_its_site() {
     let db = testdb();
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.mdltest (id INT PRIMARY KEY) ENGINE=InnoDB");
-    let mut holder = db.session();
-    let mut waiter = db.session();
-    let tid = waiter.server_tid();
-    let tracer = trace(&db, &[]);
-    holder.exec("LOCK TABLES sbtest.mdltest WRITE");
-    waiter.send("SELECT COUNT(*) FROM sbtest.mdltest");
-    std::thread::sleep(Duration::from_millis(400));
-    holder.exec("UNLOCK TABLES");
-    assert_eq!(waiter.read_line(), "0");
-    let (out, err) = tracer.stop();
-    let all = json_lines(&out);
-    let mine = of_thread(&all, tid);
-    let selects = query_is(&mine, "SELECT COUNT(*) FROM sbtest.mdltest");
-    assert_eq!(selects.len(), 1, "{mine:?}\nstderr:\n{err}");
-    let r = selects[0];
-    assert!(num(r, "lock_max_us") >= 300_000, "{r}");
+    let r = &record_of_a_wait(
+        &db,
+        "LOCK TABLES sbtest.mdltest WRITE",
+        "SELECT COUNT(*) FROM sbtest.mdltest",
+        "0",
+        "UNLOCK TABLES",
+        "SELECT COUNT(*) FROM sbtest.mdltest",
+    );
+    assert!(num(r, "lock_max_us") >= 400_000, "{r}");
     let site = r["lock_site"].as_str().unwrap_or_default();
     assert!(is_mdl_site(site), "not the metadata lock's site: {r}");
     assert!(!is_row_lock_site(site) && !is_redo_site(site), "{r}");
