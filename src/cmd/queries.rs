@@ -2,13 +2,8 @@
 
 use std::{
     cell::{Cell, RefCell},
-    collections::{HashMap, VecDeque},
     io::{BufWriter, Write},
-    rc::Rc,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc, Arc,
-    },
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -16,22 +11,17 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{
-    client::{self, ConnectArgs},
+    client::ConnectArgs,
     collect::{
         self,
         queries::{DispatchProbe, Event},
-        CollectOptions, RawStack,
+        CollectOptions,
     },
     process::{self, probes},
     profile::waits,
-    query::{
-        digest::Digest,
-        fingerprint::fingerprint,
-        texts::{Execution, Sample, SampleRow, TextFinder},
-        Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
-    },
+    query::{digest::Digest, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
-    symbolize::{data::DataSymbolizer, Symbolizer},
+    symbolize::data::DataSymbolizer,
     unwind::ProcessTables,
 };
 
@@ -85,262 +75,6 @@ pub struct QueriesArgs {
     pub connect: ConnectArgs,
 }
 
-/// The executing prepared statements, and the reader's own row: its `TIME_MS` dates the list (`query::texts`).
-/// MariaDB's process list has the OS thread id (`TID`).
-const PROCESSLIST_SQL: &str =
-    "SELECT TID, TIME_MS, INFO, ID = CONNECTION_ID() FROM information_schema.PROCESSLIST \
-                               WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()";
-
-/// How often the process list is read while texts are wanted (each read takes about a millisecond here).
-const SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
-/// How long a record waits for its statement's text before it is written without.
-const HOLD: Duration = Duration::from_secs(2);
-/// Records held at most (a busy server runs tens of thousands of statements a second).
-const MAX_HELD: usize = 200_000;
-
-/// The texts of statements prepared before tracing, looked up in the server's process list while tracing
-/// (`query::texts`): a thread of its own reads the list while texts are wanted; a record of an execution whose
-/// text is unknown waits for it, and the records after it wait behind it, for at most `HOLD`.
-struct PreparedTexts {
-    finder: TextFinder,
-    samples: Option<mpsc::Receiver<Result<Sample, String>>>,
-    /// Set while texts are wanted (the sampler reads the list only then); `stop` ends the sampler.
-    wanted: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    sampler: Option<std::thread::JoinHandle<()>>,
-    held: VecDeque<(QueryRecord, Instant)>,
-    own_fingerprint: String,
-    /// Why the sampler stopped, said once texts are wanted.
-    error: Option<String>,
-    last_join: Instant,
-    named: u64,
-    failed: bool,
-}
-
-impl PreparedTexts {
-    fn new() -> Self {
-        PreparedTexts {
-            finder: TextFinder::default(),
-            samples: None,
-            wanted: Arc::new(AtomicBool::new(false)),
-            stop: Arc::new(AtomicBool::new(false)),
-            sampler: None,
-            held: VecDeque::new(),
-            own_fingerprint: fingerprint(PROCESSLIST_SQL),
-            error: None,
-            last_join: Instant::now(),
-            named: 0,
-            failed: false,
-        }
-    }
-
-    /// Starts reading the process list, through a connection of a thread of its own (whose failure is said
-    /// once: the texts then stay unknown).
-    fn start(&mut self, args: &ConnectArgs, pid: u32) {
-        let (tx, rx) = mpsc::channel();
-        let (args, wanted, stop) = (
-            args.clone(),
-            Arc::clone(&self.wanted),
-            Arc::clone(&self.stop),
-        );
-        let sampler = std::thread::Builder::new()
-            .name("myprobe-processlist".into())
-            .spawn(move || {
-                let mut client = match client::connect(&args, Some(pid)) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("{e:#}")));
-                        return;
-                    }
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    if wanted.load(Ordering::Relaxed) {
-                        let before_ns = collect::monotonic_ns();
-                        let sample = client.query(PROCESSLIST_SQL).map(|rows| {
-                            let mut sample = Sample {
-                                before_ns,
-                                after_ns: collect::monotonic_ns(),
-                                ..Sample::default()
-                            };
-                            for row in rows {
-                                let [tid, time_ms, info, own] = &row[..] else {
-                                    continue;
-                                };
-                                let tid = tid.as_deref().and_then(|t| t.parse().ok());
-                                let time_us = time_ms
-                                    .as_deref()
-                                    .and_then(|t| t.parse::<f64>().ok())
-                                    .map(|ms| (ms * 1000.0).round() as u64);
-                                let (Some(tid), Some(time_us)) = (tid, time_us) else {
-                                    continue;
-                                };
-                                if own.as_deref() == Some("1") {
-                                    sample.own = Some((tid, time_us));
-                                } else if let Some(text) = info {
-                                    sample.rows.push(SampleRow {
-                                        tid,
-                                        time_us,
-                                        text: text.clone(),
-                                    });
-                                }
-                            }
-                            sample
-                        });
-                        let failed = sample.is_err();
-                        if tx.send(sample.map_err(|e| format!("{e:#}"))).is_err() || failed {
-                            return;
-                        }
-                    }
-                    std::thread::sleep(SAMPLE_INTERVAL);
-                }
-            });
-        match sampler {
-            Ok(handle) => {
-                self.sampler = Some(handle);
-                self.samples = Some(rx);
-            }
-            Err(e) => self.fail(&format!("cannot start a thread: {e}")),
-        }
-    }
-
-    fn fail(&mut self, why: &str) {
-        if !self.failed {
-            self.failed = true;
-            say!(
-                "myprobe: warning: the texts of statements prepared before tracing cannot be read from the \
-                 server's process list (--no-sql does without): {why}"
-            );
-        }
-        self.samples = None;
-    }
-
-    /// Takes a record; gives back those ready to be written, in order. The reader's own statements are not
-    /// the server's: they are kept for dating the samples, and not written.
-    fn add(&mut self, tracker: &mut Tracker, record: QueryRecord) -> Vec<QueryRecord> {
-        if self.sampler.is_some() && record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
-            self.finder.own_statement(record.tid, record.start_ns);
-            return Vec::new();
-        }
-        if let Some(key) = record.prepared {
-            let e = Execution {
-                tid: record.tid,
-                start_ns: record.start_ns,
-                end_ns: record.end_ns,
-                key,
-            };
-            let known = record.query.as_ref().and(record.fingerprint.as_deref());
-            self.finder.execution(e, known);
-            let wanted = self.finder.wants_texts();
-            self.wanted.store(wanted, Ordering::Relaxed);
-            if wanted {
-                if let Some(why) = self.error.take() {
-                    self.fail(&why);
-                }
-            }
-        }
-        self.held.push_back((record, Instant::now()));
-        if self.last_join.elapsed() >= Duration::from_millis(50) {
-            self.last_join = Instant::now();
-            self.join(tracker, false);
-        }
-        self.release(false)
-    }
-
-    fn join(&mut self, tracker: &mut Tracker, done: bool) {
-        let mut error = None;
-        if let Some(rx) = &self.samples {
-            while let Ok(sample) = rx.try_recv() {
-                match sample {
-                    Ok(s) => self.finder.sample(s),
-                    Err(e) => error = Some(e),
-                }
-            }
-        }
-        if let Some(e) = error {
-            self.samples = None;
-            if self.finder.wants_texts() {
-                self.fail(&e);
-            } else {
-                self.error = Some(e);
-            }
-        }
-        for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
-            self.named += 1;
-            tracker.learn_prepared(key, &text);
-            for (r, _) in self.held.iter_mut() {
-                if r.prepared == Some(key) && r.query.is_none() {
-                    tracker.name_execution(r, &text);
-                }
-            }
-        }
-    }
-
-    /// The records at the front that have their text or waited long enough (all of them, when done).
-    fn release(&mut self, done: bool) -> Vec<QueryRecord> {
-        let looking = self.samples.is_some() && !done;
-        let mut ready = Vec::new();
-        while let Some((r, since)) = self.held.front() {
-            let waits = looking
-                && r.prepared.is_some()
-                && r.query.is_none()
-                && since.elapsed() < HOLD
-                && self.held.len() < MAX_HELD;
-            if waits {
-                break;
-            }
-            ready.extend(self.held.pop_front().map(|(r, _)| r));
-        }
-        ready
-    }
-
-    /// Tracing ended: the last samples are joined, the sampler stopped, every record given back.
-    fn finish(&mut self, tracker: &mut Tracker) -> Vec<QueryRecord> {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(sampler) = self.sampler.take() {
-            let _ = sampler.join();
-        }
-        self.join(tracker, true);
-        self.release(true)
-    }
-}
-
-/// Stacks of lock waits named by their site, at most this many (a server has a few hundred wait sites).
-const MAX_SITES: usize = 65536;
-
-/// The sites of lock waits' stacks, as they arrive: symbolized once each, while tracing.
-struct Sites {
-    pid: u32,
-    symbolizer: Option<Symbolizer>,
-    by_stack: HashMap<u64, Option<Rc<str>>>,
-}
-
-impl Sites {
-    fn add(&mut self, id: u64, stack: &RawStack) {
-        if self.by_stack.len() >= MAX_SITES {
-            self.by_stack.clear();
-        }
-        if self.symbolizer.is_none() {
-            match Symbolizer::new(self.pid) {
-                Ok(s) => self.symbolizer = Some(s),
-                Err(e) => {
-                    say!("myprobe: warning: lock wait sites are not named: {e:#}");
-                    self.by_stack.insert(id, None);
-                    return;
-                }
-            }
-        }
-        let Some(symbolizer) = self.symbolizer.as_mut() else {
-            return;
-        };
-        let frames = symbolizer.user_stack(stack.user());
-        self.by_stack.insert(id, waits::site(&frames).map(Rc::from));
-    }
-
-    fn of(&self, id: u64) -> Option<String> {
-        self.by_stack.get(&id)?.as_deref().map(str::to_string)
-    }
-}
-
 pub fn run(a: QueriesArgs) -> Result<()> {
     anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
     anyhow::ensure!(
@@ -387,11 +121,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         wanted: &wanted,
     });
     let mut tracker = Tracker::new(a.raw_sql);
-    let mut sites = Sites {
-        pid: target.pid,
-        symbolizer: None,
-        by_stack: HashMap::new(),
-    };
+    let mut sites = waits::SiteNames::new(target.pid);
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
@@ -439,7 +169,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         }
     };
     // Connected before tracing, read only when texts are wanted.
-    let mut texts = PreparedTexts::new();
+    let mut texts = PreparedTexts::default();
     if !a.no_sql {
         texts.start(&a.connect, target.pid);
     }

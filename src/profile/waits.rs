@@ -3,7 +3,9 @@
 //! mutex or rw-lock held by another thread is contention; a condition variable or an event is a thread waiting
 //! for something to do, or to happen).
 
-use std::rc::Rc;
+use std::{collections::HashMap, rc::Rc};
+
+use crate::{collect::RawStack, symbolize::Symbolizer};
 
 /// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
 /// C++ library's, and the server's own wrappers and latches (MariaDB's `srw_mutex_impl`, `ssux_lock_impl`, the
@@ -220,6 +222,54 @@ fn primitive_kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
     match op {
         FutexOp::Wait | FutexOp::LockPi => WaitKind::OtherLock,
         FutexOp::WaitBitset | FutexOp::Unknown => WaitKind::Condition,
+    }
+}
+
+/// Stacks of lock waits named by their site, at most this many (a server has a few hundred wait sites).
+const MAX_SITES: usize = 65536;
+
+/// The sites of lock waits' stacks, as they arrive: symbolized once each, while tracing.
+pub struct SiteNames {
+    pid: u32,
+    symbolizer: Option<Symbolizer>,
+    by_stack: HashMap<u64, Option<Rc<str>>>,
+}
+
+impl SiteNames {
+    /// For the process `pid`, symbolized from the first stack on.
+    pub fn new(pid: u32) -> Self {
+        SiteNames {
+            pid,
+            symbolizer: None,
+            by_stack: HashMap::new(),
+        }
+    }
+
+    /// Names the site of a stack as it arrives.
+    pub fn add(&mut self, id: u64, stack: &RawStack) {
+        if self.by_stack.len() >= MAX_SITES {
+            self.by_stack.clear();
+        }
+        if self.symbolizer.is_none() {
+            match Symbolizer::new(self.pid) {
+                Ok(s) => self.symbolizer = Some(s),
+                Err(e) => {
+                    say!("myprobe: warning: lock wait sites are not named: {e:#}");
+                    self.by_stack.insert(id, None);
+                    return;
+                }
+            }
+        }
+        let Some(symbolizer) = self.symbolizer.as_mut() else {
+            return;
+        };
+        let frames = symbolizer.user_stack(stack.user());
+        self.by_stack.insert(id, site(&frames).map(Rc::from));
+    }
+
+    /// The site of a stack that arrived.
+    pub fn of(&self, id: u64) -> Option<String> {
+        self.by_stack.get(&id)?.as_deref().map(str::to_string)
     }
 }
 

@@ -14,9 +14,20 @@
 //! A thread runs one statement at a time and its executions arrive in order, so a sample is joined only once
 //! an execution of its thread that began after the sample has arrived: everything that overlapped it is in.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc,
+    },
+    time::{Duration, Instant},
+};
 
-use super::fingerprint::fingerprint;
+use super::{fingerprint::fingerprint, QueryRecord, Tracker};
+use crate::{
+    client::{self, ConnectArgs},
+    collect,
+};
 
 /// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.
 pub type StatementKey = (i32, u32);
@@ -54,13 +65,14 @@ const DISPATCH_SLACK_NS: u64 = 50_000;
 
 /// How long executions and samples are kept for joining.
 const KEEP_NS: u64 = 5_000_000_000;
-/// Executions and samples kept at most (a busy server runs tens of thousands of statements a second).
-const MAX_EXECUTIONS: usize = 500_000;
+/// Executions kept per thread, and samples, at most (a busy thread runs thousands of statements a second).
+const MAX_EXECUTIONS: usize = 100_000;
 const MAX_SAMPLES: usize = 1_000;
 
 #[derive(Default)]
 pub struct TextFinder {
-    executions: VecDeque<Execution>,
+    /// Per thread, in the order they began (a thread runs one statement at a time).
+    executions: HashMap<u32, VecDeque<Execution>>,
     /// The reader's own statements, traced: (thread, start).
     own: VecDeque<(u32, u64)>,
     /// The start of the latest execution seen per thread.
@@ -77,23 +89,27 @@ pub struct TextFinder {
 }
 
 impl TextFinder {
-    /// An execution traced, with its fingerprint when its text is known.
-    pub fn execution(&mut self, e: Execution, known: Option<&str>) {
+    /// An execution traced, with its fingerprint when its text is known; true if it is of a statement newly
+    /// wanted.
+    pub fn execution(&mut self, e: Execution, known: Option<&str>) -> bool {
+        let mut new = false;
         match known {
             Some(fp) if self.fingerprints.get(&e.key).is_none_or(|f| f != fp) => {
                 self.fingerprints.insert(e.key, fp.to_string());
             }
             None if !self.found.contains_key(&e.key) => {
-                self.wanted.insert(e.key);
+                new = self.wanted.insert(e.key);
             }
             _ => {}
         }
         let latest = self.latest_start.entry(e.tid).or_default();
         *latest = (*latest).max(e.start_ns);
-        if self.executions.len() >= MAX_EXECUTIONS {
-            self.executions.pop_front();
+        let thread = self.executions.entry(e.tid).or_default();
+        if thread.len() >= MAX_EXECUTIONS {
+            thread.pop_front();
         }
-        self.executions.push_back(e);
+        thread.push_back(e);
+        new
     }
 
     /// One of the reader's own statements (which read the list), traced.
@@ -151,34 +167,34 @@ impl TextFinder {
             });
             for row in &sample.rows {
                 let shown = fingerprint(&row.text);
+                let Some(thread) = self.executions.get(&row.tid) else {
+                    continue;
+                };
+                let may_be_shown =
+                    |k: &StatementKey| self.fingerprints.get(k).is_none_or(|fp| *fp == shown);
                 let key = match instant {
                     // The latest execution of the thread that began by the row's start.
                     Some(instant) => {
                         let began = instant.saturating_sub(row.time_us.saturating_mul(1000));
-                        self.executions
-                            .iter()
-                            .filter(|e| {
-                                e.tid == row.tid
-                                    && e.start_ns <= began.saturating_add(DISPATCH_SLACK_NS)
-                            })
-                            .max_by_key(|e| e.start_ns)
+                        let by = thread.partition_point(|e| {
+                            e.start_ns <= began.saturating_add(DISPATCH_SLACK_NS)
+                        });
+                        by.checked_sub(1)
+                            .and_then(|i| thread.get(i))
                             .filter(|e| e.end_ns.saturating_add(DISPATCH_SLACK_NS) >= instant)
                             .map(|e| e.key)
-                            .filter(|k| self.fingerprints.get(k).is_none_or(|fp| *fp == shown))
+                            .filter(may_be_shown)
                     }
                     // Without the own statement: the one statement of the thread in the window that may be the
                     // one shown (those known by another text are not).
                     None => {
-                        let mut keys = self
-                            .executions
-                            .iter()
-                            .filter(|e| {
-                                e.tid == row.tid
-                                    && e.start_ns <= sample.after_ns
-                                    && e.end_ns >= sample.before_ns
-                            })
+                        let by = thread.partition_point(|e| e.start_ns <= sample.after_ns);
+                        let mut keys = thread
+                            .range(..by)
+                            .rev()
+                            .take_while(|e| e.end_ns >= sample.before_ns)
                             .map(|e| e.key)
-                            .filter(|k| self.fingerprints.get(k).is_none_or(|fp| *fp == shown));
+                            .filter(may_be_shown);
                         keys.next().filter(|&k| keys.all(|other| other == k))
                     }
                 };
@@ -193,13 +209,15 @@ impl TextFinder {
             }
         }
         self.samples = waiting;
-        while self
-            .executions
-            .front()
-            .is_some_and(|e| now_ns.saturating_sub(e.end_ns) > KEEP_NS)
-        {
-            self.executions.pop_front();
-        }
+        self.executions.retain(|_, thread| {
+            while thread
+                .front()
+                .is_some_and(|e| now_ns.saturating_sub(e.end_ns) > KEEP_NS)
+            {
+                thread.pop_front();
+            }
+            !thread.is_empty()
+        });
         while self
             .own
             .front()
@@ -215,6 +233,246 @@ impl TextFinder {
         self.found.remove(key);
         self.wanted.remove(key);
         self.fingerprints.remove(key);
+    }
+}
+
+/// The executing prepared statements, and the reader's own row: its `TIME_MS` dates the list (above).
+/// MariaDB's process list has the OS thread id (`TID`).
+const PROCESSLIST_SQL: &str =
+    "SELECT TID, TIME_MS, INFO, ID = CONNECTION_ID() FROM information_schema.PROCESSLIST \
+                               WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()";
+
+/// How often the process list is read while texts are wanted (each read takes about a millisecond here), and
+/// once no statement has been newly wanted for `SLOW_AFTER` (those left are rare, and may never be named).
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
+const SLOW_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+const SLOW_AFTER: Duration = Duration::from_secs(5);
+/// How long a record waits for its statement's text before it is written without.
+const HOLD: Duration = Duration::from_secs(2);
+/// Records held at most (a busy server runs tens of thousands of statements a second).
+const MAX_HELD: usize = 200_000;
+
+/// The texts of statements prepared before tracing, looked up in the server's process list while tracing
+/// ([`TextFinder`]): a thread of its own reads the list while texts are wanted; a record of an execution whose
+/// text is unknown waits for it, and the records after it wait behind it, for at most `HOLD`.
+pub struct PreparedTexts {
+    pub finder: TextFinder,
+    samples: Option<mpsc::Receiver<Result<Sample, String>>>,
+    /// Set while texts are wanted (the sampler reads the list only then); `stop` ends the sampler.
+    wanted: Arc<AtomicBool>,
+    /// The sampler's interval, µs; and when a statement was last newly wanted.
+    interval_us: Arc<AtomicU64>,
+    last_new: Instant,
+    stop: Arc<AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+    held: VecDeque<(QueryRecord, Instant)>,
+    own_fingerprint: String,
+    /// Why the sampler stopped, said once texts are wanted.
+    error: Option<String>,
+    last_join: Instant,
+    /// Statements named, and whether the process list could not be read.
+    pub named: u64,
+    pub failed: bool,
+}
+
+impl Default for PreparedTexts {
+    fn default() -> Self {
+        PreparedTexts {
+            finder: TextFinder::default(),
+            samples: None,
+            wanted: Arc::new(AtomicBool::new(false)),
+            interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
+            last_new: Instant::now(),
+            stop: Arc::new(AtomicBool::new(false)),
+            sampler: None,
+            held: VecDeque::new(),
+            own_fingerprint: fingerprint(PROCESSLIST_SQL),
+            error: None,
+            last_join: Instant::now(),
+            named: 0,
+            failed: false,
+        }
+    }
+}
+
+impl PreparedTexts {
+    /// Starts reading the process list, through a connection of a thread of its own (whose failure is said
+    /// once: the texts then stay unknown).
+    pub fn start(&mut self, args: &ConnectArgs, pid: u32) {
+        let (tx, rx) = mpsc::channel();
+        let (args, wanted, stop, interval_us) = (
+            args.clone(),
+            Arc::clone(&self.wanted),
+            Arc::clone(&self.stop),
+            Arc::clone(&self.interval_us),
+        );
+        let sampler = std::thread::Builder::new()
+            .name("myprobe-processlist".into())
+            .spawn(move || {
+                let mut client = match client::connect(&args, Some(pid)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    if wanted.load(Ordering::Relaxed) {
+                        let before_ns = collect::monotonic_ns();
+                        let sample = client.query(PROCESSLIST_SQL).map(|rows| {
+                            let mut sample = Sample {
+                                before_ns,
+                                after_ns: collect::monotonic_ns(),
+                                ..Sample::default()
+                            };
+                            for row in rows {
+                                let [tid, time_ms, info, own] = &row[..] else {
+                                    continue;
+                                };
+                                let tid = tid.as_deref().and_then(|t| t.parse().ok());
+                                let time_us = time_ms
+                                    .as_deref()
+                                    .and_then(|t| t.parse::<f64>().ok())
+                                    .map(|ms| (ms * 1000.0).round() as u64);
+                                let (Some(tid), Some(time_us)) = (tid, time_us) else {
+                                    continue;
+                                };
+                                if own.as_deref() == Some("1") {
+                                    sample.own = Some((tid, time_us));
+                                } else if let Some(text) = info {
+                                    sample.rows.push(SampleRow {
+                                        tid,
+                                        time_us,
+                                        text: text.clone(),
+                                    });
+                                }
+                            }
+                            sample
+                        });
+                        let failed = sample.is_err();
+                        if tx.send(sample.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                            return;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_micros(interval_us.load(Ordering::Relaxed)));
+                }
+            });
+        match sampler {
+            Ok(handle) => {
+                self.sampler = Some(handle);
+                self.samples = Some(rx);
+            }
+            Err(e) => self.fail(&format!("cannot start a thread: {e}")),
+        }
+    }
+
+    fn fail(&mut self, why: &str) {
+        if !self.failed {
+            self.failed = true;
+            say!(
+                "myprobe: warning: the texts of statements prepared before tracing cannot be read from the \
+                 server's process list (--no-sql does without): {why}"
+            );
+        }
+        self.samples = None;
+    }
+
+    /// Takes a record; gives back those ready to be written, in order. The reader's own statements are not
+    /// the server's: they are kept for dating the samples, and not written.
+    pub fn add(&mut self, tracker: &mut Tracker, record: QueryRecord) -> Vec<QueryRecord> {
+        if self.sampler.is_some() && record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
+            self.finder.own_statement(record.tid, record.start_ns);
+            return Vec::new();
+        }
+        if let Some(key) = record.prepared {
+            let e = Execution {
+                tid: record.tid,
+                start_ns: record.start_ns,
+                end_ns: record.end_ns,
+                key,
+            };
+            let known = record.query.as_ref().and(record.fingerprint.as_deref());
+            if self.finder.execution(e, known) {
+                self.last_new = Instant::now();
+            }
+            let interval = if self.last_new.elapsed() < SLOW_AFTER {
+                SAMPLE_INTERVAL
+            } else {
+                SLOW_SAMPLE_INTERVAL
+            };
+            self.interval_us
+                .store(interval.as_micros() as u64, Ordering::Relaxed);
+            let wanted = self.finder.wants_texts();
+            self.wanted.store(wanted, Ordering::Relaxed);
+            if wanted {
+                if let Some(why) = self.error.take() {
+                    self.fail(&why);
+                }
+            }
+        }
+        self.held.push_back((record, Instant::now()));
+        if self.last_join.elapsed() >= Duration::from_millis(50) {
+            self.last_join = Instant::now();
+            self.join(tracker, false);
+        }
+        self.release(false)
+    }
+
+    fn join(&mut self, tracker: &mut Tracker, done: bool) {
+        let mut error = None;
+        if let Some(rx) = &self.samples {
+            while let Ok(sample) = rx.try_recv() {
+                match sample {
+                    Ok(s) => self.finder.sample(s),
+                    Err(e) => error = Some(e),
+                }
+            }
+        }
+        if let Some(e) = error {
+            self.samples = None;
+            if self.finder.wants_texts() {
+                self.fail(&e);
+            } else {
+                self.error = Some(e);
+            }
+        }
+        for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
+            self.named += 1;
+            tracker.learn_prepared(key, &text);
+            for (r, _) in self.held.iter_mut() {
+                if r.prepared == Some(key) && r.query.is_none() {
+                    tracker.name_execution(r, &text);
+                }
+            }
+        }
+    }
+
+    /// The records at the front that have their text or waited long enough (all of them, when done).
+    fn release(&mut self, done: bool) -> Vec<QueryRecord> {
+        let looking = self.samples.is_some() && !done;
+        let mut ready = Vec::new();
+        while let Some((r, since)) = self.held.front() {
+            let waits = looking
+                && r.prepared.is_some()
+                && r.query.is_none()
+                && since.elapsed() < HOLD
+                && self.held.len() < MAX_HELD;
+            if waits {
+                break;
+            }
+            ready.extend(self.held.pop_front().map(|(r, _)| r));
+        }
+        ready
+    }
+
+    /// Tracing ended: the last samples are joined, the sampler stopped, every record given back.
+    pub fn finish(&mut self, tracker: &mut Tracker) -> Vec<QueryRecord> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+        self.join(tracker, true);
+        self.release(true)
     }
 }
 
