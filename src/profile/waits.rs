@@ -137,7 +137,7 @@ impl WaitKind {
             WaitKind::Mutex => "mutex",
             WaitKind::RwLock => "rw-lock",
             WaitKind::MetadataLock => "metadata lock",
-            WaitKind::OtherLock => "lock (futex)",
+            WaitKind::OtherLock => "lock word",
             WaitKind::StatementWait => "condition in a statement",
             WaitKind::Condition => "condition/event",
         }
