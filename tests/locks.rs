@@ -146,7 +146,7 @@ fn server_lock_waits_under_load() {
         .iter()
         .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
     {
+        // Idle pool workers' condition waits are not here (their taking the pool's mutex again once woken is).
         assert!(!lock.contains("condition/event"), "{lock}\n{stderr}");
-        assert!(!lock.contains("tpool::"), "{lock}\n{stderr}");
     }
 }

@@ -67,6 +67,14 @@ fn trace(db: &TestDb, extra: &[&str]) -> Background {
     Background::start(&args, READY)
 }
 
+/// The records of 4 s of tracing with 3 s of sysbench, and stderr.
+fn records_under_load(db: &TestDb) -> (Vec<Value>, String) {
+    let tracer = trace(db, &["-d", "4"]);
+    db.load(3).wait();
+    let (out, err) = tracer.wait();
+    (json_lines(&out), err)
+}
+
 fn of_thread(records: &[Value], tid: u32) -> Vec<&Value> {
     records.iter().filter(|r| r["tid"] == tid).collect()
 }
@@ -248,11 +256,7 @@ fn commits_waiting_for_the_redo_log_are_named_by_their_site() {
     // wait for it.
     let db = testdb();
     db.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1");
-    let tracer = trace(&db, &["-d", "4"]);
-    let load = db.load(3);
-    load.wait();
-    let (out, err) = tracer.wait();
-    let all = json_lines(&out);
+    let (all, err) = records_under_load(&db);
     let mut sites: std::collections::HashMap<&str, u64> = Default::default();
     for r in all.iter().filter(|r| r["query"] == "COMMIT") {
         if let Some(site) = r["lock_site"].as_str() {
@@ -575,11 +579,7 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
 #[test]
 fn json_records_under_load_have_every_field() {
     let db = testdb();
-    let tracer = trace(&db, &["-d", "4"]);
-    let load = db.load(3);
-    load.wait();
-    let (out, err) = tracer.wait();
-    let all = json_lines(&out);
+    let (all, err) = records_under_load(&db);
     assert!(
         all.len() > 200,
         "only {} records under sysbench load\nstderr:\n{err}",
