@@ -230,6 +230,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     for record in texts.finish(&mut tracker) {
         emit(record);
     }
+    // myprobe's own reads of the process list are not the server's statements.
+    let seen = seen.saturating_sub(texts.own_statements);
     if texts.named > 0 || texts.failed {
         say!(
             "myprobe: {} statements prepared before tracing named from the server's process list ({} samples, {} of \

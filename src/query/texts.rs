@@ -273,6 +273,8 @@ pub struct PreparedTexts {
     /// Statements named, and whether the process list could not be read.
     pub named: u64,
     pub failed: bool,
+    /// The reader's own statements, traced and not reported.
+    pub own_statements: u64,
 }
 
 impl Default for PreparedTexts {
@@ -291,6 +293,7 @@ impl Default for PreparedTexts {
             last_join: Instant::now(),
             named: 0,
             failed: false,
+            own_statements: 0,
         }
     }
 }
@@ -382,6 +385,7 @@ impl PreparedTexts {
     pub fn add(&mut self, tracker: &mut Tracker, record: QueryRecord) -> Vec<QueryRecord> {
         if self.sampler.is_some() && record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
             self.finder.own_statement(record.tid, record.start_ns);
+            self.own_statements += 1;
             return Vec::new();
         }
         if let Some(key) = record.prepared {
