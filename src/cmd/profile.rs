@@ -1,7 +1,6 @@
 //! `myprobe profile …`: the options, the choice of collector, and the output.
 
 use std::{
-    cell::RefCell,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -378,16 +377,7 @@ impl<'a> Session<'a> {
         }
         process::check_environment(a.btf.as_deref())?;
         let target = process::resolve(a.pid, a.any_process)?;
-        let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
-            None
-        } else {
-            let tables = ProcessTables::load(target.pid)
-                .context("reading the unwind tables of the process")?;
-            for w in &tables.warnings {
-                say!("myprobe: warning: {w}");
-            }
-            Some(RefCell::new(tables))
-        };
+        let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {
             pid: target.pid,
             duration: Duration::from_secs(a.duration),

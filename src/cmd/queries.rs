@@ -1,7 +1,7 @@
 //! `myprobe queries`: one record per statement with its time broken down, as lines, JSON, or a digest.
 
 use std::{
-    cell::{Cell, RefCell},
+    cell::Cell,
     io::{BufWriter, Write},
     sync::atomic::Ordering,
     time::{Duration, Instant},
@@ -84,17 +84,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
-    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
+    let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+        say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
         None
-    } else {
-        match ProcessTables::load(target.pid) {
-            Ok(tables) => Some(RefCell::new(tables)),
-            Err(e) => {
-                say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
-                None
-            }
-        }
-    };
+    });
     let opts = CollectOptions {
         pid: target.pid,
         duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),

@@ -2,7 +2,7 @@
 //! socket syscalls, with each statement's time partitioned (on CPU, waiting for one, in syscalls by class)
 //! and the stack of its longest futex wait.
 
-use std::{cell::Cell, mem::MaybeUninit, path::Path, time::Instant};
+use std::{cell::Cell, mem::MaybeUninit, path::Path};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
@@ -11,12 +11,11 @@ use libbpf_rs::{
 };
 
 use super::{
-    lost_in_kernel,
     maps::{read_exact, read_prefix, Plain},
     open_object, ring,
     stack_collector::{
-        install_unwind, refresh_unwind, stack_skeleton, Installed, StackSkeleton,
-        SPARE_UNWIND_ROWS, UNWIND_REFRESH_INTERVAL,
+        decode_stack, install_unwind, refresh_unwind, set_common, stack_skeleton, Installed,
+        StackSkeleton,
     },
     CollectOptions, Lost, RawStack,
 };
@@ -162,14 +161,7 @@ pub fn collect(
 ) -> Result<Lost> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
-    let (rows, pages) = opts.unwind.as_ref().map_or((1, 1), |t| {
-        let t = t.borrow();
-        (
-            t.rows.len() + SPARE_UNWIND_ROWS,
-            t.pages.len() + SPARE_UNWIND_ROWS,
-        )
-    });
-    Skeleton::set_common(&mut open, opts.pid, false, rows as u32, pages as u32)?;
+    set_common::<Skeleton>(&mut open, opts)?;
     open.maps
         .events
         .set_max_entries(RING_BUFFER_BYTES)
@@ -224,27 +216,15 @@ pub fn collect(
     attach_dispatch(&skel.progs, &mut dispatch_links)?;
     attached();
 
-    let lost = |skel: &skel::QueriesSkel| {
-        lost_in_kernel!(skel
-            .maps
-            .bss_data
-            .as_ref()
-            .map(|b| b.lost)
-            .unwrap_or_default())
-    };
     let reader = ring::reader(&skel.maps.events, |data| {
         if let Some(e) = decode(data) {
             on_event(e);
         }
     })?;
-    let mut last_refresh = Instant::now();
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
-        if last_refresh.elapsed() >= UNWIND_REFRESH_INTERVAL {
-            last_refresh = Instant::now();
-            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
-        }
-        let l = lost(&skel);
+        refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        let l = Skeleton::lost(&skel);
         let secs = if opts.duration.as_secs() > 1 << 40 {
             String::new()
         } else {
@@ -292,7 +272,7 @@ pub fn collect(
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
     }
-    Ok(lost(&skel))
+    Ok(Skeleton::lost(&skel))
 }
 
 /// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).
@@ -336,19 +316,8 @@ fn dispatch_abi_of(demangled: &str) -> dispatch_abi {
 /// first word is not 0).
 fn decode(data: &[u8]) -> Option<Event> {
     if data.get(..4)? != [0; 4] {
-        let e: stack_event = read_prefix(data, Skeleton::STACK_EVENT_HEADER)?;
-        let frames = e.user_len as usize + e.kernel_len as usize;
-        let ips = e
-            .ips
-            .get(..frames)
-            .filter(|_| data.len() >= Skeleton::STACK_EVENT_HEADER + frames * 8)?;
-        return Some(Event::Stack {
-            id: e.stack_id,
-            stack: RawStack {
-                user_len: e.user_len,
-                ips: ips.into(),
-            },
-        });
+        let (_, id, stack) = decode_stack::<Skeleton>(data)?;
+        return Some(Event::Stack { id, stack });
     }
     let e: query_event = read_prefix(data, std::mem::offset_of!(query_event, text))?;
     let text = e.text.get(..e.text_len as usize)?.to_vec();

@@ -237,6 +237,23 @@ pub trait Collector {
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>>;
 }
 
+/// A `struct stack_event` record: its thread, stack id and stack; `None` if it is malformed (never trusted).
+pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, RawStack)> {
+    let header = S::STACK_EVENT_HEADER;
+    let event = read_prefix::<S::StackEvent>(bytes, header)?;
+    let r = S::stack_record(&event);
+    let frames = r.user_len as usize + r.kernel_len as usize;
+    let ips = r
+        .ips
+        .get(..frames)
+        .filter(|_| bytes.len() >= header + frames * 8)?;
+    let stack = RawStack {
+        user_len: r.user_len,
+        ips: ips.into(),
+    };
+    Some((r.tid, r.stack_id, stack))
+}
+
 /// The stacks defined so far, by id.
 #[derive(Default)]
 pub struct Stacks {
@@ -252,30 +269,13 @@ impl Stacks {
     /// Adds a `struct stack_event` record and returns its thread and stack id; a malformed one is counted,
     /// never trusted.
     pub fn add_record<S: StackSkeleton>(&mut self, bytes: &[u8]) -> Option<(u32, u64)> {
-        let header = S::STACK_EVENT_HEADER;
-        let Some(event) = read_prefix::<S::StackEvent>(bytes, header) else {
+        let Some((tid, stack_id, stack)) = decode_stack::<S>(bytes) else {
             self.malformed += 1;
             return None;
         };
-        let r = S::stack_record(&event);
-        let frames = r.user_len as usize + r.kernel_len as usize;
-        let Some(ips) = r
-            .ips
-            .get(..frames)
-            .filter(|_| bytes.len() >= header + frames * 8)
-        else {
-            self.malformed += 1;
-            return None;
-        };
-        let stack = RawStack {
-            user_len: r.user_len,
-            ips: ips.into(),
-        };
-        self.by_id
-            .entry(r.stack_id)
-            .or_insert_with(|| Rc::new(stack));
-        *self.records.entry((r.tid, r.stack_id)).or_default() += 1;
-        Some((r.tid, r.stack_id))
+        self.by_id.entry(stack_id).or_insert_with(|| Rc::new(stack));
+        *self.records.entry((tid, stack_id)).or_default() += 1;
+        Some((tid, stack_id))
     }
 
     /// Records received per thread and stack id, as sums of one value.
@@ -320,10 +320,32 @@ impl Stacks {
 
 /// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
 /// loaded while tracing.
-pub(crate) const SPARE_UNWIND_ROWS: usize = 65536;
+const SPARE_UNWIND_ROWS: usize = 65536;
 
 /// How often the process's memory map is read again for code mapped while tracing.
-pub(crate) const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Sets the target and sizes the unwind maps of a skeleton that includes stack_ids.h, before loading: room for
+/// the tables of `opts.unwind` and more, or 1 entry when stacks are walked by frame pointers.
+pub(crate) fn set_common<S: StackSkeleton>(
+    open: &mut S::Open<'_>,
+    opts: &CollectOptions,
+) -> Result<()> {
+    let (rows, pages) = opts.unwind.as_ref().map_or((1, 1), |t| {
+        let t = t.borrow();
+        (
+            t.rows.len() + SPARE_UNWIND_ROWS,
+            t.pages.len() + SPARE_UNWIND_ROWS,
+        )
+    });
+    S::set_common(
+        open,
+        opts.pid,
+        opts.kernel_stacks,
+        rows as u32,
+        pages as u32,
+    )
+}
 
 /// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
 pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
@@ -332,24 +354,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut object = MaybeUninit::uninit();
     let builder = <C::Skel as StackSkeleton>::Builder::default();
     let mut open = open_object(builder, &mut object, opts)?;
-    let (rows, pages) = opts.unwind.as_ref().map_or((0, 0), |t| {
-        let t = t.borrow();
-        (t.rows.len(), t.pages.len())
-    });
-    let size = |n: usize| {
-        if opts.unwind.is_some() {
-            (n + SPARE_UNWIND_ROWS) as u32
-        } else {
-            1
-        }
-    };
-    C::Skel::set_common(
-        &mut open,
-        opts.pid,
-        opts.kernel_stacks,
-        size(rows),
-        size(pages),
-    )?;
+    set_common::<C::Skel>(&mut open, opts)?;
     collector.configure(&mut open, &features)?;
     super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
@@ -366,12 +371,8 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let reader = ring::reader(C::Skel::events(&skel), |data| {
         stacks.borrow_mut().add_record::<C::Skel>(data);
     })?;
-    let mut last_refresh = Instant::now();
     let traced = ring::poll(&reader, opts.duration, |elapsed| {
-        if last_refresh.elapsed() >= UNWIND_REFRESH_INTERVAL {
-            last_refresh = Instant::now();
-            refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
-        }
+        refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
         collector.tick(&mut skel, &stacks.borrow())?;
         let lost = C::Skel::lost(&skel).total();
         Ok(format!(
@@ -440,6 +441,8 @@ pub(crate) struct Installed {
     rows: usize,
     pages: usize,
     warned: bool,
+    /// When the process's memory map was last read for new code.
+    refreshed: Option<Instant>,
 }
 
 /// Writes `items[*done..]`, converted, into an array map at the same indexes, as far as it holds; returns
@@ -483,6 +486,7 @@ pub(crate) fn install_unwind<S: StackSkeleton>(
         return Ok(());
     };
     let tables = tables.borrow();
+    installed.refreshed.get_or_insert_with(Instant::now);
     let rows = append_array(maps.rows, &mut installed.rows, &tables.rows, S::unwind_row)?;
     let pages = append_array(maps.pages, &mut installed.pages, &tables.pages, |p| *p)?;
     let capacity = maps.mappings.len();
@@ -531,6 +535,8 @@ pub(crate) fn install_unwind<S: StackSkeleton>(
     Ok(())
 }
 
+/// Loads the tables of code mapped since, reading the process's memory map at most once per
+/// `UNWIND_REFRESH_INTERVAL`; called as tracing goes.
 pub(crate) fn refresh_unwind<S: StackSkeleton>(
     opts: &CollectOptions,
     installed: &mut Installed,
@@ -539,6 +545,13 @@ pub(crate) fn refresh_unwind<S: StackSkeleton>(
     let Some(tables) = &opts.unwind else {
         return Ok(());
     };
+    if installed
+        .refreshed
+        .is_some_and(|t| t.elapsed() < UNWIND_REFRESH_INTERVAL)
+    {
+        return Ok(());
+    }
+    installed.refreshed = Some(Instant::now());
     let changed = tables.borrow_mut().update().unwrap_or(false);
     if changed {
         install_unwind::<S>(opts, installed, maps)?;

@@ -5,7 +5,7 @@
 pub mod replay;
 pub mod table;
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{cell::RefCell, collections::HashMap, path::PathBuf};
 
 use anyhow::{Context, Result};
 
@@ -88,6 +88,19 @@ pub struct ProcessTables {
 }
 
 impl ProcessTables {
+    /// The tables for a collector's `CollectOptions::unwind`: none when stacks are walked by frame pointers
+    /// (asked for, or not x86_64); what the tables lack is said on stderr.
+    pub fn for_tracing(pid: u32, frame_pointers: bool) -> Result<Option<RefCell<Self>>> {
+        if frame_pointers || !cfg!(target_arch = "x86_64") {
+            return Ok(None);
+        }
+        let tables = Self::load(pid).context("reading the unwind tables of the process")?;
+        for w in &tables.warnings {
+            say!("myprobe: warning: {w}");
+        }
+        Ok(Some(RefCell::new(tables)))
+    }
+
     /// Reads the executable mappings of `pid` and compiles the tables of their files.
     pub fn load(pid: u32) -> Result<Self> {
         let maps = ProcMaps::read(pid).with_context(|| format!("reading /proc/{pid}/maps"))?;
