@@ -368,7 +368,21 @@ impl fmt::Debug for Client {
     }
 }
 
-/// `information_schema.PROCESSLIST` at one moment, the own connection left out.
+/// The columns of `information_schema.PROCESSLIST` read, in the order `process_row` takes them.
+macro_rules! processlist_select {
+    () => {
+        "SELECT ID, TID, USER, DB, COMMAND, TIME_MS, STATE, INFO FROM information_schema.PROCESSLIST"
+    };
+}
+
+/// The statement that reads the connections executing a prepared statement, and the own connection
+/// ([`Client::executing_prepared`]): a tracer knows its own reads by it.
+pub const EXECUTING_PREPARED_SQL: &str = concat!(
+    processlist_select!(),
+    " WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()"
+);
+
+/// `information_schema.PROCESSLIST` at one moment, the own connection apart.
 #[derive(Clone, Debug)]
 pub struct Processlist {
     /// CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`), ns, just before the query was sent: a statement in
@@ -377,6 +391,9 @@ pub struct Processlist {
     /// CLOCK_MONOTONIC, ns, just after the last row was read: the rows were true at some moment in between.
     pub received_ns: u64,
     pub rows: Vec<ProcessRow>,
+    /// The own connection's row: its `time_ms` counts from the start of the statement that read the list, one
+    /// clock reading of the server's for all rows.
+    pub own: Option<ProcessRow>,
 }
 
 /// One connection or server thread.
@@ -493,9 +510,19 @@ impl Client {
             .collect())
     }
 
-    /// The server's threads and connections but this one, with the OS thread serving each. MariaDB only: MySQL's
-    /// PROCESSLIST has no thread id (see the error).
+    /// The server's threads and connections, this one apart (`own`), with the OS thread serving each.
+    /// MariaDB only: MySQL's PROCESSLIST has no thread id (see the error).
     pub fn processlist(&mut self) -> Result<Processlist> {
+        self.read_processlist(processlist_select!())
+    }
+
+    /// The connections executing a prepared statement (command `Execute`), whose `info` is the statement's text
+    /// with its placeholders, and the own row: what `query::texts` joins with traced executions.
+    pub fn executing_prepared(&mut self) -> Result<Processlist> {
+        self.read_processlist(EXECUTING_PREPARED_SQL)
+    }
+
+    fn read_processlist(&mut self, sql: &str) -> Result<Processlist> {
         if !self.is_mariadb() {
             // MySQL (≥ 8.0.19) has the OS thread in performance_schema.threads.THREAD_OS_ID, by
             // PROCESSLIST_ID, and no TIME_MS; not read here until a MySQL server is there to test it against.
@@ -506,19 +533,19 @@ impl Client {
             );
         }
         let sent_ns = monotonic_ns();
-        let rows = self.query(
-            "SELECT ID, TID, USER, DB, COMMAND, TIME_MS, STATE, INFO FROM information_schema.PROCESSLIST \
-             WHERE ID <> CONNECTION_ID()",
-        )?;
+        let rows = self.query(sql)?;
         let received_ns = monotonic_ns();
-        let rows = rows
+        let (own, rows): (Vec<_>, Vec<_>) = rows
             .into_iter()
             .map(process_row)
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .partition(|r| r.id == self.connection_id);
         Ok(Processlist {
             sent_ns,
             received_ns,
             rows,
+            own: own.into_iter().next(),
         })
     }
 }

@@ -236,12 +236,6 @@ impl TextFinder {
     }
 }
 
-/// The executing prepared statements, and the reader's own row: its `TIME_MS` dates the list (above).
-/// MariaDB's process list has the OS thread id (`TID`).
-const PROCESSLIST_SQL: &str =
-    "SELECT TID, TIME_MS, INFO, ID = CONNECTION_ID() FROM information_schema.PROCESSLIST \
-                               WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()";
-
 /// How often the process list is read while texts are wanted (each read takes about a millisecond here), and
 /// once no statement has been newly wanted for `SLOW_AFTER` (those left are rare, and may never be named).
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
@@ -288,7 +282,7 @@ impl Default for PreparedTexts {
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
             held: VecDeque::new(),
-            own_fingerprint: fingerprint(PROCESSLIST_SQL),
+            own_fingerprint: fingerprint(client::EXECUTING_PREPARED_SQL),
             error: None,
             last_join: Instant::now(),
             named: 0,
@@ -321,36 +315,23 @@ impl PreparedTexts {
                 };
                 while !stop.load(Ordering::Relaxed) {
                     if wanted.load(Ordering::Relaxed) {
-                        let before_ns = collect::monotonic_ns();
-                        let sample = client.query(PROCESSLIST_SQL).map(|rows| {
-                            let mut sample = Sample {
-                                before_ns,
-                                after_ns: collect::monotonic_ns(),
-                                ..Sample::default()
-                            };
-                            for row in rows {
-                                let [tid, time_ms, info, own] = &row[..] else {
-                                    continue;
-                                };
-                                let tid = tid.as_deref().and_then(|t| t.parse().ok());
-                                let time_us = time_ms
-                                    .as_deref()
-                                    .and_then(|t| t.parse::<f64>().ok())
-                                    .map(|ms| (ms * 1000.0).round() as u64);
-                                let (Some(tid), Some(time_us)) = (tid, time_us) else {
-                                    continue;
-                                };
-                                if own.as_deref() == Some("1") {
-                                    sample.own = Some((tid, time_us));
-                                } else if let Some(text) = info {
-                                    sample.rows.push(SampleRow {
-                                        tid,
-                                        time_us,
-                                        text: text.clone(),
-                                    });
-                                }
-                            }
-                            sample
+                        // Each row's time since its statement began, and the own row's, in µs.
+                        let us = |ms: f64| (ms * 1000.0).round() as u64;
+                        let sample = client.executing_prepared().map(|list| Sample {
+                            before_ns: list.sent_ns,
+                            after_ns: list.received_ns,
+                            own: list.own.and_then(|o| Some((o.tid?, us(o.time_ms)))),
+                            rows: list
+                                .rows
+                                .into_iter()
+                                .filter_map(|r| {
+                                    Some(SampleRow {
+                                        tid: r.tid?,
+                                        time_us: us(r.time_ms),
+                                        text: r.info?,
+                                    })
+                                })
+                                .collect(),
                         });
                         let failed = sample.is_err();
                         if tx.send(sample.map_err(|e| format!("{e:#}"))).is_err() || failed {
