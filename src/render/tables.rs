@@ -16,7 +16,7 @@ fn ms(ns: u64) -> String {
 
 /// The lock table: contention first (mutexes, rw-locks, metadata locks, futex words of no known primitive),
 /// at most `top` locks; condition and event waits (idle workers, timers) summed in one line, or with `all`
-/// listed too, grouped by kind.
+/// listed after them.
 pub fn locks(locks: Vec<LockSummary>, top: usize, all: bool) -> String {
     let contended = |l: &LockSummary| l.kind.is_none_or(|k| k.is_contention());
     let (mut contention, mut idle): (Vec<_>, Vec<_>) = locks.into_iter().partition(contended);
