@@ -227,13 +227,6 @@ impl TextFinder {
         }
         named
     }
-
-    /// A statement closed, or its connection gone: a later statement may reuse the id.
-    pub fn forget(&mut self, key: &StatementKey) {
-        self.found.remove(key);
-        self.wanted.remove(key);
-        self.fingerprints.remove(key);
-    }
 }
 
 /// How often the process list is read while texts are wanted (each read takes about a millisecond here), and
