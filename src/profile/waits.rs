@@ -5,7 +5,10 @@
 
 use std::{collections::HashMap, rc::Rc};
 
-use crate::{collect::RawStack, symbolize::Symbolizer};
+use crate::{
+    collect::RawStack,
+    symbolize::{unnamed_in_binary, Symbolizer},
+};
 
 /// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
 /// C++ library's, and the server's own wrappers and latches (MariaDB's `srw_mutex_impl`, `ssux_lock_impl`, the
@@ -47,7 +50,7 @@ fn is_primitive(frame: &str) -> bool {
 
 /// A frame the symbolizer could not name: `mariadbd+0x8a1c00`, `[unknown]`.
 fn is_unnamed(frame: &str) -> bool {
-    frame.starts_with('[') || frame.contains("+0x")
+    frame.starts_with('[') || unnamed_in_binary(frame).is_some()
 }
 
 /// Where a wait happens: the innermost frame above the primitives, by name (`MDL_context::acquire_lock`); when

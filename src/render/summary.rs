@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
-use crate::profile::Profile;
+use crate::{profile::Profile, symbolize::unnamed_in_binary};
 
 /// Leaf frames that mark a kind of time (`[blocked]`, `[runnable]`, `[syscall] write`) rather than a function.
 fn is_marker(frame: &str) -> bool {
@@ -124,14 +124,6 @@ pub fn top_functions(profile: &Profile, n: usize, memory: bool, estimated: bool)
 /// Frames and leaves below this share of a profile without a function name are not worth a line.
 const UNNAMED_NOTICEABLE: f64 = 0.01;
 
-/// The binary of a frame that has no function name (`mariadbd+0x8a1c00`: the symbolizer's name for the start
-/// of a function from `.eh_frame`), if it is one.
-fn unnamed_in(frame: &str) -> Option<&str> {
-    let (binary, hex) = frame.rsplit_once("+0x")?;
-    let plain = !binary.is_empty() && !binary.contains([' ', ';', '(', ':']);
-    (plain && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(binary)
-}
-
 /// How much of a profile has no function name, weighted by its values.
 #[derive(Debug, PartialEq)]
 pub struct Unnamed {
@@ -153,7 +145,7 @@ pub fn unnamed_share(profile: &Profile, memory: bool) -> Option<Unnamed> {
         let value = u128::from(*value);
         for f in stack.iter().filter(|f| !is_marker(f)) {
             frames += value;
-            if let Some(binary) = unnamed_in(f) {
+            if let Some(binary) = unnamed_in_binary(f) {
                 unnamed += value;
                 *by_binary.entry(binary).or_default() += value;
             }
@@ -165,7 +157,7 @@ pub fn unnamed_share(profile: &Profile, memory: bool) -> Option<Unnamed> {
             .or_else(|| stack.iter().rev().find(|f| !is_marker(f)));
         if let Some(leaf) = leaf {
             leaves += value;
-            if unnamed_in(leaf).is_some() {
+            if unnamed_in_binary(leaf).is_some() {
                 unnamed_leaves += value;
             }
         }
@@ -404,7 +396,7 @@ top 3 functions by total samples:
         );
         // Not names of the symbolizer's fallback.
         for f in ["a+0x", "+0x10", "x+0xzz", "f(int+0x1)", "thread 1 (a+0x1)"] {
-            assert_eq!(unnamed_in(f), None, "{f}");
+            assert_eq!(unnamed_in_binary(f), None, "{f}");
         }
     }
 }

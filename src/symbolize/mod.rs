@@ -45,6 +45,14 @@ use blazesym::MaybeDefault;
 
 use crate::process::maps::{MapKind, Mapping, ProcMaps};
 pub use clean::clean_name;
+
+/// The binary of a frame that has no function name (`mariadbd+0x8a1c00`: the name given to the start of a
+/// function from `.eh_frame`), if it is one.
+pub fn unnamed_in_binary(frame: &str) -> Option<&str> {
+    let (binary, hex) = frame.rsplit_once("+0x")?;
+    let plain = !binary.is_empty() && !binary.contains([' ', ';', '(', ':']);
+    (plain && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(binary)
+}
 use elf::{EhTable, ElfInfo};
 use vtables::VtableNames;
 
