@@ -844,6 +844,50 @@ proptest! {
     }
 
     #[test]
+    fn result_columns_any_bytes(buf in bytes(120)) {
+        let _ = p::result_columns(&buf);
+    }
+
+    #[test]
+    fn result_columns_well_formed(
+        columns in vec((bytes(12), bytes(12), bytes(12)), 1..6),
+        metadata_follows in any::<Option<bool>>(),
+        cut in any::<Index>(),
+        edits in edits(),
+    ) {
+        let mut head = lenenc(columns.len() as u64, 0);
+        head.extend(metadata_follows.map(u8::from));
+        let mut wire = packet(1, &head);
+        let head_end = wire.len();
+        for (i, (schema, table, name)) in columns.iter().enumerate() {
+            let mut def = Vec::new();
+            for s in [&b"def"[..], schema, b"alias", table, name, name] {
+                def.extend(lenenc(s.len() as u64, 0));
+                def.extend_from_slice(s);
+            }
+            def.extend([0x0c, 0x21, 0, 1, 0, 0, 0, 0xfd, 0, 0, 0, 0, 0]);
+            wire.extend(packet(2 + i as u8, &def));
+        }
+        let names: Vec<String> = columns.iter().map(|(_, _, n)| lossy(n)).collect();
+        let r = p::result_columns(&wire);
+        if metadata_follows == Some(false) {
+            prop_assert_eq!(r, None);
+        } else {
+            let r = r.unwrap();
+            prop_assert_eq!(&r.names, &names);
+            prop_assert_eq!(r.count, columns.len() as u64);
+            // Cut anywhere after the count: the columns seen, in order, never more.
+            let cut = cut.index(wire.len());
+            if cut > head_end {
+                if let Some(r) = p::result_columns(&wire[..cut]) {
+                    prop_assert!(names.starts_with(&r.names), "{:?}", r);
+                }
+            }
+        }
+        let _ = p::result_columns(&mutate(wire, &edits));
+    }
+
+    #[test]
     fn stmt_execute_id_any_bytes(buf in bytes(12), cmd in command()) {
         let buf = [&[cmd][..], &buf].concat();
         let has_id = matches!(

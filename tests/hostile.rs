@@ -404,6 +404,60 @@ mod wire {
     }
 }
 
+#[test]
+fn statement_prepared_before_tracing_is_labelled_by_its_result_set() {
+    let db = testdb();
+    // The raw client announces none of MariaDB's extended capabilities, so it caches no metadata (Connector/C
+    // does: see queries.rs): each result set comes with its column definitions.
+    let mut client = wire::Client::login(
+        &wire::Transport::Unix(db.socket.clone()),
+        "root",
+        Some("sbtest"),
+    );
+    let select =
+        client.prepare("SELECT s.c, s.pad, s.id + 1 AS next FROM sbtest1 s WHERE s.id = 1");
+    let update = client.prepare("UPDATE sbtest1 SET k = k WHERE id = 1");
+    let tracer = raw_sql_tracer(db.pid, &["--json", "--no-sql"]);
+    // COM_STMT_EXECUTE: the id, no cursor, one iteration (the statements have no parameters).
+    let execute = |id: u32| [&id.to_le_bytes()[..], &[0, 1, 0, 0, 0]].concat();
+    for _ in 0..3 {
+        let head = client.command(0x17, &execute(select));
+        assert_eq!(head, [3], "a result set of three columns");
+        assert_eq!(client.command(0x17, &execute(update)).first(), Some(&0));
+    }
+    drop(client);
+    let (out, err) = tracer.stop();
+    let all = json_lines(&out);
+    let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
+    assert_eq!(executes.len(), 6, "{all:?}\nstderr:\n{err}");
+    for r in &executes {
+        assert!(
+            r["query"].is_null(),
+            "the text is unknown, not made up: {r}"
+        );
+    }
+    // The tables are the stored ones (not the alias s), the columns as the statement names them.
+    let labelled = format!("SELECT … FROM sbtest.sbtest1 (c, pad, next) #{select}");
+    assert_eq!(
+        executes
+            .iter()
+            .filter(|r| r["fingerprint"] == labelled)
+            .count(),
+        3,
+        "{executes:?}"
+    );
+    // No result set: nothing to show but its id.
+    let unknown = format!("statement prepared before tracing #{update}");
+    assert_eq!(
+        executes
+            .iter()
+            .filter(|r| r["fingerprint"] == unknown)
+            .count(),
+        3,
+        "{executes:?}"
+    );
+}
+
 /// Every transport of the test server: its unix socket, TCP over IPv4 and IPv6 (if the server listens there).
 fn transports(db: &TestDb) -> Vec<wire::Transport> {
     let port: u16 = std::env::var("MYPROBE_TEST_PORT")

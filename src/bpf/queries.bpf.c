@@ -32,6 +32,7 @@ const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 
 #define COM_QUIT 0x01
 #define COM_QUERY 0x03
+#define COM_STMT_EXECUTE 0x17
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
 #define CLIENT_COMPRESS 0x20
@@ -113,8 +114,9 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 
 static __always_inline void submit(struct query_event *e)
 {
-	__u64 size = QUERY_EVENT_HEADER_BYTES + (e->text_len & (MAX_TEXT - 1));
-	if (e->text_len >= MAX_TEXT)
+	__u32 len = (__u32)e->text_len + e->result_len;
+	__u64 size = QUERY_EVENT_HEADER_BYTES + (len & (MAX_TEXT - 1));
+	if (len >= MAX_TEXT)
 		size = sizeof(*e);
 	submit_event(e, size);
 }
@@ -195,6 +197,7 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 	e->start_ns = now;
 	e->end_ns = now;
 	e->reply_len = 0;
+	e->result_len = 0;
 	if (n > MAX_PACKET_TEXT)
 		n = MAX_PACKET_TEXT;
 	capture_text(e, buf, n);
@@ -220,6 +223,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->ev.start_ns = st->header_ts;
 	st->ev.end_ns = 0;
 	st->ev.reply_len = 0;
+	st->ev.result_len = 0;
 	/* The packet only: what follows in the same read is the next packet. */
 	if (n > st->header_len)
 		n = st->header_len;
@@ -256,7 +260,15 @@ static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
 static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
 {
-	if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
+	if (st->phase == PHASE_RUNNING && st->ev.text[0] == COM_STMT_EXECUTE &&
+	    st->ev.text_len <= MAX_TEXT - RESULT_HEAD) {
+		__u32 off = st->ev.text_len;
+		long m = n > RESULT_HEAD ? RESULT_HEAD : n;
+		if (off > MAX_TEXT - RESULT_HEAD || m <= 0 || bpf_probe_read_user(&st->ev.text[off], m, (void *)buf))
+			m = 0;
+		st->ev.result_len = m;
+		st->phase = PHASE_REPLIED;
+	} else if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
 		long m = n > REPLY_HEAD ? REPLY_HEAD : n;
 		if (m <= 0 || bpf_probe_read_user(st->ev.reply, m, (void *)buf))
 			m = 0;

@@ -8,6 +8,9 @@
 _Static_assert(!(MAX_TEXT & (MAX_TEXT - 1)), "text lengths are masked with MAX_TEXT - 1");
 #define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */
 #define REPLY_HEAD 24         /* bytes kept of the first reply send: header, OK/ERR/PREPARE_OK fields */
+#define RESULT_HEAD 256       /* bytes kept of an execution's first reply send, after its request in text[]: the
+			       * result set's column definitions, which name a statement prepared before tracing */
+_Static_assert(RESULT_HEAD < MAX_TEXT, "an execution's reply is kept after its request");
 
 /* How a syscall is accounted; user space fills syscall_class[] with these. */
 enum syscall_class : __u8 {
@@ -79,6 +82,7 @@ struct query_event {
 	__u16 text_len;
 	__u8 reply_len;
 	__u8 seq;
+	__u16 result_len;         /* an execution's reply kept in text[] after the request (reply_len is 0 then) */
 	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
 	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
 };

@@ -135,12 +135,9 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         let _ = out.flush();
     }
     let mut last_flush = Instant::now();
-    // Every record goes out here, in order, once its text is known or waited for long enough.
+    // Every record goes out here, once its text is known or waited for long enough.
     let mut emit = |record: QueryRecord| {
-        unknown_prepared += record
-            .fingerprint
-            .as_deref()
-            .is_some_and(|f| f.starts_with(UNKNOWN_PREPARED)) as u64;
+        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
         if record.duration_us < min_us {
             return;
         }
@@ -216,13 +213,9 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                 record.lock_site.as_deref(),
             ));
         }
-        for record in texts.add(&mut tracker, record) {
-            emit(record);
-        }
+        texts.add(&mut tracker, record, &mut emit);
     })?;
-    for record in texts.finish(&mut tracker) {
-        emit(record);
-    }
+    texts.finish(&mut tracker, &mut emit);
     // myprobe's own reads of the process list are not the server's statements.
     let seen = seen.saturating_sub(texts.own_statements);
     if texts.named > 0 || texts.failed {
@@ -281,7 +274,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     if unknown_prepared > 0 {
         say!(
             "myprobe: note: {unknown_prepared} executions of statements prepared before tracing began: their text is unknown \
-             (shown as `{UNKNOWN_PREPARED} #ID`); statements prepared while tracing are shown in full"
+             (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
+             their result set's columns); statements prepared while tracing are shown in full"
         );
     }
     if compressed > COMPRESSED_SAID {

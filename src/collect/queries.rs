@@ -31,8 +31,10 @@ unsafe impl Plain for query_event {}
 // SAFETY: as above.
 unsafe impl Plain for query_thread {}
 
-/// Statements are sent whole, not once per stack: a larger ring buffer than the stack collectors'.
-const RING_BUFFER_BYTES: u32 = 16 << 20;
+/// Statements are sent whole, not once per stack: a larger ring buffer than the stack collectors'; about a
+/// second of sysbench's statements on two CPUs, where the reader drains it every 100 ms. Mapped into
+/// myprobe twice (the kernel's trick for records that wrap), so its RSS counts it twice.
+const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// A statement's resource use, as the kernel side counted it (nanoseconds, bytes, counts).
 pub type Counters = query_counters;
@@ -294,7 +296,13 @@ fn statement(
         fd: e.fd,
         packet_len: e.packet_len,
         request: e.text.get(..e.text_len as usize)?.to_vec(),
-        reply: e.reply.get(..e.reply_len as usize)?.to_vec(),
+        // An execution's reply is kept after its request, longer: its result set's column definitions.
+        reply: if e.result_len > 0 {
+            let start = e.text_len as usize;
+            e.text.get(start..start + e.result_len as usize)?.to_vec()
+        } else {
+            e.reply.get(..e.reply_len as usize)?.to_vec()
+        },
         start_ns: e.start_ns,
         end_ns,
         counters,

@@ -186,13 +186,40 @@ struct Conn {
     id: Option<u32>,
     user: Option<String>,
     db: Option<String>,
-    /// Statement id → raw text of COM_STMT_PREPARE.
-    prepared: HashMap<u32, String>,
+    /// Statement id → what its executions are shown as.
+    prepared: HashMap<u32, Prepared>,
     /// It uses the compressed protocol: reported once, and its statements are not recorded (the kernel side
     /// does not follow it; what might still come through would be misread).
     compressed: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
+}
+
+/// What the executions of a prepared statement are shown as: worked out once, as a busy connection executes
+/// the same statements thousands of times a second.
+#[derive(Clone)]
+struct Prepared {
+    fingerprint: String,
+    /// The text (normalized unless raw SQL is asked for); none when only its result set is known.
+    query: Option<String>,
+}
+
+impl Prepared {
+    fn of(text: &str, raw_sql: bool) -> Self {
+        Prepared {
+            fingerprint: fingerprint::fingerprint(text),
+            query: Some(shown_text(text.to_string(), raw_sql)),
+        }
+    }
+}
+
+/// A statement's text as records show it: literals hidden unless raw SQL is asked for.
+fn shown_text(text: String, raw_sql: bool) -> String {
+    if raw_sql {
+        text
+    } else {
+        fingerprint::normalize(&text)
+    }
 }
 
 /// Before `key` goes into `map`, which holds at most `max` entries: removes one other entry (any) if `key` is
@@ -346,27 +373,43 @@ impl Tracker {
         // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
         let mut unknown = Conn::default();
         let mut forgot_prepared = 0;
+        let raw_sql = self.raw_sql;
         let conn = if s.fd < 0 {
             &mut unknown
         } else {
             self.conn_entry(s.fd)
         };
 
-        // The statement's text: its own for Query and Prepare, the prepared one for Execute.
+        // The statement's text: its own for Query and Prepare; for Execute, what is known of the statement.
         let mut unknown_statement = None;
         let mut prepared = None;
+        let mut execution: Option<Prepared> = None;
         let text: Option<String> = match cmd {
             protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
                 Some(String::from_utf8_lossy(args).into_owned())
             }
-            protocol::COM_STMT_EXECUTE => protocol::stmt_execute_id(&s.request).and_then(|id| {
-                prepared = (s.fd >= 0).then_some((s.fd, id));
-                let known = conn.prepared.get(&id).cloned();
-                if known.is_none() {
-                    unknown_statement = Some(id);
+            protocol::COM_STMT_EXECUTE => {
+                if let Some(id) = protocol::stmt_execute_id(&s.request) {
+                    prepared = (s.fd >= 0).then_some((s.fd, id));
+                    execution = conn.prepared.get(&id).cloned();
+                    if execution.is_none() {
+                        unknown_statement = Some(id);
+                        // Prepared before tracing: its result set's columns, if the server sent them, say
+                        // what it reads, and stand for it until its text is found.
+                        if let Some(columns) = protocol::result_columns(&s.reply) {
+                            let p = Prepared {
+                                fingerprint: format!("{} #{id}", columns.label()),
+                                query: None,
+                            };
+                            forgot_prepared +=
+                                make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
+                            conn.prepared.insert(id, p.clone());
+                            execution = Some(p);
+                        }
+                    }
                 }
-                known
-            }),
+                None
+            }
             protocol::COM_INIT_DB => {
                 protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`"))
             }
@@ -388,8 +431,9 @@ impl Tracker {
                 {
                     forgot_prepared +=
                         make_room(&mut conn.prepared, statement_id, MAX_PREPARED_PER_CONN);
+                    let text = text.as_deref().unwrap_or_default();
                     conn.prepared
-                        .insert(*statement_id, text.clone().unwrap_or_default());
+                        .insert(*statement_id, Prepared::of(text, raw_sql));
                 }
                 (protocol::COM_RESET_CONNECTION, _) => conn.prepared.clear(),
                 (protocol::COM_CHANGE_USER, _) => {
@@ -413,6 +457,19 @@ impl Tracker {
         let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
         self.forgotten_prepared += forgot_prepared;
 
+        let (fingerprint, query) = match (text, execution) {
+            (Some(t), _) => (
+                Some(fingerprint::fingerprint(&t)),
+                Some(shown_text(t, raw_sql)),
+            ),
+            (None, Some(p)) => (Some(p.fingerprint), p.query),
+            // Prepared before tracing: its text went by unseen; the server's statement id still tells the
+            // statements apart.
+            (None, None) => (
+                unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}")),
+                None,
+            ),
+        };
         let c = &s.counters;
         let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
@@ -424,19 +481,8 @@ impl Tracker {
             user,
             db,
             command: protocol::command_name(cmd),
-            // Prepared before tracing: its text went by unseen; the server's statement id still tells the
-            // statements apart.
-            fingerprint: text
-                .as_deref()
-                .map(fingerprint::fingerprint)
-                .or(unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}"))),
-            query: text.map(|t| {
-                if self.raw_sql {
-                    t
-                } else {
-                    fingerprint::normalize(&t)
-                }
-            }),
+            fingerprint,
+            query,
             duration_us,
             time,
             lock_waits: c.lock_waits,
@@ -463,20 +509,17 @@ impl Tracker {
 
     /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.
     pub fn learn_prepared(&mut self, (fd, id): texts::StatementKey, text: &str) {
+        let raw_sql = self.raw_sql;
         let conn = self.conn_entry(fd);
         let forgot = make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
-        conn.prepared.insert(id, text.to_string());
+        conn.prepared.insert(id, Prepared::of(text, raw_sql));
         self.forgotten_prepared += forgot;
     }
 
     /// Gives `r`, an execution of a statement prepared before tracing, the text learned for it.
     pub fn name_execution(&self, r: &mut QueryRecord, text: &str) {
         r.fingerprint = Some(fingerprint::fingerprint(text));
-        r.query = Some(if self.raw_sql {
-            text.to_string()
-        } else {
-            fingerprint::normalize(text)
-        });
+        r.query = Some(shown_text(text.to_string(), self.raw_sql));
     }
 }
 

@@ -411,6 +411,106 @@ pub fn parse_reply_stream(buf: &[u8], command: u8) -> Reply {
     Reply::Unknown
 }
 
+/// What a result set's column definitions say of the statement that made it: the tables its columns come
+/// from (`schema.table`, each once, in order) and the columns' names, as far as the captured bytes go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultColumns {
+    pub tables: Vec<String>,
+    pub names: Vec<String>,
+    /// The column count the result set announced (more than `names` when the capture was cut).
+    pub count: u64,
+}
+
+/// Column names shown in a label, at most.
+const LABEL_COLUMNS: usize = 8;
+
+impl ResultColumns {
+    /// `SELECT … FROM sbtest.sbtest1 (c)`: what the protocol shows of a statement whose text is unknown; the
+    /// `…` says that the rest of the text was not seen.
+    pub fn label(&self) -> String {
+        let mut label = String::from("SELECT …");
+        if !self.tables.is_empty() {
+            label.push_str(" FROM ");
+            label.push_str(&self.tables.join(", "));
+        }
+        let shown = self.names.len().min(LABEL_COLUMNS);
+        let mut columns = self.names[..shown].join(", ");
+        if (shown as u64) < self.count {
+            columns.push_str(if shown == 0 { "…" } else { ", …" });
+        }
+        label.push_str(&format!(" ({columns})"));
+        label
+    }
+}
+
+/// The column definitions at the head of a result set (packet headers included), when the server sent
+/// them: a client that caches metadata (MariaDB's `MARIADB_CLIENT_CACHE_METADATA`, which Connector/C uses)
+/// gets them only when a statement is prepared, and its executions' result sets begin with the column count
+/// and a zero metadata-follows byte. `None` when the reply is not a result set or has no definitions.
+pub fn result_columns(buf: &[u8]) -> Option<ResultColumns> {
+    let (len, _, payload) = split_packet(buf)?;
+    let (count, used) = lenenc_int(payload)?;
+    // The count alone, or with the metadata-follows byte; anything else is not a result set's head.
+    if count == 0 || payload.len() != len as usize || payload.len() > used + 1 {
+        return None;
+    }
+    if payload.get(used) == Some(&0) {
+        return None;
+    }
+    let mut rest = buf.get(4 + payload.len()..)?;
+    let (mut tables, mut names) = (Vec::new(), Vec::new());
+    while (names.len() as u64) < count {
+        let Some((_, _, def)) = split_packet(rest) else {
+            break;
+        };
+        let Some(column) = column_definition(def) else {
+            break;
+        };
+        if !column.table.is_empty() {
+            let table = if column.schema.is_empty() {
+                column.table
+            } else {
+                format!("{}.{}", column.schema, column.table)
+            };
+            if !tables.contains(&table) {
+                tables.push(table);
+            }
+        }
+        names.push(column.name);
+        rest = rest.get(4 + def.len()..).unwrap_or_default();
+    }
+    (!names.is_empty()).then_some(ResultColumns {
+        tables,
+        names,
+        count,
+    })
+}
+
+struct ColumnDefinition {
+    schema: String,
+    /// The table as stored (`org_table`), not its alias in the statement.
+    table: String,
+    /// The column as the statement names it (its alias).
+    name: String,
+}
+
+/// A ColumnDefinition41 packet's strings: catalog (`def`), schema, table, org_table, name, org_name.
+fn column_definition(payload: &[u8]) -> Option<ColumnDefinition> {
+    let mut rest = payload;
+    let mut strings = Vec::with_capacity(6);
+    for _ in 0..6 {
+        let (len, used) = lenenc_int(rest)?;
+        let end = used.checked_add(usize::try_from(len).ok()?)?;
+        strings.push(rest.get(used..end)?);
+        rest = rest.get(end..)?;
+    }
+    (strings[0] == b"def").then(|| ColumnDefinition {
+        schema: text(strings[1]),
+        table: text(strings[3]),
+        name: text(strings[4]),
+    })
+}
+
 fn parse_err(rest: &[u8]) -> Reply {
     let Some(code) = u16_at(rest, 0) else {
         return Reply::Err {
@@ -1123,6 +1223,68 @@ mod tests {
         );
         assert_eq!(parse_reply(b"\xfc\x01", COM_QUERY), Reply::Unknown);
         assert_eq!(parse_reply(b"\xfd", COM_QUERY), Reply::Unknown);
+    }
+
+    /// A ColumnDefinition41 payload; `extended` adds MariaDB's extended metadata (an empty string).
+    fn column(schema: &str, table: &str, org_table: &str, name: &str, extended: bool) -> Vec<u8> {
+        let mut p = Vec::new();
+        for s in ["def", schema, table, org_table, name, name] {
+            p.push(s.len() as u8);
+            p.extend(s.as_bytes());
+        }
+        if extended {
+            p.push(0);
+        }
+        p.extend([0x0c, 0x2d, 0, 0xe0, 1, 0, 0, 0xfe, 1, 0, 0, 0, 0]);
+        p
+    }
+
+    #[test]
+    fn result_columns_name_tables_and_columns() {
+        let mut reply = packet(1, b"\x03");
+        reply.extend(packet(2, &column("sbtest", "s", "sbtest1", "c", false)));
+        reply.extend(packet(3, &column("sbtest", "s", "sbtest1", "pad", false)));
+        reply.extend(packet(4, &column("", "", "", "SUM(k)", false)));
+        reply.extend(packet(5, b"\xfe\x00\x00\x02\x00"));
+        let r = result_columns(&reply).unwrap();
+        assert_eq!(r.tables, ["sbtest.sbtest1"]);
+        assert_eq!(r.names, ["c", "pad", "SUM(k)"]);
+        assert_eq!(r.label(), "SELECT … FROM sbtest.sbtest1 (c, pad, SUM(k))");
+        // Cut after the first definition: what was seen, and that there is more.
+        let cut = &reply[..4 + 1 + 4 + column("sbtest", "s", "sbtest1", "c", false).len() + 3];
+        let r = result_columns(cut).unwrap();
+        assert_eq!(r.label(), "SELECT … FROM sbtest.sbtest1 (c, …)");
+        // Metadata follows (1), with MariaDB's extended metadata in the definitions.
+        let mut reply = packet(1, b"\x01\x01");
+        reply.extend(packet(2, &column("db", "t", "t", "v", true)));
+        assert_eq!(
+            result_columns(&reply).unwrap().label(),
+            "SELECT … FROM db.t (v)"
+        );
+    }
+
+    #[test]
+    fn result_columns_absent() {
+        // Connector/C caches metadata: the count, a zero metadata-follows byte, then rows (sysbench's reply).
+        let reply = b"\x02\x00\x00\x01\x01\x00\x05\x00\x00\x02\xfe\x00\x00\x03\x00";
+        assert_eq!(result_columns(reply), None);
+        for reply in [
+            &packet(1, b"\x00\x01\x00\x02\x00\x00\x00")[..], // OK
+            &packet(1, b"\xff\x7a\x04#42S02no")[..],
+            &packet(1, b"\x01")[..], // the count, and nothing after it
+            &packet(1, b"\x01\x01\x01")[..],
+            b"",
+            b"\x05\x00",
+        ] {
+            assert_eq!(result_columns(reply), None, "{reply:?}");
+        }
+        let mut bad = packet(1, b"\x01");
+        bad.extend(packet(2, b"\x03abc\x00\x00\x00\x01c\x01c"));
+        assert_eq!(
+            result_columns(&bad),
+            None,
+            "not a definition: catalog is not def"
+        );
     }
 
     #[test]

@@ -229,6 +229,11 @@ impl TextFinder {
     }
 }
 
+/// An execution whose text is looked for.
+fn awaits_text(r: &QueryRecord) -> bool {
+    r.prepared.is_some() && r.query.is_none()
+}
+
 /// How often the process list is read while texts are wanted (each read takes about a millisecond here), and
 /// once no statement has been newly wanted for `SLOW_AFTER` (those left are rare, and may never be named).
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(2);
@@ -241,7 +246,8 @@ const MAX_HELD: usize = 200_000;
 
 /// The texts of statements prepared before tracing, looked up in the server's process list while tracing
 /// ([`TextFinder`]): a thread of its own reads the list while texts are wanted; a record of an execution whose
-/// text is unknown waits for it, and the records after it wait behind it, for at most `HOLD`.
+/// text is unknown waits for it, for at most `HOLD`, and the later records of its thread wait behind it (each
+/// thread's records stay in order; the records of other threads go at once).
 pub struct PreparedTexts {
     pub finder: TextFinder,
     samples: Option<mpsc::Receiver<Result<Sample, String>>>,
@@ -252,7 +258,9 @@ pub struct PreparedTexts {
     last_new: Instant,
     stop: Arc<AtomicBool>,
     sampler: Option<std::thread::JoinHandle<()>>,
-    held: VecDeque<(QueryRecord, Instant)>,
+    /// Per thread, the records waiting, from one whose text is looked for.
+    held: HashMap<u32, VecDeque<(QueryRecord, Instant)>>,
+    held_count: usize,
     own_fingerprint: String,
     /// Why the sampler stopped, said once texts are wanted.
     error: Option<String>,
@@ -274,7 +282,8 @@ impl Default for PreparedTexts {
             last_new: Instant::now(),
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
-            held: VecDeque::new(),
+            held: HashMap::new(),
+            held_count: 0,
             own_fingerprint: fingerprint(client::EXECUTING_PREPARED_SQL),
             error: None,
             last_join: Instant::now(),
@@ -354,13 +363,22 @@ impl PreparedTexts {
         self.samples = None;
     }
 
-    /// Takes a record; gives back those ready to be written, in order. The reader's own statements are not
-    /// the server's: they are kept for dating the samples, and not written.
-    pub fn add(&mut self, tracker: &mut Tracker, record: QueryRecord) -> Vec<QueryRecord> {
-        if self.sampler.is_some() && record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
+    /// Takes a record and writes (`emit`) those ready: a record whose text is still looked for waits for it;
+    /// the others go at once. The reader's own statements are not the server's: they are kept for dating
+    /// the samples, and not written.
+    pub fn add(
+        &mut self,
+        tracker: &mut Tracker,
+        record: QueryRecord,
+        emit: &mut impl FnMut(QueryRecord),
+    ) {
+        if self.sampler.is_none() {
+            return emit(record);
+        }
+        if record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
             self.finder.own_statement(record.tid, record.start_ns);
             self.own_statements += 1;
-            return Vec::new();
+            return;
         }
         if let Some(key) = record.prepared {
             let e = Execution {
@@ -388,14 +406,24 @@ impl PreparedTexts {
                 }
             }
         }
-        self.held.push_back((record, Instant::now()));
-        if self.last_join.elapsed() >= Duration::from_millis(50) {
+        let behind = self.held.get(&record.tid).is_some_and(|q| !q.is_empty());
+        if behind || (self.samples.is_some() && awaits_text(&record)) {
+            self.held
+                .entry(record.tid)
+                .or_default()
+                .push_back((record, Instant::now()));
+            self.held_count += 1;
+        } else {
+            emit(record);
+        }
+        if self.last_join.elapsed() >= Duration::from_millis(50) || self.held_count >= MAX_HELD {
             self.last_join = Instant::now();
             self.join(tracker, false);
+            self.release(false, emit);
         }
-        self.release(false)
     }
 
+    /// Joins the samples read so far; the records waiting for the statements they name get their text.
     fn join(&mut self, tracker: &mut Tracker, done: bool) {
         let mut error = None;
         if let Some(rx) = &self.samples {
@@ -417,7 +445,7 @@ impl PreparedTexts {
         for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
             self.named += 1;
             tracker.learn_prepared(key, &text);
-            for (r, _) in self.held.iter_mut() {
+            for (r, _) in self.held.values_mut().flatten() {
                 if r.prepared == Some(key) && r.query.is_none() {
                     tracker.name_execution(r, &text);
                 }
@@ -425,32 +453,32 @@ impl PreparedTexts {
         }
     }
 
-    /// The records at the front that have their text or waited long enough (all of them, when done).
-    fn release(&mut self, done: bool) -> Vec<QueryRecord> {
-        let looking = self.samples.is_some() && !done;
-        let mut ready = Vec::new();
-        while let Some((r, since)) = self.held.front() {
-            let waits = looking
-                && r.prepared.is_some()
-                && r.query.is_none()
-                && since.elapsed() < HOLD
-                && self.held.len() < MAX_HELD;
-            if waits {
-                break;
+    /// Writes, thread by thread, the records at the front that have their text or waited long enough (all of
+    /// them when done, or when too many wait).
+    fn release(&mut self, done: bool, emit: &mut impl FnMut(QueryRecord)) {
+        let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
+        for queue in self.held.values_mut() {
+            while let Some((r, since)) = queue.front() {
+                if looking && awaits_text(r) && since.elapsed() < HOLD {
+                    break;
+                }
+                if let Some((r, _)) = queue.pop_front() {
+                    self.held_count -= 1;
+                    emit(r);
+                }
             }
-            ready.extend(self.held.pop_front().map(|(r, _)| r));
         }
-        ready
+        self.held.retain(|_, queue| !queue.is_empty());
     }
 
-    /// Tracing ended: the last samples are joined, the sampler stopped, every record given back.
-    pub fn finish(&mut self, tracker: &mut Tracker) -> Vec<QueryRecord> {
+    /// Tracing ended: the last samples are joined, the sampler stopped, every record written.
+    pub fn finish(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(sampler) = self.sampler.take() {
             let _ = sampler.join();
         }
         self.join(tracker, true);
-        self.release(true)
+        self.release(true, emit);
     }
 }
 

@@ -35,7 +35,6 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, Rela, SectionHeader, Sym};
-use object::read::ReadCache;
 use object::{Endian, Endianness, ReadRef};
 
 use super::clean_name;
@@ -62,8 +61,12 @@ impl VtableNames {
     /// Reads the vtables of `path`. A file that is not a 64-bit ELF file of a known machine has none.
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let cache = ReadCache::new(file);
-        let Ok(elf) = ElfFile64::<Endianness, _>::parse(&cache) else {
+        // SAFETY: the map is read only while this function runs; the files read are binaries mapped by the
+        // traced process, which are replaced (renamed over) by upgrades, not written in place. A file cut
+        // short meanwhile would end this process with SIGBUS, never corrupt it.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("mapping {}", path.display()))?;
+        let Ok(elf) = ElfFile64::<Endianness, _>::parse(&*map) else {
             return Ok(Self::default());
         };
         let Some(image) = Image::read(&elf) else {
