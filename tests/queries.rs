@@ -143,19 +143,16 @@ fn statement_still_running_at_the_end_is_reported_in_flight() {
 }
 
 /// A statement (`wait`, answered by the line `answer`; `shown` normalized) that waits half a second behind one
-/// session's `hold`, until its `release`, traced: its record.
+/// session's `hold`, until its `release`, traced (with `options`): its record.
 fn record_of_a_wait(
     db: &TestDb,
-    hold: &str,
-    wait: &str,
-    answer: &str,
-    release: &str,
-    shown: &str,
+    [hold, wait, answer, release, shown]: [&str; 5],
+    options: &[&str],
 ) -> Value {
     let mut holder = db.session();
     let mut waiter = db.session();
     let tid = waiter.server_tid();
-    let tracer = trace(db, &[]);
+    let tracer = trace(db, options);
     holder.exec(hold);
     waiter.send(wait);
     std::thread::sleep(Duration::from_millis(500));
@@ -179,11 +176,14 @@ fn row_lock_wait_is_lock_time_with_an_address() {
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.locktest (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; REPLACE INTO sbtest.locktest VALUES (1, 0)");
     let r = &record_of_a_wait(
         &db,
-        "BEGIN; SELECT v FROM sbtest.locktest WHERE id = 1 FOR UPDATE",
-        "UPDATE sbtest.locktest SET v = v + 1 WHERE id = 1; SELECT 'updated'",
-        "updated",
-        "COMMIT",
-        "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?",
+        [
+            "BEGIN; SELECT v FROM sbtest.locktest WHERE id = 1 FOR UPDATE",
+            "UPDATE sbtest.locktest SET v = v + 1 WHERE id = 1; SELECT 'updated'",
+            "updated",
+            "COMMIT",
+            "UPDATE sbtest.locktest SET v = v + ? WHERE id = ?",
+        ],
+        &[],
     );
     assert!(num(r, "duration_us") >= 450_000, "{r}");
     assert!(
@@ -236,18 +236,22 @@ fn is_redo_site(site: &str) -> bool {
 fn metadata_lock_wait_is_named_by_its_site() {
     let db = testdb();
     db.sql("CREATE TABLE IF NOT EXISTS sbtest.mdltest (id INT PRIMARY KEY) ENGINE=InnoDB");
-    let r = &record_of_a_wait(
-        &db,
+    let statements = [
         "LOCK TABLES sbtest.mdltest WRITE",
         "SELECT COUNT(*) FROM sbtest.mdltest",
         "0",
         "UNLOCK TABLES",
         "SELECT COUNT(*) FROM sbtest.mdltest",
-    );
+    ];
+    let r = &record_of_a_wait(&db, statements, &[]);
     assert!(num(r, "lock_max_us") >= 400_000, "{r}");
     let site = r["lock_site"].as_str().unwrap_or_default();
     assert!(is_mdl_site(site), "not the metadata lock's site: {r}");
     assert!(!is_row_lock_site(site) && !is_redo_site(site), "{r}");
+    // Without wait sites, the same wait, and no site.
+    let r = &record_of_a_wait(&db, statements, &["--no-wait-sites"]);
+    assert!(num(r, "lock_max_us") >= 400_000, "{r}");
+    assert!(r["lock_site"].is_null(), "{r}");
 }
 
 #[test]

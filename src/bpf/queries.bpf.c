@@ -27,6 +27,8 @@ char LICENSE[] SEC("license") = "GPL";
 
 /* Argument layout of the server's dispatch_command (TLS fallback). */
 const volatile enum dispatch_abi dispatch_abi = DISPATCH_MARIADB;
+/* Whether a statement's longest futex wait gets its stack id (its site); off, lock waits cost no unwinding. */
+const volatile bool wait_sites = true;
 /* Syscall number → class, filled by user space from the C library's numbers for this arch. */
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 
@@ -593,7 +595,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 			c->lock_max_ns = took;
 			c->lock_addr = st->sys_arg0;
 			/* Where it waited: its registers are still those it entered the kernel with. */
-			c->lock_stack = stack_id_of_call(ctx, false);
+			c->lock_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
 		}
 	}
 	if (cls == SYSCALL_NET_SEND && n > 0 && fd == st->fd)

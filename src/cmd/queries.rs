@@ -67,6 +67,10 @@ pub struct QueriesArgs {
     /// .eh_frame tables into the kernel
     #[arg(long)]
     pub frame_pointers: bool,
+    /// Do not record where lock waits happen (`lock_site`): no stack is taken at a statement's longest lock
+    /// wait, and no unwind tables are loaded (less memory, a quicker start)
+    #[arg(long)]
+    pub no_wait_sites: bool,
     /// Never connect to the server: the texts of statements prepared before tracing are not looked up in its
     /// process list
     #[arg(long)]
@@ -84,10 +88,14 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
-    let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
-        say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
+    let unwind = if a.no_wait_sites {
         None
-    });
+    } else {
+        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+            say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
+            None
+        })
+    };
     let opts = CollectOptions {
         pid: target.pid,
         duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
@@ -163,7 +171,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     if !a.no_sql {
         texts.start(&a.connect, target.pid);
     }
-    let lost = collect::queries::collect(&opts, probe, attached, |event| {
+    let lost = collect::queries::collect(&opts, !a.no_wait_sites, probe, attached, |event| {
         if let Event::Stack { id, stack } = &event {
             sites.add(*id, stack);
             return;

@@ -154,9 +154,11 @@ pub struct DispatchProbe<'a> {
 }
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
-/// called once the probes are in place); returns what was lost.
+/// called once the probes are in place); returns what was lost. `wait_sites`: the stack of each statement's
+/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`).
 pub fn collect(
     opts: &CollectOptions,
+    wait_sites: bool,
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
     mut on_event: impl FnMut(Event),
@@ -170,6 +172,7 @@ pub fn collect(
         .context("sizing the ring buffer")?;
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.syscall_class = syscall_classes();
+    rodata.wait_sites = wait_sites;
     if let Some(d) = &dispatch {
         rodata.dispatch_abi = dispatch_abi_of(&d.function.demangled);
     }
