@@ -29,6 +29,9 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile enum dispatch_abi dispatch_abi = DISPATCH_MARIADB;
 /* Whether a statement's longest futex wait gets its stack id (its site); off, lock waits cost no unwinding. */
 const volatile bool wait_sites = true;
+/* Set by user space while executions of statements prepared before tracing come back with column definitions
+ * that would label them (most clients cache them and get none): only then are executions' replies kept long. */
+bool want_results;
 /* Syscall number → class, filled by user space from the C library's numbers for this arch. */
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 
@@ -262,7 +265,7 @@ static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
 static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
 {
-	if (st->phase == PHASE_RUNNING && st->ev.text[0] == COM_STMT_EXECUTE &&
+	if (want_results && st->phase == PHASE_RUNNING && st->ev.text[0] == COM_STMT_EXECUTE &&
 	    st->ev.text_len <= MAX_TEXT - RESULT_HEAD) {
 		__u32 off = st->ev.text_len;
 		long m = n > RESULT_HEAD ? RESULT_HEAD : n;

@@ -166,22 +166,30 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             }
         }
     };
+    let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
     if !a.no_sql {
         texts.start(&a.connect, target.pid);
     }
-    let lost = collect::queries::collect(&opts, !a.no_wait_sites, probe, attached, |event| {
-        if let Event::Stack { id, stack } = &event {
-            sites.add(*id, stack);
-            return;
-        }
-        let record = tracker.handle(event);
-        for n in tracker.notices.drain(..) {
-            match n {
-                Notice::Tls { .. } if !wanted.get() => {
-                    wanted.set(true);
-                    match &dispatch {
+    let lost = collect::queries::collect(
+        &opts,
+        !a.no_wait_sites,
+        &want_results,
+        probe,
+        attached,
+        |event| {
+            if let Event::Stack { id, stack } = &event {
+                sites.add(*id, stack);
+                return;
+            }
+            let record = tracker.handle(event);
+            want_results.set(tracker.wants_results());
+            for n in tracker.notices.drain(..) {
+                match n {
+                    Notice::Tls { .. } if !wanted.get() => {
+                        wanted.set(true);
+                        match &dispatch {
                         Some(f) => say!(
                             "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
                             f.demangled
@@ -191,38 +199,39 @@ pub fn run(a: QueriesArgs) -> Result<()> {
                             target.exe.display()
                         ),
                     }
-                }
-                Notice::Tls { .. } => {}
-                Notice::Compressed { conn, user } => {
-                    compressed += 1;
-                    if compressed <= COMPRESSED_SAID {
-                        let conn = conn
-                            .map(|c| format!("connection {c}"))
-                            .unwrap_or_else(|| "a connection".into());
-                        say!(
+                    }
+                    Notice::Tls { .. } => {}
+                    Notice::Compressed { conn, user } => {
+                        compressed += 1;
+                        if compressed <= COMPRESSED_SAID {
+                            let conn = conn
+                                .map(|c| format!("connection {c}"))
+                                .unwrap_or_else(|| "a connection".into());
+                            say!(
                             "myprobe: warning: {conn} (user {}) uses the compressed protocol: its statements are not traced",
                             crate::render::terminal_safe(&user)
                         );
+                        }
                     }
                 }
             }
-        }
-        let Some(mut record) = record else { return };
-        seen += 1;
-        if record.lock_stack != 0 {
-            record.lock_site = sites.of(record.lock_stack);
-        }
-        if record.lock_addr_raw != 0 {
-            let symbol = locks.name(record.lock_addr_raw);
-            record.lock_symbol = Some(waits::lock_name(
-                &symbol,
-                locks.names_no_variable(&symbol),
-                record.lock_addr_raw,
-                record.lock_site.as_deref(),
-            ));
-        }
-        texts.add(&mut tracker, record, &mut emit);
-    })?;
+            let Some(mut record) = record else { return };
+            seen += 1;
+            if record.lock_stack != 0 {
+                record.lock_site = sites.of(record.lock_stack);
+            }
+            if record.lock_addr_raw != 0 {
+                let symbol = locks.name(record.lock_addr_raw);
+                record.lock_symbol = Some(waits::lock_name(
+                    &symbol,
+                    locks.names_no_variable(&symbol),
+                    record.lock_addr_raw,
+                    record.lock_site.as_deref(),
+                ));
+            }
+            texts.add(&mut tracker, record, &mut emit);
+        },
+    )?;
     texts.finish(&mut tracker, &mut emit);
     // myprobe's own reads of the process list are not the server's statements.
     let seen = seen.saturating_sub(texts.own_statements);

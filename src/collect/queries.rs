@@ -155,10 +155,12 @@ pub struct DispatchProbe<'a> {
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
 /// called once the probes are in place); returns what was lost. `wait_sites`: the stack of each statement's
-/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`).
+/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`). `want_results`: executions' replies
+/// are kept long enough for their column definitions (`RawStatement::reply`), read at every poll.
 pub fn collect(
     opts: &CollectOptions,
     wait_sites: bool,
+    want_results: &Cell<bool>,
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
     mut on_event: impl FnMut(Event),
@@ -228,6 +230,9 @@ pub fn collect(
     })?;
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
+        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+            bss.want_results = want_results.get();
+        }
         refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
         let l = Skeleton::lost(&skel);
         let secs = if opts.duration.as_secs() > 1 << 40 {

@@ -6,7 +6,10 @@ pub mod fingerprint;
 pub mod protocol;
 pub mod texts;
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use serde::Serialize;
 
@@ -260,7 +263,13 @@ pub struct Tracker {
     /// CLOCK_REALTIME − CLOCK_MONOTONIC, ns: turns the kernel's timestamps into wall-clock time.
     realtime_offset_ns: i128,
     pub notices: Vec<Notice>,
+    /// When an execution of a statement prepared before tracing last came back with column definitions
+    /// that were not kept (see [`Tracker::wants_results`]).
+    results_wanted_at: Option<Instant>,
 }
+
+/// How long executions' replies are kept after the last one that would have labelled a statement.
+const RESULTS_WANTED_FOR: Duration = Duration::from_secs(5);
 
 impl Tracker {
     pub fn new(raw_sql: bool) -> Self {
@@ -271,7 +280,16 @@ impl Tracker {
             forgotten_conns: 0,
             realtime_offset_ns: realtime_offset_ns(),
             notices: Vec::new(),
+            results_wanted_at: None,
         }
+    }
+
+    /// Whether the kernel side should keep executions' replies long (their column definitions): only while
+    /// statements prepared before tracing come back with definitions that would label them. Clients that
+    /// cache definitions (MariaDB's Connector/C) get none, and cost nothing.
+    pub fn wants_results(&self) -> bool {
+        self.results_wanted_at
+            .is_some_and(|t| t.elapsed() < RESULTS_WANTED_FOR)
     }
 
     /// Feeds one event; returns a record for a statement.
@@ -374,6 +392,7 @@ impl Tracker {
         let mut unknown = Conn::default();
         let mut forgot_prepared = 0;
         let raw_sql = self.raw_sql;
+        let mut results_wanted = false;
         let conn = if s.fd < 0 {
             &mut unknown
         } else {
@@ -405,6 +424,9 @@ impl Tracker {
                                 make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
                             conn.prepared.insert(id, p.clone());
                             execution = Some(p);
+                        } else if protocol::result_with_metadata(&s.reply).is_some() {
+                            // They were sent, not kept: the next executions' replies are.
+                            results_wanted = true;
                         }
                     }
                 }
@@ -456,6 +478,9 @@ impl Tracker {
         };
         let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
         self.forgotten_prepared += forgot_prepared;
+        if results_wanted {
+            self.results_wanted_at = Some(Instant::now());
+        }
 
         let (fingerprint, query) = match (text, execution) {
             (Some(t), _) => (

@@ -448,16 +448,7 @@ impl ResultColumns {
 /// gets them only when a statement is prepared, and its executions' result sets begin with the column count
 /// and a zero metadata-follows byte. `None` when the reply is not a result set or has no definitions.
 pub fn result_columns(buf: &[u8]) -> Option<ResultColumns> {
-    let (len, _, payload) = split_packet(buf)?;
-    let (count, used) = lenenc_int(payload)?;
-    // The count alone, or with the metadata-follows byte; anything else is not a result set's head.
-    if count == 0 || payload.len() != len as usize || payload.len() > used + 1 {
-        return None;
-    }
-    if payload.get(used) == Some(&0) {
-        return None;
-    }
-    let mut rest = buf.get(4 + payload.len()..)?;
+    let (count, mut rest) = result_with_metadata(buf)?;
     let (mut tables, mut names) = (Vec::new(), Vec::new());
     while (names.len() as u64) < count {
         let Some((_, _, def)) = split_packet(rest) else {
@@ -484,6 +475,21 @@ pub fn result_columns(buf: &[u8]) -> Option<ResultColumns> {
         names,
         count,
     })
+}
+
+/// Whether `buf` begins a result set whose column definitions follow its column count: `(count, the bytes
+/// after the count)`.
+pub fn result_with_metadata(buf: &[u8]) -> Option<(u64, &[u8])> {
+    let (len, _, payload) = split_packet(buf)?;
+    let (count, used) = lenenc_int(payload)?;
+    // The count alone, or with the metadata-follows byte; anything else is not a result set's head.
+    if count == 0 || payload.len() != len as usize || payload.len() > used + 1 {
+        return None;
+    }
+    if payload.get(used) == Some(&0) {
+        return None;
+    }
+    Some((count, buf.get(4 + payload.len()..)?))
 }
 
 struct ColumnDefinition {
