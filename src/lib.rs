@@ -30,5 +30,6 @@ pub mod process;
 pub mod profile;
 pub mod query;
 pub mod render;
+pub mod stacks;
 pub mod symbolize;
 pub mod unwind;

@@ -24,6 +24,10 @@ enum Command {
     Profile(cmd::profile::ProfileCommand),
     /// Every statement the server runs, with where its time went: CPU, run queue, locks, disk, network.
     Queries(cmd::queries::QueriesArgs),
+    /// What every thread of a running server is doing right now, read from BPF without stopping it: merged
+    /// stacks (pt-pmp's), each thread's state, syscall and the lock it waits on with its holder, deadlocks,
+    /// and the statements the threads run.
+    Stacks(cmd::stacks::StacksArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Profile(c) => cmd::profile::run(c),
         Command::Queries(a) => cmd::queries::run(a),
+        Command::Stacks(a) => cmd::stacks::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -4,3 +4,4 @@ pub mod diff;
 pub mod flame;
 pub mod profile;
 pub mod queries;
+pub mod stacks;

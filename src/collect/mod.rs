@@ -17,6 +17,7 @@ pub mod queries;
 pub mod ring;
 pub mod stack_collector;
 pub mod syscalls;
+pub mod threads;
 
 use std::{
     cell::RefCell,

@@ -1,0 +1,115 @@
+// What every thread of the process is doing right now, without stopping any: a sleepable task iterator, run
+// once, reads each thread's state, the syscall it is in and its arguments (from the registers it entered the
+// kernel with), the words of the futex it waits on, and its stacks (user frames unwound from .eh_frame
+// tables, as offcpu's blocked threads are). Nothing is attached to the process; no thread is ever stopped.
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "lost.h"
+#include "stack_event.h"
+#include "target.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define SYSCALL_ARGS 6
+
+/* The futex syscall's number on this machine, set by user space. */
+const volatile __s64 futex_syscall = -1;
+
+struct thread_record {
+	__u32 tid;
+	__u32 state;        /* task_struct.__state: 0 running or runnable, else why it sleeps */
+	__u32 exit_state;
+	__u32 on_cpu;       /* running on a CPU right now: its user frames are those it last entered the kernel with */
+	__s64 syscall;      /* the syscall it is in (orig_ax), -1 if none */
+	__u64 args[SYSCALL_ARGS];
+	__u64 now_ns;       /* when it was read, and when it last got on a CPU (sched_info.last_arrival) */
+	__u64 last_ran_ns;
+	__u32 futex_word;   /* in a futex call: the word at args[0], */
+	__s32 futex_owner;  /* the int 8 bytes after it (a glibc mutex's __owner), */
+	__u32 futex_read;   /* and whether both could be read */
+	char comm[16];
+	struct stack_event stack;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct thread_record);
+} record_scratch SEC(".maps");
+
+/* The syscall a task stopped in the kernel is in, and its arguments, from its saved user registers. */
+static __always_inline void read_syscall(struct thread_record *r, struct pt_regs *regs)
+{
+	r->syscall = -1;
+	if (!regs)
+		return;
+#ifdef __TARGET_ARCH_x86
+	r->syscall = (long)regs->orig_ax;
+#elif defined(__TARGET_ARCH_arm64)
+	r->syscall = regs->syscallno;
+#endif
+	r->args[0] = PT_REGS_PARM1_SYSCALL(regs);
+	r->args[1] = PT_REGS_PARM2_SYSCALL(regs);
+	r->args[2] = PT_REGS_PARM3_SYSCALL(regs);
+	r->args[3] = PT_REGS_PARM4_SYSCALL(regs);
+	r->args[4] = PT_REGS_PARM5_SYSCALL(regs);
+	r->args[5] = PT_REGS_PARM6_SYSCALL(regs);
+}
+
+SEC("iter.s/task")
+int snapshot(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (!task || !task_is_target(task))
+		return 0;
+	__u32 zero = 0;
+	struct thread_record *r = bpf_map_lookup_elem(&record_scratch, &zero);
+	if (!r)
+		return 0;
+	r->tid = task->pid;
+	r->state = task->__state;
+	r->exit_state = task->exit_state;
+	r->on_cpu = task->on_cpu;
+	/* When each got on a CPU last, by the scheduler's clock (not ktime's; and not se.exec_start, whose task
+	 * clock leaves out each CPU's own interrupt and steal time): the reader's own arrival is now, give or take
+	 * the time it has run since. */
+	r->now_ns = bpf_get_current_task_btf()->sched_info.last_arrival;
+	r->last_ran_ns = task->sched_info.last_arrival;
+	__builtin_memcpy(r->comm, task->comm, sizeof(r->comm));
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	read_syscall(r, regs);
+	r->futex_read = 0;
+	r->futex_word = 0;
+	r->futex_owner = 0;
+	if (r->syscall == futex_syscall && r->args[0]) {
+		__u32 word = 0;
+		__s32 owner = 0;
+		if (!bpf_copy_from_user_task(&word, sizeof(word), (void *)r->args[0], task, 0) &&
+		    !bpf_copy_from_user_task(&owner, sizeof(owner), (void *)(r->args[0] + 8), task, 0)) {
+			r->futex_word = word;
+			r->futex_owner = owner;
+			r->futex_read = 1;
+		}
+	}
+	struct stack_event *e = &r->stack;
+	long n = unwind_task_user_stack(task, e->ips);
+	if (n < 0) {
+		count_lost(user_stack);
+		n = 0;
+	}
+	__u32 user = n > MAX_USER_FRAMES ? MAX_USER_FRAMES : n;
+	e->tid = r->tid;
+	e->stack_id = 0;
+	e->user_len = user;
+	e->kernel_len = 0;
+	if (kernel_stacks) {
+		long k = bpf_get_task_stack(task, &e->ips[user], sizeof(__u64) * MAX_KERNEL_FRAMES, 0);
+		if (k < 0)
+			count_lost(kernel_stack);
+		e->kernel_len = k > 0 ? k / sizeof(__u64) : 0;
+	}
+	bpf_seq_write(ctx->meta->seq, r, sizeof(*r));
+	return 0;
+}

@@ -1,0 +1,143 @@
+//! `myprobe stacks`: what every thread of the server is doing right now, read from BPF without stopping it.
+
+use std::{path::PathBuf, time::Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::{
+    client::ConnectArgs,
+    collect::{threads, CollectOptions},
+    process, stacks,
+    unwind::ProcessTables,
+};
+
+#[derive(Args)]
+pub struct StacksArgs {
+    /// Server process [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// List each thread on its own instead of merging identical stacks
+    #[arg(long)]
+    pub threads: bool,
+    /// Also the kernel stacks
+    #[arg(long)]
+    pub kernel: bool,
+    /// Write to FILE instead: folded stacks (`.folded`, `.txt`: one line per distinct stack with its thread
+    /// count) or JSON (`.json`: every thread)
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Never connect to the server: threads are shown without their statements
+    #[arg(long)]
+    pub no_sql: bool,
+    /// Walk stacks by frame pointers only, without loading the process's .eh_frame tables into the kernel
+    #[arg(long)]
+    pub frame_pointers: bool,
+    /// Read a process that is not mariadbd/mysqld
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Kernel memory the BPF maps may take, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+pub fn run(a: StacksArgs) -> Result<()> {
+    let format = match a
+        .output
+        .as_ref()
+        .and_then(|p| p.extension())
+        .and_then(|e| e.to_str())
+    {
+        None if a.output.is_none() => Format::Text,
+        Some("folded" | "txt") => Format::Folded,
+        Some("json") => Format::Json,
+        _ => bail!("-o: name the file .folded, .txt or .json (for folded stacks or JSON)"),
+    };
+    process::check_environment(a.btf.as_deref())?;
+    let target = process::resolve(a.pid, a.any_process)?;
+    // Asked first: a server that does not answer is said, and the threads are read all the same.
+    let statements = if a.no_sql {
+        None
+    } else {
+        match stacks::statements(&a.connect, target.pid) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                say!("myprobe: threads shown without their statements: the server did not answer: {e:#}");
+                None
+            }
+        }
+    };
+    let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+        say!("myprobe: warning: stacks are walked by frame pointers: {e:#}");
+        None
+    });
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: std::time::Duration::ZERO,
+        kernel_stacks: a.kernel,
+        btf: a.btf.clone(),
+        unwind,
+        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
+        announce: String::new(),
+    };
+    let started = Instant::now();
+    let snapshot = threads::snapshot(&opts)?;
+    let took = started.elapsed();
+    if snapshot.threads.is_empty() {
+        bail!(
+            "no threads read: the process (PID {}) exited during the snapshot",
+            target.pid
+        );
+    }
+    if process::target_exited().is_some() {
+        say!(
+            "myprobe: warning: the process (PID {}) exited during the snapshot: its threads as they were read",
+            target.pid
+        );
+    }
+    let mut named = stacks::name_threads(target.pid, &snapshot.threads);
+    if let Some(statements) = &statements {
+        for t in &mut named {
+            t.statement = statements.get(&t.tid).cloned();
+        }
+    }
+    say!(
+        "myprobe: {} threads of {target} read in {} ms, none stopped",
+        named.len(),
+        took.as_millis()
+    );
+    for line in snapshot.lost.report(named.len() as u64) {
+        say!("myprobe: warning: {line}");
+    }
+    let text = match format {
+        Format::Text if a.threads => stacks::render_threads(&named),
+        Format::Text => stacks::render_groups(&named),
+        Format::Folded => stacks::folded(&named),
+        Format::Json => serde_json::to_string_pretty(&named)? + "\n",
+    };
+    match &a.output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                r => r.context("writing the stacks")?,
+            }
+        }
+    }
+    Ok(())
+}
+
+enum Format {
+    Text,
+    Folded,
+    Json,
+}

@@ -1,0 +1,157 @@
+//! What every thread of a process is doing right now (src/bpf/threads.bpf.c): one run of a sleepable task
+//! iterator reads each thread's state, syscall, futex words and stacks. Nothing is attached to the process and
+//! no thread is stopped (no ptrace, no signal): the threads run on while they are read, so a running thread's
+//! user frames are those it last entered the kernel with.
+
+use std::mem::MaybeUninit;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::OpenSkel;
+
+use super::{
+    maps::{read_exact, Plain},
+    open_object,
+    stack_collector::{install_unwind, set_common, stack_skeleton, Installed, StackSkeleton},
+    CollectOptions, Lost, RawStack,
+};
+
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/threads.skel.rs"));
+}
+use skel::{types::thread_record, ThreadsSkelBuilder};
+stack_skeleton!(Skeleton, ThreadsSkelBuilder, OpenThreadsSkel, ThreadsSkel);
+// SAFETY: generated from BTF structs of integers, integer arrays and such structs.
+unsafe impl Plain for thread_record {}
+
+/// A thread as the snapshot found it.
+#[derive(Clone, Debug)]
+pub struct ThreadRecord {
+    pub tid: u32,
+    pub name: String,
+    /// As `ps` shows it: R (running or runnable), S, D, T, t, X, Z, P (parked), I (idle).
+    pub state: char,
+    /// On a CPU at the moment it was read.
+    pub on_cpu: bool,
+    /// The syscall it is in and its arguments; `None` when it is not in one (running in user space, or
+    /// stopped by an interrupt).
+    pub syscall: Option<(i64, [u64; 6])>,
+    /// How long since it last ran, for a thread that is not running: since it last got on a CPU (the
+    /// scheduler's clock), against the reader's own last arrival (give or take the time the reader has run
+    /// since, and the time the thread ran before it slept).
+    pub idle_ns: Option<u64>,
+    /// In a futex call: the futex's address, its word, and the int 8 bytes after it (a glibc mutex's
+    /// `__owner`), when they could be read.
+    pub futex: Option<Futex>,
+    pub stack: RawStack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Futex {
+    pub addr: u64,
+    pub word: u32,
+    pub next_int: i32,
+}
+
+/// The snapshot: every thread of `opts.pid`, in the kernel's order, and what could not be read.
+pub struct Snapshot {
+    pub threads: Vec<ThreadRecord>,
+    pub lost: Lost,
+}
+
+/// Reads every thread of `opts.pid` once.
+pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = open_object(ThreadsSkelBuilder::default(), &mut object, opts)?;
+    set_common::<Skeleton>(&mut open, opts)?;
+    let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
+    rodata.futex_syscall = libc::SYS_futex;
+    open.progs.snapshot.set_autoattach(false);
+    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
+    let mut skel = open
+        .load()
+        .context("loading the thread snapshot program into the kernel")?;
+    let mut installed = Installed::default();
+    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+    let bytes = super::run_task_iterator(&skel.progs.snapshot)?;
+    let threads = bytes
+        .chunks_exact(std::mem::size_of::<thread_record>())
+        .filter_map(read_exact::<thread_record>)
+        .map(|r| record(&r))
+        .collect();
+    Ok(Snapshot {
+        threads,
+        lost: Skeleton::lost(&skel),
+    })
+}
+
+fn record(r: &thread_record) -> ThreadRecord {
+    let state = state_letter(r.state, r.exit_state);
+    let running = r.state == 0 && r.exit_state == 0;
+    let syscall = (r.syscall >= 0).then_some((r.syscall, r.args));
+    let e = &r.stack;
+    let user = usize::from(e.user_len).min(e.ips.len());
+    let kernel = usize::from(e.kernel_len).min(e.ips.len() - user);
+    ThreadRecord {
+        tid: r.tid,
+        name: String::from_utf8_lossy(
+            r.comm
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect::<Vec<u8>>()
+                .as_slice(),
+        )
+        .into_owned(),
+        state,
+        on_cpu: r.on_cpu != 0,
+        syscall,
+        idle_ns: (!running && r.last_ran_ns > 0 && r.now_ns > 0)
+            .then(|| r.now_ns.saturating_sub(r.last_ran_ns)),
+        futex: (r.futex_read != 0).then_some(Futex {
+            addr: r.args[0],
+            word: r.futex_word,
+            next_int: r.futex_owner,
+        }),
+        stack: RawStack {
+            user_len: user as u16,
+            ips: e.ips[..user + kernel].into(),
+        },
+    }
+}
+
+/// The letter `ps` shows for a task's state (the kernel's `task_state_index`).
+pub fn state_letter(state: u32, exit_state: u32) -> char {
+    const TASK_REPORT: u32 = 0x7f;
+    const TASK_IDLE: u32 = 0x402;
+    const TASK_RTLOCK_WAIT: u32 = 0x1000;
+    if state == TASK_IDLE {
+        return 'I';
+    }
+    let state = if state == TASK_RTLOCK_WAIT { 2 } else { state };
+    let report = (state | exit_state) & TASK_REPORT;
+    let index = (u32::BITS - report.leading_zeros()) as usize;
+    "RSDTtXZP".chars().nth(index).unwrap_or('?')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state_letter;
+
+    #[test]
+    fn states_read_as_ps_shows_them() {
+        for (state, exit, letter) in [
+            (0, 0, 'R'),
+            (1, 0, 'S'),
+            (2, 0, 'D'),
+            (0x402, 0, 'I'),
+            (4, 0, 'T'),
+            (8, 0, 't'),
+            (0, 0x20, 'Z'),
+            (0x40, 0, 'P'),
+            (0x1000, 0, 'D'),
+            (0x101, 0, 'S'), // TASK_FREEZABLE is not reported
+        ] {
+            assert_eq!(state_letter(state, exit), letter, "{state:#x} {exit:#x}");
+        }
+    }
+}

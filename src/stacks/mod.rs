@@ -1,0 +1,456 @@
+//! What every thread is doing (`myprobe stacks`): threads with their state, syscall, stack, the lock they wait
+//! on and who holds it, and the statement they run; merged like pt-pmp (identical stacks, with a count), the
+//! wait-for graph's cycles reported as deadlocks.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt::Write as _,
+    rc::Rc,
+};
+
+use serde::Serialize;
+
+use crate::{
+    collect::{self, threads::ThreadRecord},
+    profile::waits::{self, FutexOp, WaitKind},
+    render::terminal_safe,
+    symbolize::{data::DataSymbolizer, Symbolizer},
+};
+
+/// One thread, named.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadStack {
+    pub tid: u32,
+    pub name: String,
+    /// As `ps` shows it (R, S, D, …).
+    pub state: char,
+    /// On a CPU when read.
+    pub running: bool,
+    /// The syscall it is in, with the arguments that mean something: `futex(0x… wait)`, `read(fd 12)`.
+    pub syscall: Option<String>,
+    /// How long since it last ran, ms (not running threads).
+    pub idle_ms: Option<f64>,
+    /// The lock it waits on, if in a futex wait.
+    pub waits: Option<LockWait>,
+    /// The statement its connection runs, from the server's process list (normalized).
+    pub statement: Option<String>,
+    /// Frames, leaf first (user frames, then kernel frames with `--kernel`).
+    pub frames: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LockWait {
+    /// Named as `profile locks` names locks.
+    pub lock: String,
+    /// `mutex`, `rw-lock`, `condition/event`, …
+    pub kind: &'static str,
+    /// The thread holding it, where the lock word records it (glibc mutexes).
+    pub owner: Option<u32>,
+}
+
+/// Names every thread of a snapshot: its frames, its syscall, the lock it waits on and who holds it.
+pub fn name_threads(pid: u32, records: &[ThreadRecord]) -> Vec<ThreadStack> {
+    let mut symbolizer = Symbolizer::new(pid).ok();
+    let mut data = DataSymbolizer::new(pid).ok();
+    let tids: HashSet<u32> = records.iter().map(|r| r.tid).collect();
+    records
+        .iter()
+        .map(|r| {
+            let (user, kernel): (Vec<Rc<str>>, Vec<Rc<str>>) = match symbolizer.as_mut() {
+                Some(s) => (
+                    s.user_stack(r.stack.user()),
+                    s.kernel_stack(r.stack.kernel()),
+                ),
+                None => (
+                    r.stack
+                        .user()
+                        .iter()
+                        .map(|ip| format!("{ip:#x}").into())
+                        .collect(),
+                    Vec::new(),
+                ),
+            };
+            let waits = r.futex.map(|f| {
+                let op = r
+                    .syscall
+                    .map_or(FutexOp::Unknown, |(_, args)| futex_op(args[1]));
+                let kind = waits::kind(&user, op);
+                let site = waits::site(&user);
+                let lock = match data.as_mut() {
+                    Some(d) => {
+                        let symbol = d.name(f.addr);
+                        let anonymous = d.names_no_variable(&symbol);
+                        waits::lock_name(&symbol, anonymous, f.addr, site.as_deref())
+                    }
+                    None => format!("{:#x}", f.addr),
+                };
+                LockWait {
+                    lock,
+                    kind: kind.label(),
+                    owner: owner(kind, &user, f.word, f.next_int, &tids).filter(|&t| t != r.tid),
+                }
+            });
+            ThreadStack {
+                tid: r.tid,
+                name: r.name.clone(),
+                state: r.state,
+                running: r.on_cpu,
+                syscall: r.syscall.map(|(nr, args)| describe_syscall(nr, &args)),
+                idle_ms: r.idle_ns.map(|ns| ns as f64 / 1e6),
+                waits,
+                statement: None,
+                frames: user.iter().chain(&kernel).map(|f| f.to_string()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// FUTEX_WAIT and friends, without the private and clock flags.
+fn futex_op(op: u64) -> FutexOp {
+    match op & 0x7f & !0x80 & 15 {
+        0 => FutexOp::Wait,
+        9 => FutexOp::WaitBitset,
+        6 | 13 => FutexOp::LockPi,
+        _ => FutexOp::Unknown,
+    }
+}
+
+/// The holder of a lock, where the lock word keeps it: a glibc mutex's `__owner` (the int 8 bytes into it), or a
+/// priority-inheritance futex's word (the owner's TID in its low 30 bits). Condition variables and InnoDB's
+/// latches keep none.
+fn owner(
+    kind: WaitKind,
+    frames: &[Rc<str>],
+    word: u32,
+    next: i32,
+    tids: &HashSet<u32>,
+) -> Option<u32> {
+    if kind != WaitKind::Mutex || frames.iter().any(|f| f.starts_with("srw_mutex_impl")) {
+        return None;
+    }
+    let owner = u32::try_from(next).ok().filter(|t| tids.contains(t));
+    owner.or_else(|| Some(word & 0x3fff_ffff).filter(|t| tids.contains(t)))
+}
+
+fn describe_syscall(nr: i64, args: &[u64; 6]) -> String {
+    let name = collect::syscalls::name(nr as u64);
+    match name.as_ref() {
+        "futex" => {
+            let op = match args[1] & 0x7f & 15 {
+                0 => "wait",
+                1 => "wake",
+                6 => "lock_pi",
+                9 => "wait_bitset",
+                13 => "lock_pi2",
+                _ => "op",
+            };
+            format!("futex({:#x} {op})", args[0])
+        }
+        "read" | "write" | "pread64" | "pwrite64" | "readv" | "writev" | "recvfrom" | "sendto"
+        | "recvmsg" | "sendmsg" | "fsync" | "fdatasync" | "accept" | "accept4"
+        | "io_uring_enter" => {
+            format!("{name}(fd {})", args[0] as i32)
+        }
+        "poll" | "ppoll" | "epoll_wait" | "epoll_pwait" => {
+            format!("{name}({} fds)", args[1] as i32)
+        }
+        _ => format!("{name}()"),
+    }
+}
+
+/// The statements of the server's process list, by the OS thread that runs them; `Err` says why there are
+/// none (the server did not answer, or no access).
+pub fn statements(
+    args: &crate::client::ConnectArgs,
+    pid: u32,
+) -> anyhow::Result<HashMap<u32, String>> {
+    let mut client = crate::client::connect(args, Some(pid))?;
+    let list = client.processlist()?;
+    Ok(list
+        .rows
+        .into_iter()
+        .filter_map(|r| {
+            let text = r.info?;
+            Some((r.tid?, crate::query::fingerprint::normalize(&text)))
+        })
+        .collect())
+}
+
+/// Threads with identical frames, merged: most threads first.
+pub struct Group<'a> {
+    pub frames: &'a [String],
+    pub threads: Vec<&'a ThreadStack>,
+}
+
+pub fn groups(threads: &[ThreadStack]) -> Vec<Group<'_>> {
+    let mut by_frames: BTreeMap<&[String], Vec<&ThreadStack>> = BTreeMap::new();
+    for t in threads {
+        by_frames.entry(&t.frames).or_default().push(t);
+    }
+    let mut groups: Vec<Group> = by_frames
+        .into_iter()
+        .map(|(frames, threads)| Group { frames, threads })
+        .collect();
+    groups.sort_by(|a, b| {
+        b.threads
+            .len()
+            .cmp(&a.threads.len())
+            .then(a.frames.cmp(b.frames))
+    });
+    groups
+}
+
+/// Every cycle of the wait-for graph (a thread waits for a lock held by the next): the threads of each, in
+/// order, starting from the lowest thread id.
+pub fn deadlocks(threads: &[ThreadStack]) -> Vec<Vec<u32>> {
+    let next: HashMap<u32, u32> = threads
+        .iter()
+        .filter_map(|t| Some((t.tid, t.waits.as_ref()?.owner?)))
+        .collect();
+    let mut seen = HashSet::new();
+    let mut cycles = Vec::new();
+    let mut starts: Vec<u32> = next.keys().copied().collect();
+    starts.sort_unstable();
+    for start in starts {
+        let mut path = Vec::new();
+        let mut at = start;
+        while let Some(&n) = next.get(&at) {
+            if seen.contains(&at) {
+                break;
+            }
+            seen.insert(at);
+            path.push(at);
+            if let Some(i) = path.iter().position(|&t| t == n) {
+                let mut cycle = path[i..].to_vec();
+                let low = (0..cycle.len()).min_by_key(|&j| cycle[j]).unwrap_or(0);
+                cycle.rotate_left(low);
+                cycles.push(cycle);
+                break;
+            }
+            at = n;
+        }
+    }
+    cycles
+}
+
+/// Thread ids shown in one line, at most.
+const TIDS_SHOWN: usize = 12;
+
+/// What one thread is doing, in one line: `1234 one_connection S 3.2 s in futex(0x… wait)`.
+fn one_line(t: &ThreadStack) -> String {
+    let mut line = format!("{} {} {}", t.tid, terminal_safe(&t.name), t.state);
+    if t.running {
+        line.push_str(" (on a CPU)");
+    }
+    if let Some(ms) = t.idle_ms.filter(|_| !t.running && t.state != 'R') {
+        let _ = write!(line, " {}", human_ms(ms));
+    }
+    if let Some(s) = &t.syscall {
+        let _ = write!(line, " in {s}");
+    }
+    line
+}
+
+fn human_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// "waits for mutex LOCK held by thread T", or what is known without an owner.
+fn wait_line(t: &ThreadStack) -> Option<String> {
+    let w = t.waits.as_ref()?;
+    let lock = terminal_safe(&w.lock);
+    Some(match w.owner {
+        Some(o) => format!("waits for {} {lock} held by thread {o}", w.kind),
+        None if [WaitKind::Condition, WaitKind::StatementWait]
+            .iter()
+            .any(|k| k.label() == w.kind) =>
+        {
+            format!("waits on {} {lock}", w.kind)
+        }
+        // InnoDB's latches, rw-locks, metadata locks: the lock word keeps no owner.
+        None => format!(
+            "waits for {} {lock} (this kind of lock records no owner)",
+            w.kind
+        ),
+    })
+}
+
+/// The aggregated view, pt-pmp's: each distinct stack once, with its count and threads, most threads first;
+/// then the deadlocks.
+pub fn render_groups(threads: &[ThreadStack]) -> String {
+    let mut out = String::new();
+    for g in groups(threads) {
+        let tids: Vec<String> = g
+            .threads
+            .iter()
+            .take(TIDS_SHOWN)
+            .map(|t| t.tid.to_string())
+            .collect();
+        let more = g.threads.len().saturating_sub(TIDS_SHOWN);
+        let _ = write!(
+            out,
+            "{} thread{}: {}{}",
+            g.threads.len(),
+            if g.threads.len() == 1 { "" } else { "s" },
+            tids.join(" "),
+            if more > 0 {
+                format!(" … ({more} more)")
+            } else {
+                String::new()
+            }
+        );
+        let running = g.threads.iter().filter(|t| t.running).count();
+        if running > 0 {
+            let _ = write!(out, " ({running} on a CPU)");
+        }
+        out.push('\n');
+        // What tells the threads of the group apart: their contended waits and statements, one line each (idle
+        // threads waiting for work are the count alone).
+        for t in &g.threads {
+            let contended = t
+                .waits
+                .as_ref()
+                .is_some_and(|w| w.kind != WaitKind::Condition.label());
+            let wait = wait_line(t).filter(|_| contended);
+            if wait.is_some() || t.statement.is_some() {
+                let _ = writeln!(out, "  {}", one_line(t));
+            }
+            if let Some(w) = wait {
+                let _ = writeln!(out, "      {w}");
+            }
+            if let Some(s) = &t.statement {
+                let _ = writeln!(out, "      statement: {}", terminal_safe(s));
+            }
+        }
+        if let [t] = g.threads[..] {
+            let contended = t
+                .waits
+                .as_ref()
+                .is_some_and(|w| w.kind != WaitKind::Condition.label());
+            if !contended && t.statement.is_none() {
+                let _ = writeln!(out, "  {}", one_line(t));
+            }
+        }
+        frames_block(&mut out, g.frames);
+        out.push('\n');
+    }
+    deadlock_block(&mut out, threads);
+    out
+}
+
+/// Each thread on its own, in thread id order.
+pub fn render_threads(threads: &[ThreadStack]) -> String {
+    let mut out = String::new();
+    let mut sorted: Vec<&ThreadStack> = threads.iter().collect();
+    sorted.sort_by_key(|t| t.tid);
+    for t in sorted {
+        let _ = writeln!(out, "{}", one_line(t));
+        if let Some(w) = wait_line(t) {
+            let _ = writeln!(out, "    {w}");
+        }
+        if let Some(s) = &t.statement {
+            let _ = writeln!(out, "    statement: {}", terminal_safe(s));
+        }
+        frames_block(&mut out, &t.frames);
+        out.push('\n');
+    }
+    deadlock_block(&mut out, threads);
+    out
+}
+
+fn frames_block(out: &mut String, frames: &[String]) {
+    if frames.is_empty() {
+        out.push_str("    (no user stack)\n");
+    }
+    for f in frames {
+        let _ = writeln!(out, "    {}", terminal_safe(f));
+    }
+}
+
+fn deadlock_block(out: &mut String, threads: &[ThreadStack]) {
+    let by_tid: HashMap<u32, &ThreadStack> = threads.iter().map(|t| (t.tid, t)).collect();
+    for cycle in deadlocks(threads) {
+        let _ = writeln!(
+            out,
+            "DEADLOCK: {} threads wait for each other:",
+            cycle.len()
+        );
+        for tid in &cycle {
+            let Some(t) = by_tid.get(tid) else { continue };
+            let _ = writeln!(out, "  thread {}", one_line(t));
+            if let Some(w) = wait_line(t) {
+                let _ = writeln!(out, "      {w}");
+            }
+            frames_block(out, &t.frames);
+        }
+        out.push('\n');
+    }
+}
+
+/// Folded stacks (root first), one line per distinct stack with its thread count, for flame graphs.
+pub fn folded(threads: &[ThreadStack]) -> String {
+    let mut out = String::new();
+    for g in groups(threads) {
+        let frames: Vec<&str> = g.frames.iter().rev().map(String::as_str).collect();
+        let stack = if frames.is_empty() {
+            "[no user stack]".to_string()
+        } else {
+            frames.join(";")
+        };
+        let _ = writeln!(out, "{} {}", stack, g.threads.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread(tid: u32, owner: Option<u32>) -> ThreadStack {
+        ThreadStack {
+            tid,
+            name: "t".into(),
+            state: 'S',
+            running: false,
+            syscall: None,
+            idle_ms: None,
+            waits: owner.map(|o| LockWait {
+                lock: "m".into(),
+                kind: "mutex",
+                owner: Some(o),
+            }),
+            statement: None,
+            frames: vec!["f".into()],
+        }
+    }
+
+    #[test]
+    fn cycles_of_the_wait_for_graph_are_deadlocks() {
+        // 1 → 2 → 1 is a deadlock; 3 → 1 waits behind it; 5 → 6 → 7 → 5 is another; 8 waits for no one.
+        let threads = [
+            thread(2, Some(1)),
+            thread(1, Some(2)),
+            thread(3, Some(1)),
+            thread(7, Some(5)),
+            thread(6, Some(7)),
+            thread(5, Some(6)),
+            thread(8, None),
+        ];
+        assert_eq!(deadlocks(&threads), vec![vec![1, 2], vec![5, 6, 7]]);
+        assert!(deadlocks(&threads[2..3]).is_empty());
+    }
+
+    #[test]
+    fn identical_stacks_merge_most_first() {
+        let mut threads = vec![thread(1, None), thread(2, None), thread(3, None)];
+        threads[2].frames = vec!["g".into()];
+        let g = groups(&threads);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].threads.len(), 2);
+        assert_eq!(folded(&threads), "f 2\ng 1\n");
+    }
+}

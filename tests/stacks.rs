@@ -1,0 +1,298 @@
+//! `myprobe stacks`: every thread read from BPF while the process runs on; a C fixture with threads in known
+//! states (and a deadlock), and a real server with waits of each kind.
+
+mod common;
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+use serde_json::Value;
+
+/// The fixture of tests/fixtures/stacks/states.c, started: its process and the thread ids it printed (holder,
+/// deadlocked a and b, waiter).
+fn states_fixture(dir: &std::path::Path) -> (std::process::Child, [u32; 4]) {
+    let exe = compile_fixture(dir, "states", &["stacks/states.c"], &["-pthread"]);
+    let mut child = Command::new(&exe)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the fixture");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"ready"), "{line}");
+    let tids: Vec<u32> = words[1..].iter().map(|w| w.parse().unwrap()).collect();
+    (child, tids.try_into().unwrap())
+}
+
+fn threads_json(pid: u32, extra: &[&str]) -> (Vec<Value>, String) {
+    let dir = tempdir("stacks-json");
+    let out = dir.join("threads.json");
+    let run = myprobe()
+        .args([
+            "stacks",
+            "--any-process",
+            "--no-sql",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&out)
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    let threads: Vec<Value> = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    (threads, err)
+}
+
+fn with_frame<'a>(threads: &'a [Value], function: &str) -> Vec<&'a Value> {
+    threads
+        .iter()
+        .filter(|t| {
+            t["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().unwrap_or_default() == function)
+        })
+        .collect()
+}
+
+fn of_tid(threads: &[Value], tid: u32) -> &Value {
+    threads
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("no thread {tid}: {threads:?}"))
+}
+
+#[test]
+fn threads_in_known_states_are_read_without_stopping_them() {
+    let dir = tempdir("stacks-states");
+    let started = std::time::Instant::now();
+    let (mut child, [holder, a, b, waiter]) = states_fixture(&dir);
+    let (threads, err) = threads_json(child.id(), &[]);
+    // main, and seven threads.
+    assert_eq!(threads.len(), 8, "{threads:?}\n{err}");
+    assert!(err.contains("none stopped"), "{err}");
+
+    let spinning = with_frame(&threads, "spin_forever");
+    assert_eq!(spinning.len(), 1, "{threads:?}");
+    assert_eq!(spinning[0]["state"], "R", "{}", spinning[0]);
+
+    let sleeping = with_frame(&threads, "sleep_forever");
+    assert_eq!(sleeping.len(), 1, "{threads:?}");
+    assert_eq!(sleeping[0]["state"], "S");
+    assert_eq!(
+        sleeping[0]["syscall"], "clock_nanosleep()",
+        "{}",
+        sleeping[0]
+    );
+    // It has slept since the fixture started, and not for longer.
+    let idle_ms = sleeping[0]["idle_ms"].as_f64().unwrap();
+    assert!(
+        (100.0..started.elapsed().as_secs_f64() * 1000.0).contains(&idle_ms),
+        "{}",
+        sleeping[0]
+    );
+
+    let reading = with_frame(&threads, "read_pipe_forever");
+    assert_eq!(reading.len(), 1, "{threads:?}");
+    assert!(
+        reading[0]["syscall"]
+            .as_str()
+            .unwrap()
+            .starts_with("read(fd "),
+        "{}",
+        reading[0]
+    );
+
+    // Who holds what, from the glibc mutexes' owner field.
+    let w = of_tid(&threads, waiter);
+    assert_eq!(w["waits"]["kind"], "mutex", "{w}");
+    assert_eq!(w["waits"]["owner"], holder, "{w}");
+    assert_eq!(w["waits"]["lock"], "held", "the mutex's variable: {w}");
+    assert!(with_frame(&threads, "wait_for_held")
+        .iter()
+        .any(|t| t["tid"] == waiter));
+    assert_eq!(of_tid(&threads, a)["waits"]["owner"], b);
+    assert_eq!(of_tid(&threads, b)["waits"]["owner"], a);
+    assert!(of_tid(&threads, holder)["waits"].is_null());
+
+    // The text view: the deadlock with both threads, and the waiter's line.
+    let text = myprobe()
+        .args([
+            "stacks",
+            "--any-process",
+            "--no-sql",
+            "-p",
+            &child.id().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let deadlock = out
+        .split("DEADLOCK: 2 threads wait for each other:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no deadlock reported:\n{out}"));
+    for (t, function) in [(a, "take_first_then_second"), (b, "take_second_then_first")] {
+        assert!(deadlock.contains(&format!("thread {t} ")), "{out}");
+        assert!(deadlock.contains(function), "{out}");
+    }
+    assert!(out.contains(&format!("held by thread {holder}")), "{out}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_server_s_waits_are_shown_with_their_statements() {
+    let db = testdb();
+    db.sql(
+        "CREATE TABLE IF NOT EXISTS sbtest.stackrow (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+         REPLACE INTO sbtest.stackrow VALUES (1, 0); \
+         CREATE TABLE IF NOT EXISTS sbtest.stackmdl (id INT PRIMARY KEY) ENGINE=InnoDB",
+    );
+    let mut sleeper = db.session();
+    let mut row_holder = db.session();
+    let mut row_waiter = db.session();
+    let mut mdl_holder = db.session();
+    let mut mdl_waiter = db.session();
+    let _idle: Vec<_> = (0..5).map(|_| db.session()).collect();
+    let (sleep_tid, row_tid, mdl_tid) = (
+        sleeper.server_tid(),
+        row_waiter.server_tid(),
+        mdl_waiter.server_tid(),
+    );
+    sleeper.send("SELECT SLEEP(30)");
+    row_holder.exec("BEGIN; SELECT v FROM sbtest.stackrow WHERE id = 1 FOR UPDATE");
+    row_waiter.send("UPDATE sbtest.stackrow SET v = v + 1 WHERE id = 1; SELECT 'updated'");
+    mdl_holder.exec("LOCK TABLES sbtest.stackmdl WRITE");
+    mdl_waiter.send("SELECT COUNT(*) FROM sbtest.stackmdl");
+    std::thread::sleep(Duration::from_millis(500));
+
+    let pid = db.pid.to_string();
+    let socket = db.socket.to_str().unwrap().to_string();
+    let run = myprobe()
+        .args(["stacks", "-p", &pid, "--socket", &socket, "--user", "root"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    let dir = tempdir("stacks-server");
+    let json = dir.join("threads.json");
+    let run = myprobe()
+        .args([
+            "stacks", "-p", &pid, "--socket", &socket, "--user", "root", "-o",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let threads: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+
+    row_holder.exec("COMMIT");
+    mdl_holder.exec("UNLOCK TABLES");
+    assert_eq!(row_waiter.read_line(), "updated");
+    assert_eq!(mdl_waiter.read_line(), "0");
+    drop(sleeper);
+
+    let s = of_tid(&threads, sleep_tid);
+    assert_eq!(s["statement"], "SELECT SLEEP(?)", "{s}");
+    assert!(
+        s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().contains("sleep")),
+        "{s}"
+    );
+    let r = of_tid(&threads, row_tid);
+    assert_eq!(
+        r["statement"], "UPDATE sbtest.stackrow SET v = v + ? WHERE id = ?",
+        "{r}"
+    );
+    assert!(!r["waits"].is_null(), "{r}");
+    let m = of_tid(&threads, mdl_tid);
+    assert_eq!(
+        m["statement"], "SELECT COUNT(*) FROM sbtest.stackmdl",
+        "{m}"
+    );
+    assert_eq!(m["waits"]["kind"], "metadata lock", "{m}");
+    // The merged view names the three statements and the waits.
+    for needle in [
+        "statement: SELECT SLEEP(?)",
+        "statement: UPDATE sbtest.stackrow SET v = v + ? WHERE id = ?",
+        "statement: SELECT COUNT(*) FROM sbtest.stackmdl",
+        "waits on",
+        "metadata lock",
+    ] {
+        assert!(out.contains(needle), "{needle:?} not in:\n{out}");
+    }
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let run = myprobe()
+        .args(["stacks", "-p", "999999", "--no-sql"])
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("no process with PID 999999"), "{err}");
+    let run = myprobe()
+        .args(["stacks", "--no-sql", "-o", "x.svg"])
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains(".folded, .txt or .json"));
+}
+
+#[test]
+fn a_thousand_idle_connections_are_one_stack() {
+    let db = testdb();
+    let dir = tempdir("stacks-thousand");
+    let server = db.start_another(&dir, &["--max-connections=1100", "--open-files-limit=4000"]);
+    // The test's own descriptors: one per connection.
+    let limit = libc::rlimit {
+        rlim_cur: 4096,
+        rlim_max: 4096,
+    };
+    // SAFETY: setrlimit reads the struct only.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let opts = mysql::OptsBuilder::new()
+        .socket(Some(server.0.socket.to_str().unwrap()))
+        .user(Some("root"));
+    let connections: Vec<mysql::Conn> = (0..1000)
+        .map(|i| mysql::Conn::new(opts.clone()).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+        .collect();
+    let started = std::time::Instant::now();
+    let run = myprobe()
+        .args(["stacks", "--no-sql", "-p", &server.0.pid.to_string()])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    drop(connections);
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    // Every connection's thread waits for its client at the same place: the first stack, with all of them.
+    let first = out.split("\n\n").next().unwrap();
+    assert!(first.starts_with("1000 threads: "), "{out}\n{err}");
+    assert!(first.contains("do_command"), "{first}");
+    eprintln!("1,000 idle connections read in {took:?}, symbolization included: {err}");
+}
