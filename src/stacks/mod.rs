@@ -105,9 +105,9 @@ pub fn name_threads(pid: u32, records: &[ThreadRecord]) -> Vec<ThreadStack> {
         .collect()
 }
 
-/// FUTEX_WAIT and friends, without the private and clock flags.
+/// FUTEX_WAIT and friends (the command in the low bits, without the private and clock flags).
 fn futex_op(op: u64) -> FutexOp {
-    match op & 0x7f & !0x80 & 15 {
+    match op & 15 {
         0 => FutexOp::Wait,
         9 => FutexOp::WaitBitset,
         6 | 13 => FutexOp::LockPi,
@@ -136,7 +136,7 @@ fn describe_syscall(nr: i64, args: &[u64; 6]) -> String {
     let name = collect::syscalls::name(nr as u64);
     match name.as_ref() {
         "futex" => {
-            let op = match args[1] & 0x7f & 15 {
+            let op = match args[1] & 15 {
                 0 => "wait",
                 1 => "wake",
                 6 => "lock_pi",
