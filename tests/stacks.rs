@@ -296,3 +296,188 @@ fn a_thousand_idle_connections_are_one_stack() {
     assert!(first.contains("do_command"), "{first}");
     eprintln!("1,000 idle connections read in {took:?}, symbolization included: {err}");
 }
+
+/// The fixture's own functions: the frames of its binary that gdb and myprobe must both give.
+const STATES_FUNCTIONS: [&str; 8] = [
+    "main",
+    "spin_forever",
+    "sleep_forever",
+    "read_pipe_forever",
+    "hold_and_sleep",
+    "wait_for_held",
+    "take_first_then_second",
+    "take_second_then_first",
+];
+
+/// gdb's `thread apply all bt` of `core`: per thread id, its function names innermost first.
+fn gdb_backtraces(exe: &std::path::Path, core: &std::path::Path) -> Vec<(u32, Vec<String>)> {
+    let out = Command::new("gdb")
+        .args(["-batch", "-nx", "-ex", "thread apply all bt"])
+        .arg(exe)
+        .arg(core)
+        .output()
+        .expect("running gdb");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut threads: Vec<(u32, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        // Thread 8 (Thread 0x7f… (LWP 2647)):
+        let header = line
+            .starts_with("Thread ")
+            .then(|| line.split("(LWP ").nth(1));
+        if let Some(lwp) = header.flatten() {
+            let tid = lwp.split(')').next().unwrap().parse().unwrap();
+            threads.push((tid, Vec::new()));
+        } else if let (Some(rest), Some(t)) = (line.strip_prefix('#'), threads.last_mut()) {
+            // #4  0x0000558cb41833b2 in wait_for_held (arg=…) at …   or   #0  spin_forever (arg=0x0) at …
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let name = match words.iter().position(|&w| w == "in") {
+                Some(i) if words[1].starts_with("0x") => words[i + 1],
+                _ => words[1],
+            };
+            t.1.push(name.to_string());
+        }
+    }
+    assert!(!threads.is_empty(), "gdb printed no threads:\n{text}");
+    threads
+}
+
+fn frames_of(thread: &Value) -> Vec<String> {
+    thread["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_core_file_gives_the_frames_gdb_gives_and_the_deadlock() {
+    let dir = tempdir("stacks-core");
+    let (mut child, [holder, a, b, waiter]) = states_fixture(&dir);
+    let pid = child.id();
+    let gcore = Command::new("gcore")
+        .arg("-o")
+        .arg(dir.join("core"))
+        .arg(pid.to_string())
+        .output()
+        .expect("running gcore");
+    let _ = child.kill();
+    let _ = child.wait();
+    let core = dir.join(format!("core.{pid}"));
+    assert!(
+        gcore.status.success() && core.exists(),
+        "gcore failed: {}",
+        String::from_utf8_lossy(&gcore.stderr)
+    );
+    let exe = dir.join("states");
+
+    let json = dir.join("core.json");
+    let run = myprobe()
+        .args(["stacks", "--any-process", "--core"])
+        .arg(&core)
+        .arg("-o")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let threads: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+
+    let gdb = gdb_backtraces(&exe, &core);
+    assert_eq!(threads.len(), gdb.len(), "threads in the core");
+    let own = |frames: &[String]| -> Vec<String> {
+        frames
+            .iter()
+            .filter(|f| STATES_FUNCTIONS.contains(&f.as_str()))
+            .cloned()
+            .collect()
+    };
+    for (tid, gdb_frames) in &gdb {
+        let ours = frames_of(of_tid(&threads, *tid));
+        assert!(!own(gdb_frames).is_empty(), "gdb: {gdb_frames:?}");
+        assert_eq!(own(&ours), own(gdb_frames), "thread {tid}: ours {ours:?}");
+        // Unwound to the thread's first frame.
+        let root = ours.last().map(String::as_str);
+        assert!(
+            matches!(root, Some("_start" | "__clone3")),
+            "thread {tid}: {ours:?}"
+        );
+    }
+    let waiting = of_tid(&threads, waiter);
+    assert_eq!(waiting["waits"]["owner"], holder, "{waiting}");
+    assert_eq!(waiting["waits"]["lock"], "held", "{waiting}");
+    assert!(waiting["state"].is_null(), "no scheduler state in a core");
+
+    let text = myprobe()
+        .args(["stacks", "--any-process", "--core"])
+        .arg(&core)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&text.stdout);
+    let deadlock = out
+        .split("DEADLOCK: 2 threads wait for each other:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no deadlock:\n{out}"));
+    for tid in [a, b] {
+        assert!(deadlock.contains(&format!("thread {tid} ")), "{deadlock}");
+    }
+
+    // The core's binary given again, and another binary instead: checked by build-id.
+    let same = myprobe()
+        .args(["stacks", "--any-process", "--core"])
+        .arg(&core)
+        .arg("--exe")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        same.status.success(),
+        "{}",
+        String::from_utf8_lossy(&same.stderr)
+    );
+    let other = compile_fixture(&dir, "other", &["unwind/replay_threads.c"], &["-pthread"]);
+    let run = myprobe()
+        .args(["stacks", "--any-process", "--core"])
+        .arg(&core)
+        .arg("--exe")
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("is not the binary this core was dumped from"),
+        "{err}"
+    );
+    // Without --any-process: the core of a program that is no server.
+    let run = myprobe()
+        .args(["stacks", "--core"])
+        .arg(&core)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(err.contains("not of a MySQL or MariaDB server"), "{err}");
+
+    // Truncated, and not a core at all.
+    let bytes = std::fs::read(&core).unwrap();
+    let cut = dir.join("core.cut");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    for (file, says) in [
+        (cut.as_path(), "the core is truncated"),
+        (exe.as_path(), "not a core file"),
+        (dir.join("core.json").as_path(), "not an ELF file"),
+    ] {
+        let run = myprobe()
+            .args(["stacks", "--any-process", "--core"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{}", file.display());
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+}

@@ -12,9 +12,12 @@ use std::{
 };
 
 use common::tempdir;
-use myprobe::unwind::{
-    replay::{unwind, Core, MAX_USER_FRAMES},
-    ProcessTables,
+use myprobe::{
+    process::core::Core,
+    unwind::{
+        replay::{unwind, MAX_USER_FRAMES},
+        ProcessTables,
+    },
 };
 
 /// The fixture's threads: the chain of its own functions each one blocks under (innermost first), and the
@@ -149,7 +152,7 @@ fn replayed_unwind_of_a_core_equals_eu_stack() {
     let core = Core::read(&core_path).unwrap();
     assert_eq!(core.threads.len(), THREADS.len(), "threads in the core");
     let mut tables = ProcessTables::default();
-    let code = core.code_mappings();
+    let code = core.code_mappings(&|p: &Path| p.to_path_buf());
     for m in &code {
         tables.add_mapping(m);
     }

@@ -17,6 +17,12 @@ pub struct StacksArgs {
     /// Server process [default: the one running mariadbd or mysqld]
     #[arg(short = 'p', long = "pid")]
     pub pid: Option<u32>,
+    /// Read the threads of a core file (the kernel's or gdb's gcore) instead of a running process
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "kernel", "frame_pointers", "btf"])]
+    pub core: Option<PathBuf>,
+    /// The binary the core was dumped from, when it is not at the path the core names (checked by build-id)
+    #[arg(long, value_name = "PATH", requires = "core")]
+    pub exe: Option<PathBuf>,
     /// List each thread on its own instead of merging identical stacks
     #[arg(long)]
     pub threads: bool,
@@ -58,6 +64,20 @@ pub fn run(a: StacksArgs) -> Result<()> {
         Some("json") => Format::Json,
         _ => bail!("-o: name the file .folded, .txt or .json (for folded stacks or JSON)"),
     };
+    if let Some(core) = &a.core {
+        let c = stacks::core::read(core, a.exe.as_deref(), a.any_process)?;
+        for w in &c.warnings {
+            say!("myprobe: warning: {w}");
+        }
+        let named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
+        say!(
+            "myprobe: {} threads of the core {}: {}",
+            named.len(),
+            core.display(),
+            c.description
+        );
+        return write_output(&a, format, &named);
+    }
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     // Asked first: a server that does not answer is said, and the threads are read all the same.
@@ -114,11 +134,16 @@ pub fn run(a: StacksArgs) -> Result<()> {
     for line in snapshot.lost.report(named.len() as u64) {
         say!("myprobe: warning: {line}");
     }
+    write_output(&a, format, &named)
+}
+
+/// The threads, as `-o` and `--threads` ask, to stdout or the file.
+fn write_output(a: &StacksArgs, format: Format, named: &[stacks::ThreadStack]) -> Result<()> {
     let text = match format {
-        Format::Text if a.threads => stacks::render_threads(&named),
-        Format::Text => stacks::render_groups(&named),
-        Format::Folded => stacks::folded(&named),
-        Format::Json => serde_json::to_string_pretty(&named)? + "\n",
+        Format::Text if a.threads => stacks::render_threads(named),
+        Format::Text => stacks::render_groups(named),
+        Format::Folded => stacks::folded(named),
+        Format::Json => serde_json::to_string_pretty(named)? + "\n",
     };
     match &a.output {
         Some(path) => {

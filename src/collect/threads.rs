@@ -28,8 +28,9 @@ unsafe impl Plain for thread_record {}
 pub struct ThreadRecord {
     pub tid: u32,
     pub name: String,
-    /// As `ps` shows it: R (running or runnable), S, D, T, t, X, Z, P (parked), I (idle).
-    pub state: char,
+    /// As `ps` shows it: R (running or runnable), S, D, T, t, X, Z, P (parked), I (idle); `None` where unknown
+    /// (a core file).
+    pub state: Option<char>,
     /// On a CPU at the moment it was read.
     pub on_cpu: bool,
     /// The syscall it is in and its arguments; `None` when it is not in one (running in user space, or
@@ -102,7 +103,7 @@ fn record(r: &thread_record) -> ThreadRecord {
                 .as_slice(),
         )
         .into_owned(),
-        state,
+        state: Some(state),
         on_cpu: r.on_cpu != 0,
         syscall,
         idle_ns: (!running && r.last_ran_ns > 0 && r.now_ns > 0)

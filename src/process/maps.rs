@@ -71,6 +71,8 @@ pub struct ProcMaps {
     /// (device, inode, path) → index into `files`.
     file_index: HashMap<(String, u64, PathBuf), usize>,
     read_at: Instant,
+    /// For the maps of a core file: where each path is read from (never from `/proc`, and never re-read).
+    core_paths: Option<HashMap<PathBuf, PathBuf>>,
 }
 
 impl ProcMaps {
@@ -81,6 +83,7 @@ impl ProcMaps {
             files: Vec::new(),
             file_index: HashMap::new(),
             read_at: Instant::now(),
+            core_paths: None,
         }
     }
 
@@ -94,6 +97,9 @@ impl ProcMaps {
     /// Reads the maps again (libraries loaded or unloaded since). On error (the process is gone) the old
     /// mappings are kept.
     pub fn reread(&mut self) -> Result<()> {
+        if self.core_paths.is_some() {
+            return Ok(());
+        }
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
         self.set_text(&text);
         Ok(())
@@ -115,10 +121,19 @@ impl ProcMaps {
         maps
     }
 
+    /// The maps of a core file: `text` as `/proc/PID/maps` would show them, each file opened at the path
+    /// `open_paths` gives (else at its own).
+    pub fn of_core(text: &str, open_paths: HashMap<PathBuf, PathBuf>) -> Self {
+        let mut maps = ProcMaps::empty(0);
+        maps.core_paths = Some(open_paths);
+        maps.set_text(text);
+        maps
+    }
+
     /// Whether the maps were read long enough ago to read them again for an address in no known mapping (a
     /// library loaded since), without reading them for every such address.
     pub fn is_stale(&self) -> bool {
-        self.read_at.elapsed() >= REFRESH_INTERVAL
+        self.core_paths.is_none() && self.read_at.elapsed() >= REFRESH_INTERVAL
     }
 
     /// Sorted by start address.
@@ -204,7 +219,10 @@ impl ProcMaps {
             let i = match self.file_index.get(&key) {
                 Some(&i) => i,
                 None => {
-                    let open_path = open_path(self.pid, &symbolic, inode, start, end);
+                    let open_path = match &self.core_paths {
+                        Some(paths) => paths.get(&symbolic).unwrap_or(&symbolic).clone(),
+                        None => open_path(self.pid, &symbolic, inode, start, end),
+                    };
                     let basename = symbolic
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())

@@ -1,5 +1,6 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
+pub mod core;
 pub mod maps;
 pub mod probes;
 
@@ -11,7 +12,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 /// Process names of the servers myprobe knows.
-const SERVER_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
+pub const SERVER_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
@@ -170,6 +171,33 @@ pub fn preloaded_libraries(pid: u32) -> Vec<String> {
         })
         .filter(|name| !name.is_empty())
         .collect()
+}
+
+/// A signal's name, as `kill -l` gives it: `SIGSEGV`.
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
 }
 
 /// The name of a thread (`/proc/PID/task/TID/comm`); empty when it exited.

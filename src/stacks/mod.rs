@@ -2,6 +2,8 @@
 //! on and who holds it, and the statement they run; merged like pt-pmp (identical stacks, with a count), the
 //! wait-for graph's cycles reported as deadlocks.
 
+pub mod core;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fmt::Write as _,
@@ -22,8 +24,8 @@ use crate::{
 pub struct ThreadStack {
     pub tid: u32,
     pub name: String,
-    /// As `ps` shows it (R, S, D, …).
-    pub state: char,
+    /// As `ps` shows it (R, S, D, …); not in a core.
+    pub state: Option<char>,
     /// On a CPU when read.
     pub running: bool,
     /// The syscall it is in, with the arguments that mean something: `futex(0x… wait)`, `read(fd 12)`.
@@ -48,10 +50,22 @@ pub struct LockWait {
     pub owner: Option<u32>,
 }
 
-/// Names every thread of a snapshot: its frames, its syscall, the lock it waits on and who holds it.
+/// Names every thread of a live process's snapshot: its frames, its syscall, the lock it waits on and who holds
+/// it.
 pub fn name_threads(pid: u32, records: &[ThreadRecord]) -> Vec<ThreadStack> {
-    let mut symbolizer = Symbolizer::new(pid).ok();
-    let mut data = DataSymbolizer::new(pid).ok();
+    name_threads_with(
+        Symbolizer::new(pid).ok(),
+        DataSymbolizer::new(pid).ok(),
+        records,
+    )
+}
+
+/// Names every thread with these symbolizers (of a live process or of a core file).
+pub fn name_threads_with(
+    mut symbolizer: Option<Symbolizer>,
+    mut data: Option<DataSymbolizer>,
+    records: &[ThreadRecord],
+) -> Vec<ThreadStack> {
     let tids: HashSet<u32> = records.iter().map(|r| r.tid).collect();
     records
         .iter()
@@ -238,11 +252,14 @@ const TIDS_SHOWN: usize = 12;
 
 /// What one thread is doing, in one line: `1234 one_connection S 3.2 s in futex(0x… wait)`.
 fn one_line(t: &ThreadStack) -> String {
-    let mut line = format!("{} {} {}", t.tid, terminal_safe(&t.name), t.state);
+    let mut line = format!("{} {}", t.tid, terminal_safe(&t.name));
+    if let Some(state) = t.state {
+        let _ = write!(line, " {state}");
+    }
     if t.running {
         line.push_str(" (on a CPU)");
     }
-    if let Some(ms) = t.idle_ms.filter(|_| !t.running && t.state != 'R') {
+    if let Some(ms) = t.idle_ms.filter(|_| !t.running && t.state != Some('R')) {
         let _ = write!(line, " {}", human_ms(ms));
     }
     if let Some(s) = &t.syscall {
@@ -414,7 +431,7 @@ mod tests {
         ThreadStack {
             tid,
             name: "t".into(),
-            state: 'S',
+            state: Some('S'),
             running: false,
             syscall: None,
             idle_ms: None,

@@ -159,6 +159,11 @@ impl Symbolizer {
         Ok(s)
     }
 
+    /// For a core file, whose mappings are `maps` ([`crate::process::core::Core::proc_maps`]).
+    pub fn of_core(maps: ProcMaps) -> Self {
+        Self::with_maps(0, maps)
+    }
+
     /// For the process `pid` whose mappings are `maps`.
     fn with_maps(pid: u32, maps: ProcMaps) -> Self {
         let extra_debug_dirs = elf::target_debug_dirs(pid);
