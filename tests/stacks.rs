@@ -481,3 +481,188 @@ fn a_core_file_gives_the_frames_gdb_gives_and_the_deadlock() {
         assert!(err.contains(says), "{err}");
     }
 }
+
+/// The file the kernel writes a core to in `cwd`, by `kernel.core_pattern` (a plain name, `core` by default;
+/// with the PID appended when `kernel.core_uses_pid` says so).
+fn core_file_in(cwd: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    let pattern = pattern.trim();
+    assert!(
+        !pattern.starts_with('|') && !pattern.contains('%') && !pattern.contains('/'),
+        "kernel.core_pattern is `{pattern}`: this test reads the core the kernel writes in the server's \
+         directory (`core`, the kernel's default)"
+    );
+    let uses_pid =
+        std::fs::read_to_string("/proc/sys/kernel/core_uses_pid").is_ok_and(|v| v.trim() == "1");
+    cwd.join(if uses_pid {
+        format!("{pattern}.{pid}")
+    } else {
+        pattern.to_string()
+    })
+}
+
+#[test]
+fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
+    let db = testdb();
+    let dir = tempdir("stacks-crash");
+    let server = db.start_another(&dir.join("db"), &["--core-file"]);
+    let pid = server.0.pid;
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit with a valid pid and a limit to set, none to read.
+    let set = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_CORE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+
+    // A prepared statement calling a stored procedure that sleeps: the crash is in that thread.
+    let mut s = server.0.session();
+    s.exec("CREATE DATABASE crash; CREATE PROCEDURE crash.nap() SELECT SLEEP(60) INTO @slept");
+    let tid = s.server_tid();
+    s.send("PREPARE napping FROM 'CALL crash.nap()'; EXECUTE napping");
+    let mut watch = server.0.session();
+    for _ in 0..200 {
+        let state = watch.query_row(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE TID = {tid} AND STATE = 'User sleep'"
+        ));
+        if state == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: tgkill of a thread of the throwaway server, which is what the test crashes.
+    let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSEGV) };
+    assert_eq!(sent, 0, "tgkill: {}", std::io::Error::last_os_error());
+    for _ in 0..600 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the server did not exit after SIGSEGV"
+    );
+    let error_log = dir.join("db/error.log");
+    let core = core_file_in(&dir.join("db/data"), pid);
+    assert!(core.exists(), "no core at {}", core.display());
+
+    // The error log's crash report, resolved.
+    let run = myprobe()
+        .args(["stacks", "--resolve"])
+        .arg(&error_log)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    let summary = out.lines().next().unwrap_or_default();
+    for element in [
+        "SIGSEGV",
+        "prepared statement",
+        "stored routine depth 1",
+        "Item_func_sleep",
+        // The statement the procedure runs, as the report's Query line gives it.
+        "query: SELECT SLEEP(60) INTO @slept",
+    ] {
+        assert!(
+            summary.contains(element),
+            "no {element} in: {summary}\n{out}"
+        );
+    }
+    for frame in [
+        "handle_fatal_signal",
+        "Item_func_sleep::val_int",
+        "sp_head::execute_procedure",
+        "dispatch_command",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == frame),
+            "no frame {frame}:\n{out}"
+        );
+    }
+    // No offsets left but the places of functions without a symbol in the stripped server.
+    for line in out.lines().skip(1).filter(|l| l.contains("+0x")) {
+        assert!(line.trim().starts_with("mariadbd+0x"), "{line}\n{out}");
+    }
+
+    // The core: the same thread, unwound through the signal handler's frame to the statement's.
+    let json = dir.join("core.json");
+    let run = myprobe()
+        .args(["stacks", "--core"])
+        .arg(&core)
+        .arg("-o")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("dumped on SIGSEGV (thread {tid})")),
+        "{err}"
+    );
+    let threads: Vec<Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let crashed = frames_of(of_tid(&threads, tid));
+    let at = |name: &str| {
+        crashed
+            .iter()
+            .position(|f| f == name)
+            .unwrap_or_else(|| panic!("no {name} in {crashed:?}"))
+    };
+    assert!(
+        at("handle_fatal_signal") < at("__restore_rt"),
+        "{crashed:?}"
+    );
+    assert!(
+        at("__restore_rt") < at("Item_func_sleep::val_int"),
+        "{crashed:?}"
+    );
+    assert!(at("Item_func_sleep::val_int") < at("sp_head::execute_procedure"));
+    assert!(at("sp_head::execute_procedure") < at("do_command"));
+}
+
+#[test]
+fn a_process_that_exits_during_the_snapshot_is_one_clear_line() {
+    // Processes that exit at times spread over a snapshot's run (about 300 ms, mostly loading the program): every
+    // run either shows the threads or says in one line that the process is gone, and never hangs.
+    let mut gone = 0;
+    for ms in (0..600).step_by(40) {
+        let mut child = Command::new("sleep")
+            .arg(format!("{}", ms as f64 / 1000.0))
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Reaped as soon as it exits: gone, not a zombie.
+        let reaper = std::thread::spawn(move || child.wait());
+        let run = myprobe()
+            .args(["stacks", "--any-process", "--no-sql", "-p"])
+            .arg(pid.to_string())
+            .output()
+            .unwrap();
+        let _ = reaper.join();
+        let err = String::from_utf8_lossy(&run.stderr);
+        if run.status.success() {
+            assert!(
+                String::from_utf8_lossy(&run.stdout).contains("1 thread: "),
+                "{err}"
+            );
+            continue;
+        }
+        gone += 1;
+        assert_eq!(err.lines().count(), 1, "after {ms} ms: {err}");
+        assert!(
+            err.contains("exited during the snapshot")
+                || err.contains("no process with PID")
+                || err.contains("exited"),
+            "after {ms} ms: {err}"
+        );
+    }
+    assert!(gone > 0, "no process exited before its snapshot ended");
+}

@@ -31,7 +31,16 @@ enum unwind_kind {
 	UNWIND_PLT = 3,          /* CFA = sp + 8, + 8 more past the stub's push */
 	UNWIND_END = 4,          /* outermost frame */
 	UNWIND_UNSUPPORTED = 5,  /* a rule this unwinder cannot follow: frame pointers */
+	UNWIND_SIGNAL = 6,       /* a signal handler's return trampoline (__restore_rt): the interrupted frame's
+				  * registers are in the signal frame at sp */
 };
+
+/* Where the kernel saves the interrupted frame's registers in an x86_64 signal frame: the struct ucontext at sp
+ * (past the handler's return), its uc_mcontext after uc_flags, uc_link and uc_stack; rbp, rsp and rip in struct
+ * sigcontext. */
+#define SIGFRAME_BP (40 + 10 * 8)
+#define SIGFRAME_SP (40 + 15 * 8)
+#define SIGFRAME_IP (40 + 16 * 8)
 
 struct unwind_row {
 	__u32 pc;          /* ELF virtual address where the row starts */
@@ -224,6 +233,22 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 	case UNWIND_PLT:
 		cfa = s->sp + 8 + (((s->ip & 15) >= 11) ? 8 : 0);
 		break;
+	case UNWIND_SIGNAL:
+		/* Named by the trampoline's own address: its FDE starts a byte before it, where the return address
+		 * minus 1 falls, and no symbol does. */
+		s->ips[(s->n - 1) & (UNWIND_BUFFER_FRAMES - 1)] = s->ip + 1;
+		if (read_user(&ra, sizeof(ra), s->sp + SIGFRAME_IP, s, other_task) || ra == 0 ||
+		    read_user(&cfa, sizeof(cfa), s->sp + SIGFRAME_SP, s, other_task) ||
+		    read_user(&bp, sizeof(bp), s->sp + SIGFRAME_BP, s, other_task)) {
+			s->done = 1;
+			return 1;
+		}
+		if (index < RECORDED_SLOTS)
+			s->slots[index & (RECORDED_SLOTS - 1)] = s->sp + SIGFRAME_IP;
+		s->ip = ra;
+		s->sp = cfa;
+		s->bp = bp;
+		return 0;
 	default:
 		/* frame pointers: [bp] is the caller's bp, [bp + 8] the return address */
 		if (!s->bp) {

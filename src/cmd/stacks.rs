@@ -20,8 +20,13 @@ pub struct StacksArgs {
     /// Read the threads of a core file (the kernel's or gdb's gcore) instead of a running process
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "kernel", "frame_pointers", "btf"])]
     pub core: Option<PathBuf>,
-    /// The binary the core was dumped from, when it is not at the path the core names (checked by build-id)
-    #[arg(long, value_name = "PATH", requires = "core")]
+    /// Read stack text instead (`-` for stdin): a server's crash report (its error log), gdb `thread apply all
+    /// bt`, eu-stack or pstack output; raw addresses are resolved, names cleaned, the crash summarized
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "core", "kernel", "frame_pointers", "btf"])]
+    pub resolve: Option<PathBuf>,
+    /// The server binary of a core or a crash report, when not at the path it names (a core checks it by
+    /// build-id)
+    #[arg(long, value_name = "PATH")]
     pub exe: Option<PathBuf>,
     /// List each thread on its own instead of merging identical stacks
     #[arg(long)]
@@ -64,6 +69,35 @@ pub fn run(a: StacksArgs) -> Result<()> {
         Some("json") => Format::Json,
         _ => bail!("-o: name the file .folded, .txt or .json (for folded stacks or JSON)"),
     };
+    if let Some(file) = &a.resolve {
+        let (text, name) = if file.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading the stack text from stdin")?;
+            (text, "stdin".to_string())
+        } else {
+            let bytes =
+                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            // Error logs hold whatever clients sent; the stacks are ASCII.
+            (
+                String::from_utf8_lossy(&bytes).into_owned(),
+                file.display().to_string(),
+            )
+        };
+        let r = stacks::resolve::resolve(&text, &name, a.exe.as_deref())?;
+        for w in &r.warnings {
+            say!("myprobe: warning: {w}");
+        }
+        say!(
+            "myprobe: {} threads of {name} ({})",
+            r.threads.len(),
+            r.crash.format
+        );
+        if format == Format::Text && !r.summary.is_empty() {
+            println!("{}", crate::render::terminal_safe(&r.summary));
+        }
+        return write_output(&a, format, &r.threads);
+    }
     if let Some(core) = &a.core {
         let c = stacks::core::read(core, a.exe.as_deref(), a.any_process)?;
         for w in &c.warnings {
@@ -92,10 +126,22 @@ pub fn run(a: StacksArgs) -> Result<()> {
             }
         }
     };
-    let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
-        say!("myprobe: warning: stacks are walked by frame pointers: {e:#}");
+    // What the tables lack is said after the snapshot: of a process that exited meanwhile, only that.
+    let mut warnings = Vec::new();
+    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
         None
-    });
+    } else {
+        match ProcessTables::load(target.pid) {
+            Ok(mut t) => {
+                warnings.append(&mut t.warnings);
+                Some(std::cell::RefCell::new(t))
+            }
+            Err(e) => {
+                warnings.push(format!("stacks are walked by frame pointers: {e:#}"));
+                None
+            }
+        }
+    };
     let opts = CollectOptions {
         pid: target.pid,
         duration: std::time::Duration::ZERO,
@@ -108,19 +154,21 @@ pub fn run(a: StacksArgs) -> Result<()> {
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;
     let took = started.elapsed();
-    if snapshot.threads.is_empty() {
-        bail!(
-            "no threads read: the process (PID {}) exited during the snapshot",
-            target.pid
-        );
-    }
-    if process::target_exited().is_some() {
-        say!(
-            "myprobe: warning: the process (PID {}) exited during the snapshot: its threads as they were read",
-            target.pid
-        );
-    }
     let mut named = stacks::name_threads(target.pid, &snapshot.threads);
+    // Threads of a process that was exiting, named from maps that may be gone: not a picture of it.
+    let zombie = |t: &threads::ThreadRecord| matches!(t.state, Some('Z' | 'X'));
+    if snapshot.threads.is_empty()
+        || process::target_exited().is_some()
+        || snapshot.threads.iter().all(zombie)
+    {
+        bail!(
+            "the process (PID {}) exited during the snapshot: nothing to show",
+            target.pid
+        );
+    }
+    for w in &warnings {
+        say!("myprobe: warning: {w}");
+    }
     if let Some(statements) = &statements {
         for t in &mut named {
             t.statement = statements.get(&t.tid).cloned();
@@ -161,6 +209,7 @@ fn write_output(a: &StacksArgs, format: Format, named: &[stacks::ThreadStack]) -
     Ok(())
 }
 
+#[derive(PartialEq, Eq)]
 enum Format {
     Text,
     Folded,

@@ -41,7 +41,6 @@ pub struct CoreFile {
 /// The bytes of the core: mapped from its file, or owned (tests).
 enum Bytes {
     Mapped(memmap2::Mmap),
-    #[cfg_attr(not(test), allow(dead_code))]
     Owned(Vec<u8>),
 }
 
@@ -101,6 +100,11 @@ impl Core {
         let map = unsafe { memmap2::Mmap::map(&file) }
             .with_context(|| format!("reading {}", path.display()))?;
         Self::parse(Bytes::Mapped(map)).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))
+    }
+
+    /// A core from its bytes (the fuzz tests' entry).
+    pub fn from_bytes(data: Vec<u8>) -> Result<Core> {
+        Self::parse(Bytes::Owned(data))
     }
 
     fn parse(data: Bytes) -> Result<Core> {
@@ -228,7 +232,7 @@ impl Core {
             .files
             .iter()
             .find(|f| f.offset == 0 && f.path == path)?;
-        let len = (first.end - first.start).min(4096) as usize;
+        let len = first.end.saturating_sub(first.start).min(4096) as usize;
         let page = self.read_bytes(first.start, len)?;
         let header = elf::FileHeader64::<Endianness>::parse(page).ok()?;
         let e = header.endian().ok()?;
@@ -282,7 +286,7 @@ impl Core {
                 let _ = writeln!(text, "{vaddr:x}-{end:x} rw-p 0 00:00 0");
             }
         }
-        ProcMaps::of_core(&text, opens)
+        ProcMaps::fixed(&text, opens)
     }
 
     /// The file mappings that hold code (their file offset is in an executable segment of the file, read from

@@ -71,7 +71,7 @@ pub struct ProcMaps {
     /// (device, inode, path) → index into `files`.
     file_index: HashMap<(String, u64, PathBuf), usize>,
     read_at: Instant,
-    /// For the maps of a core file: where each path is read from (never from `/proc`, and never re-read).
+    /// For fixed maps ([`ProcMaps::fixed`]): where each path is read from.
     core_paths: Option<HashMap<PathBuf, PathBuf>>,
 }
 
@@ -121,9 +121,10 @@ impl ProcMaps {
         maps
     }
 
-    /// The maps of a core file: `text` as `/proc/PID/maps` would show them, each file opened at the path
-    /// `open_paths` gives (else at its own).
-    pub fn of_core(text: &str, open_paths: HashMap<PathBuf, PathBuf>) -> Self {
+    /// Maps that are not read from `/proc` (a core file's, the modules of a crash report placed where they
+    /// were loaded): `text` as `/proc/PID/maps` would show them, each file opened at the path `open_paths`
+    /// gives (else at its own); never re-read.
+    pub fn fixed(text: &str, open_paths: HashMap<PathBuf, PathBuf>) -> Self {
         let mut maps = ProcMaps::empty(0);
         maps.core_paths = Some(open_paths);
         maps.set_text(text);

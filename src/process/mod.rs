@@ -107,7 +107,7 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
         }
     };
     let comm = comm_of(pid).with_context(|| format!("process {pid} exited"))?;
-    let exe = exe_of(pid)?;
+    let exe = exe_of(pid).with_context(|| format!("process {pid} has exited (or is a zombie)"))?;
     *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = start_time(pid).map(|t| (pid, t));
     let (flavor, version) = if SERVER_NAMES.contains(&comm.as_str()) {
         server_version(pid)

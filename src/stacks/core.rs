@@ -111,8 +111,8 @@ pub fn read(path: &Path, exe: Option<&Path>, any_process: bool) -> Result<CoreTh
     }
     Ok(CoreThreads {
         records,
-        symbolizer: Symbolizer::of_core(core.proc_maps(&open)),
-        data: DataSymbolizer::of_core(core.proc_maps(&open)),
+        symbolizer: Symbolizer::of_maps(core.proc_maps(&open)),
+        data: DataSymbolizer::of_maps(core.proc_maps(&open)),
         description,
         warnings,
     })

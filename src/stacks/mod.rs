@@ -3,6 +3,8 @@
 //! wait-for graph's cycles reported as deadlocks.
 
 pub mod core;
+pub mod report;
+pub mod resolve;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -48,6 +50,13 @@ pub struct LockWait {
     pub kind: &'static str,
     /// The thread holding it, where the lock word records it (glibc mutexes).
     pub owner: Option<u32>,
+    /// The lock word's address.
+    pub address: u64,
+    /// The function that waits for it (above the lock's own frames).
+    pub site: Option<String>,
+    /// For a lock that records no owner (InnoDB's latches, rw-locks): the threads in the same function that
+    /// do not wait for it, which may be the ones holding it (none listed for a site every connection passes).
+    pub inside: Vec<u32>,
 }
 
 /// Names every thread of a live process's snapshot: its frames, its syscall, the lock it waits on and who holds
@@ -67,7 +76,7 @@ pub fn name_threads_with(
     records: &[ThreadRecord],
 ) -> Vec<ThreadStack> {
     let tids: HashSet<u32> = records.iter().map(|r| r.tid).collect();
-    records
+    let mut threads: Vec<ThreadStack> = records
         .iter()
         .map(|r| {
             let (user, kernel): (Vec<Rc<str>>, Vec<Rc<str>>) = match symbolizer.as_mut() {
@@ -102,6 +111,9 @@ pub fn name_threads_with(
                     lock,
                     kind: kind.label(),
                     owner: owner(kind, &user, f.word, f.next_int, &tids).filter(|&t| t != r.tid),
+                    address: f.addr,
+                    site,
+                    inside: Vec::new(),
                 }
             });
             ThreadStack {
@@ -116,7 +128,43 @@ pub fn name_threads_with(
                 frames: user.iter().chain(&kernel).map(|f| f.to_string()).collect(),
             }
         })
-        .collect()
+        .collect();
+    mark_possible_holders(&mut threads);
+    threads
+}
+
+/// Marks the threads that may hold a lock which records no owner: those whose stacks are in the function that waits
+/// for it (its critical section is there or below) without waiting for it themselves.
+fn mark_possible_holders(threads: &mut [ThreadStack]) {
+    let found: Vec<Vec<u32>> = threads
+        .iter()
+        .map(|t| {
+            let Some(w) = t.waits.as_ref().filter(|w| {
+                w.owner.is_none()
+                    && [WaitKind::Mutex, WaitKind::RwLock, WaitKind::OtherLock]
+                        .iter()
+                        .any(|k| k.label() == w.kind)
+            }) else {
+                return Vec::new();
+            };
+            // The function's own name: `mariadbd+0x… in f` names a place, not a function.
+            let Some(site) = w.site.as_deref().filter(|s| !s.contains(" in ")) else {
+                return Vec::new();
+            };
+            threads
+                .iter()
+                .filter(|o| o.tid != t.tid)
+                .filter(|o| o.waits.as_ref().is_none_or(|ow| ow.address != w.address))
+                .filter(|o| o.frames.iter().any(|f| f == site))
+                .map(|o| o.tid)
+                .collect()
+        })
+        .collect();
+    for (t, inside) in threads.iter_mut().zip(found) {
+        if let Some(w) = &mut t.waits {
+            w.inside = inside;
+        }
+    }
 }
 
 /// FUTEX_WAIT and friends (the command in the low bits, without the private and clock flags).
@@ -289,9 +337,22 @@ fn wait_line(t: &ThreadStack) -> Option<String> {
             format!("waits on {} {lock}", w.kind)
         }
         // InnoDB's latches, rw-locks, metadata locks: the lock word keeps no owner.
-        None => format!(
+        None if w.inside.is_empty() => format!(
             "waits for {} {lock} (this kind of lock records no owner)",
             w.kind
+        ),
+        None => format!(
+            "waits for {} {lock} (this kind of lock records no owner; in {} without waiting for it, maybe \
+             holding it: thread{} {})",
+            w.kind,
+            w.site.as_deref().unwrap_or_default(),
+            if w.inside.len() == 1 { "" } else { "s" },
+            w.inside
+                .iter()
+                .take(TIDS_SHOWN)
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
     })
 }
@@ -439,6 +500,9 @@ mod tests {
                 lock: "m".into(),
                 kind: "mutex",
                 owner: Some(o),
+                address: 0x1000,
+                site: None,
+                inside: Vec::new(),
             }),
             statement: None,
             frames: vec!["f".into()],
@@ -459,6 +523,51 @@ mod tests {
         ];
         assert_eq!(deadlocks(&threads), vec![vec![1, 2], vec![5, 6, 7]]);
         assert!(deadlocks(&threads[2..3]).is_empty());
+    }
+
+    #[test]
+    fn threads_inside_a_latch_s_site_are_its_possible_holders() {
+        let latch = |tid: u32, address: u64| {
+            let mut t = thread(tid, None);
+            t.waits = Some(LockWait {
+                lock: "buf_pool".into(),
+                kind: WaitKind::RwLock.label(),
+                owner: None,
+                address,
+                site: Some("buf_page_get_gen".into()),
+                inside: Vec::new(),
+            });
+            t.frames = vec![
+                "ssux_lock_impl<true>::rd_wait".into(),
+                "buf_page_get_gen".into(),
+            ];
+            t
+        };
+        // 1 and 2 wait for the latch; 3 is in the function past it (it may hold it); 4 waits for another
+        // latch in the same function (it may hold this one too); 5 is elsewhere.
+        let mut threads = vec![
+            latch(1, 0xa),
+            latch(2, 0xa),
+            thread(3, None),
+            latch(4, 0xb),
+            thread(5, None),
+        ];
+        threads[2].frames = vec![
+            "btr_cur_search_to_nth_level".into(),
+            "buf_page_get_gen".into(),
+        ];
+        mark_possible_holders(&mut threads);
+        let inside = |i: usize| threads[i].waits.as_ref().unwrap().inside.clone();
+        assert_eq!(inside(0), vec![3, 4]);
+        assert_eq!(inside(1), vec![3, 4]);
+        assert_eq!(inside(3), vec![1, 2, 3]);
+        let line = wait_line(&threads[0]).unwrap();
+        assert!(
+            line.ends_with(
+                "in buf_page_get_gen without waiting for it, maybe holding it: threads 3 4)"
+            ),
+            "{line}"
+        );
     }
 
     #[test]

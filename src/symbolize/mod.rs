@@ -159,8 +159,8 @@ impl Symbolizer {
         Ok(s)
     }
 
-    /// For a core file, whose mappings are `maps` ([`crate::process::core::Core::proc_maps`]).
-    pub fn of_core(maps: ProcMaps) -> Self {
+    /// For mappings that are not a live process's (a core file's, a crash report's): see [`ProcMaps::fixed`].
+    pub fn of_maps(maps: ProcMaps) -> Self {
         Self::with_maps(0, maps)
     }
 

@@ -9,6 +9,10 @@ const MAX_UNWIND_MAPPINGS: usize = 256;
 /// MAPPING_SEARCH_STEPS and ROW_SEARCH_STEPS of unwind.h.
 const MAPPING_SEARCH_STEPS: u32 = 9;
 const ROW_SEARCH_STEPS: u32 = 33;
+/// SIGFRAME_BP, SIGFRAME_SP and SIGFRAME_IP of unwind.h: the interrupted frame's registers in a signal frame.
+const SIGFRAME_BP: u64 = 40 + 10 * 8;
+const SIGFRAME_SP: u64 = 40 + 15 * 8;
+const SIGFRAME_IP: u64 = 40 + 16 * 8;
 /// MAX_USER_FRAMES of unwind.h.
 pub const MAX_USER_FRAMES: usize = 127;
 
@@ -89,7 +93,25 @@ fn step(
     const SP: u8 = Kind::Sp as u8;
     const FP: u8 = Kind::Fp as u8;
     const PLT: u8 = Kind::Plt as u8;
+    const SIGNAL: u8 = Kind::Signal as u8;
     let kind = row.map_or(Kind::Gap as u8, |r| r.kind);
+    if kind == SIGNAL {
+        if let Some(last) = s.ips.last_mut() {
+            *last = s.ip.wrapping_add(1);
+        }
+        let at = |offset: u64| read(s.sp.wrapping_add(offset));
+        let (Some(ip), Some(sp), Some(bp)) = (at(SIGFRAME_IP), at(SIGFRAME_SP), at(SIGFRAME_BP))
+        else {
+            s.done = true;
+            return true;
+        };
+        if ip == 0 {
+            s.done = true;
+            return true;
+        }
+        (s.ip, s.sp, s.bp) = (ip, sp, bp);
+        return false;
+    }
     let cfa_offset = row.map_or(0, |r| i64::from(r.cfa_offset));
     let cfa = match kind {
         END => {

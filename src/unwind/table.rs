@@ -26,6 +26,9 @@ pub enum Kind {
     End = 4,
     /// A rule the unwinder cannot follow (other DWARF expressions, registers): falls back to frame pointers.
     Unsupported = 5,
+    /// A signal handler's return trampoline (glibc's `__restore_rt`, an FDE of a CIE with the `S`
+    /// augmentation): the interrupted frame's registers are in the signal frame the kernel pushed.
+    Signal = 6,
 }
 
 /// One row: from `pc` (an ELF virtual address) up to the next row's `pc`.
@@ -58,6 +61,16 @@ impl Table {
         // (start, end, row) per FDE row; FDEs are sorted afterwards and gaps between them marked.
         let mut spans: Vec<(u64, u64, Row)> = Vec::new();
         for_each_fde(&obj, |eh, bases, fde| {
+            if fde.cie().is_signal_trampoline() {
+                let signal = Row {
+                    pc: 0,
+                    kind: Kind::Signal,
+                    cfa_offset: 0,
+                    fp_offset: 0,
+                };
+                spans.push((fde.initial_address(), fde.end_address(), signal));
+                return;
+            }
             let Ok(mut rows) = fde.rows(eh, bases, &mut ctx) else {
                 return;
             };

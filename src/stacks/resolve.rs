@@ -1,0 +1,252 @@
+//! `myprobe stacks --resolve`: stack text (a server's crash report, gdb, eu-stack or pstack output, bare
+//! addresses) made into clean stacks. Each raw address is resolved against the module the text names, placed
+//! where the text shows it was loaded (`mariadbd(+0xaed67e)[0x5580ef4c467e]` gives both); names are demangled,
+//! offsets and arguments dropped; a crash's identifying elements are named in one line.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Result;
+
+use super::{
+    report::{self, CrashInfo, TextFrame},
+    ThreadStack,
+};
+use crate::{
+    process::maps::ProcMaps,
+    symbolize::{elf::Segment, unnamed_in_binary, Symbolizer},
+};
+
+/// The stacks of a text, named.
+pub struct Resolved {
+    pub threads: Vec<ThreadStack>,
+    pub crash: CrashInfo,
+    /// The identifying elements of the crash (or of the first thread's stack), one line.
+    pub summary: String,
+    /// What could not be resolved, for stderr.
+    pub warnings: Vec<String>,
+}
+
+/// Where the server binaries are installed, for a report that names only `mariadbd` or `mysqld`.
+const SERVER_DIRS: [&str; 4] = [
+    "/usr/sbin",
+    "/usr/libexec",
+    "/usr/bin",
+    "/usr/local/mysql/bin",
+];
+
+/// Parses `text` (named `name` in messages) and names its frames; `exe` is the server binary, when the text
+/// names it without a path or at another one.
+pub fn resolve(text: &str, name: &str, exe: Option<&Path>) -> Result<Resolved> {
+    let parsed = report::parse(text, name)?;
+    let mut warnings = Vec::new();
+    let modules = Modules::place(&parsed.threads, exe, &mut warnings);
+    let mut symbolizer = Symbolizer::of_maps(modules.maps());
+    let (mut named, mut disagree) = (0, Vec::new());
+    let mut threads: Vec<ThreadStack> = parsed
+        .threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let frames = t
+                .frames
+                .iter()
+                .map(|f| {
+                    let given = f.clean_function();
+                    let ours = f
+                        .addr
+                        .filter(|_| modules.holds(f))
+                        .map(|a| {
+                            let lookup = if f.is_return_address {
+                                a.saturating_sub(1)
+                            } else {
+                                a
+                            };
+                            symbolizer.user_stack(&[lookup])[0].to_string()
+                        })
+                        .filter(|n| !n.starts_with('['));
+                    if let (Some(g), Some(o)) = (&given, &ours) {
+                        named += 1;
+                        if unnamed_in_binary(o).is_none() && g != o {
+                            disagree.push(format!("{g} / {o}"));
+                        }
+                    }
+                    // A name from the binary's symbols, else the text's, else the address's place.
+                    match (ours, given) {
+                        (Some(o), _) if unnamed_in_binary(&o).is_none() => o,
+                        (_, Some(g)) => g,
+                        (Some(o), None) => o,
+                        (None, None) => unnamed(f),
+                    }
+                })
+                .collect();
+            // A crash report's one thread is the one that crashed; other texts' threads are named as they give.
+            let name = match (&t.name, t.tid) {
+                (Some(n), _) => n.clone(),
+                (None, _) if parsed.crash.format.contains("crash report") => {
+                    "(crashed)".to_string()
+                }
+                (None, Some(_)) => String::new(),
+                (None, None) => format!("(thread {})", t.label),
+            };
+            ThreadStack {
+                tid: t.tid.unwrap_or(i as u32 + 1),
+                name,
+                state: None,
+                running: false,
+                syscall: None,
+                idle_ms: None,
+                waits: None,
+                statement: None,
+                frames,
+            }
+        })
+        .collect();
+    // Frames named by the text but otherwise by the binary: another build than the one that crashed.
+    if disagree.len() * 2 > named && named > 0 {
+        warnings.push(format!(
+            "{} of the {named} frames the text names are other functions in the binaries found here ({}): they \
+             are not the binaries that wrote it; give the server's with --exe",
+            disagree.len(),
+            disagree.iter().take(2).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    if let (Some(q), Some(first)) = (&parsed.crash.query, threads.first_mut()) {
+        first.statement = Some(q.clone());
+    }
+    let summary = threads
+        .first()
+        .map(|t| {
+            let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
+            let elements = report::identify(&frames);
+            let site = report::crash_site(&frames).and_then(|i| frames.get(i).copied());
+            report::summary_line(&elements, &parsed.crash, site)
+        })
+        .unwrap_or_default();
+    Ok(Resolved {
+        threads,
+        crash: parsed.crash,
+        summary,
+        warnings,
+    })
+}
+
+/// A frame with no name from anywhere: its module and offset, or its address.
+fn unnamed(f: &TextFrame) -> String {
+    let module = f
+        .module
+        .as_deref()
+        .map(|m| m.rsplit('/').next().unwrap_or(m));
+    match (module, f.module_offset, f.addr) {
+        (Some(m), Some(off), _) => format!("{m}+{off:#x}"),
+        (Some(m), None, _) => format!("[{m}]"),
+        (None, _, Some(a)) => format!("{a:#x}"),
+        (None, _, None) => "[unknown]".to_string(),
+    }
+}
+
+/// The modules of a text placed where they were loaded, as maps for the symbolizer.
+struct Modules {
+    /// (module name as the text gives it) → (file, load base).
+    placed: HashMap<String, (PathBuf, u64)>,
+}
+
+impl Modules {
+    /// Finds each module's file and load base (a frame that gives both its offset in the module and its address).
+    fn place(
+        threads: &[report::TextThread],
+        exe: Option<&Path>,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        let mut bases: HashMap<&str, u64> = HashMap::new();
+        for f in threads.iter().flat_map(|t| &t.frames) {
+            if let (Some(m), Some(off), Some(a)) = (&f.module, f.module_offset, f.addr) {
+                bases.entry(m.as_str()).or_insert(a.wrapping_sub(off));
+            }
+        }
+        let mut placed = HashMap::new();
+        let mut missing = Vec::new();
+        for (module, base) in bases {
+            match find_module(module, exe) {
+                Some(path) => {
+                    placed.insert(module.to_string(), (path, base));
+                }
+                None => missing.push(module.to_string()),
+            }
+        }
+        if !missing.is_empty() {
+            missing.sort();
+            warnings.push(format!(
+                "not found on this machine, their raw addresses stay unnamed: {} (give the server binary with --exe)",
+                missing.join(", ")
+            ));
+        }
+        Modules { placed }
+    }
+
+    /// Whether frame `f`'s address can be looked up: its module is placed, or (no module named: gdb, eu-stack
+    /// text) it falls in a placed module.
+    fn holds(&self, f: &TextFrame) -> bool {
+        match &f.module {
+            Some(m) => self.placed.contains_key(m),
+            None => !self.placed.is_empty(),
+        }
+    }
+
+    /// Each placed module's loadable segments at its base, as a process's maps would show them.
+    fn maps(&self) -> ProcMaps {
+        use std::os::unix::fs::MetadataExt;
+        let mut text = String::new();
+        let mut lines: Vec<(u64, String)> = Vec::new();
+        for (path, base) in self.placed.values() {
+            let Ok(data) = std::fs::read(path) else {
+                continue;
+            };
+            let Ok(obj) = object::File::parse(&*data) else {
+                continue;
+            };
+            let inode = std::fs::metadata(path).map_or(1, |m| m.ino().max(1));
+            for s in Segment::all(&obj) {
+                let start = base.wrapping_add(s.vaddr & !0xfff);
+                let end = base.wrapping_add((s.vaddr + s.memsz + 0xfff) & !0xfff);
+                lines.push((
+                    start,
+                    format!(
+                        "{start:x}-{end:x} r{}{}p {:x} 00:00 {inode} {}",
+                        if s.writable { 'w' } else { '-' },
+                        if s.exec { 'x' } else { '-' },
+                        s.offset & !0xfff,
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        lines.sort();
+        for (_, l) in lines {
+            let _ = writeln!(text, "{l}");
+        }
+        ProcMaps::fixed(&text, HashMap::new())
+    }
+}
+
+/// The file of a module the text names: its path if it is one, the server binary (`--exe`, or where servers
+/// are installed) for a bare name.
+fn find_module(module: &str, exe: Option<&Path>) -> Option<PathBuf> {
+    let path = Path::new(module);
+    let file_name = path.file_name()?;
+    if let Some(exe) = exe {
+        if exe.file_name() == Some(file_name) || !module.contains('/') {
+            return Some(exe.to_path_buf());
+        }
+    }
+    if path.is_absolute() {
+        return path.is_file().then(|| path.to_path_buf());
+    }
+    SERVER_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(file_name))
+        .find(|p| p.is_file())
+}
