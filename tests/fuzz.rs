@@ -1734,3 +1734,50 @@ proptest! {
         }
     }
 }
+
+// Stack text (`stacks --resolve`)
+
+/// Lines of the real stack texts of the tests: crash reports, gdb, eu-stack.
+fn stack_text_lines() -> Vec<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stacks/text");
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    lines
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Real lines shuffled, cut and mangled: parsed or refused with an error, never a panic; a parse holds
+    /// at least one thread with a frame.
+    #[test]
+    fn stack_text_mangled(
+        picks in vec(any::<Index>(), 1..60),
+        changes in vec((any::<Index>(), any::<Index>(), any::<char>()), 0..12),
+    ) {
+        let lines = stack_text_lines();
+        let mut picked: Vec<String> = picks.iter().map(|i| i.get(&lines).clone()).collect();
+        for (line, at, c) in changes {
+            let l = line.get_mut(&mut picked);
+            let chars: Vec<char> = l.chars().collect();
+            if chars.is_empty() {
+                continue;
+            }
+            let i = at.index(chars.len());
+            *l = chars[..i].iter().chain([c].iter()).chain(&chars[i + 1..]).collect();
+        }
+        let text = picked.join("\n");
+        if let Ok(parsed) = myprobe::stacks::report::parse(&text, "fuzz") {
+            prop_assert!(parsed.threads.iter().any(|t| !t.frames.is_empty()));
+            for t in &parsed.threads {
+                let names: Vec<String> = t.frames.iter().filter_map(|f| f.clean_function()).collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let e = myprobe::stacks::report::identify(&names);
+                let _ = myprobe::stacks::report::summary_line(&e, &parsed.crash, names.first().copied());
+            }
+        }
+    }
+}

@@ -260,6 +260,101 @@ fn bad_input_is_one_clear_line() {
         .unwrap();
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr).contains(".folded, .txt or .json"));
+    // Text without a stack, from a file and from stdin.
+    let dir = tempdir("stacks-bad");
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "The server was slow on Monday.\nNothing crashed.\n").unwrap();
+    let run = myprobe()
+        .args(["stacks", "--resolve"])
+        .arg(&text)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no stack found"), "{err}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_myprobe"))
+        .args(["stacks", "--resolve", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdin.take());
+    let run = child.wait_with_output().unwrap();
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("no stack found in stdin"));
+}
+
+#[test]
+fn gdb_text_is_named_and_merged_like_pt_pmp() {
+    // gdb's `thread apply all bt` of the fixture, through stdin: its threads merged by stack, named as gdb named
+    // them without arguments, offsets or inlined-frame duplicates of gdb's own.
+    let dir = tempdir("stacks-gdb-text");
+    let (mut child, [holder, a, b, waiter]) = states_fixture(&dir);
+    let gdb = Command::new("gdb")
+        .args(["-batch", "-nx", "-p"])
+        .arg(child.id().to_string())
+        .args(["-ex", "thread apply all bt"])
+        .output()
+        .expect("running gdb");
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut resolve = Command::new(env!("CARGO_BIN_EXE_myprobe"))
+        .args(["stacks", "--resolve", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut resolve.stdin.take().unwrap(), &gdb.stdout).unwrap();
+    let run = resolve.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("8 threads of stdin (gdb)"), "{err}");
+    for tid in [holder, a, b, waiter] {
+        assert!(out.contains(&format!(" {tid}")), "no thread {tid}:\n{out}");
+    }
+    for f in STATES_FUNCTIONS {
+        assert!(out.lines().any(|l| l.trim() == f), "no frame {f}:\n{out}");
+    }
+    assert!(!out.contains("(arg="), "{out}");
+    assert!(!out.contains(" at "), "{out}");
+
+    // The real server's idle connections: one stack, counted.
+    let db = testdb();
+    let mut sessions: Vec<Session> = (0..3).map(|_| db.session()).collect();
+    let tids: Vec<u32> = sessions.iter_mut().map(|s| s.server_tid()).collect();
+    let gdb = Command::new("gdb")
+        .args(["-batch", "-nx", "-p"])
+        .arg(db.pid.to_string())
+        .args(["-ex", "thread apply all bt"])
+        .output()
+        .expect("running gdb");
+    let text = dir.join("server.txt");
+    std::fs::write(&text, &gdb.stdout).unwrap();
+    let folded = dir.join("server.folded");
+    let run = myprobe()
+        .args(["stacks", "--resolve"])
+        .arg(&text)
+        .arg("-o")
+        .arg(&folded)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let stacks = read_folded(&folded);
+    let idle = value_with_frame(&stacks, |f| f == "do_command");
+    assert!(
+        stacks.iter().any(|(frames, n)| *n >= tids.len() as u64 && frames.iter().any(|f| f == "do_command")),
+        "the {} idle connections ({tids:?}) are not one stack ({idle} threads in do_command): {stacks:?}",
+        tids.len()
+    );
+    drop(sessions);
 }
 
 #[test]

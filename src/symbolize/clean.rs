@@ -189,7 +189,8 @@ fn last_top_level_space(s: &str) -> Option<usize> {
 /// If an `operator...` name starts at `i`, its length (so that `<`, `()`, the words of `operator new` or of a
 /// conversion operator are not taken for nesting or for the space before a return type).
 fn operator_token_len(s: &str, i: usize) -> Option<usize> {
-    let rest = &s[i..];
+    // `i` walks bytes: inside a character of a non-ASCII name, no operator starts.
+    let rest = s.get(i..)?;
     let after = rest.strip_prefix("operator")?;
     // Must be a whole word: not `my_operator` nor `operators`.
     if i > 0 {
