@@ -721,6 +721,22 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     );
     assert!(at("Item_func_sleep::val_int") < at("sp_head::execute_procedure"));
     assert!(at("sp_head::execute_procedure") < at("do_command"));
+    let run = myprobe()
+        .args(["stacks", "--core"])
+        .arg(&core)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let summary = out.lines().next().unwrap_or_default();
+    for element in [
+        "SIGSEGV in ",
+        "stored routine depth 1",
+        "prepared statement",
+        "Item_func_sleep",
+    ] {
+        assert!(summary.contains(element), "no {element} in: {summary}");
+    }
+    assert!(summary.ends_with(&format!("(thread {tid})")), "{summary}");
 }
 
 #[test]

@@ -110,6 +110,25 @@ pub fn run(a: StacksArgs) -> Result<()> {
             core.display(),
             c.description
         );
+        // What identifies the crash, from the stack of the thread that got the signal.
+        let crashed = c
+            .crash
+            .as_ref()
+            .and_then(|(signal, tid)| Some((signal, named.iter().find(|t| t.tid == *tid)?)));
+        if let (Some((signal, t)), Format::Text) = (crashed, &format) {
+            let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
+            let info = stacks::report::CrashInfo {
+                signal: Some(signal.clone()),
+                ..Default::default()
+            };
+            let site = stacks::report::crash_site(&frames).and_then(|i| frames.get(i).copied());
+            let elements = stacks::report::identify(&frames);
+            println!(
+                "{} (thread {})",
+                crate::render::terminal_safe(&stacks::report::summary_line(&elements, &info, site)),
+                t.tid
+            );
+        }
         return write_output(&a, format, &named);
     }
     process::check_environment(a.btf.as_deref())?;

@@ -27,6 +27,8 @@ pub struct CoreThreads {
     pub data: DataSymbolizer,
     /// `mariadbd, dumped on SIGSEGV (thread 1234)`.
     pub description: String,
+    /// The signal the core was dumped on and the thread that got it.
+    pub crash: Option<(String, u32)>,
     /// What the binaries on this machine lack, for stderr.
     pub warnings: Vec<String>,
 }
@@ -102,18 +104,16 @@ pub fn read(path: &Path, exe: Option<&Path>, any_process: bool) -> Result<CoreTh
         })
         .collect();
     let mut description = format!("{} ({})", core.name, core_exe.display());
-    if core.signal != 0 {
-        description += &format!(
-            ", dumped on {} (thread {})",
-            signal_name(core.signal.into()),
-            core.threads[0].tid
-        );
+    let crash = (core.signal != 0).then(|| (signal_name(core.signal.into()), core.threads[0].tid));
+    if let Some((signal, tid)) = &crash {
+        description += &format!(", dumped on {signal} (thread {tid})");
     }
     Ok(CoreThreads {
         records,
         symbolizer: Symbolizer::of_maps(core.proc_maps(&open)),
         data: DataSymbolizer::of_maps(core.proc_maps(&open)),
         description,
+        crash,
         warnings,
     })
 }

@@ -300,7 +300,10 @@ const TIDS_SHOWN: usize = 12;
 
 /// What one thread is doing, in one line: `1234 one_connection S 3.2 s in futex(0x… wait)`.
 fn one_line(t: &ThreadStack) -> String {
-    let mut line = format!("{} {}", t.tid, terminal_safe(&t.name));
+    let mut line = t.tid.to_string();
+    if !t.name.is_empty() {
+        let _ = write!(line, " {}", terminal_safe(&t.name));
+    }
     if let Some(state) = t.state {
         let _ = write!(line, " {state}");
     }

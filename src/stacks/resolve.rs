@@ -24,7 +24,8 @@ use crate::{
 pub struct Resolved {
     pub threads: Vec<ThreadStack>,
     pub crash: CrashInfo,
-    /// The identifying elements of the crash (or of the first thread's stack), one line.
+    /// The identifying elements of the crash (of the first thread in a signal handler), one line; empty
+    /// without a crash.
     pub summary: String,
     /// What could not be resolved, for stderr.
     pub warnings: Vec<String>,
@@ -117,8 +118,16 @@ pub fn resolve(text: &str, name: &str, exe: Option<&Path>) -> Result<Resolved> {
     if let (Some(q), Some(first)) = (&parsed.crash.query, threads.first_mut()) {
         first.statement = Some(q.clone());
     }
+    // What identifies a crash: of a crash report's thread, or of the first thread in a signal handler.
+    let crashed = |t: &&ThreadStack| {
+        parsed.crash.format.contains("crash report")
+            || t.frames
+                .iter()
+                .any(|f| f == "__restore_rt" || f.contains("signal handler called"))
+    };
     let summary = threads
-        .first()
+        .iter()
+        .find(crashed)
         .map(|t| {
             let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
             let elements = report::identify(&frames);
