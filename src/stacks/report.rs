@@ -279,24 +279,6 @@ fn parse_hex(s: &str) -> Option<u64> {
     u64::from_str_radix(digits, 16).ok()
 }
 
-fn signal_name(number: u32) -> String {
-    match number {
-        1 => "SIGHUP".into(),
-        2 => "SIGINT".into(),
-        3 => "SIGQUIT".into(),
-        4 => "SIGILL".into(),
-        5 => "SIGTRAP".into(),
-        6 => "SIGABRT".into(),
-        7 => "SIGBUS".into(),
-        8 => "SIGFPE".into(),
-        9 => "SIGKILL".into(),
-        11 => "SIGSEGV".into(),
-        13 => "SIGPIPE".into(),
-        15 => "SIGTERM".into(),
-        n => format!("signal {n}"),
-    }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Crash reports
 
@@ -322,7 +304,7 @@ fn signal_of(line: &str) -> Option<String> {
             .chars()
             .take_while(char::is_ascii_digit)
             .collect();
-        return digits.parse().ok().map(signal_name);
+        return digits.parse().ok().map(crate::process::signal_name);
     }
     if let Some(i) = line.find("got exception ") {
         let code = line[i + "got exception ".len()..]
