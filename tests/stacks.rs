@@ -29,6 +29,15 @@ fn states_fixture(dir: &std::path::Path) -> (std::process::Child, [u32; 4]) {
     (child, tids.try_into().unwrap())
 }
 
+/// Runs `cmd`, which must fail with one line on stderr that says `says`.
+fn fails_in_one_line(cmd: &mut Command, says: &str) {
+    let run = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{cmd:?} succeeded");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(says), "{err}");
+}
+
 fn threads_json(pid: u32, extra: &[&str]) -> (Vec<Value>, String) {
     let dir = tempdir("stacks-json");
     let out = dir.join("threads.json");
@@ -264,15 +273,10 @@ fn bad_input_is_one_clear_line() {
     let dir = tempdir("stacks-bad");
     let text = dir.join("notes.txt");
     std::fs::write(&text, "The server was slow on Monday.\nNothing crashed.\n").unwrap();
-    let run = myprobe()
-        .args(["stacks", "--resolve"])
-        .arg(&text)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success());
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("no stack found"), "{err}");
+    fails_in_one_line(
+        myprobe().args(["stacks", "--resolve"]).arg(&text),
+        "no stack found",
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_myprobe"))
         .args(["stacks", "--resolve", "-"])
         .stdin(Stdio::piped())
@@ -532,29 +536,19 @@ fn a_core_file_gives_the_frames_gdb_gives_and_the_deadlock() {
         String::from_utf8_lossy(&same.stderr)
     );
     let other = compile_fixture(&dir, "other", &["unwind/replay_threads.c"], &["-pthread"]);
-    let run = myprobe()
-        .args(["stacks", "--any-process", "--core"])
-        .arg(&core)
-        .arg("--exe")
-        .arg(&other)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success());
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("is not the binary this core was dumped from"),
-        "{err}"
+    fails_in_one_line(
+        myprobe()
+            .args(["stacks", "--any-process", "--core"])
+            .arg(&core)
+            .arg("--exe")
+            .arg(&other),
+        "is not the binary this core was dumped from",
     );
     // Without --any-process: the core of a program that is no server.
-    let run = myprobe()
-        .args(["stacks", "--core"])
-        .arg(&core)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success());
-    assert!(err.contains("not of a MySQL or MariaDB server"), "{err}");
+    fails_in_one_line(
+        myprobe().args(["stacks", "--core"]).arg(&core),
+        "not of a MySQL or MariaDB server",
+    );
 
     // Truncated, and not a core at all.
     let bytes = std::fs::read(&core).unwrap();
@@ -565,15 +559,12 @@ fn a_core_file_gives_the_frames_gdb_gives_and_the_deadlock() {
         (exe.as_path(), "not a core file"),
         (dir.join("core.json").as_path(), "not an ELF file"),
     ] {
-        let run = myprobe()
-            .args(["stacks", "--any-process", "--core"])
-            .arg(file)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&run.stderr);
-        assert!(!run.status.success(), "{}", file.display());
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(says), "{err}");
+        fails_in_one_line(
+            myprobe()
+                .args(["stacks", "--any-process", "--core"])
+                .arg(file),
+            says,
+        );
     }
 }
 

@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::symbolize::clean_name;
+use crate::symbolize::{clean::matching_open_paren, clean_name};
 
 /// One frame as the text gives it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -188,29 +188,6 @@ pub fn strip_gdb_arguments(s: &str) -> &str {
         Some(open) if open > 0 && s.as_bytes()[open - 1] == b' ' => s[..open].trim_end(),
         _ => s,
     }
-}
-
-/// Index of the `(` matching the `)` that ends `s`, skipping parentheses in gdb's quoted string values.
-fn matching_open_paren(s: &str) -> Option<usize> {
-    let bytes = s.as_bytes();
-    let mut depth = 0usize;
-    let mut in_string = false;
-    for i in (0..bytes.len()).rev() {
-        let escaped = i > 0 && bytes[i - 1] == b'\\';
-        match bytes[i] {
-            b'"' if !escaped => in_string = !in_string,
-            _ if in_string => {}
-            b')' => depth += 1,
-            b'(' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 /// `pthread_cond_wait@@GLIBC_2.3.2` → `pthread_cond_wait` (eu-stack prints versioned dynamic symbols).

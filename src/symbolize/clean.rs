@@ -140,12 +140,17 @@ fn clean_function(name: &str) -> String {
     strip_clone_suffixes(s).to_string()
 }
 
-/// Index of the `(` matching the `)` that ends `s`.
-fn matching_open_paren(s: &str) -> Option<usize> {
+/// Index of the `(` matching the `)` that ends `s`, skipping parentheses in quoted strings (gdb's argument
+/// values).
+pub(crate) fn matching_open_paren(s: &str) -> Option<usize> {
     let bytes = s.as_bytes();
     let mut depth = 0usize;
+    let mut in_string = false;
     for i in (0..bytes.len()).rev() {
+        let escaped = i > 0 && bytes[i - 1] == b'\\';
         match bytes[i] {
+            b'"' if !escaped => in_string = !in_string,
+            _ if in_string => {}
             b')' => depth += 1,
             b'(' => {
                 depth = depth.checked_sub(1)?;

@@ -24,7 +24,7 @@
 //! - Kernel frames come from `/proc/kallsyms` and end in `_[k]`.
 //! - A blazesym error never loses a frame: `.eh_frame` name, then the mapping's name, then `[unknown]`.
 
-mod clean;
+pub(crate) mod clean;
 pub mod data;
 mod debuginfod;
 pub(crate) mod elf;
