@@ -26,6 +26,7 @@ macro_rules! say_part {
 pub mod client;
 pub mod cmd;
 pub mod collect;
+pub mod pfs;
 pub mod process;
 pub mod profile;
 pub mod query;

@@ -28,6 +28,9 @@ enum Command {
     /// stacks (pt-pmp's), each thread's state, syscall and the lock it waits on with its holder, deadlocks,
     /// and the statements the threads run.
     Stacks(cmd::stacks::StacksArgs),
+    /// The server's own view: performance_schema's waits, stages or statements over an interval, as a
+    /// profile (exact totals, or statement → stage → wait stacks with --nest).
+    Pfs(cmd::pfs::PfsArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Profile(c) => cmd::profile::run(c),
         Command::Queries(a) => cmd::queries::run(a),
         Command::Stacks(a) => cmd::stacks::run(a),
+        Command::Pfs(a) => cmd::pfs::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -121,6 +121,7 @@ fn filter(profile: &mut Profile, grep: Option<&Regex>, exclude: Option<&Regex>) 
 fn unit_for_count_name(name: &str) -> Unit {
     [
         Unit::Samples,
+        Unit::Picoseconds,
         Unit::Nanoseconds,
         Unit::Microseconds,
         Unit::Bytes,

@@ -2,6 +2,7 @@
 
 pub mod diff;
 pub mod flame;
+pub mod pfs;
 pub mod profile;
 pub mod queries;
 pub mod stacks;

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 #[serde(rename_all = "lowercase")]
 pub enum Unit {
     Samples,
+    Picoseconds,
     Nanoseconds,
     Microseconds,
     Bytes,
@@ -23,6 +24,7 @@ impl Unit {
     pub fn count_name(self) -> &'static str {
         match self {
             Unit::Samples => "samples",
+            Unit::Picoseconds => "ps",
             Unit::Nanoseconds => "ns",
             Unit::Microseconds => "us",
             Unit::Bytes => "bytes",

@@ -143,6 +143,7 @@ pub struct Function {
 fn sample_type(profile_unit: Unit, count_name: Option<&str>) -> (String, &'static str) {
     let (ty, unit) = match profile_unit {
         Unit::Samples => ("samples", "count"),
+        Unit::Picoseconds => ("time", "picoseconds"),
         Unit::Nanoseconds => ("time", "nanoseconds"),
         Unit::Microseconds => ("time", "microseconds"),
         Unit::Bytes => ("space", "bytes"),

@@ -84,9 +84,27 @@ impl TestDb {
         })
     }
 
+    /// Creates the sysbench tables (`tables` × `rows`), once.
+    pub fn prepare(&self, tables: u32, rows: u32) {
+        let out = Command::new(&self.testdb)
+            .arg("prepare")
+            .arg(&self.dir)
+            .arg(tables.to_string())
+            .arg(rows.to_string())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "preparing sbtest: {out:?}");
+    }
+
     /// Starts sysbench oltp_read_write against the server for `secs` seconds, in the background.
     pub fn load(&self, secs: u32) -> Load {
+        self.load_workload(secs, "oltp_read_write")
+    }
+
+    /// Starts the sysbench test `workload` (`oltp_write_only`, …) for `secs` seconds, in the background.
+    pub fn load_workload(&self, secs: u32, workload: &str) -> Load {
         let child = Command::new(&self.testdb)
+            .env("MYPROBE_TESTDB_WORKLOAD", workload)
             .arg("load")
             .arg(&self.dir)
             .arg(secs.to_string())
