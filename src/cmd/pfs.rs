@@ -101,19 +101,16 @@ pub fn run(a: PfsArgs) -> Result<()> {
             measure(&mut client, &a, unit, per_unit)
         });
     let restored = setup.restore(&mut client);
-    let measured = match (measured, restored) {
-        (Ok(m), Ok(())) => m,
-        (Ok(_), Err(r)) => return Err(r),
-        (Err(e), Ok(())) => return Err(e),
-        // The server is gone: its settings went with it (performance_schema starts from its defaults).
-        (Err(e), Err(_)) => return Err(e),
-    };
+    // A run that failed because the server is gone: its settings went with it (performance_schema starts from
+    // its defaults), the run's error is the one to say.
+    let measured = measured?;
     report(&a, &measured, per_unit);
     let opts = RenderOptions {
         title: format!("performance_schema {}", kind_name(a.kind, a.nest)),
         ..Default::default()
     };
-    render::write_profile(&measured.profile, a.output.as_deref(), &opts)
+    render::write_profile(&measured.profile, a.output.as_deref(), &opts)?;
+    restored
 }
 
 fn kind_name(kind: Kind, nest: bool) -> &'static str {
