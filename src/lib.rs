@@ -32,5 +32,6 @@ pub mod profile;
 pub mod query;
 pub mod render;
 pub mod stacks;
+pub mod stat;
 pub mod symbolize;
 pub mod unwind;

@@ -31,6 +31,9 @@ enum Command {
     /// The server's own view: performance_schema's waits, stages or statements over an interval, as a
     /// profile (exact totals, or statement → stage → wait stacks with --nest).
     Pfs(cmd::pfs::PfsArgs),
+    /// vmstat-style lines: the machine (run queue, context switches, interrupts, CPU, disks), the server process
+    /// and the server's counters (SHOW GLOBAL STATUS), one line an interval.
+    Stat(cmd::stat::StatArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Queries(a) => cmd::queries::run(a),
         Command::Stacks(a) => cmd::stacks::run(a),
         Command::Pfs(a) => cmd::pfs::run(a),
+        Command::Stat(a) => cmd::stat::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -6,3 +6,4 @@ pub mod pfs;
 pub mod profile;
 pub mod queries;
 pub mod stacks;
+pub mod stat;

@@ -1,0 +1,204 @@
+//! `myprobe stat`: its columns against vmstat's and iostat's over the same seconds of a loaded machine (a real
+//! server under sysbench), the server's QPS against its own Questions counter, and what it does without a
+//! server to ask.
+
+mod common;
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const LINES: usize = 7;
+
+/// The numbers of whitespace-separated lines whose first word passes `keep`.
+fn table(text: &str, keep: impl Fn(&str) -> bool) -> Vec<Vec<f64>> {
+    text.lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(&keep))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|w| w.parse().unwrap_or(f64::NAN))
+                .collect()
+        })
+        .collect()
+}
+
+fn near(ours: f64, theirs: f64, rel: f64, abs: f64, what: &str) {
+    assert!(
+        (ours - theirs).abs() <= (theirs.abs() * rel).max(abs),
+        "{what}: myprobe {ours:.1}, the other tool {theirs:.1}"
+    );
+}
+
+#[test]
+fn columns_agree_with_vmstat_and_iostat_under_load() {
+    let db = testdb();
+    let load = db.load(LINES as u32 + 8);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let questions = |db: &TestDb| -> f64 {
+        let out = db.sql("SHOW GLOBAL STATUS LIKE 'Questions'");
+        out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let q0 = questions(&db);
+    // The three start together; each prints a line per second.
+    let ours = myprobe()
+        .args([
+            "stat",
+            "--json",
+            "-c",
+            &LINES.to_string(),
+            "-p",
+            &db.pid.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let vmstat = Command::new("vmstat")
+        .args(["1", &(LINES + 1).to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let iostat = Command::new("iostat")
+        .args(["-dxy", "1", &LINES.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ours = ours.wait_with_output().unwrap();
+    let q1 = questions(&db);
+    let vmstat = String::from_utf8_lossy(&vmstat.wait_with_output().unwrap().stdout).into_owned();
+    let iostat = String::from_utf8_lossy(&iostat.wait_with_output().unwrap().stdout).into_owned();
+    load.wait();
+    assert!(
+        ours.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&ours.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), LINES);
+    let sum = |key: &str| lines.iter().map(|l| l[key].as_f64().unwrap()).sum::<f64>();
+
+    // vmstat: r b swpd free buff cache si so bi bo in cs us sy id wa st; its first line counts since boot.
+    let v = table(&vmstat, |w| w.parse::<u64>().is_ok());
+    assert_eq!(v.len(), LINES + 1, "{vmstat}");
+    let v = &v[1..];
+    let col = |i: usize| v.iter().map(|l| l[i]).sum::<f64>();
+    near(sum("interrupts_per_s"), col(10), 0.10, 0.0, "interrupts/s");
+    near(
+        sum("context_switches_per_s"),
+        col(11),
+        0.10,
+        0.0,
+        "context switches/s",
+    );
+    let n = LINES as f64;
+    near(sum("user_pct") / n, col(12) / n, 0.10, 3.0, "user %");
+    near(sum("system_pct") / n, col(13) / n, 0.10, 3.0, "system %");
+    near(sum("idle_pct") / n, col(14) / n, 0.10, 3.0, "idle %");
+
+    // iostat -x: the busiest disk's wkB/s and %util (the last column).
+    let header = iostat
+        .lines()
+        .find(|l| l.starts_with("Device"))
+        .expect("iostat header");
+    let names: Vec<&str> = header.split_whitespace().collect();
+    let wkb = names.iter().position(|&n| n == "wkB/s").unwrap();
+    let disks: Vec<String> = lines[0]["disks"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let busiest = disks
+        .iter()
+        .max_by(|a, b| {
+            let w = |d: &str| {
+                lines
+                    .iter()
+                    .map(|l| l["disks"][d]["write_mib_per_s"].as_f64().unwrap())
+                    .sum::<f64>()
+            };
+            w(a).total_cmp(&w(b))
+        })
+        .expect("no disk shown");
+    let io = table(&iostat, |w| w == busiest);
+    assert_eq!(io.len(), LINES, "{iostat}");
+    let disk_sum = |key: &str| {
+        lines
+            .iter()
+            .map(|l| l["disks"][busiest.as_str()][key].as_f64().unwrap())
+            .sum::<f64>()
+    };
+    let io_col = |i: usize| io.iter().map(|l| l[i]).sum::<f64>();
+    assert!(
+        io_col(wkb) > 0.0,
+        "no writes on {busiest} under load:\n{iostat}"
+    );
+    near(
+        disk_sum("write_mib_per_s") * 1024.0,
+        io_col(wkb),
+        0.10,
+        0.0,
+        "write kB/s",
+    );
+    near(
+        disk_sum("util_pct") / n,
+        io_col(names.len() - 1) / n,
+        0.10,
+        2.0,
+        "%util",
+    );
+
+    // The server's own counters: its Questions over the run (ours, plus the test's reads), and its process.
+    let qps: f64 = lines
+        .iter()
+        .map(|l| l["status"]["Questions"].as_f64().unwrap() * l["seconds"].as_f64().unwrap())
+        .sum();
+    assert!(qps > 0.0);
+    near(qps, q1 - q0, 0.10, 0.0, "queries counted");
+    assert!(lines
+        .iter()
+        .all(|l| l["status"]["Threads_running"].as_f64().unwrap() >= 1.0));
+    assert!(lines
+        .iter()
+        .all(|l| l["server_threads"].as_u64().unwrap() > 1));
+    assert!(sum("server_cpu_pct") > 0.0);
+}
+
+#[test]
+fn without_a_server_the_machine_columns_go_on() {
+    let db = testdb();
+    // A server that does not answer: one line on stderr, the other columns on stdout.
+    let run = myprobe()
+        .args([
+            "stat",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "--socket",
+            "/nonexistent.sock",
+            "-p",
+        ])
+        .arg(db.pid.to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no server columns"), "{err}");
+    assert!(out.contains("cs/s") && !out.contains("qps"), "{out}");
+    assert_eq!(out.lines().count(), 4, "{out}");
+    // A wrong PID: one line, no output.
+    let run = myprobe()
+        .args(["stat", "-c", "1", "-p", "999999"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no process with PID 999999"), "{err}");
+}
