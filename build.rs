@@ -12,8 +12,14 @@ fn main() {
         Ok(other) => panic!("unsupported target architecture {other}"),
         Err(_) => "x86",
     };
+    // libbpf's usdt.bpf.h includes <linux/errno.h>, whose <asm/errno.h> lives in the multiarch directory.
+    let multiarch = match arch {
+        "arm64" => "/usr/include/aarch64-linux-gnu",
+        _ => "/usr/include/x86_64-linux-gnu",
+    };
     let clang_args = [
         format!("-D__TARGET_ARCH_{arch}"),
+        format!("-idirafter{multiarch}"),
         "-Isrc/bpf".to_string(),
         "-O2".to_string(),
         "-Wall".to_string(),

@@ -34,4 +34,5 @@ pub mod render;
 pub mod stacks;
 pub mod stat;
 pub mod symbolize;
+pub mod trace;
 pub mod unwind;

@@ -34,6 +34,10 @@ enum Command {
     /// vmstat-style lines: the machine (run queue, context switches, interrupts, CPU, disks), the server process
     /// and the server's counters (SHOW GLOBAL STATUS), one line an interval.
     Stat(cmd::stat::StatArgs),
+    /// Any function of the server or its libraries (by demangled name or glob), or a static probe: calls,
+    /// errors, time and its histogram, by thread, caller stack or argument; --inside for the syscalls, lock
+    /// waits and off-CPU time within it (DTrace's pid provider and its thread-local flag).
+    Trace(cmd::trace::TraceArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Stacks(a) => cmd::stacks::run(a),
         Command::Pfs(a) => cmd::pfs::run(a),
         Command::Stat(a) => cmd::stat::run(a),
+        Command::Trace(a) => cmd::trace::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -7,3 +7,4 @@ pub mod profile;
 pub mod queries;
 pub mod stacks;
 pub mod stat;
+pub mod trace;

@@ -18,6 +18,7 @@ pub mod ring;
 pub mod stack_collector;
 pub mod syscalls;
 pub mod threads;
+pub mod trace;
 
 use std::{
     cell::RefCell,

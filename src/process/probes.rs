@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Function {
@@ -82,27 +82,33 @@ pub fn entry_probes(binary: &Path, names: &[&str]) -> Result<Vec<Option<EntryPro
             .dynamic_symbols()
             .chain(file.symbols())
             .find(|s| s.kind() == SymbolKind::Text && s.address() != 0 && s.name() == Ok(name))?;
-        let address = sym.address();
-        let section = file.section_by_index(sym.section_index()?).ok()?;
-        let (section_offset, _) = section.file_range()?;
-        // A symbol before its section, or a file offset past 2^64: no place in the file to probe.
-        let within = address.checked_sub(section.address())?;
-        let file_offset = section_offset.checked_add(within)?;
-        let code = section
-            .data_range(address, sym.size())
-            .ok()
-            .flatten()
-            .or_else(|| section.data().ok()?.get(usize::try_from(within).ok()?..))?;
-        let skip = emulated_entry(code, sym.size());
-        // EntryProbe::offset adds them.
-        file_offset.checked_add(skip)?;
-        Some(EntryProbe {
-            address,
-            file_offset,
-            skip,
-        })
+        entry_probe_at(&file, sym.address(), sym.size())
     };
     Ok(names.iter().map(|name| find(name)).collect())
+}
+
+/// The entry probe of the function of `size` bytes at ELF virtual address `address` of `file`; `None` when no
+/// section of the file holds it.
+pub fn entry_probe_at(file: &object::File<'_>, address: u64, size: u64) -> Option<EntryProbe> {
+    let section = file.sections().find(|s| {
+        s.kind() == SectionKind::Text && s.address() <= address && address - s.address() < s.size()
+    })?;
+    let (section_offset, _) = section.file_range()?;
+    let within = address - section.address();
+    let file_offset = section_offset.checked_add(within)?;
+    let code = section
+        .data_range(address, size)
+        .ok()
+        .flatten()
+        .or_else(|| section.data().ok()?.get(usize::try_from(within).ok()?..))?;
+    let skip = emulated_entry(code, size);
+    // EntryProbe::offset adds them.
+    file_offset.checked_add(skip)?;
+    Some(EntryProbe {
+        address,
+        file_offset,
+        skip,
+    })
 }
 
 /// The offset, from the function's start, of the first instruction the kernel's x86 uprobes emulate (push of

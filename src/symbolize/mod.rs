@@ -30,7 +30,7 @@ mod debuginfod;
 pub(crate) mod elf;
 #[cfg(test)]
 pub(crate) mod test_support;
-mod vtables;
+pub(crate) mod vtables;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -77,6 +77,11 @@ impl VtableNames {
         })
     }
 
+    /// Every function named, by ELF virtual address, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.names.iter().map(|(&a, n)| (a, n.as_str()))
+    }
+
     /// The name of the function that starts at `vaddr`, if its vtables give one.
     pub fn get(&self, vaddr: u64) -> Option<&str> {
         self.names.get(&vaddr).map(String::as_str)

@@ -1,0 +1,548 @@
+//! `myprobe trace FUNC[,FUNC…]`: any function or static probe of the server, timed (DTrace's pid and usdt
+//! providers, bcc's funclatency and funccount).
+
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::{
+    collect::{
+        self,
+        trace::{ArgKind, ErrVal, Place, ProbePoint, TraceOptions},
+        CollectOptions,
+    },
+    process::{self, maps::ProcMaps, Target},
+    profile::{
+        stacks::{self, Part, StackNamer, StackOptions},
+        Unit,
+    },
+    render::{self, Palette, RenderOptions},
+    symbolize::{data::DataSymbolizer, Symbolizer},
+    trace::{
+        self,
+        functions::{self, Modules, Spec},
+        usdt, ArgShow, By,
+    },
+    unwind::ProcessTables,
+};
+
+/// The most probes one run places (the BPF side's MAX_FUNCS).
+const MAX_PROBES: usize = 1024;
+
+#[derive(Args)]
+pub struct TraceArgs {
+    /// Functions by demangled name or glob, comma-separated: `ha_innobase::write_row`, `'row_ins_*'`,
+    /// `libc:pthread_setschedparam` (a library by its short name); or a static probe, `usdt:PROVIDER:NAME`
+    #[arg(value_name = "FUNC[,FUNC…]", required_unless_present = "list")]
+    pub functions: Option<String>,
+    /// List the functions a pattern matches (`[LIB:]GLOB`), or with `usdt` the static probes of the server
+    /// and its libraries, and exit
+    #[arg(long, value_name = "PATTERN")]
+    pub list: Option<String>,
+    /// Server process [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Tracing duration in seconds (Ctrl-C ends early and still writes results)
+    #[arg(short = 'd', long = "duration", default_value_t = 10)]
+    pub duration: u64,
+    /// What the rows are per, beside the function: `func`, `thread`, `stack` (the callers' stacks, as a profile:
+    /// folded on stdout, or -o FILE of any format; the table goes to stderr), `argN` (argument N, from 0)
+    #[arg(long, value_name = "KEY", default_value = "func")]
+    pub by: String,
+    /// Read argument N (from 0, as DTrace's arg0) as `int` (32-bit signed), `long`, `ptr` or `str` (a C
+    /// string, as copyinstr), and key the rows by it
+    #[arg(long, value_name = "N:TYPE")]
+    pub arg: Option<String>,
+    /// Count a call as failed when its return value is: `negative` (int < 0), `nonzero` (int != 0), `zero`
+    /// (int == 0) or `null` (a NULL pointer)
+    #[arg(long, value_name = "RULE")]
+    pub errval: Option<String>,
+    /// Also count and time the syscalls, lock (futex) waits and time off CPU of each thread while it is inside
+    /// a traced function (the outermost one), and nowhere else
+    #[arg(long)]
+    pub inside: bool,
+    /// Refuse to trace when the functions are called more often than this, in calls a second over all of them,
+    /// measured for 200 ms first (each traced call costs the server about 1.5 µs); 0: no check
+    #[arg(long, value_name = "CALLS", default_value_t = 20_000)]
+    pub max_rate: u64,
+    /// With --by stack: count calls instead of time
+    #[arg(long)]
+    pub calls: bool,
+    /// Rows in the table
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Output file: `.json` for the tables as JSON; with --by stack, the profile (`.folded`, `.svg`, `.pb.gz`,
+    /// `.json`)
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Trace a process that is not mariadbd/mysqld (e.g. a test program)
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// With --by stack: walk stacks by frame pointers only
+    #[arg(long)]
+    pub frame_pointers: bool,
+    /// Kernel memory the BPF maps may take, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
+}
+
+pub fn run(a: TraceArgs) -> Result<()> {
+    let by = parse_by(&a.by)?;
+    let arg = a.arg.as_deref().map(parse_arg).transpose()?;
+    let errval = a
+        .errval
+        .as_deref()
+        .map_or(Ok(ErrVal::ERRVAL_NONE), parse_errval)?;
+    let (by, arg) = match (by, arg) {
+        (By::Arg(n), None) => (by, Some((n, ArgKind::ARG_INT))),
+        (By::Arg(n), Some((m, _))) if n != m => {
+            bail!("--by arg{n} and --arg {m}:…: the rows can be keyed by one argument")
+        }
+        (By::Function, Some((n, _))) => (By::Arg(n), arg),
+        (By::Thread | By::Stack, Some(_)) => {
+            bail!("--arg keys the rows by the argument: it does not go with --by thread or stack")
+        }
+        other => other,
+    };
+    if let Some(out) = &a.output {
+        let format = render::format_for(out)?;
+        if by != By::Stack && !matches!(format, render::Format::Json) {
+            bail!(
+                "-o {}: without --by stack the output is a table, written as .json",
+                out.display()
+            );
+        }
+    }
+    anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
+    process::check_environment(a.btf.as_deref())?;
+    let target = process::resolve(a.pid, a.any_process)?;
+    let mut modules = Modules::of_process(target.pid, &target.exe, &target.binary)?;
+
+    if let Some(pattern) = &a.list {
+        return list(&target, &mut modules, pattern);
+    }
+    let probes = resolve_probes(&target, &mut modules, a.functions.as_deref().unwrap_or(""))?;
+    let functions = probes
+        .iter()
+        .filter(|p| matches!(p.place, Place::Function(_)))
+        .count();
+    if a.inside && functions == 0 {
+        bail!("--inside needs a function: a static probe has no inside");
+    }
+    let options = TraceOptions {
+        probes,
+        arg,
+        errval,
+        by_thread: by == By::Thread,
+        by_stack: by == By::Stack,
+        inside: a.inside,
+        max_rate: a.max_rate,
+    };
+    let unwind = if by == By::Stack {
+        ProcessTables::for_tracing(target.pid, a.frame_pointers)?
+    } else {
+        None
+    };
+    let mut symbolizer = if by == By::Stack {
+        let mut s = Symbolizer::new(target.pid).context("preparing symbolization")?;
+        s.preload(false);
+        Some(s)
+    } else {
+        None
+    };
+    let what = if options.probes.len() == 1 {
+        options.probes[0].label.clone()
+    } else {
+        format!("{} probes", options.probes.len())
+    };
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: Duration::from_secs(a.duration),
+        kernel_stacks: false,
+        btf: a.btf.clone(),
+        unwind,
+        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
+        announce: format!(
+            "myprobe: tracing {what} in {target}{} for {} s; Ctrl-C ends early",
+            if a.inside {
+                ", and what happens inside"
+            } else {
+                ""
+            },
+            a.duration
+        ),
+    };
+    if options.probes.len() > 1 {
+        say!(
+            "myprobe: {} probes: {}",
+            options.probes.len(),
+            short_list(&options.probes)
+        );
+    }
+    let traced = collect::trace::collect(&opts, &options)?;
+    if let Some(rate) = &traced.rate {
+        say!(
+            "myprobe: {:.0} calls a second before tracing (measured over {} ms)",
+            rate.total(),
+            rate.measured.as_millis()
+        );
+    }
+    let secs = traced.collected.traced.as_secs_f64();
+    let timed = functions > 0;
+    let show = arg.map(|(_, kind)| match kind {
+        ArgKind::ARG_STR_KIND => ArgShow::Str,
+        ArgKind::ARG_PTR => ArgShow::Ptr,
+        _ => ArgShow::Int,
+    });
+    let mut names = HashMap::new();
+    let pid = target.pid;
+    let mut thread_name = |tid: u32| {
+        names
+            .entry(tid)
+            .or_insert_with(|| process::thread_name(pid, tid))
+            .clone()
+    };
+    let mut text = trace::table(
+        &traced,
+        &options.probes,
+        by,
+        show,
+        timed,
+        &mut thread_name,
+        a.top,
+    );
+    if timed {
+        text += &trace::histograms(&traced, &options.probes, 10);
+    }
+    if a.inside {
+        let mut locks = DataSymbolizer::new(target.pid).ok();
+        // A lock in no variable (on the heap, in an anonymous mapping) is told apart by its address.
+        let mut lock_name = |addr: u64| match locks.as_mut().map(|l| l.name(addr)) {
+            Some(name) if !name.starts_with('[') => name,
+            Some(name) => format!("{name} {addr:#x}"),
+            None => format!("{addr:#x}"),
+        };
+        text += &trace::inside(&traced, &options.probes, &mut lock_name, a.top);
+    }
+    let calls: u64 = traced.stats.iter().map(|s| s.calls).sum();
+    say!("myprobe: {calls} calls traced in {secs:.1} s");
+    if traced.too_deep > 0 {
+        say!(
+            "myprobe: note: {} calls nested more than 8 deep in traced functions were not timed",
+            traced.too_deep
+        );
+    }
+    for line in traced.collected.lost.report(calls) {
+        say!("myprobe: warning: {line}");
+    }
+
+    if by == By::Stack {
+        let symbolizer = symbolizer.as_mut().expect("made for --by stack");
+        let mut namer = StackNamer::new(
+            symbolizer,
+            StackOptions {
+                pid: target.pid,
+                per_thread: false,
+                addresses: false,
+            },
+        );
+        let (unit, column, scale) = if a.calls || !timed {
+            (Unit::Count, "calls", 1)
+        } else {
+            (Unit::Microseconds, "total_ns", 1000)
+        };
+        let profile = stacks::build(&traced.collected, &mut namer, unit, |c, row| {
+            vec![Part::value(c.value(row, column) / scale)]
+        });
+        let opts = RenderOptions {
+            title: format!("Callers of {what}: {target}"),
+            palette: Palette::Hot,
+            ..RenderOptions::default()
+        };
+        render::write_profile(&profile, a.output.as_deref(), &opts)?;
+        say_part!("{text}");
+        return Ok(());
+    }
+    match &a.output {
+        Some(path) => {
+            let json = trace::to_json(&traced, &options.probes, by, show, secs);
+            std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+            say!("myprobe: wrote {}", path.display());
+            say_part!("{text}");
+        }
+        None => write_stdout(&text)?,
+    }
+    Ok(())
+}
+
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing the table"),
+    }
+}
+
+fn short_list(probes: &[ProbePoint]) -> String {
+    let mut names: Vec<&str> = probes.iter().take(8).map(|p| p.label.as_str()).collect();
+    if probes.len() > 8 {
+        names.push("…");
+    }
+    names.join(", ")
+}
+
+fn parse_by(s: &str) -> Result<By> {
+    Ok(match s {
+        "func" | "function" => By::Function,
+        "thread" | "tid" => By::Thread,
+        "stack" => By::Stack,
+        _ => match s.strip_prefix("arg").and_then(|n| n.parse::<u32>().ok()) {
+            Some(n) if n < 6 => By::Arg(n),
+            _ => bail!("--by {s:?}: one of func, thread, stack, arg0 … arg5"),
+        },
+    })
+}
+
+fn parse_arg(s: &str) -> Result<(u32, ArgKind)> {
+    let (n, kind) = s.split_once(':').unwrap_or((s, "int"));
+    let n: u32 = n
+        .trim_start_matches("arg")
+        .parse()
+        .ok()
+        .filter(|&n| n < 6)
+        .with_context(|| format!("--arg {s:?}: N is an argument from 0 to 5 (in registers)"))?;
+    let kind = match kind {
+        "int" => ArgKind::ARG_INT,
+        "long" => ArgKind::ARG_LONG,
+        "ptr" => ArgKind::ARG_PTR,
+        "str" => ArgKind::ARG_STR_KIND,
+        _ => bail!("--arg {s:?}: TYPE is int, long, ptr or str"),
+    };
+    Ok((n, kind))
+}
+
+fn parse_errval(s: &str) -> Result<ErrVal> {
+    Ok(match s {
+        "negative" | "neg" => ErrVal::ERRVAL_NEGATIVE,
+        "nonzero" => ErrVal::ERRVAL_NONZERO,
+        "zero" => ErrVal::ERRVAL_ZERO,
+        "null" => ErrVal::ERRVAL_NULL,
+        _ => bail!("--errval {s:?}: one of negative, nonzero, zero, null"),
+    })
+}
+
+/// Splits a list of specs on the commas outside parentheses (a parameter list has its own).
+fn split_specs(list: &str) -> Vec<&str> {
+    let mut specs = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '(' | '<' => depth += 1,
+            ')' | '>' => depth -= 1,
+            ',' if depth <= 0 => {
+                specs.push(list[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    specs.push(list[start..].trim());
+    specs.retain(|s| !s.is_empty());
+    specs
+}
+
+/// The probes the specs name, each function once; an error in one line for a name that is nowhere.
+fn resolve_probes(target: &Target, modules: &mut Modules, list: &str) -> Result<Vec<ProbePoint>> {
+    let mut probes: Vec<ProbePoint> = Vec::new();
+    let mut seen: Vec<(PathBuf, u64)> = Vec::new();
+    for spec in split_specs(list) {
+        if let Some(rest) = spec.strip_prefix("usdt:") {
+            probes.extend(usdt_probes(target, rest)?);
+            continue;
+        }
+        let s = Spec::parse(spec);
+        let module = modules.module(s.module)?;
+        let found = functions::matching(module, s.pattern)?;
+        let places = module.entry_probes(&found)?;
+        let prefix = s.module.map(|m| format!("{m}:")).unwrap_or_default();
+        // Overloads share a short name: they are told apart by their parameters.
+        let mut shorts: HashMap<&str, usize> = HashMap::new();
+        for f in &found {
+            *shorts.entry(f.short()).or_default() += 1;
+        }
+        for (f, place) in found.iter().zip(places) {
+            let Some(place) = place else {
+                say!(
+                    "myprobe: note: {} has no code in {} to probe: left out",
+                    f.name,
+                    module.basename
+                );
+                continue;
+            };
+            if seen.contains(&(module.open_path.clone(), f.address)) {
+                continue;
+            }
+            seen.push((module.open_path.clone(), f.address));
+            let name = if shorts[f.short()] > 1 {
+                &f.name
+            } else {
+                f.short()
+            };
+            probes.push(ProbePoint {
+                label: format!("{prefix}{name}"),
+                open_path: module.open_path.clone(),
+                place: Place::Function(place),
+            });
+        }
+    }
+    if probes.is_empty() {
+        bail!("no function or probe given: name one, e.g. `myprobe trace ha_innobase::write_row`");
+    }
+    if probes.len() > MAX_PROBES {
+        bail!(
+            "the patterns match {} functions; at most {MAX_PROBES} are traced at once: narrow them \
+             (`myprobe trace --list PATTERN` shows what they match)",
+            probes.len()
+        );
+    }
+    Ok(probes)
+}
+
+/// The files of the process that static probes may be in: the executable, then its libraries.
+fn probe_files(target: &Target) -> Result<Vec<(String, PathBuf)>> {
+    let maps = ProcMaps::read(target.pid).context("reading the process's memory map")?;
+    let mut files = vec![(
+        target
+            .exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        target.binary.clone(),
+    )];
+    for f in maps.files_in_address_order() {
+        if f.symbolic != target.exe && f.basename.contains(".so") {
+            files.push((f.basename.clone(), f.open_path.clone()));
+        }
+    }
+    Ok(files)
+}
+
+/// `PROVIDER:NAME` → one probe per file that has it.
+fn usdt_probes(target: &Target, spec: &str) -> Result<Vec<ProbePoint>> {
+    let Some((provider, name)) = spec.split_once(':') else {
+        bail!("usdt:{spec}: a static probe is usdt:PROVIDER:NAME (`myprobe trace --list usdt` lists them)");
+    };
+    let mut found = Vec::new();
+    let mut all = Vec::new();
+    for (basename, path) in probe_files(target)? {
+        let probes = usdt::probes(&path).unwrap_or_default();
+        if probes
+            .iter()
+            .any(|p| p.provider == provider && p.name == name)
+        {
+            found.push(ProbePoint {
+                label: format!("usdt:{provider}:{name}"),
+                open_path: path.clone(),
+                place: Place::Usdt {
+                    provider: provider.to_string(),
+                    name: name.to_string(),
+                },
+            });
+        }
+        all.extend(probes.into_iter().map(|p| (basename.clone(), p)));
+    }
+    if found.is_empty() {
+        if all.is_empty() {
+            bail!(
+                "{target} has no static probes (USDT) at all, in its executable or libraries: it was built \
+                 without them (Debian's MariaDB is). Trace functions instead"
+            );
+        }
+        let mut names: Vec<String> = all
+            .iter()
+            .map(|(_, p)| format!("usdt:{}:{}", p.provider, p.name))
+            .collect();
+        names.sort();
+        names.dedup();
+        names.truncate(10);
+        bail!(
+            "no static probe usdt:{provider}:{name} in {target}; it has {}",
+            names.join(", ")
+        );
+    }
+    Ok(found)
+}
+
+/// `--list PATTERN`: functions, or `usdt` for static probes, one a line on stdout.
+fn list(target: &Target, modules: &mut Modules, pattern: &str) -> Result<()> {
+    let mut out = String::new();
+    if pattern == "usdt" || pattern.starts_with("usdt:") {
+        let wanted = pattern.strip_prefix("usdt:").unwrap_or("*");
+        let matcher = functions::Pattern::new(wanted)?;
+        for (basename, path) in probe_files(target)? {
+            for p in usdt::probes(&path).unwrap_or_default() {
+                let full = format!("{}:{}", p.provider, p.name);
+                let as_function = functions::Function {
+                    name: full.clone(),
+                    address: p.address,
+                    size: 0,
+                };
+                if matcher.matches(&as_function) {
+                    out += &format!(
+                        "usdt:{full}  {basename}  {:#x}  args: {}{}\n",
+                        p.address,
+                        if p.args.is_empty() { "(none)" } else { &p.args },
+                        if p.semaphore != 0 {
+                            "  (semaphore)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+        }
+        if out.is_empty() {
+            say!("myprobe: {target} has no static probes matching {wanted:?} (Debian's MariaDB has none)");
+        }
+        return write_stdout(&out);
+    }
+    let s = Spec::parse(pattern);
+    let module = modules.module(s.module)?;
+    let found = functions::matching(module, s.pattern)?;
+    for f in &found {
+        out += &format!("{}  {:#x}  {}\n", module.basename, f.address, f.name);
+    }
+    say!("myprobe: {} functions match {pattern:?}", found.len());
+    write_stdout(&out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_split_outside_parameter_lists() {
+        assert_eq!(
+            split_specs("a,b::c(int, char*),libc:malloc, x<int, int>::y"),
+            ["a", "b::c(int, char*)", "libc:malloc", "x<int, int>::y"]
+        );
+        assert!(split_specs(" , ").is_empty());
+    }
+
+    #[test]
+    fn arguments_and_keys_parse() {
+        assert_eq!(parse_arg("1:str").unwrap(), (1, ArgKind::ARG_STR_KIND));
+        assert_eq!(parse_arg("0").unwrap(), (0, ArgKind::ARG_INT));
+        assert!(parse_arg("7:int").is_err());
+        assert!(parse_arg("1:float").is_err());
+        assert_eq!(parse_by("arg2").unwrap(), By::Arg(2));
+        assert!(parse_by("args").is_err());
+        assert!(parse_errval("sometimes").is_err());
+    }
+}
