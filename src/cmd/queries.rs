@@ -87,6 +87,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     );
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
+    say_static_query_probes(&target.binary);
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
     let unwind = if a.no_wait_sites {
         None
@@ -335,5 +336,24 @@ fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::R
         out.write_all(b"\n")
     } else {
         writeln!(out, "{}", render::line(r))
+    }
+}
+
+/// A server built with MySQL's static probes (`--enable-dtrace`): said, with why they are not the source. The
+/// protocol, read at the socket, gives what they give (text, connection, timing) and the parts of each
+/// statement's time, on any build; the probes can be traced with `myprobe trace usdt:mysql:query__start`.
+fn say_static_query_probes(binary: &std::path::Path) {
+    let probes = crate::trace::usdt::probes(binary).unwrap_or_default();
+    let has = |name: &str| {
+        probes
+            .iter()
+            .any(|p| p.provider == "mysql" && p.name == name)
+    };
+    if has("query__start") && has("query__done") {
+        say!(
+            "myprobe: note: this server has MySQL's query-start/query-done static probes; statements are read \
+             from the protocol instead, which also splits their time (`myprobe trace usdt:mysql:query__start` \
+             traces the probes)"
+        );
     }
 }

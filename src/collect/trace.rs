@@ -127,9 +127,20 @@ pub struct Traced {
 /// How long the call rate is measured before anything is timed.
 pub const RATE_WINDOW: Duration = Duration::from_millis(200);
 
-/// What one traced call costs the server, entry and return probes with the kernel's emulation, as measured on
-/// the fixture of tests/trace.rs (bench/trace prints it).
+/// What one traced call costs the server, entry and return probes, when the kernel emulates the probed
+/// instruction and when it single-steps it (measured on this machine: a loop of calls, traced and not).
 pub const COST_PER_CALL_NS: f64 = 1500.0;
+pub const COST_PER_STEPPED_CALL_NS: f64 = 11600.0;
+
+impl ProbePoint {
+    /// The server's cost of one traced call of this probe, in ns.
+    pub fn cost_ns(&self) -> f64 {
+        match &self.place {
+            Place::Function(e) if !e.emulated => COST_PER_STEPPED_CALL_NS,
+            _ => COST_PER_CALL_NS,
+        }
+    }
+}
 
 /// Traces the probes for the duration (or until Ctrl-C). An error when the rate is above the budget.
 pub fn collect(opts: &CollectOptions, trace: &TraceOptions) -> Result<Traced> {
@@ -312,7 +323,11 @@ impl Collector for Trace<'_> {
             let rate = self.measure_rate(skel, pid)?;
             let total = rate.total();
             if total > self.trace.max_rate as f64 {
-                let cpu = total * COST_PER_CALL_NS / 1e9 * 100.0;
+                let cost_ns: f64 = (rate.calls_per_s.iter())
+                    .zip(&self.trace.probes)
+                    .map(|(r, p)| r * p.cost_ns())
+                    .sum();
+                let cpu = cost_ns / 1e9 * 100.0;
                 let mut busiest: Vec<(usize, f64)> =
                     rate.calls_per_s.iter().copied().enumerate().collect();
                 busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -329,7 +344,7 @@ impl Collector for Trace<'_> {
                     total,
                     names.join(", "),
                     self.trace.max_rate,
-                    COST_PER_CALL_NS / 1000.0
+                    cost_ns / total / 1000.0
                 );
             }
             self.rate = Some(rate);
