@@ -416,3 +416,53 @@ fn folded_output_goes_to_stdout_without_o() {
         "diagnostics belong on stderr"
     );
 }
+
+/// tests/fixtures/offcpu/preempt.c: a spinning thread and a CPU hog pinned to the same CPU; the hog must be the
+/// top preemptor of the traced thread.
+#[test]
+fn offcpu_preemptors_name_the_hog_sharing_the_cpu() {
+    let dir = tempdir("preempt");
+    let exe = compile_fixture(&dir, "preempt", &["offcpu/preempt.c"], &[]);
+    let mut fixture = Fixture::start(&mut std::process::Command::new(&exe));
+    let mut hog = std::process::Command::new(&exe).arg("hog").spawn().unwrap();
+    let pid = fixture.child.id();
+    let run = Background::start(
+        &[
+            "profile",
+            "offcpu",
+            "--any-process",
+            "-p",
+            &pid.to_string(),
+            "-d",
+            "4",
+            "--preemptors",
+            "-o",
+            dir.join("offcpu.folded").to_str().unwrap(),
+        ],
+        "myprobe: tracing",
+    );
+    fixture.go();
+    let (_, stderr) = run.wait();
+    let _ = hog.kill();
+    let _ = hog.wait();
+    let table: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("top ") || !l.contains("preemptors"))
+        .skip(2)
+        .collect();
+    let first = table
+        .first()
+        .unwrap_or_else(|| panic!("no preemptor table:\n{stderr}"));
+    let hog_name = format!("myprobe-hog/myprobe-hog {}", hog.id());
+    assert!(
+        first.trim_start().starts_with(&hog_name),
+        "top preemptor is not the hog:\n{stderr}"
+    );
+    let fields: Vec<&str> = first.split_whitespace().collect();
+    let (count, runq_ms): (u64, f64) = (
+        fields[fields.len() - 2].parse().unwrap(),
+        fields[fields.len() - 1].parse().unwrap(),
+    );
+    assert!(count > 0 && runq_ms > 0.0, "{first}");
+    assert!(first.contains(&format!("preempt {pid}")), "{first}");
+}

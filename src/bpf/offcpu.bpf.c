@@ -16,6 +16,32 @@
 char LICENSE[] SEC("license") = "GPL";
 
 const volatile __u64 min_block_ns = 1000;
+/* Count who took the CPU from a thread still runnable (`--preemptors`). */
+const volatile bool preemptors = false;
+
+struct preempt_key {
+	__u32 preemptor_tgid;
+	__u32 preemptor_tid;
+	__u32 preempted_tid;
+	__u32 valid; /* 1 in the map; 0 in a thread's state: not preempted */
+};
+
+struct preempt_count {
+	__u64 count;
+	__u64 runq_ns;         /* time the preempted thread then waited for a CPU */
+	__s32 preemptor_prio;  /* the kernel's prio: below 100 real-time, else 120 + nice */
+	__s32 preempted_prio;
+	char preemptor_comm[16];
+	char preemptor_process[16]; /* its thread group leader's name */
+};
+
+/* Full: counted in lost.state. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct preempt_key);
+	__type(value, struct preempt_count);
+} preemptions SEC(".maps");
 
 struct thread_state {
 	__u64 off_ts;   /* when it left the CPU; 0 while on CPU */
@@ -23,6 +49,7 @@ struct thread_state {
 	__u64 stack_id; /* where it left the CPU */
 	__u32 preempted;
 	__u32 tid;
+	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
 };
 
 /* Per thread: found from the task without a hash lookup, as many as the process has threads (no table to
@@ -53,6 +80,34 @@ struct {
 	__type(value, struct offcpu_time);
 } totals SEC(".maps");
 
+/* The DTrace sched provider's "who preempts whom": counted when it happens, its run-queue time added when the
+ * preempted thread runs again. */
+static __always_inline void count_preemption(struct thread_state *st, struct task_struct *prev,
+					     struct task_struct *next)
+{
+	st->preempted_by.valid = 0;
+	if (!st->preempted)
+		return;
+	struct preempt_key k = {
+		.preemptor_tgid = next->tgid, .preemptor_tid = next->pid, .preempted_tid = prev->pid, .valid = 1
+	};
+	struct preempt_count *c = bpf_map_lookup_elem(&preemptions, &k);
+	if (!c) {
+		struct preempt_count init = { .preemptor_prio = next->prio, .preempted_prio = prev->prio };
+		bpf_probe_read_kernel_str(init.preemptor_comm, sizeof(init.preemptor_comm), next->comm);
+		bpf_probe_read_kernel_str(init.preemptor_process, sizeof(init.preemptor_process),
+					  next->group_leader->comm);
+		bpf_map_update_elem(&preemptions, &k, &init, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&preemptions, &k);
+	}
+	if (!c) {
+		count_lost(state);
+		return;
+	}
+	__sync_fetch_and_add(&c->count, 1);
+	st->preempted_by = k;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
@@ -68,6 +123,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->preempted = preempt || prev_state == TASK_RUNNING;
 			/* prev is the current task: its user registers give the call site. */
 			st->stack_id = stack_id_of_call(ctx, false);
+			if (preemptors)
+				count_preemption(st, prev, next);
 		} else {
 			count_lost(state);
 		}
@@ -81,6 +138,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		__u64 off = now - st->off_ts;
 		__u64 woke = st->wake_ts;
 		st->off_ts = 0;
+		if (preemptors && st->preempted_by.valid) {
+			struct preempt_count *c = bpf_map_lookup_elem(&preemptions, &st->preempted_by);
+			if (c)
+				__sync_fetch_and_add(&c->runq_ns, off);
+			st->preempted_by.valid = 0;
+		}
 		if (off < min_block_ns || !st->stack_id)
 			return 0;
 		struct offcpu_key k = { .tid = tid, .stack_id = st->stack_id };

@@ -106,6 +106,14 @@ pub struct OffcpuArgs {
     /// Ignore off-CPU periods shorter than this many microseconds (filtered in the kernel, like offcputime -m)
     #[arg(long, default_value_t = 1)]
     pub min_block_us: u64,
+    /// Also count, at each context switch, the tasks that took the CPU from a server thread that could still
+    /// run: a table on stderr of preemptor and preempted thread with their priorities, count and run-queue
+    /// time caused (DTrace's "who preempts whom")
+    #[arg(long)]
+    pub preemptors: bool,
+    /// Rows of the preemptor table
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
 }
 
 /// Which allocations alloc and memleak trace.
@@ -233,7 +241,12 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
             );
-            let collected = collect::offcpu::collect(&s.opts, a.min_block_us, a.trace.per_thread)?;
+            let (collected, preemptions) = collect::offcpu::collect_with_preemptors(
+                &s.opts,
+                a.min_block_us,
+                a.trace.per_thread,
+                a.preemptors,
+            )?;
             // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
             let mut namer = s.namer();
             let profile = stacks::build(&collected, &mut namer, Unit::Microseconds, |c, row| {
@@ -242,7 +255,13 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                     Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
                 ]
             });
-            s.finish(&collected, &profile, "Off-CPU", Palette::Io)
+            s.finish(&collected, &profile, "Off-CPU", Palette::Io)?;
+            if a.preemptors {
+                let pid = s.target.pid;
+                let mut name = |tid: u32| process::thread_name(pid, tid);
+                say_part!("{}", tables::preemptors(preemptions, a.top, &mut name));
+            }
+            Ok(())
         }
         ProfileCommand::Alloc(a) => {
             let alloc = a.filter.options(a.sample, None)?;

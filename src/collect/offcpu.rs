@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::{skel::Skel, Link};
 
 use super::{
-    maps::{drain_typed, read_exact, Plain},
+    maps::{drain_typed, for_each_typed, read_exact, Plain},
     monotonic_ns,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
@@ -26,16 +26,60 @@ unsafe impl Plain for skel::types::offcpu_key {}
 unsafe impl Plain for skel::types::offcpu_time {}
 // SAFETY: as above.
 unsafe impl Plain for skel::types::thread_state {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::preempt_key {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::preempt_count {}
+
+/// A task that took the CPU from a thread of the process while that thread could still run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    pub preemptor_tgid: u32,
+    pub preemptor_tid: u32,
+    pub preemptor_comm: String,
+    /// Its process's name (its thread group leader's).
+    pub preemptor_process: String,
+    /// The kernel's prio: below 100 real-time, else 120 + nice.
+    pub preemptor_prio: i32,
+    pub preempted_tid: u32,
+    pub preempted_prio: i32,
+    pub count: u64,
+    /// The time the preempted thread then waited for a CPU.
+    pub runq_ns: u64,
+}
 
 /// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per stack, and per thread with
 /// `per_thread` (tid 0 otherwise).
 pub fn collect(opts: &CollectOptions, min_block_us: u64, per_thread: bool) -> Result<Collected> {
+    collect_with_preemptors(opts, min_block_us, per_thread, false).map(|(c, _)| c)
+}
+
+/// As [`collect`], and with `preemptors`, who took the CPU from the process's threads while they could run
+/// (DTrace's sched provider's "who preempts whom"), counted in the kernel at each switch.
+pub fn collect_with_preemptors(
+    opts: &CollectOptions,
+    min_block_us: u64,
+    per_thread: bool,
+    preemptors: bool,
+) -> Result<(Collected, Vec<Preemption>)> {
     let mut offcpu = Offcpu {
         min_ns: min_block_us.saturating_mul(1000),
         per_thread,
+        preemptors,
         ..Offcpu::default()
     };
-    stack_collector::run(&mut offcpu, opts)
+    let collected = stack_collector::run(&mut offcpu, opts)?;
+    Ok((collected, offcpu.preemptions))
+}
+
+/// A NUL-terminated name of a kernel `comm` field.
+fn comm(bytes: &[i8]) -> String {
+    let bytes: Vec<u8> = bytes
+        .iter()
+        .map(|&b| b as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// How often the kernel's sums are moved to user space while tracing. Every thread leaves entries behind
@@ -56,6 +100,8 @@ struct Offcpu {
     blocked_iterator: bool,
     started_ns: u64,
     ended_ns: u64,
+    preemptors: bool,
+    preemptions: Vec<Preemption>,
 }
 
 impl Collector for Offcpu {
@@ -75,6 +121,7 @@ impl Collector for Offcpu {
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_block_ns = self.min_ns;
+        rodata.preemptors = self.preemptors;
         // Switches out at any instruction (preemption, page faults) would make each a stack of its own.
         rodata.leaf_at_row_start = true;
         self.blocked_iterator = features.task_stacks;
@@ -109,6 +156,24 @@ impl Collector for Offcpu {
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.drain(skel)?;
+        if self.preemptors {
+            for_each_typed(
+                &skel.maps.preemptions,
+                |k: skel::types::preempt_key, c: skel::types::preempt_count| {
+                    self.preemptions.push(Preemption {
+                        preemptor_tgid: k.preemptor_tgid,
+                        preemptor_tid: k.preemptor_tid,
+                        preemptor_comm: comm(&c.preemptor_comm),
+                        preemptor_process: comm(&c.preemptor_process),
+                        preemptor_prio: c.preemptor_prio,
+                        preempted_tid: k.preempted_tid,
+                        preempted_prio: c.preempted_prio,
+                        count: c.count,
+                        runq_ns: c.runq_ns,
+                    });
+                },
+            );
+        }
         if let Err(e) = self.add_open_waits(skel) {
             say!("myprobe: warning: the waits still open at the end are left out: {e:#}");
         }

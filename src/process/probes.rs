@@ -218,7 +218,7 @@ fn emulated_at(_code: &[u8], _at: u64) -> bool {
 /// Demangled as the symbolizer's names are: blazesym (its `demangle` feature) makes this very call, with the
 /// same crate and default options, so a probe's name and a frame's name of one function are the same text.
 /// blazesym has no public demangling function to call instead.
-fn demangle(name: &str) -> String {
+pub(crate) fn demangle(name: &str) -> String {
     cpp_demangle::Symbol::new(name)
         .ok()
         .and_then(|s| s.demangle().ok())

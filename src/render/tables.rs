@@ -3,7 +3,7 @@
 use std::{collections::HashMap, fmt::Write};
 
 use crate::{
-    collect::{syscalls, Collected},
+    collect::{offcpu::Preemption, syscalls, Collected},
     profile::{
         locks::LockSummary,
         stacks::{innermost, StackNamer},
@@ -181,8 +181,75 @@ pub fn syscalls(found: &syscalls::Found, top: usize) -> String {
     out
 }
 
+/// The kernel's prio as people say it: `nice N`, or `RT N` for a real-time priority.
+fn priority(prio: i32) -> String {
+    if prio < 100 {
+        format!("RT {}", 99 - prio)
+    } else {
+        format!("nice {}", prio - 120)
+    }
+}
+
+/// Who preempts whom: the tasks that took the CPU from the process's threads while they could still run,
+/// with the run-queue time that caused them, most first; at most `top` rows.
+pub fn preemptors(
+    mut rows: Vec<Preemption>,
+    top: usize,
+    thread_name: &mut dyn FnMut(u32) -> String,
+) -> String {
+    rows.sort_by(|a, b| {
+        (b.runq_ns, b.count)
+            .cmp(&(a.runq_ns, a.count))
+            .then(a.preemptor_tid.cmp(&b.preemptor_tid))
+    });
+    if rows.is_empty() {
+        return "no thread was preempted while tracing\n".to_string();
+    }
+    let mut out = format!(
+        "top {} preemptors (tasks that took the CPU from a runnable thread):\n",
+        top.min(rows.len())
+    );
+    let _ = writeln!(
+        out,
+        "  {:<36} {:<8} {:<28} {:<8} {:>8} {:>12}",
+        "preemptor (process/thread tid)", "prio", "preempted thread", "prio", "count", "runq ms"
+    );
+    for r in rows.iter().take(top) {
+        let preemptor = format!(
+            "{}/{} {}",
+            crate::render::terminal_safe(&r.preemptor_process),
+            crate::render::terminal_safe(&r.preemptor_comm),
+            r.preemptor_tid
+        );
+        let preempted = format!(
+            "{} {}",
+            crate::render::terminal_safe(&thread_name(r.preempted_tid)),
+            r.preempted_tid
+        );
+        let _ = writeln!(
+            out,
+            "  {:<36} {:<8} {:<28} {:<8} {:>8} {:>12.3}",
+            preemptor,
+            priority(r.preemptor_prio),
+            preempted,
+            priority(r.preempted_prio),
+            r.count,
+            r.runq_ns as f64 / 1e6
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn priorities_read_as_nice_or_real_time() {
+        assert_eq!(super::priority(120), "nice 0");
+        assert_eq!(super::priority(110), "nice -10");
+        assert_eq!(super::priority(98), "RT 1");
+        assert_eq!(super::priority(0), "RT 99");
+    }
+
     use std::rc::Rc;
 
     use super::*;

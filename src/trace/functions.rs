@@ -18,7 +18,7 @@ use object::{Object, ObjectSymbol, SymbolKind};
 use crate::{
     process::{
         maps::ProcMaps,
-        probes::{entry_probe_at, EntryProbe},
+        probes::{demangle, entry_probe_at, EntryProbe},
     },
     symbolize::{
         clean::matching_open_paren,
@@ -326,14 +326,6 @@ pub fn closest_names(module: &Module, wanted: &str, n: usize) -> Vec<String> {
         }
     }
     names
-}
-
-/// Demangled as the symbolizer's names are (see process::probes).
-fn demangle(name: &str) -> String {
-    cpp_demangle::Symbol::new(name)
-        .ok()
-        .and_then(|s| s.demangle().ok())
-        .unwrap_or_else(|| name.to_string())
 }
 
 #[cfg(test)]
