@@ -31,6 +31,7 @@ pub mod process;
 pub mod profile;
 pub mod query;
 pub mod render;
+pub mod report;
 pub mod stacks;
 pub mod stat;
 pub mod symbolize;

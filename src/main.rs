@@ -38,6 +38,10 @@ enum Command {
     /// errors, time and its histogram, by thread, caller stack or argument; --inside for the syscalls, lock
     /// waits and off-CPU time within it (DTrace's pid provider and its thread-local flag).
     Trace(cmd::trace::TraceArgs),
+    /// One trace with every collector at once (on-CPU, off-CPU, lock waits, the statements' digest) and a
+    /// thread snapshot at its end, written as one self-contained HTML file: flame graphs, a sortable digest,
+    /// the lock table, the threads, and findings in sentences.
+    Report(cmd::report::ReportArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Pfs(a) => cmd::pfs::run(a),
         Command::Stat(a) => cmd::stat::run(a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Report(a) => cmd::report::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

@@ -5,6 +5,7 @@ pub mod flame;
 pub mod pfs;
 pub mod profile;
 pub mod queries;
+pub mod report;
 pub mod stacks;
 pub mod stat;
 pub mod trace;

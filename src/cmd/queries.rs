@@ -17,7 +17,7 @@ use crate::{
         queries::{DispatchProbe, Event},
         CollectOptions,
     },
-    process::{self, probes},
+    process::{self, probes, Target},
     profile::waits,
     query::{digest::Digest, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
@@ -88,50 +88,10 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
-    // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
-    let unwind = if a.no_wait_sites {
-        None
-    } else {
-        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
-            say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
-            None
-        })
-    };
-    let opts = CollectOptions {
-        pid: target.pid,
-        duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
-        kernel_stacks: false,
-        btf: a.btf.clone(),
-        unwind,
-        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
-        announce: String::new(),
-    };
-    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
-    match &dispatch {
-        None if a.uprobes => bail!(
-            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
-            target.exe.display()
-        ),
-        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
-        _ => {}
-    }
-    let wanted = Cell::new(a.uprobes);
-    let probe = dispatch.as_ref().map(|function| DispatchProbe {
-        binary: &target.binary,
-        function,
-        wanted: &wanted,
-    });
-    let mut tracker = Tracker::new(a.raw_sql);
-    let mut sites = waits::SiteNames::new(target.pid);
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
-    let (mut seen, mut reported, mut unknown_prepared) = (0u64, 0u64, 0u64);
-    // Connections with the compressed protocol: the first few are named, the rest counted (a client can open
-    // thousands).
-    let mut compressed = 0u64;
-    const COMPRESSED_SAID: u64 = 20;
+    let mut reported = 0u64;
     let mut failed: Option<std::io::Error> = None;
 
     let until = a
@@ -145,8 +105,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     }
     let mut last_flush = Instant::now();
     // Every record goes out here, once its text is known or waited for long enough.
-    let mut emit = |record: QueryRecord| {
-        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
+    let emit = |record: QueryRecord| {
         if record.duration_us < min_us {
             return;
         }
@@ -167,6 +126,170 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             }
         }
     };
+    let followed = follow(&a, &target, attached, emit)?;
+    let ended = collect::tracing_ended();
+    if a.summary {
+        let rows = digest.rows();
+        if a.json {
+            for r in &rows {
+                writeln!(out, "{}", serde_json::to_string(r)?)?;
+            }
+        } else if digest.is_empty() {
+            say!(
+                "myprobe: no statements{}",
+                if min_us > 0 {
+                    " at or above --min-ms"
+                } else {
+                    ""
+                }
+            );
+        } else {
+            write!(out, "{}", render::digest_table(&rows, a.top))?;
+            write!(out, "\n{}", render::digest_findings(&rows, 5))?;
+        }
+    }
+    // JSON readers see where records went missing: a last line with the counts, when anything was lost.
+    let forgot = followed.forgotten_prepared > 0 || followed.forgotten_conns > 0;
+    if a.json && failed.is_none() && (followed.lost.total() > 0 || forgot) {
+        let losses = serde_json::json!({
+            "lost": followed.lost.to_json(),
+            "statements": followed.seen,
+            "forgotten_prepared": followed.forgotten_prepared,
+            "forgotten_connections": followed.forgotten_conns,
+        });
+        if let Err(e) = writeln!(out, "{losses}") {
+            failed = Some(e);
+        }
+    }
+    let written = match failed {
+        Some(e) => Err(e),
+        None => out.flush(),
+    };
+    match written {
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.context("writing the records")?,
+    }
+    say!(
+        "myprobe: {} statements traced, {reported} reported",
+        followed.seen
+    );
+    followed.say_notes();
+    if a.summary {
+        say!(
+            "myprobe: results written in {:.0} ms after tracing ended",
+            ended.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    Ok(())
+}
+
+/// What following the statements counted besides the records, said on stderr by [`Followed::say_notes`].
+pub struct Followed {
+    /// Statements traced (myprobe's own reads of the process list left out).
+    pub seen: u64,
+    pub lost: collect::Lost,
+    /// Executions of statements prepared before tracing whose text stayed unknown.
+    pub unknown_prepared: u64,
+    pub forgotten_prepared: u64,
+    pub forgotten_conns: u64,
+    /// Connections with the compressed protocol, past those named as they came.
+    pub compressed_unsaid: u64,
+}
+
+impl Followed {
+    pub fn say_notes(&self) {
+        if self.unknown_prepared > 0 {
+            say!(
+                "myprobe: note: {} executions of statements prepared before tracing began: their text is unknown \
+                 (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
+                 their result set's columns); statements prepared while tracing are shown in full",
+                self.unknown_prepared
+            );
+        }
+        if self.compressed_unsaid > 0 {
+            say!(
+                "myprobe: warning: {} more connections use the compressed protocol: their statements are not traced",
+                self.compressed_unsaid
+            );
+        }
+        if self.forgotten_prepared > 0 {
+            say!(
+                "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
+                 executions show as `{UNKNOWN_PREPARED} #ID`",
+                self.forgotten_prepared,
+                crate::query::MAX_PREPARED_PER_CONN
+            );
+        }
+        if self.forgotten_conns > 0 {
+            say!(
+                "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
+                 no user or database",
+                self.forgotten_conns,
+                crate::query::MAX_CONNS
+            );
+        }
+        for line in self.lost.report(self.seen) {
+            say!("myprobe: warning: {line}");
+        }
+    }
+}
+
+/// Follows the statements of `target` as `a` says (its duration, wait sites, TLS fallback, process list),
+/// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
+/// once the probes are in place. `myprobe queries` and `myprobe report` both trace through here.
+pub fn follow(
+    a: &QueriesArgs,
+    target: &Target,
+    attached: impl FnOnce(),
+    mut emit: impl FnMut(QueryRecord),
+) -> Result<Followed> {
+    // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
+    let unwind = if a.no_wait_sites {
+        None
+    } else {
+        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+            say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
+            None
+        })
+    };
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
+        kernel_stacks: false,
+        btf: a.btf.clone(),
+        unwind,
+        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
+        announce: String::new(),
+        attached: None,
+    };
+    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
+    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
+    match &dispatch {
+        None if a.uprobes => bail!(
+            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
+            target.exe.display()
+        ),
+        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
+        _ => {}
+    }
+    let wanted = Cell::new(a.uprobes);
+    let probe = dispatch.as_ref().map(|function| DispatchProbe {
+        binary: &target.binary,
+        function,
+        wanted: &wanted,
+    });
+    let mut tracker = Tracker::new(a.raw_sql);
+    let mut sites = waits::SiteNames::new(target.pid);
+    let (mut seen, mut unknown_prepared) = (0u64, 0u64);
+    let mut emit = |record: QueryRecord| {
+        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
+        emit(record);
+    };
+    // Connections with the compressed protocol: the first few are named, the rest counted (a client can open
+    // thousands).
+    let mut compressed = 0u64;
+    const COMPRESSED_SAID: u64 = 20;
     let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
@@ -234,8 +357,6 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         },
     )?;
     texts.finish(&mut tracker, &mut emit);
-    // myprobe's own reads of the process list are not the server's statements.
-    let seen = seen.saturating_sub(texts.own_statements);
     if texts.named > 0 || texts.failed {
         say!(
             "myprobe: {} statements prepared before tracing named from the server's process list ({} samples, {} of \
@@ -245,89 +366,15 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             texts.finder.samples_named
         );
     }
-    let ended = collect::tracing_ended();
-    if a.summary {
-        let rows = digest.rows();
-        if a.json {
-            for r in &rows {
-                writeln!(out, "{}", serde_json::to_string(r)?)?;
-            }
-        } else if digest.is_empty() {
-            say!(
-                "myprobe: no statements{}",
-                if min_us > 0 {
-                    " at or above --min-ms"
-                } else {
-                    ""
-                }
-            );
-        } else {
-            write!(out, "{}", render::digest_table(&rows, a.top))?;
-            write!(out, "\n{}", render::digest_findings(&rows, 5))?;
-        }
-    }
-    // JSON readers see where records went missing: a last line with the counts, when anything was lost.
-    let forgot = tracker.forgotten_prepared > 0 || tracker.forgotten_conns > 0;
-    if a.json && failed.is_none() && (lost.total() > 0 || forgot) {
-        let losses = serde_json::json!({
-            "lost": lost.to_json(),
-            "statements": seen,
-            "forgotten_prepared": tracker.forgotten_prepared,
-            "forgotten_connections": tracker.forgotten_conns,
-        });
-        if let Err(e) = writeln!(out, "{losses}") {
-            failed = Some(e);
-        }
-    }
-    let written = match failed {
-        Some(e) => Err(e),
-        None => out.flush(),
-    };
-    match written {
-        // A closed pipe (`| head`) is the reader's choice, not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        r => r.context("writing the records")?,
-    }
-    say!("myprobe: {seen} statements traced, {reported} reported");
-    if unknown_prepared > 0 {
-        say!(
-            "myprobe: note: {unknown_prepared} executions of statements prepared before tracing began: their text is unknown \
-             (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
-             their result set's columns); statements prepared while tracing are shown in full"
-        );
-    }
-    if compressed > COMPRESSED_SAID {
-        say!(
-            "myprobe: warning: {} more connections use the compressed protocol: their statements are not traced",
-            compressed - COMPRESSED_SAID
-        );
-    }
-    if tracker.forgotten_prepared > 0 {
-        say!(
-            "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
-             executions show as `{UNKNOWN_PREPARED} #ID`",
-            tracker.forgotten_prepared,
-            crate::query::MAX_PREPARED_PER_CONN
-        );
-    }
-    if tracker.forgotten_conns > 0 {
-        say!(
-            "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
-             no user or database",
-            tracker.forgotten_conns,
-            crate::query::MAX_CONNS
-        );
-    }
-    for line in lost.report(seen) {
-        say!("myprobe: warning: {line}");
-    }
-    if a.summary {
-        say!(
-            "myprobe: results written in {:.0} ms after tracing ended",
-            ended.elapsed().as_secs_f64() * 1000.0
-        );
-    }
-    Ok(())
+    Ok(Followed {
+        // myprobe's own reads of the process list are not the server's statements.
+        seen: seen.saturating_sub(texts.own_statements),
+        lost,
+        unknown_prepared,
+        forgotten_prepared: tracker.forgotten_prepared,
+        forgotten_conns: tracker.forgotten_conns,
+        compressed_unsaid: compressed.saturating_sub(COMPRESSED_SAID),
+    })
 }
 
 fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::Result<()> {

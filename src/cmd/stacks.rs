@@ -169,6 +169,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
         unwind,
         max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
+        attached: None,
     };
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;

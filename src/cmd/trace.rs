@@ -189,6 +189,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
             },
             a.duration
         ),
+        attached: None,
     };
     if options.probes.len() > 1 {
         say!(

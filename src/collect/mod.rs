@@ -24,8 +24,10 @@ use std::{
     cell::RefCell,
     mem::MaybeUninit,
     path::PathBuf,
-    rc::Rc,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -62,6 +64,8 @@ pub struct CollectOptions {
     /// Said on stderr once the probes are in place (what is traced, for how long): a line that scripts and
     /// tests can wait for.
     pub announce: String,
+    /// Told the collector's name once its probes are in place, by a command that runs several at once.
+    pub attached: Option<std::sync::mpsc::Sender<&'static str>>,
 }
 
 impl CollectOptions {
@@ -95,7 +99,8 @@ pub struct Row {
     pub tid: u32,
     /// What else the collector sums by: the lock word (locks), the syscall number (syscalls); 0 otherwise.
     pub key: u64,
-    pub stack: Rc<RawStack>,
+    /// Shared by the rows of one stack; `Arc`, so that what a collector found can be handed to another thread.
+    pub stack: Arc<RawStack>,
     pub values: Box<[u64]>,
 }
 

@@ -3,7 +3,7 @@
 
 use std::{
     io::IsTerminal,
-    sync::atomic::Ordering,
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -11,6 +11,10 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
 
 use super::STOP;
+
+/// Whether [`poll`] shows its progress line on a terminal: off while a command runs several collectors at once
+/// and shows one line for all of them (`myprobe report`).
+pub static SHOW_PROGRESS: AtomicBool = AtomicBool::new(true);
 
 static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
@@ -47,7 +51,7 @@ pub fn poll(
     mut tick: impl FnMut(Duration) -> Result<String>,
 ) -> Result<Duration> {
     let started = Instant::now();
-    let show_progress = std::io::stderr().is_terminal();
+    let show_progress = std::io::stderr().is_terminal() && SHOW_PROGRESS.load(Ordering::Relaxed);
     let mut last_progress = started;
     let mut last_check = started;
     while !STOP.load(Ordering::SeqCst) {

@@ -11,7 +11,7 @@ use std::{
     cell::RefCell,
     collections::HashMap,
     mem::MaybeUninit,
-    rc::Rc,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -257,7 +257,7 @@ pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, RawStac
 /// The stacks defined so far, by id.
 #[derive(Default)]
 pub struct Stacks {
-    by_id: HashMap<u64, Rc<RawStack>>,
+    by_id: HashMap<u64, Arc<RawStack>>,
     /// Records received per (thread, stack id): one per stack for collectors that send a stack once, one per
     /// sample for those that send every sample (cpu).
     records: HashMap<(u32, u64), u64>,
@@ -273,7 +273,9 @@ impl Stacks {
             self.malformed += 1;
             return None;
         };
-        self.by_id.entry(stack_id).or_insert_with(|| Rc::new(stack));
+        self.by_id
+            .entry(stack_id)
+            .or_insert_with(|| Arc::new(stack));
         *self.records.entry((tid, stack_id)).or_default() += 1;
         Some((tid, stack_id))
     }
@@ -308,7 +310,7 @@ impl Stacks {
                 Some(stack) => rows.push(Row {
                     tid: s.tid,
                     key: s.key,
-                    stack: Rc::clone(stack),
+                    stack: Arc::clone(stack),
                     values: s.values,
                 }),
                 None => undefined += 1,
@@ -365,6 +367,9 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let links = collector.attach(&mut skel)?;
     if !opts.announce.is_empty() {
         say!("{}", opts.announce);
+    }
+    if let Some(attached) = &opts.attached {
+        let _ = attached.send(C::NAME);
     }
 
     let stacks = RefCell::new(Stacks::default());
@@ -565,14 +570,14 @@ mod tests {
 
     #[test]
     fn events_past_the_largest_stop_there() {
-        let stack = Rc::new(RawStack {
+        let stack = Arc::new(RawStack {
             user_len: 0,
             ips: Box::new([]),
         });
         let row = |values: &[u64]| Row {
             tid: 1,
             key: 0,
-            stack: Rc::clone(&stack),
+            stack: Arc::clone(&stack),
             values: values.into(),
         };
         let rows = [row(&[9, u64::MAX]), row(&[1, 2]), row(&[3])];

@@ -49,7 +49,7 @@ pub enum MapKind {
 }
 
 /// A file mapped by the process.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct MappedFile {
     /// Path as in the maps (without ` (deleted)`).
     pub symbolic: PathBuf,
@@ -62,6 +62,7 @@ pub struct MappedFile {
 }
 
 /// The mappings of one process, sorted by address, and the files they map.
+#[derive(Clone)]
 pub struct ProcMaps {
     pid: u32,
     maps: Vec<Mapping>,

@@ -58,8 +58,8 @@ impl<'a> StackNamer<'a> {
         frames
     }
 
-    fn stack(&mut self, raw: &Rc<RawStack>) -> Rc<[Rc<str>]> {
-        if let Some(named) = self.named.get(&Rc::as_ptr(raw)) {
+    fn stack(&mut self, raw: &std::sync::Arc<RawStack>) -> Rc<[Rc<str>]> {
+        if let Some(named) = self.named.get(&std::sync::Arc::as_ptr(raw)) {
             return Rc::clone(named);
         }
         let mut frames: Vec<Rc<str>> = Vec::with_capacity(raw.ips.len());
@@ -73,7 +73,8 @@ impl<'a> StackNamer<'a> {
             }
         }
         let frames: Rc<[Rc<str>]> = frames.into();
-        self.named.insert(Rc::as_ptr(raw), Rc::clone(&frames));
+        self.named
+            .insert(std::sync::Arc::as_ptr(raw), Rc::clone(&frames));
         frames
     }
 

@@ -78,7 +78,8 @@ pub fn line(r: &QueryRecord) -> String {
     out
 }
 
-fn clip(s: &str, n: usize) -> String {
+/// `s` cut to `n` characters, the last an ellipsis when cut.
+pub fn clip(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -136,7 +137,8 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
 }
 
 /// What each part of a statement's time is doing, after "N% of its time".
-const PART_PHRASES: [&str; 10] = [
+/// What each part of a statement's time is, as a phrase (`TimeParts::NAMES` order).
+pub const PART_PHRASES: [&str; 10] = [
     "runs on a CPU in the server's own code",
     "runs on a CPU in the kernel (syscalls)",
     "waits for a CPU (more runnable threads than CPUs)",

@@ -250,8 +250,6 @@ mod tests {
         assert_eq!(super::priority(0), "RT 99");
     }
 
-    use std::rc::Rc;
-
     use super::*;
     use crate::collect::{RawStack, Row};
 
@@ -260,7 +258,7 @@ mod tests {
         let row = |stack: &[u64], calls: u64, total_ns: u64| Row {
             tid: 0,
             key: 0,
-            stack: Rc::new(RawStack {
+            stack: std::sync::Arc::new(RawStack {
                 user_len: stack.len() as u16,
                 ips: stack.into(),
             }),

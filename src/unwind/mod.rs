@@ -43,7 +43,7 @@ pub struct BpfMapping {
 
 /// Where a file's rows and page index are in the process-wide arrays, and its segments (to place its
 /// other mappings).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct FileRows {
     row_start: u32,
     row_count: u32,
@@ -69,8 +69,8 @@ pub struct CodeMapping {
     pub label: String,
 }
 
-/// The tables of one process, ready to load.
-#[derive(Default)]
+/// The tables of one process, ready to load (cloned for each of several collectors that trace at once).
+#[derive(Clone, Default)]
 pub struct ProcessTables {
     pub rows: Vec<BpfRow>,
     /// Per file, for each 4 KiB page of its code and one more: the row (relative to the file's first) in force

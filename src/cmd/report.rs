@@ -1,0 +1,96 @@
+//! `myprobe report`: trace once with every collector, write one self-contained HTML file.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::{client::ConnectArgs, cmd::queries::QueriesArgs, process, report};
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// Server process to trace [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Tracing duration in seconds (Ctrl-C ends early and still writes the report)
+    #[arg(short = 'd', long = "duration", default_value_t = 30)]
+    pub duration: u64,
+    /// The HTML file to write
+    #[arg(short = 'o', long = "output", default_value = "report.html")]
+    pub output: PathBuf,
+    /// On-CPU sampling frequency per CPU, in Hz
+    #[arg(short = 'F', long = "frequency", default_value_t = 99)]
+    pub frequency: u64,
+    /// Ignore off-CPU periods shorter than this many microseconds
+    #[arg(long, default_value_t = 1)]
+    pub min_block_us: u64,
+    /// Rows of the statement and lock tables
+    #[arg(long, default_value_t = 50)]
+    pub top: usize,
+    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
+    #[arg(long)]
+    pub raw_sql: bool,
+    /// Never connect to the server: no statement texts from its process list
+    #[arg(long)]
+    pub no_sql: bool,
+    /// Trace a process that is not mariadbd/mysqld
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Kernel memory the BPF maps of each collector may take, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+pub fn run(a: ReportArgs) -> Result<()> {
+    anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
+    anyhow::ensure!(
+        (1..=10_000).contains(&a.frequency),
+        "-F must be between 1 and 10000 Hz"
+    );
+    // Checked before tracing: a report that cannot be written is said at once, not after 30 s.
+    std::fs::File::create(&a.output)
+        .with_context(|| format!("cannot create {}", a.output.display()))?;
+    process::check_environment(a.btf.as_deref())?;
+    let target = process::resolve(a.pid, a.any_process)?;
+    let options = report::Options {
+        duration: Duration::from_secs(a.duration),
+        frequency: a.frequency,
+        min_block_us: a.min_block_us,
+        top: a.top,
+        queries: QueriesArgs {
+            pid: Some(target.pid),
+            duration: None,
+            min_ms: 0.0,
+            json: false,
+            summary: true,
+            top: a.top,
+            raw_sql: a.raw_sql,
+            uprobes: false,
+            any_process: a.any_process,
+            btf: a.btf.clone(),
+            max_kernel_mem: a.max_kernel_mem,
+            frame_pointers: false,
+            no_wait_sites: false,
+            no_sql: a.no_sql,
+            connect: a.connect,
+        },
+    };
+    let r = report::trace(&target, &options)?;
+    let page = report::html::render(&r);
+    std::fs::write(&a.output, &page).with_context(|| format!("writing {}", a.output.display()))?;
+    say!(
+        "myprobe: wrote {} ({} KiB); results written in {} ms after tracing ended",
+        a.output.display(),
+        page.len() / 1024,
+        crate::collect::tracing_ended().elapsed().as_millis()
+    );
+    for f in &r.findings {
+        say!("  {f}");
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! The report's findings: a few sentences, each naming one dominant cost with its figure, from what every
+//! section found. Plain text; the page escapes it.
+
+use std::{collections::HashMap, rc::Rc};
+
+use super::{ProfileSection, Report};
+use crate::{
+    profile::{waits, Profile},
+    query::TimeParts,
+    render::{
+        queries::{clip, human_us, PART_PHRASES},
+        summary::function_values,
+    },
+    stacks::deadlocks,
+};
+
+/// Frames of connections that wait for their client to send a statement: idle time, not a cost.
+const CLIENT_WAIT_FRAMES: [&str; 3] = ["my_net_read_packet", "vio_read", "vio_socket_io_wait"];
+
+pub fn findings(r: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(s) = &r.statements {
+        statements(&s.rows, r.traced.as_secs_f64(), &mut out);
+    }
+    for p in &r.profiles {
+        match p.id {
+            "cpu" => on_cpu(p, &mut out),
+            "offcpu" => off_cpu(p, &mut out),
+            _ => {}
+        }
+    }
+    if let Some(l) = r
+        .locks
+        .iter()
+        .find(|l| l.kind.is_some_and(|k| k.is_contention()))
+    {
+        let site = l
+            .site
+            .as_deref()
+            .map(|s| {
+                let meaning = waits::site_meaning(s)
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default();
+                format!(", mostly in {s}{meaning}")
+            })
+            .unwrap_or_default();
+        out.push(format!(
+            "The most waited-for lock is {} ({}): {} waits, {} in all, the longest {}{site}.",
+            l.name,
+            l.kind.map(|k| k.label()).unwrap_or("lock"),
+            l.waits,
+            human_us(l.total_ns / 1000),
+            human_us(l.max_ns / 1000),
+        ));
+    }
+    threads(r, &mut out);
+    let lost: usize = r.profiles.iter().map(|p| p.lost.len()).sum::<usize>()
+        + r.statements
+            .as_ref()
+            .map_or(0, |s| s.followed.lost.report(s.followed.seen).len());
+    if lost > 0 {
+        out.push(
+            "Some events were lost while tracing: each section says how many; its figures are lower bounds."
+                .into(),
+        );
+    }
+    for m in &r.missing {
+        out.push(format!("Not in this report: {m}."));
+    }
+    out
+}
+
+fn statements(rows: &[crate::query::digest::DigestRow], secs: f64, out: &mut Vec<String>) {
+    let total: u64 = rows.iter().map(|r| r.total_us).sum();
+    let count: u64 = rows.iter().map(|r| r.count).sum();
+    if count == 0 || total == 0 {
+        out.push(
+            "No statement was traced: the server was idle, or its clients use TLS or compression."
+                .into(),
+        );
+        return;
+    }
+    let mut parts = [0u64; 10];
+    for r in rows {
+        for (p, v) in parts.iter_mut().zip(r.time.values()) {
+            *p = p.saturating_add(v);
+        }
+    }
+    let (part, &value) = parts
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
+        .expect("ten parts");
+    out.push(format!(
+        "{count} statements in {secs:.0} s ({:.0}/s) took {} of server time; {:.0}% of it {} ({}).",
+        count as f64 / secs.max(0.001),
+        human_us(total),
+        value as f64 * 100.0 / total as f64,
+        PART_PHRASES[part],
+        TimeParts::NAMES[part],
+    ));
+    for r in rows.iter().take(3).filter(|r| r.total_us > 0) {
+        let shares = r.shares.values();
+        let (part, pct) = shares
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+            .expect("ten shares");
+        let mut s = format!(
+            "{} takes {:.0}% of statement time ({} executions, p99 {}); {pct:.0}% of its time {}",
+            clip(&r.fingerprint, 90),
+            r.total_us as f64 * 100.0 / total as f64,
+            r.count,
+            human_us(r.p99_us),
+            PART_PHRASES[part],
+        );
+        if let Some(site) = r
+            .top_lock_site
+            .as_deref()
+            .filter(|_| r.shares.lock_pct >= 10.0)
+        {
+            s.push_str(&format!(", lock waits mostly in {site}"));
+        }
+        s.push('.');
+        out.push(s);
+    }
+}
+
+/// The functions with the most self time, and the one with the most total time below the thread roots.
+fn on_cpu(p: &ProfileSection, out: &mut Vec<String>) {
+    let total = p.profile.total();
+    if total == 0 {
+        out.push("No on-CPU sample of the server was taken: it was idle.".into());
+        return;
+    }
+    let values = function_values(&p.profile, false);
+    let mut by_self: Vec<(&str, u64)> = values.iter().map(|(f, v)| (*f, v.0)).collect();
+    by_self.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let hot: Vec<String> = by_self
+        .iter()
+        .take(3)
+        .filter(|(_, v)| *v > 0)
+        .map(|(f, v)| format!("{f} ({:.1}%)", *v as f64 * 100.0 / total as f64))
+        .collect();
+    out.push(format!(
+        "On CPU ({total} samples), the hottest functions are {}.",
+        hot.join(", ")
+    ));
+}
+
+/// Where connections were blocked while running statements, by the site of each wait.
+fn off_cpu(p: &ProfileSection, out: &mut Vec<String>) {
+    let (by_site, idle) = statement_waits(&p.profile);
+    let total = by_site.values().fold(0u64, |a, &v| a.saturating_add(v));
+    if total == 0 {
+        return;
+    }
+    let mut sites: Vec<(String, u64)> = by_site.into_iter().collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let top: Vec<String> = sites
+        .iter()
+        .take(3)
+        .map(|(site, v)| {
+            let meaning = waits::site_meaning(site)
+                .map(|m| format!(", waiting for {m}"))
+                .unwrap_or_default();
+            format!("{site} ({:.0}%{meaning})", *v as f64 * 100.0 / total as f64)
+        })
+        .collect();
+    out.push(format!(
+        "Off CPU, connections were blocked {} while running statements (and {} waiting for their clients' next \
+         statement); most of it in {}.",
+        human_us(total),
+        human_us(idle),
+        top.join(", ")
+    ));
+}
+
+/// Blocked time of connections within a statement (below `do_command`, not reading the next one) by the
+/// site of the wait; and the time connections waited for their clients.
+fn statement_waits(profile: &Profile) -> (HashMap<String, u64>, u64) {
+    let mut by_site: HashMap<String, u64> = HashMap::new();
+    let mut idle = 0u64;
+    for (frames, value) in profile.stacks() {
+        if frames.last() != Some(&"[blocked]") || !frames.contains(&"do_command") {
+            continue;
+        }
+        if frames.iter().any(|f| CLIENT_WAIT_FRAMES.contains(f)) {
+            idle = idle.saturating_add(value);
+            continue;
+        }
+        let leaf_first: Vec<Rc<str>> = frames.iter().rev().skip(1).map(|f| Rc::from(*f)).collect();
+        if let Some(site) = waits::site(&leaf_first) {
+            let v = by_site.entry(site).or_default();
+            *v = v.saturating_add(value);
+        }
+    }
+    (by_site, idle)
+}
+
+fn threads(r: &Report, out: &mut Vec<String>) {
+    if r.threads.is_empty() {
+        return;
+    }
+    let running = r.threads.iter().filter(|t| t.running).count();
+    let contended = r
+        .threads
+        .iter()
+        .filter(|t| {
+            t.waits
+                .as_ref()
+                .is_some_and(|w| w.kind != waits::WaitKind::Condition.label())
+        })
+        .count();
+    let with_statement = r.threads.iter().filter(|t| t.statement.is_some()).count();
+    out.push(format!(
+        "When tracing ended the server had {} threads: {running} on a CPU, {contended} waiting for a lock, \
+         {with_statement} running a statement.",
+        r.threads.len()
+    ));
+    for cycle in deadlocks(&r.threads) {
+        let tids: Vec<String> = cycle.iter().map(u32::to_string).collect();
+        out.push(format!(
+            "Deadlock: threads {} wait for each other's locks.",
+            tids.join(" → ")
+        ));
+    }
+}

@@ -1,0 +1,333 @@
+//! The report as one self-contained HTML file: no network, no CDN. Each flame graph is inferno's SVG, whole,
+//! in an `<iframe srcdoc>` of its own, so that its script (search, zoom) runs as in the SVG file alone and
+//! the graphs do not share ids or globals. `report.css` and `report.js` are included as they are.
+
+use std::fmt::Write;
+
+use super::Report;
+use crate::{
+    profile::waits,
+    query::TimeParts,
+    render::queries::{clip, human_us},
+    stacks,
+};
+
+const CSS: &str = include_str!("report.css");
+const JS: &str = include_str!("report.js");
+
+/// The colour of each part of a statement's time, in `TimeParts::NAMES` order.
+const PART_COLOURS: [&str; 10] = [
+    "#e4572e", "#f3a712", "#a8c686", "#8e44ad", "#29335c", "#669bbc", "#1b998b", "#7b9e89",
+    "#b0a990", "#dddddd",
+];
+
+/// What each part means, for the legend (`TimeParts::NAMES` order).
+const PART_LABELS: [&str; 10] = [
+    "CPU (user)",
+    "CPU (kernel)",
+    "run queue",
+    "locks",
+    "read",
+    "write",
+    "fsync",
+    "network",
+    "other syscalls",
+    "unseen",
+];
+
+/// Text for an element's content or an attribute's value.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A `srcdoc` is parsed as HTML, where an SVG without a width attribute (inferno's fluid drawing removes it)
+/// is 300 px wide: the page makes it as wide as the frame. And inferno's script records its search and zoom
+/// in the URL (`history.replaceState`), which a `srcdoc` document may not do: the call throws and the search
+/// stops half done; here it does nothing.
+const SRCDOC_HEAD: &str = "<!DOCTYPE html><html><head><meta charset=\"utf-8\">\
+<style>body{margin:0}body>svg{display:block;width:100%}</style>\
+<script>(function(){var r=history.replaceState;\
+history.replaceState=function(){try{return r.apply(history,arguments)}catch(e){}}})()</script></head><body>";
+
+/// The flame graph's page for its frame, from its `<svg>` root on, and its height in pixels.
+fn framed_svg(svg: &str) -> (String, u64) {
+    let svg = svg.find("<svg").map_or(svg, |at| &svg[at..]);
+    let height = svg
+        .split('>')
+        .next()
+        .and_then(|root| root.split_once(" height=\""))
+        .and_then(|(_, rest)| rest.split('"').next()?.parse().ok())
+        .unwrap_or(400);
+    (format!("{SRCDOC_HEAD}{svg}</body></html>"), height)
+}
+
+pub fn render(r: &Report) -> String {
+    let mut h = String::with_capacity(1 << 20);
+    let title = format!("myprobe report: {}", r.target);
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><style>{CSS}</style></head><body>\n",
+        escape(&title)
+    );
+    let _ = write!(
+        h,
+        "<header><h1>{}</h1><p class=\"meta\">host <b>{}</b> · traced from <b>{}</b> for <b>{:.1} s</b> · \
+         myprobe {}</p><nav><a href=\"#findings\">Findings</a> <a href=\"#statements\">Statements</a> \
+         <a href=\"#profiles\">Flame graphs</a> <a href=\"#locks\">Locks</a> <a href=\"#threads\">Threads</a>\
+         </nav></header>\n<main>\n",
+        escape(&title),
+        escape(&r.host),
+        escape(&r.started),
+        r.traced.as_secs_f64(),
+        env!("CARGO_PKG_VERSION"),
+    );
+    findings(&mut h, r);
+    statements(&mut h, r);
+    profiles(&mut h, r);
+    locks(&mut h, r);
+    threads(&mut h, r);
+    let _ = write!(h, "</main>\n<script>{JS}</script>\n</body></html>\n");
+    h
+}
+
+fn findings(h: &mut String, r: &Report) {
+    h.push_str("<section id=\"findings\"><h2>Findings</h2><ol>\n");
+    for f in &r.findings {
+        let _ = writeln!(h, "<li>{}</li>", escape(f));
+    }
+    h.push_str("</ol></section>\n");
+}
+
+fn statements(h: &mut String, r: &Report) {
+    h.push_str("<section id=\"statements\"><h2>Statements</h2>\n");
+    let Some(s) = &r.statements else {
+        h.push_str(
+            "<p class=\"none\">Statements were not traced (see the findings).</p></section>\n",
+        );
+        return;
+    };
+    let grand: u64 = s.rows.iter().map(|r| r.total_us).sum();
+    let _ = write!(
+        h,
+        "<p>{} statements traced, {} distinct fingerprints; each row's bar splits its time into parts that add \
+         up to its total. Click a column to sort.</p>\n<p class=\"legend\">",
+        s.followed.seen,
+        s.rows.len()
+    );
+    for (label, colour) in PART_LABELS.iter().zip(PART_COLOURS) {
+        let _ = write!(
+            h,
+            "<span><i style=\"background:{colour}\"></i>{label}</span> "
+        );
+    }
+    h.push_str("</p>\n<table id=\"digest\" class=\"sortable\"><thead><tr>\
+        <th data-type=\"text\">Fingerprint</th><th>Count</th><th>Errors</th><th>Total</th><th>Share</th>\
+        <th>Avg</th><th>p50</th><th>p95</th><th>p99</th><th>Max</th><th class=\"nosort\">Time by part</th>\
+        </tr></thead><tbody>\n");
+    for row in s.rows.iter().take(r.top) {
+        let share = if grand > 0 {
+            row.total_us as f64 * 100.0 / grand as f64
+        } else {
+            0.0
+        };
+        let _ = write!(
+            h,
+            "<tr><td class=\"fp\" title=\"{}\">{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td>",
+            escape(&row.fingerprint),
+            escape(&clip(&row.fingerprint, 120)),
+            row.count,
+            row.count,
+            row.errors,
+            row.errors,
+        );
+        let _ = write!(
+            h,
+            "<td data-v=\"{}\">{}</td>",
+            row.total_us,
+            human_us(row.total_us)
+        );
+        let _ = write!(h, "<td data-v=\"{share:.3}\">{share:.1}%</td>");
+        for us in [row.avg_us, row.p50_us, row.p95_us, row.p99_us, row.max_us] {
+            let _ = write!(h, "<td data-v=\"{us}\">{}</td>", human_us(us));
+        }
+        h.push_str("<td><div class=\"bar\">");
+        for ((name, pct), (colour, (label, us))) in
+            TimeParts::NAMES.iter().zip(row.shares.values()).zip(
+                PART_COLOURS
+                    .iter()
+                    .zip(PART_LABELS.iter().zip(row.time.values())),
+            )
+        {
+            if pct > 0.0 {
+                let _ = write!(
+                    h,
+                    "<span class=\"part-{name}\" style=\"width:{pct}%;background:{colour}\" \
+                     title=\"{label}: {pct:.1}% ({})\"></span>",
+                    human_us(us)
+                );
+            }
+        }
+        h.push_str("</div></td></tr>\n");
+    }
+    h.push_str("</tbody></table>\n");
+    if s.rows.len() > r.top {
+        let _ = writeln!(
+            h,
+            "<p class=\"none\">{} more fingerprints not shown (--top).</p>",
+            s.rows.len() - r.top
+        );
+    }
+    let lost = s.followed.lost.report(s.followed.seen);
+    notes(h, &lost);
+    h.push_str("</section>\n");
+}
+
+fn profiles(h: &mut String, r: &Report) {
+    h.push_str(
+        "<section id=\"profiles\"><h2>Flame graphs</h2>\n<form id=\"flame-search-form\"><label>Search every \
+         flame graph (a regular expression): <input id=\"flame-search\" type=\"search\" placeholder=\"e.g. \
+         ^ha_innobase::\"></label> <button type=\"submit\">Search</button> <button type=\"button\" \
+         id=\"flame-reset\">Reset</button> <span id=\"search-status\"></span></form>\n\
+         <p>Click a frame to zoom, Ctrl-F or the search box to highlight functions.</p>\n",
+    );
+    for p in &r.profiles {
+        let _ = writeln!(
+            h,
+            "<section class=\"profile\" id=\"profile-{}\" data-profile=\"{}\"><h3>{}</h3><p>{} events, total {} \
+             {}.</p>",
+            p.id,
+            p.id,
+            escape(&p.title),
+            p.events,
+            p.profile.total(),
+            p.profile.unit.count_name()
+        );
+        if p.svg.is_empty() {
+            h.push_str("<p class=\"none\">Nothing was traced.</p>");
+        } else {
+            let (svg, height) = framed_svg(&p.svg);
+            let _ = writeln!(
+                h,
+                "<iframe class=\"flame\" title=\"{}\" style=\"height:{}px\" srcdoc=\"{}\"></iframe>",
+                escape(&p.title),
+                height + 4,
+                escape(&svg)
+            );
+        }
+        notes(h, &p.lost);
+        h.push_str("</section>\n");
+    }
+    h.push_str("</section>\n");
+}
+
+fn locks(h: &mut String, r: &Report) {
+    h.push_str("<section id=\"locks\"><h2>Lock waits</h2>\n");
+    if r.locks.is_empty() {
+        h.push_str("<p class=\"none\">No lock wait was traced.</p></section>\n");
+        return;
+    }
+    h.push_str(
+        "<p>Futex waits by lock word: the variable that holds it, its kind, and where it was waited for; the \
+         stacks that waited longest and those that woke the waiters (the holders releasing it).</p>\n\
+         <table id=\"lock-table\" class=\"sortable\"><thead><tr><th data-type=\"text\">Lock</th>\
+         <th data-type=\"text\">Kind</th><th data-type=\"text\">Site</th><th>Waits</th><th>Total</th><th>Max</th>\
+         <th class=\"nosort\">Waited in</th><th class=\"nosort\">Woken by</th></tr></thead><tbody>\n",
+    );
+    for l in r.locks.iter().take(r.top) {
+        let site = l
+            .site
+            .as_deref()
+            .map(|s| match waits::site_meaning(s) {
+                Some(m) => format!("{s} ({m})"),
+                None => s.to_string(),
+            })
+            .unwrap_or_default();
+        let stack =
+            |list: &[(u64, String)]| list.first().map(|(_, s)| escape(s)).unwrap_or_default();
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td>\
+             <td data-v=\"{}\">{}</td><td class=\"stack\">{}</td><td class=\"stack\">{}</td></tr>",
+            escape(&l.name),
+            l.kind.map(|k| k.label()).unwrap_or("-"),
+            escape(&site),
+            l.waits,
+            l.waits,
+            l.total_ns,
+            human_us(l.total_ns / 1000),
+            l.max_ns,
+            human_us(l.max_ns / 1000),
+            stack(&l.waiters),
+            stack(&l.wakers),
+        );
+    }
+    h.push_str("</tbody></table></section>\n");
+}
+
+fn threads(h: &mut String, r: &Report) {
+    h.push_str("<section id=\"threads\"><h2>Threads when tracing ended</h2>\n");
+    if r.threads.is_empty() {
+        h.push_str(
+            "<p class=\"none\">The threads were not read (see the findings).</p></section>\n",
+        );
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<p>{} threads, read without stopping any; identical stacks merged (pt-pmp's view), most threads \
+         first.</p>",
+        r.threads.len()
+    );
+    let _ = writeln!(
+        h,
+        "<pre class=\"threads\">{}</pre>",
+        escape(&stacks::render_groups(&r.threads))
+    );
+    h.push_str("</section>\n");
+}
+
+fn notes(h: &mut String, lines: &[String]) {
+    for l in lines {
+        let _ = writeln!(h, "<p class=\"warning\">lost: {}</p>", escape(l));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_cannot_open_a_tag_or_leave_an_attribute() {
+        let hostile = "</script><img src=x onerror=alert(1)>\"'&";
+        let e = escape(hostile);
+        assert!(!e.contains('<') && !e.contains('>') && !e.contains('"') && !e.contains('\''));
+        assert_eq!(
+            e,
+            "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&quot;&#39;&amp;"
+        );
+    }
+
+    #[test]
+    fn the_svg_gets_its_page() {
+        let svg = "<?xml version=\"1.0\"?><svg version=\"1.1\" width=\"1200\" height=\"134\" onload=\"init(evt)\"><g/></svg>";
+        let (page, height) = framed_svg(svg);
+        assert_eq!(height, 134);
+        assert!(page.starts_with(SRCDOC_HEAD));
+        assert!(page.ends_with("<svg version=\"1.1\" width=\"1200\" height=\"134\" onload=\"init(evt)\"><g/></svg></body></html>"));
+        let (_, unknown) = framed_svg("<svg><g height=\"9\"/></svg>");
+        assert_eq!(unknown, 400);
+    }
+}
