@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{client::ConnectArgs, cmd::queries::QueriesArgs, process, report};
@@ -53,8 +53,14 @@ pub fn run(a: ReportArgs) -> Result<()> {
         "-F must be between 1 and 10000 Hz"
     );
     // Checked before tracing: a report that cannot be written is said at once, not after 30 s.
-    std::fs::File::create(&a.output)
-        .with_context(|| format!("cannot create {}", a.output.display()))?;
+    let parent = a.output.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = parent.filter(|d| !d.is_dir()) {
+        bail!(
+            "cannot create {}: {} is not a directory",
+            a.output.display(),
+            dir.display()
+        );
+    }
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     let options = report::Options {

@@ -1,0 +1,232 @@
+//! `myprobe report`: one trace of a loaded server with every collector, opened in a real browser (Debian's
+//! headless Chromium): the page's DOM after its scripts ran, a search through the flame graphs' own script
+//! against the frames each SVG holds, and a screenshot kept as the test's artefact.
+
+mod common;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::*;
+use regex::Regex;
+
+/// Headless Chromium as root in a container: no sandbox, no GPU, a profile of its own. `virtual-time-budget`
+/// lets the page's timers (inferno's drawing) run before the DOM is dumped or the screenshot taken.
+fn chromium(profile: &Path, args: &[&str], url: &str) -> Vec<u8> {
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("running chromium (scripts/setup installs it)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The text of an attribute value as the page holds it.
+fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// Where the test keeps what it made for a person to look at: `target/tmp/report/`.
+fn artefacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn report_of_a_loaded_server_in_chromium() {
+    let db = testdb();
+    let dir = tempdir("report");
+    let page = dir.join("report.html");
+    let load = db.load(16);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let stderr = run_ok(myprobe().args([
+        "report",
+        "-p",
+        &db.pid.to_string(),
+        "-d",
+        "8",
+        "-o",
+        page.to_str().unwrap(),
+    ]));
+    load.wait();
+    assert!(
+        stderr.contains("with 4 of 4 collectors"),
+        "every collector traces: {stderr}"
+    );
+    assert!(stderr.contains("report: 5/8 s traced"), "progress: {stderr}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    std::fs::copy(&page, artefacts().join("report.html")).unwrap();
+    // Self-contained: nothing is fetched from anywhere.
+    for outside in ["src=\"http", "href=\"http", "@import", "url(http"] {
+        assert!(!html.contains(outside), "the page loads {outside}…");
+    }
+
+    // The DOM once Chromium ran the page's scripts, with a search for do_command through every flame graph's
+    // own script (report.html#search=…).
+    let profile = dir.join("chromium");
+    let url = format!("file://{}#search=do_command", page.display());
+    let dom = String::from_utf8(chromium(&profile, &["--dump-dom"], &url)).unwrap();
+
+    let digest = Regex::new(r#"(?s)<table id="digest"[^>]*>.*?<tbody>(.*?)</tbody>"#).unwrap();
+    let rows = &digest.captures(&dom).expect("a digest table")[1];
+    let fingerprints: Vec<String> = Regex::new(r#"<td class="fp" title="([^"]*)""#)
+        .unwrap()
+        .captures_iter(rows)
+        .map(|c| unescape(&c[1]))
+        .collect();
+    assert!(
+        fingerprints.len() >= 10,
+        "sysbench's statements: {fingerprints:?}"
+    );
+    for sysbench in [
+        "commit",
+        "select c from sbtest1 where id = ?",
+        "update sbtest1 set k = k + ? where id = ?",
+    ] {
+        assert!(
+            fingerprints.iter().any(|f| f == sysbench),
+            "{sysbench} in {fingerprints:?}"
+        );
+    }
+    // Each row's bar: parts whose widths add up to 100%.
+    let bar = Regex::new(r#"(?s)<div class="bar">(.*?)</div>"#).unwrap();
+    let width = Regex::new(r"width:([0-9.]+)%").unwrap();
+    let bars: Vec<f64> = bar
+        .captures_iter(rows)
+        .map(|b| {
+            width
+                .captures_iter(&b[1])
+                .map(|w| w[1].parse::<f64>().unwrap())
+                .sum()
+        })
+        .collect();
+    assert_eq!(bars.len(), fingerprints.len());
+    for sum in &bars {
+        assert!((sum - 100.0).abs() < 0.2, "a bar adds up to {sum}%");
+    }
+
+    // One flame graph per profile, each drawn and searched by its own script: the frames highlighted are
+    // exactly the frames whose name matches, counted here from the SVG the page holds.
+    let section = Regex::new(
+        r#"(?s)<section class="profile" id="profile-(\w+)" data-profile="\w+" data-highlighted="(\d+)">.*?<iframe class="flame"[^>]* srcdoc="([^"]*)"></iframe>"#,
+    )
+    .unwrap();
+    let title = Regex::new(r"<g><title>([^<]*)</title>").unwrap();
+    let mut searched = Vec::new();
+    let mut total = 0;
+    for c in section.captures_iter(&dom) {
+        let (id, highlighted) = (c[1].to_string(), c[2].parse::<usize>().unwrap());
+        let svg = unescape(&c[3]);
+        assert_eq!(svg.matches("<svg").count(), 2, "{id}: one flame graph");
+        let frames = title.captures_iter(&svg).count();
+        let matching = title
+            .captures_iter(&svg)
+            .filter(|t| t[1].contains("do_command"))
+            .count();
+        assert!(frames > 20, "{id}: {frames} frames");
+        assert_eq!(
+            highlighted, matching,
+            "{id}: frames highlighted by the page's search"
+        );
+        total += highlighted;
+        searched.push(id);
+    }
+    assert_eq!(searched, ["cpu", "offcpu", "locks"]);
+    assert!(total >= 2, "do_command is on the CPU and off it: {total}");
+    assert!(
+        dom.contains(&format!(
+            "data-highlighted=\"{total}\">{total} frames highlighted in 3 flame graphs"
+        )),
+        "the search's status line"
+    );
+
+    let findings = Regex::new(r#"(?s)<section id="findings">.*?</section>"#).unwrap();
+    let findings = &findings.find(&dom).expect("findings").as_str();
+    let items: Vec<&str> = findings.matches("<li>").collect();
+    assert!(items.len() >= 4, "findings: {findings}");
+    assert!(
+        findings.contains("statements in") && findings.contains("On CPU ("),
+        "findings name the statements and the CPU: {findings}"
+    );
+    let locks = Regex::new(r#"(?s)<table id="lock-table".*?<tbody>(.*?)</tbody>"#).unwrap();
+    let locks = &locks.captures(&dom).expect("a lock table")[1];
+    assert!(locks.matches("<tr>").count() >= 1, "lock rows: {locks}");
+    let threads = Regex::new(r#"(?s)<pre class="threads">(.*?)</pre>"#).unwrap();
+    let threads = &threads.captures(&dom).expect("the threads")[1];
+    assert!(
+        threads.contains("do_command"),
+        "connection threads: {threads}"
+    );
+
+    // What a person sees, kept for a look.
+    let shot = artefacts().join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &profile,
+        &[
+            "--window-size=1400,3000",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &url,
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 50_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!("report: screenshot in {}", shot.display());
+}
+
+#[test]
+fn report_bad_input_is_one_line() {
+    let db = testdb();
+    let dir = tempdir("report-bad");
+    let one_line = |args: &[&str], says: &str| {
+        let out = myprobe().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    let page = dir.join("r.html");
+    let page = page.to_str().unwrap();
+    one_line(
+        &["report", "-p", "999999", "-o", page],
+        "no process with PID 999999",
+    );
+    one_line(
+        &[
+            "report",
+            "-p",
+            &db.pid.to_string(),
+            "-o",
+            "/nonexistent/dir/r.html",
+        ],
+        "cannot create /nonexistent/dir/r.html",
+    );
+    one_line(
+        &["report", "-d", "0", "-o", page],
+        "-d must be at least 1 second",
+    );
+}
