@@ -73,7 +73,10 @@ fn report_of_a_loaded_server_in_chromium() {
         stderr.contains("with 4 of 4 collectors"),
         "every collector traces: {stderr}"
     );
-    assert!(stderr.contains("report: 5/8 s traced"), "progress: {stderr}");
+    assert!(
+        stderr.contains("report: 5/8 s traced"),
+        "progress: {stderr}"
+    );
     let html = std::fs::read_to_string(&page).unwrap();
     std::fs::copy(&page, artefacts().join("report.html")).unwrap();
     // Self-contained: nothing is fetched from anywhere.

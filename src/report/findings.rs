@@ -119,7 +119,10 @@ fn statements(rows: &[crate::query::digest::DigestRow], secs: f64, out: &mut Vec
             .as_deref()
             .filter(|_| r.shares.lock_pct >= 10.0)
         {
-            s.push_str(&format!(", lock waits mostly in {site}"));
+            let meaning = waits::site_meaning(site)
+                .map(|m| format!(", waiting for {m}"))
+                .unwrap_or_default();
+            s.push_str(&format!(", lock waits mostly in {site}{meaning}"));
         }
         s.push('.');
         out.push(s);
