@@ -39,7 +39,7 @@ fn chromium(profile: &Path, args: &[&str], url: &str) -> Vec<u8> {
 /// The text of an attribute value as the page holds it.
 fn unescape(s: &str) -> String {
     s.replace("&quot;", "\"")
-        .replace("&#39;", "'")
+        .replace("&apos;", "'")
         .replace("&lt;", "<")
         .replace("&gt;", ">")
         .replace("&amp;", "&")

@@ -80,7 +80,8 @@ fn write_empty(title: &str, w: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-fn xml_escape(s: &str) -> String {
+/// Text for XML or HTML content or attribute values: no character can open a tag or end the value.
+pub fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -8,7 +8,10 @@ use super::Report;
 use crate::{
     profile::waits,
     query::TimeParts,
-    render::queries::{clip, human_us},
+    render::{
+        queries::{clip, human_us},
+        svg::xml_escape as escape,
+    },
     stacks,
 };
 
@@ -34,22 +37,6 @@ const PART_LABELS: [&str; 10] = [
     "other syscalls",
     "unseen",
 ];
-
-/// Text for an element's content or an attribute's value.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// A `srcdoc` is parsed as HTML, where an SVG without a width attribute (inferno's fluid drawing removes it)
 /// is 300 px wide: the page makes it as wide as the frame. And inferno's script records its search and zoom
@@ -316,7 +303,7 @@ mod tests {
         assert!(!e.contains('<') && !e.contains('>') && !e.contains('"') && !e.contains('\''));
         assert_eq!(
             e,
-            "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&quot;&#39;&amp;"
+            "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&quot;&apos;&amp;"
         );
     }
 

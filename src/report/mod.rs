@@ -153,13 +153,16 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
                 ready += 1;
             }
         }
-        say!(
-            "myprobe: tracing {target} with {ready} of {COLLECTORS} collectors (on-CPU at {} Hz, off-CPU, lock \
-             waits, statements) for {} s; Ctrl-C ends early",
-            o.frequency,
-            o.duration.as_secs()
-        );
-        traced = wait(o.duration);
+        // Nothing attached: what each collector said is the error, at once.
+        if ready > 0 {
+            say!(
+                "myprobe: tracing {target} with {ready} of {COLLECTORS} collectors (on-CPU at {} Hz, off-CPU, \
+                 lock waits, statements) for {} s; Ctrl-C ends early",
+                o.frequency,
+                o.duration.as_secs()
+            );
+            traced = wait(o.duration);
+        }
         collect::STOP.store(true, Ordering::SeqCst);
         let join = |h: std::thread::ScopedJoinHandle<'_, Result<Collected>>| {
             h.join()
@@ -207,6 +210,9 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         None => None,
     };
 
+    if cpu.is_none() && offcpu.is_none() && locks.is_none() && statements.is_none() {
+        anyhow::bail!("nothing could be traced: {}", missing.join("; "));
+    }
     let threads = snapshot(target, o, tables, &mut missing);
 
     let mut namer = StackNamer::new(
