@@ -352,8 +352,9 @@ fn sampled_allocations_are_scaled() {
 fn allocation_profile_of_the_server_under_load() {
     let db = testdb();
     let dir = tempdir("alloc-server");
-    let load = db.load(4);
-    std::thread::sleep(Duration::from_millis(1000));
+    // Time for sysbench to connect on a busy machine before the 2 s traced.
+    let load = db.load(6);
+    std::thread::sleep(Duration::from_millis(2000));
     let svg = dir.join("alloc.svg");
     let folded = dir.join("alloc.folded");
     let pid = db.pid.to_string();
