@@ -299,8 +299,10 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	/* Every syscall of the host comes here, half of them other processes' under load: the first
+	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
-	if (id < 0 || id >= MAX_SYSCALL_NR || !current_is_target(&tid))
+	if (!current_is_target(&tid) || (__u64)id >= MAX_SYSCALL_NR)
 		return 0;
 	enum syscall_class cls = syscall_class[id];
 	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
@@ -311,28 +313,32 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
 	if (cls == SYSCALL_CLOSE && ignored(st, (__s32)arg0))
 		st->ignoring = 0; /* the socket number may next be a followed connection's */
+	if (in_statement(st) && (__s32)arg0 == st->fd) {
+		if (recv && st->phase == PHASE_REPLIED) {
+			finish_statement(st);
+		} else if (cls == SYSCALL_CLOSE) {
+			/* The connection ends within its statement (KILL, a client gone, a failed send): the
+			 * statement ends here, and the thread is free for the next connection it serves. */
+			reply_ended(st, bpf_ktime_get_ns());
+			st->phase = PHASE_REPLIED;
+			finish_statement(st);
+		}
+	}
 	if (!net && !in_statement(st))
 		return 0;
-	if (recv && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
-		finish_statement(st);
-	if (cls == SYSCALL_CLOSE && (__s32)arg0 == st->fd && in_statement(st)) {
-		/* The connection ends within its statement (KILL, a client gone, a failed send): the statement
-		 * ends here, and the thread is free for the next connection it serves. */
-		__u64 now = bpf_ktime_get_ns();
-		reply_ended(st, now);
-		st->phase = PHASE_REPLIED;
-		finish_statement(st);
-	}
-	__u64 now = bpf_ktime_get_ns();
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
-	st->sys_ts = now;
 	st->sys_arg0 = arg0;
 	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
+	/* Outside a statement (most of these are the read of the next request) only the arguments are wanted:
+	 * the clock, the dearest thing here, is read only for a statement's time. */
+	if (!in_statement(st))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	st->sys_ts = now;
 	if (cls == SYSCALL_FUTEX)
 		st->futex_op = PT_REGS_PARM2_SYSCALL(regs);
-	if (in_statement(st))
-		charge(st, now, on_cpu_part(st));
+	charge(st, now, on_cpu_part(st));
 	return 0;
 }
 
@@ -563,9 +569,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		fd = (__s32)PT_REGS_PARM1_CORE_SYSCALL(regs);
 		buf = PT_REGS_PARM2_CORE_SYSCALL(regs);
 	}
-	/* Read here, after the returns above: most syscalls of the server are its background threads'. */
-	__u64 now = bpf_ktime_get_ns();
-	__u64 took = now - st->sys_ts;
 	bool counted = in_statement(st);
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
 	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
@@ -573,6 +576,11 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 			n = 0;
 		cls = cls == SYSCALL_NET_RECVMSG ? SYSCALL_NET_RECV : SYSCALL_NET_SEND;
 	}
+	/* Outside a statement nothing read or sent (a read that found nothing yet) needs the time: the clock
+	 * is read only past here. */
+	if (!counted && n <= 0)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
 
 	if (cls == SYSCALL_NET_RECV && n > 0)
 		on_recv(st, tid, fd, buf, n, now);
@@ -593,6 +601,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	else if (cls == SYSCALL_SYNC)
 		c->syncs++;
 	else if (cls == SYSCALL_FUTEX && futex_op_waits(st->futex_op)) {
+		__u64 took = now - st->sys_ts;
 		c->lock_waits++;
 		if (took > c->lock_max_ns) {
 			c->lock_max_ns = took;
