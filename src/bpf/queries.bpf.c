@@ -21,7 +21,6 @@
 #include "ringbuf.h"
 #include "stack_ids.h"
 #include "target.h"
-#include "wakeups.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -32,6 +31,9 @@ const volatile bool wait_sites = true;
 /* Set by user space while executions of statements prepared before tracing come back with column definitions
  * that would label them (most clients cache them and get none): only then are executions' replies kept long. */
 bool want_results;
+/* Whether a woken thread's wait for a CPU is read from the scheduler's own count at its switch in (the kernel
+ * keeps it: user space probed it); otherwise on_wakeup marks it, a program run at every wakeup of the host. */
+const volatile bool runq_from_sched_info = false;
 /* Syscall number → class, filled by user space from the C library's numbers for this arch. */
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 
@@ -85,6 +87,7 @@ struct query_thread {
 	__u64 sys_arg0;
 	__u64 sys_arg1;
 	__u64 since;            /* while a statement is in flight: the last change of part */
+	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
 	struct query_event ev;  /* the statement being built; ev.c is the snapshot at the last reply send */
 };
@@ -299,8 +302,10 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	/* Every syscall of the host comes here, half of them other processes' under load: the first
+	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
-	if (id < 0 || id >= MAX_SYSCALL_NR || !current_is_target(&tid))
+	if (!current_is_target(&tid) || (__u64)id >= MAX_SYSCALL_NR)
 		return 0;
 	enum syscall_class cls = syscall_class[id];
 	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
@@ -311,28 +316,32 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
 	if (cls == SYSCALL_CLOSE && ignored(st, (__s32)arg0))
 		st->ignoring = 0; /* the socket number may next be a followed connection's */
+	if (in_statement(st) && (__s32)arg0 == st->fd) {
+		if (recv && st->phase == PHASE_REPLIED) {
+			finish_statement(st);
+		} else if (cls == SYSCALL_CLOSE) {
+			/* The connection ends within its statement (KILL, a client gone, a failed send): the
+			 * statement ends here, and the thread is free for the next connection it serves. */
+			reply_ended(st, bpf_ktime_get_ns());
+			st->phase = PHASE_REPLIED;
+			finish_statement(st);
+		}
+	}
 	if (!net && !in_statement(st))
 		return 0;
-	if (recv && st->phase == PHASE_REPLIED && (__s32)arg0 == st->fd)
-		finish_statement(st);
-	if (cls == SYSCALL_CLOSE && (__s32)arg0 == st->fd && in_statement(st)) {
-		/* The connection ends within its statement (KILL, a client gone, a failed send): the statement
-		 * ends here, and the thread is free for the next connection it serves. */
-		__u64 now = bpf_ktime_get_ns();
-		reply_ended(st, now);
-		st->phase = PHASE_REPLIED;
-		finish_statement(st);
-	}
-	__u64 now = bpf_ktime_get_ns();
 	st->in_syscall = 1;
 	st->syscall_cls = cls;
-	st->sys_ts = now;
 	st->sys_arg0 = arg0;
 	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
+	/* Outside a statement (most of these are the read of the next request) only the arguments are wanted:
+	 * the clock, the dearest thing here, is read only for a statement's time. */
+	if (!in_statement(st))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	st->sys_ts = now;
 	if (cls == SYSCALL_FUTEX)
 		st->futex_op = PT_REGS_PARM2_SYSCALL(regs);
-	if (in_statement(st))
-		charge(st, now, on_cpu_part(st));
+	charge(st, now, on_cpu_part(st));
 	return 0;
 }
 
@@ -563,9 +572,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		fd = (__s32)PT_REGS_PARM1_CORE_SYSCALL(regs);
 		buf = PT_REGS_PARM2_CORE_SYSCALL(regs);
 	}
-	/* Read here, after the returns above: most syscalls of the server are its background threads'. */
-	__u64 now = bpf_ktime_get_ns();
-	__u64 took = now - st->sys_ts;
 	bool counted = in_statement(st);
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
 	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
@@ -573,6 +579,11 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 			n = 0;
 		cls = cls == SYSCALL_NET_RECVMSG ? SYSCALL_NET_RECV : SYSCALL_NET_SEND;
 	}
+	/* Outside a statement nothing read or sent (a read that found nothing yet) needs the time: the clock
+	 * is read only past here. */
+	if (!counted && n <= 0)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
 
 	if (cls == SYSCALL_NET_RECV && n > 0)
 		on_recv(st, tid, fd, buf, n, now);
@@ -593,6 +604,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	else if (cls == SYSCALL_SYNC)
 		c->syncs++;
 	else if (cls == SYSCALL_FUTEX && futex_op_waits(st->futex_op)) {
+		__u64 took = now - st->sys_ts;
 		c->lock_waits++;
 		if (took > c->lock_max_ns) {
 			c->lock_max_ns = took;
@@ -670,6 +682,22 @@ int BPF_KRETPROBE(on_dispatch_return)
 	return 0;
 }
 
+/* How long `t`, being switched in, has waited for a CPU in all, in the scheduler's count (struct sched_info, in
+ * its run queue's clock): run_delay adds a wait when it ends, which comes just after this tracepoint; the
+ * wait still open began at last_queued, and its run queue's clock is now (updated by the switch). Only
+ * differences of it are used. */
+static __always_inline __u64 runq_total(struct task_struct *t)
+{
+	__u64 total = t->sched_info.run_delay;
+	__u64 queued = t->sched_info.last_queued;
+	if (queued) {
+		__u64 clock = t->se.cfs_rq->rq->clock;
+		if (clock > queued)
+			total += clock - queued;
+	}
+	return total;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
@@ -686,6 +714,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				charge(st, now, st->in_syscall ? syscall_part(st->syscall_cls, st->futex_op, false)
 								: PART_OTHER);
 				st->place = PLACE_BLOCKED;
+				if (runq_from_sched_info)
+					st->runq_before = prev->sched_info.run_delay;
 			}
 		}
 	}
@@ -694,6 +724,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (st && in_statement(st)) {
 			if (!now)
 				now = bpf_ktime_get_ns();
+			if (runq_from_sched_info && st->place == PLACE_BLOCKED) {
+				/* Blocked until woken, then waiting for a CPU: the scheduler counted the wait. */
+				__u64 waited = runq_total(next) - st->runq_before;
+				__u64 woken = now > st->since && waited < now - st->since ? now - waited : st->since;
+				charge(st, woken, PART_RUNQ);
+			}
 			charge(st, now, on_cpu_part(st));
 			st->place = PLACE_CPU;
 		}
@@ -701,19 +737,21 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	return 0;
 }
 
-/* A blocked thread woken waits for a CPU from now on. */
-static __always_inline void mark_woken(struct task_struct *p)
+/* A blocked thread woken waits for a CPU from now on (kernels that do not count the waits themselves). A new
+ * thread has no state, so sched_wakeup_new is not followed. */
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_wakeup, struct task_struct *p)
 {
+	(void)ctx;
 	if (!task_is_target(p))
-		return;
+		return 0;
 	struct query_thread *st = thread_state(p, false);
 	if (st && in_statement(st) && st->place == PLACE_BLOCKED) {
 		charge(st, bpf_ktime_get_ns(), PART_RUNQ);
 		st->place = PLACE_RUNQ;
 	}
+	return 0;
 }
-
-WAKEUP_PROGRAMS(mark_woken)
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)

@@ -23,10 +23,21 @@ pub struct Features {
     /// Sleepable task iterators that read another task's memory (`bpf_copy_from_user_task`, 5.18): the
     /// stacks of threads that never ran while traced.
     pub task_stacks: bool,
+    /// The scheduler's own count of each task's waits for a CPU (`struct sched_info`: CONFIG_SCHED_INFO, and
+    /// /proc/PID/schedstat), and a task's run queue (its clock) from its scheduling entity
+    /// (CONFIG_FAIR_GROUP_SCHED): `queries` reads a woken thread's wait at its switch in, with no program at
+    /// every wakeup of the host.
+    pub sched_info: bool,
 }
 
 /// Names of the features for `MYPROBE_DISABLE`.
-const NAMES: [&str; 4] = ["bpf_loop", "uprobe_multi", "uprobe_session", "task_stacks"];
+const NAMES: [&str; 5] = [
+    "bpf_loop",
+    "uprobe_multi",
+    "uprobe_session",
+    "task_stacks",
+    "sched_info",
+];
 
 impl Features {
     /// The features of the running kernel (probed once per process); `btf`: the kernel's BTF when it has none
@@ -68,6 +79,15 @@ impl Features {
                     .is_some()
             })
         };
+        let has_member = |name: &str, member: &str| {
+            kernel_btf.as_ref().is_some_and(|btf| {
+                btf.type_by_name::<libbpf_rs::btf::types::Struct<'_>>(name)
+                    .is_some_and(|s| {
+                        s.iter()
+                            .any(|m| m.name.and_then(|n| n.to_str()) == Some(member))
+                    })
+            })
+        };
         Features {
             bpf_loop: ProgramType::Kprobe
                 .is_helper_supported(sys::BPF_FUNC_loop)
@@ -78,6 +98,13 @@ impl Features {
             // kernel's list of helpers says whether it has it.
             task_stacks: has_struct("bpf_iter__task")
                 && has_enum_value("BPF_FUNC_copy_from_user_task"),
+            // Without CONFIG_SCHED_INFO the struct is empty and /proc/PID/schedstat absent.
+            sched_info: has_member("sched_info", "last_queued")
+                && has_member("sched_info", "run_delay")
+                && has_member("sched_entity", "cfs_rq")
+                && has_member("cfs_rq", "rq")
+                && has_member("rq", "clock")
+                && Path::new("/proc/self/schedstat").exists(),
         }
     }
 
@@ -89,6 +116,7 @@ impl Features {
                 "uprobe_multi" => self.uprobe_multi = false,
                 "uprobe_session" => self.uprobe_session = false,
                 "task_stacks" => self.task_stacks = false,
+                "sched_info" => self.sched_info = false,
                 other => say!(
                     "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
                     NAMES.join(", ")
@@ -172,6 +200,7 @@ mod tests {
             uprobe_multi: true,
             uprobe_session: true,
             task_stacks: true,
+            sched_info: true,
         };
         let older = all.without("uprobe_multi, uprobe_session");
         assert!(
@@ -188,7 +217,7 @@ mod tests {
         }
         let f = Features::probe(None);
         assert!(
-            f.bpf_loop && f.uprobe_multi && f.uprobe_session && f.task_stacks,
+            f.bpf_loop && f.uprobe_multi && f.uprobe_session && f.task_stacks && f.sched_info,
             "{f:?}"
         );
     }

@@ -175,6 +175,11 @@ pub fn collect(
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.syscall_class = syscall_classes();
     rodata.wait_sites = wait_sites;
+    // Where the kernel counts each thread's waits for a CPU, a woken one's is read at its switch in: no
+    // program at every wakeup of the host.
+    let runq_from_sched_info = opts.features().sched_info;
+    rodata.runq_from_sched_info = runq_from_sched_info;
+    open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
     if let Some(d) = &dispatch {
         rodata.dispatch_abi = dispatch_abi_of(&d.function.demangled);
     }
