@@ -88,6 +88,13 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
+    // Said before the header: nothing goes to stdout on this error.
+    if a.uprobes && probes::find_function(&target.binary, "dispatch_command(")?.is_none() {
+        bail!(
+            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
+            target.exe.display()
+        );
+    }
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
