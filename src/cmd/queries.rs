@@ -88,13 +88,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
-    // Said before the header: nothing goes to stdout on this error.
-    if a.uprobes && probes::find_function(&target.binary, "dispatch_command(")?.is_none() {
-        bail!(
-            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
-            target.exe.display()
-        );
-    }
+    // Looked up before the header: nothing goes to stdout on its error.
+    let dispatch = dispatch_function(&a, &target)?;
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
@@ -133,7 +128,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             }
         }
     };
-    let followed = follow(&a, &target, attached, emit)?;
+    let followed = follow(&a, &target, dispatch, attached, emit)?;
     let ended = collect::tracing_ended();
     if a.summary {
         let rows = digest.rows();
@@ -242,12 +237,28 @@ impl Followed {
     }
 }
 
-/// Follows the statements of `target` as `a` says (its duration, wait sites, TLS fallback, process list),
+/// The server's `dispatch_command`, for the TLS fallback; with `--uprobes`, an error when it has none.
+pub fn dispatch_function(a: &QueriesArgs, target: &Target) -> Result<Option<probes::Function>> {
+    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
+    match &dispatch {
+        None if a.uprobes => bail!(
+            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
+            target.exe.display()
+        ),
+        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
+        _ => {}
+    }
+    Ok(dispatch)
+}
+
+/// Follows the statements of `target` as `a` says (its duration, wait sites, process list), with the TLS fallback
+/// on `dispatch` ([`dispatch_function`]),
 /// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
 /// once the probes are in place. `myprobe queries` and `myprobe report` both trace through here.
 pub fn follow(
     a: &QueriesArgs,
     target: &Target,
+    dispatch: Option<probes::Function>,
     attached: impl FnOnce(),
     mut emit: impl FnMut(QueryRecord),
 ) -> Result<Followed> {
@@ -271,15 +282,6 @@ pub fn follow(
         attached: None,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
-    match &dispatch {
-        None if a.uprobes => bail!(
-            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
-            target.exe.display()
-        ),
-        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
-        _ => {}
-    }
     let wanted = Cell::new(a.uprobes);
     let probe = dispatch.as_ref().map(|function| DispatchProbe {
         binary: &target.binary,

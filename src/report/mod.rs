@@ -117,6 +117,8 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         announce: String::new(),
         attached: Some(attached.clone()),
     };
+    // Before any collector starts: an error here must not leave them running.
+    let dispatch = queries::dispatch_function(&o.queries, target)?;
     let (tx, attached) = mpsc::channel::<&'static str>();
     let mut found = Found::default();
     let started_at = std::time::SystemTime::now();
@@ -132,7 +134,8 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             let attached = || {
                 let _ = statements_tx.send("queries");
             };
-            queries::follow(&o.queries, target, attached, |r| digest.add(&r)).map(|f| (digest, f))
+            queries::follow(&o.queries, target, dispatch, attached, |r| digest.add(&r))
+                .map(|f| (digest, f))
         });
         drop(tx);
         let running = || {
