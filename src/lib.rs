@@ -23,6 +23,7 @@ macro_rules! say_part {
     }};
 }
 
+pub mod agent;
 pub mod client;
 pub mod cmd;
 pub mod collect;

@@ -42,6 +42,10 @@ enum Command {
     /// thread snapshot at its end, written as one self-contained HTML file: flame graphs, a sortable digest,
     /// the lock table, the threads, and findings in sentences.
     Report(cmd::report::ReportArgs),
+    /// An always-on daemon for one server: Prometheus metrics of the statements and lock waits, pprof
+    /// profiles over HTTP (on-CPU at 19 Hz, off-CPU, locks), windows kept as pprof files; re-attaches
+    /// after a restart.
+    Agent(cmd::agent::AgentArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd::stat::run(a),
         Command::Trace(a) => cmd::trace::run(a),
         Command::Report(a) => cmd::report::run(a),
+        Command::Agent(a) => cmd::agent::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
     };

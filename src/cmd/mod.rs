@@ -1,5 +1,6 @@
 //! One module per subcommand: options → collector → renderer.
 
+pub mod agent;
 pub mod diff;
 pub mod flame;
 pub mod pfs;

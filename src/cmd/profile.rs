@@ -406,6 +406,7 @@ impl<'a> Session<'a> {
             max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
             announce: String::new(),
             attached: None,
+            slices: None,
         };
         let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
         symbolizer.preload(a.kernel);

@@ -25,7 +25,7 @@ use crate::{
     unwind::ProcessTables,
 };
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct QueriesArgs {
     /// Server process to trace [default: the one running mariadbd or mysqld]
     #[arg(short = 'p', long = "pid")]
@@ -128,7 +128,7 @@ pub fn run(a: QueriesArgs) -> Result<()> {
             }
         }
     };
-    let followed = follow(&a, &target, dispatch, attached, emit)?;
+    let followed = follow(&a, &target, dispatch, attached, emit, |_| {})?;
     let ended = collect::tracing_ended();
     if a.summary {
         let rows = digest.rows();
@@ -261,6 +261,7 @@ pub fn follow(
     dispatch: Option<probes::Function>,
     attached: impl FnOnce(),
     mut emit: impl FnMut(QueryRecord),
+    mut on_lost: impl FnMut(collect::Lost),
 ) -> Result<Followed> {
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
     let unwind = if a.no_wait_sites {
@@ -280,6 +281,7 @@ pub fn follow(
         max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
         attached: None,
+        slices: None,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
@@ -312,9 +314,10 @@ pub fn follow(
         probe,
         attached,
         |event| {
-            if let Event::Stack { id, stack } = &event {
-                sites.add(*id, stack);
-                return;
+            match &event {
+                Event::Stack { id, stack } => return sites.add(*id, stack),
+                Event::Lost(lost) => return on_lost(*lost),
+                _ => {}
             }
             let record = tracker.handle(event);
             want_results.set(tracker.wants_results());

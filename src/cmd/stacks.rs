@@ -170,6 +170,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
         max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
         attached: None,
+        slices: None,
     };
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;

@@ -190,6 +190,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
             a.duration
         ),
         attached: None,
+        slices: None,
     };
     if options.probes.len() > 1 {
         say!(

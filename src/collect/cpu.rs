@@ -59,7 +59,11 @@ impl Collector for Cpu {
 
     fn read(&mut self, _: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.perf_events.clear();
-        Ok(stacks.records())
+        Ok(stacks.take_records())
+    }
+
+    fn slice(&mut self, _: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        Ok(stacks.take_records())
     }
 }
 

@@ -1,10 +1,10 @@
 //! Lock waits (src/bpf/locks.bpf.c): futex waits per lock word and waiter stack, and the stacks that woke
 //! them.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{
-    maps::{for_each_typed, Plain},
+    maps::{read_typed, Plain},
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
@@ -47,23 +47,38 @@ impl Collector for Locks {
     }
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
-        let mut sums = Vec::new();
-        for_each_typed(
-            &skel.maps.waits,
-            |k: skel::types::lock_key, w: skel::types::lock_wait| {
-                let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
-                    .into_iter()
-                    .chain(w.hist);
-                sums.push(Sum {
-                    tid: 0,
-                    key: k.addr,
-                    stack_id: k.stack_id,
-                    values: values.collect(),
-                });
-            },
-        );
-        let buckets = skel::types::lock_wait::default().hist.len();
-        for_each_typed(&skel.maps.wakes, |k: skel::types::lock_key, wakes: u64| {
+        sums(skel, false)
+    }
+
+    fn slice(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+        sums(skel, true)
+    }
+}
+
+/// The waiters' and wakers' sums; `drain`: moved out of the kernel's maps, which are left empty.
+fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
+    let mut sums = Vec::new();
+    read_typed(
+        &skel.maps.waits,
+        drain,
+        |k: skel::types::lock_key, w: skel::types::lock_wait| {
+            let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
+                .into_iter()
+                .chain(w.hist);
+            sums.push(Sum {
+                tid: 0,
+                key: k.addr,
+                stack_id: k.stack_id,
+                values: values.collect(),
+            });
+        },
+    )
+    .context("reading the lock waits' sums")?;
+    let buckets = skel::types::lock_wait::default().hist.len();
+    read_typed(
+        &skel.maps.wakes,
+        drain,
+        |k: skel::types::lock_key, wakes: u64| {
             let values = [0, 0, 0, 0, wakes]
                 .into_iter()
                 .chain(std::iter::repeat_n(0, buckets));
@@ -73,7 +88,8 @@ impl Collector for Locks {
                 stack_id: k.stack_id,
                 values: values.collect(),
             });
-        });
-        Ok(sums)
-    }
+        },
+    )
+    .context("reading the lock wakes' sums")?;
+    Ok(sums)
 }

@@ -84,6 +84,20 @@ pub fn drain_typed<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut(K, V
     Ok(moved)
 }
 
+/// [`drain_typed`] when `drain`, else [`for_each_typed`].
+pub fn read_typed<K: Plain, V: Plain>(
+    map: &dyn MapCore,
+    drain: bool,
+    f: impl FnMut(K, V),
+) -> Result<()> {
+    if drain {
+        drain_typed(map, f)?;
+    } else {
+        for_each_typed(map, f);
+    }
+    Ok(())
+}
+
 /// Entries a batch asks for. The kernel returns whole hash buckets only, so a batch is often shorter: only
 /// ENOENT ends the walk (libbpf-rs's `lookup_batch` iterator stops at the first short batch, which left most
 /// of a map of more than a few thousand entries unread).

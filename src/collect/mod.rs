@@ -66,6 +66,17 @@ pub struct CollectOptions {
     pub announce: String,
     /// Told the collector's name once its probes are in place, by a command that runs several at once.
     pub attached: Option<std::sync::mpsc::Sender<&'static str>>,
+    /// Sums moved out while tracing goes on (`myprobe agent`); `None`: read once, when tracing ends.
+    pub slices: Option<Slices>,
+}
+
+/// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a
+/// [`Collected`] of the time since the one before, with the collector's name. Its `lost` counts from the
+/// attaching, not from the slice before.
+#[derive(Clone)]
+pub struct Slices {
+    pub every: Duration,
+    pub send: std::sync::mpsc::Sender<(&'static str, Collected)>,
 }
 
 impl CollectOptions {

@@ -190,16 +190,12 @@ impl Collector for Offcpu {
                 }
             }
         }
-        Ok(self
-            .drained
-            .drain()
-            .map(|((tid, stack_id), values)| Sum {
-                tid,
-                key: 0,
-                stack_id,
-                values: Box::new(values),
-            })
-            .collect())
+        Ok(self.take_drained())
+    }
+
+    fn slice(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+        self.drain(skel)?;
+        Ok(self.take_drained())
     }
 }
 
@@ -210,6 +206,18 @@ impl Offcpu {
         for (s, v) in sum.iter_mut().zip(values) {
             *s = s.saturating_add(v);
         }
+    }
+
+    fn take_drained(&mut self) -> Vec<Sum> {
+        self.drained
+            .drain()
+            .map(|((tid, stack_id), values)| Sum {
+                tid,
+                key: 0,
+                stack_id,
+                values: Box::new(values),
+            })
+            .collect()
     }
 
     /// Moves the kernel's sums here, emptying its map.

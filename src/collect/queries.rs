@@ -84,6 +84,8 @@ pub enum Event {
         id: u64,
         stack: RawStack,
     },
+    /// What was lost so far, when it changed (read every tick): losses are said as tracing goes.
+    Lost(Lost),
 }
 
 /// Syscall number → class (`enum syscall_class` of src/bpf/queries.h), from this architecture's numbers.
@@ -163,7 +165,7 @@ pub fn collect(
     want_results: &Cell<bool>,
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
-    mut on_event: impl FnMut(Event),
+    on_event: impl FnMut(Event),
 ) -> Result<Lost> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
@@ -228,11 +230,14 @@ pub fn collect(
     attach_dispatch(&skel.progs, &mut dispatch_links)?;
     attached();
 
+    // Called by the reader and by the tick (losses).
+    let on_event = std::cell::RefCell::new(on_event);
     let reader = ring::reader(&skel.maps.events, |data| {
         if let Some(e) = decode(data) {
-            on_event(e);
+            (on_event.borrow_mut())(e);
         }
     })?;
+    let mut lost_said = Lost::default();
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
         if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
@@ -240,6 +245,10 @@ pub fn collect(
         }
         refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
         let l = Skeleton::lost(&skel);
+        if l != lost_said {
+            lost_said = l;
+            (on_event.borrow_mut())(Event::Lost(l));
+        }
         let secs = if opts.duration.as_secs() > 1 << 40 {
             String::new()
         } else {
@@ -260,6 +269,7 @@ pub fn collect(
     result?;
     reader.consume().context("reading the ring buffer")?;
     drop(reader);
+    let mut on_event = on_event.into_inner();
     // A statement still running now is often the reason for tracing at all: report it, as in flight.
     let now = super::monotonic_ns();
     match in_flight(&skel.progs.in_flight) {

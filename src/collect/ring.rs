@@ -16,6 +16,10 @@ use super::STOP;
 /// and shows one line for all of them (`myprobe report`).
 pub static SHOW_PROGRESS: AtomicBool = AtomicBool::new(true);
 
+/// Whether [`poll`] says that the traced process exited: off where the command says it once for all its
+/// collectors.
+pub static SAY_EXIT: AtomicBool = AtomicBool::new(true);
+
 static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
 /// When the last tracing of this process ended (the end of `poll_ring`): what "results within N ms after
@@ -62,12 +66,14 @@ pub fn poll(
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
             if let Some(pid) = crate::process::target_exited() {
-                if show_progress {
-                    say!();
+                if SAY_EXIT.load(Ordering::Relaxed) {
+                    if show_progress {
+                        say!();
+                    }
+                    say!(
+                        "myprobe: the traced process (PID {pid}) exited (a restart?): tracing ends with the results until then; run myprobe again to trace its successor"
+                    );
                 }
-                say!(
-                    "myprobe: the traced process (PID {pid}) exited (a restart?): tracing ends with the results until then; run myprobe again to trace its successor"
-                );
                 break;
             }
         }

@@ -235,6 +235,12 @@ pub trait Collector {
     /// The sums, read once the probes are detached. Stacks not sent through the ring buffer (e.g. from a task
     /// iterator) are added to `stacks`.
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>>;
+
+    /// The sums since the slice before, moved out while the probes go on (`CollectOptions::slices`): what the
+    /// next slice or [`Collector::read`] returns starts from here.
+    fn slice(&mut self, _skel: &mut Loaded<'_, Self>, _stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        anyhow::bail!("{} cannot be read while it traces", Self::NAME)
+    }
 }
 
 /// A `struct stack_event` record: its thread, stack id and stack; `None` if it is malformed (never trusted).
@@ -263,6 +269,8 @@ pub struct Stacks {
     records: HashMap<(u32, u64), u64>,
     /// Records that were not stacks (never the case for a record of the same skeleton).
     malformed: u64,
+    /// Sums of slices sent whose stacks were never defined.
+    undefined: u64,
 }
 
 impl Stacks {
@@ -284,12 +292,15 @@ impl Stacks {
     pub fn records(&self) -> Vec<Sum> {
         self.records
             .iter()
-            .map(|(&(tid, stack_id), &n)| Sum {
-                tid,
-                key: 0,
-                stack_id,
-                values: Box::new([n]),
-            })
+            .map(|(&(tid, stack_id), &n)| record_sum(tid, stack_id, n))
+            .collect()
+    }
+
+    /// [`Stacks::records`], counted from zero again.
+    pub fn take_records(&mut self) -> Vec<Sum> {
+        self.records
+            .drain()
+            .map(|((tid, stack_id), n)| record_sum(tid, stack_id, n))
             .collect()
     }
 
@@ -319,6 +330,19 @@ impl Stacks {
         (rows, undefined)
     }
 }
+
+fn record_sum(tid: u32, stack_id: u64, n: u64) -> Sum {
+    Sum {
+        tid,
+        key: 0,
+        stack_id,
+        values: Box::new([n]),
+    }
+}
+
+/// Stacks user space keeps while slices are read: past this many, they are forgotten on both sides, so that
+/// an agent's memory does not grow with every stack it ever saw.
+const MAX_STACKS_KEPT: usize = 50_000;
 
 /// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
 /// loaded while tracing.
@@ -376,9 +400,23 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let reader = ring::reader(C::Skel::events(&skel), |data| {
         stacks.borrow_mut().add_record::<C::Skel>(data);
     })?;
+    let mut last_slice = Instant::now();
     let traced = ring::poll(&reader, opts.duration, |elapsed| {
         refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
         collector.tick(&mut skel, &stacks.borrow())?;
+        if let Some(slices) = opts
+            .slices
+            .as_ref()
+            .filter(|s| last_slice.elapsed() >= s.every)
+        {
+            let since = last_slice.elapsed();
+            last_slice = Instant::now();
+            let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since);
+            // The receiver gone: whoever wanted the slices has stopped.
+            if slices.send.send((C::NAME, slice?)).is_err() {
+                super::STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         let lost = C::Skel::lost(&skel).total();
         Ok(format!(
             "{}: {:>4}/{} s, {} stacks, {lost} lost",
@@ -400,7 +438,46 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut lost = C::Skel::lost(&skel);
     lost.ringbuf += stacks.malformed;
     let (rows, undefined) = stacks.join(sums);
-    lost.undefined_stacks += undefined;
+    lost.undefined_stacks += undefined + stacks.undefined;
+    let events = events(&rows, collector.events_column());
+    Ok(Collected {
+        columns: collector.columns(),
+        rows,
+        events,
+        lost,
+        traced,
+        estimate: None,
+    })
+}
+
+/// The sums since the slice before, joined to their stacks. When user space holds too many stacks, they are
+/// forgotten on both sides: the kernel's record of the ids sent, and each thread's call-site cache (by a new
+/// generation), so that every stack is sent again the next time it is seen.
+fn send_slice<C: Collector>(
+    collector: &mut C,
+    skel: &mut Loaded<'_, C>,
+    stacks: &mut Stacks,
+    traced: Duration,
+) -> Result<Collected> {
+    let sums = collector.slice(skel, stacks)?;
+    let (rows, undefined) = stacks.join(sums);
+    stacks.undefined += undefined;
+    let mut lost = C::Skel::lost(skel);
+    lost.ringbuf += stacks.malformed;
+    lost.undefined_stacks += stacks.undefined;
+    if stacks.by_id.len() > MAX_STACKS_KEPT {
+        stacks.by_id.clear();
+        // stack_ids.h's record of the ids sent.
+        if let Some(known) = skel.object().maps().find(|m| m.name() == "known_stacks") {
+            let keys: Vec<Vec<u8>> = known.keys().collect();
+            for key in keys {
+                // One gone already (it made room for another in the LRU) is what was wanted.
+                let _ = known.delete(&key);
+            }
+        }
+        let maps = C::Skel::unwind(skel);
+        *maps.generation = maps.generation.wrapping_add(1);
+    }
     let events = events(&rows, collector.events_column());
     Ok(Collected {
         columns: collector.columns(),

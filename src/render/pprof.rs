@@ -261,11 +261,45 @@ pub fn build(profile: &Profile, opts: &RenderOptions) -> PprofProfile {
 
 /// Writes `profile` as gzip-compressed pprof protobuf.
 pub fn write(profile: &Profile, opts: &RenderOptions, w: impl Write) -> Result<()> {
-    let bytes = build(profile, opts).encode_to_vec();
+    write_message(&build(profile, opts), w)
+}
+
+/// Writes a pprof message, gzip-compressed.
+pub fn write_message(message: &PprofProfile, w: impl Write) -> Result<()> {
     let mut gz = GzEncoder::new(w, Compression::default());
-    gz.write_all(&bytes)?;
+    gz.write_all(&message.encode_to_vec())?;
     gz.finish()?.flush()?;
     Ok(())
+}
+
+/// Gives every sample the labels `labels` (what a fleet's profile store files them under: host, server
+/// version, window) and the profile its time: when it began, and how long it covers.
+pub fn label(
+    message: &mut PprofProfile,
+    labels: &[(&str, &str)],
+    time_nanos: i64,
+    duration_nanos: i64,
+) {
+    let mut index = |s: &str| match message.string_table.iter().position(|t| t == s) {
+        Some(i) => i as i64,
+        None => {
+            message.string_table.push(s.to_string());
+            message.string_table.len() as i64 - 1
+        }
+    };
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label {
+            key: index(k),
+            str: index(v),
+            ..Default::default()
+        })
+        .collect();
+    for sample in &mut message.sample {
+        sample.label.extend(labels.iter().cloned());
+    }
+    message.time_nanos = time_nanos;
+    message.duration_nanos = duration_nanos;
 }
 
 #[cfg(test)]
@@ -382,6 +416,27 @@ mod tests {
             (s(m.sample_type[0].r#type), s(m.sample_type[0].unit)),
             ("space", "bytes")
         );
+    }
+
+    #[test]
+    fn labels_go_to_every_sample() {
+        let mut p = Profile::new(Unit::Samples);
+        p.add(&["main", "a"], 3);
+        p.add(&["main", "b"], 1);
+        let mut m = build(&p, &RenderOptions::default());
+        label(&mut m, &[("host", "db1"), ("window", "main")], 7, 60);
+        let mut out = Vec::new();
+        write_message(&m, &mut out).unwrap();
+        let m = decode(&out);
+        let s = |i: i64| m.string_table[i as usize].as_str();
+        assert_eq!((m.time_nanos, m.duration_nanos), (7, 60));
+        for sample in &m.sample {
+            let labels: Vec<(&str, &str)> =
+                sample.label.iter().map(|l| (s(l.key), s(l.str))).collect();
+            assert_eq!(labels, [("host", "db1"), ("window", "main")]);
+        }
+        // An existing string is reused.
+        assert_eq!(m.string_table.iter().filter(|t| *t == "main").count(), 1);
     }
 
     #[test]

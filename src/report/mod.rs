@@ -100,6 +100,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
     collect::install_stop_handler();
     // One progress line for all collectors, said here.
     collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
+    collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
     // The unwind tables are read once and copied into each collector's maps.
     let tables = ProcessTables::for_tracing(target.pid, false)?.map(RefCell::into_inner);
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
@@ -116,6 +117,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         max_kernel_mem: o.queries.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
         attached: Some(attached.clone()),
+        slices: None,
     };
     // Before any collector starts: an error here must not leave them running.
     let dispatch = queries::dispatch_function(&o.queries, target)?;
@@ -134,8 +136,15 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             let attached = || {
                 let _ = statements_tx.send("queries");
             };
-            queries::follow(&o.queries, target, dispatch, attached, |r| digest.add(&r))
-                .map(|f| (digest, f))
+            queries::follow(
+                &o.queries,
+                target,
+                dispatch,
+                attached,
+                |r| digest.add(&r),
+                |_| {},
+            )
+            .map(|f| (digest, f))
         });
         drop(tx);
         let running = || {
@@ -323,6 +332,7 @@ fn snapshot(
         max_kernel_mem: o.queries.max_kernel_mem.saturating_mul(1 << 20),
         announce: String::new(),
         attached: None,
+        slices: None,
     };
     let snapshot = match collect::threads::snapshot(&opts) {
         Ok(s) if !s.threads.is_empty() && process::target_exited().is_none() => s,
@@ -382,7 +392,7 @@ fn section(
     })
 }
 
-fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()

@@ -530,7 +530,7 @@ impl Fixture {
     ) -> (Vec<(Vec<String>, u64)>, String) {
         let folded = dir.join(format!("{what}.folded"));
         let pid = self.child.id().to_string();
-        let tracer = myprobe()
+        let mut tracer = myprobe()
             .envs(tracer_env.iter().copied())
             .args([
                 "profile",
@@ -547,12 +547,34 @@ impl Fixture {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The probes are in place well within this.
-        std::thread::sleep(std::time::Duration::from_millis(1500));
-        self.go();
-        let out = tracer.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
+        // The work starts once the probes are in place: myprobe says so ("… for 3 s; Ctrl-C ends early") after
+        // attaching, however long loading took on a busy machine.
+        let stderr = tracer.stderr.take().unwrap();
+        let (announced, said) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.ends_with("; Ctrl-C ends early") {
+                    let _ = announced.send(());
+                }
+                all += &line;
+                all.push('\n');
+            }
+            all
+        });
+        let in_place = said
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_ok();
+        if in_place {
+            self.go();
+        }
+        let status = tracer.wait().unwrap();
+        let stderr = reader.join().unwrap();
+        assert!(
+            in_place,
+            "myprobe never said its probes were in place: {stderr}"
+        );
+        assert!(status.success(), "{stderr}");
         (read_folded(&folded), stderr)
     }
 }

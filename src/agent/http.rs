@@ -1,0 +1,222 @@
+//! The agent's HTTP endpoints: `/metrics` (Prometheus), `/healthz`, and pprof as Go's `net/http/pprof` serves
+//! it: `/debug/pprof/profile?seconds=N` (on-CPU), `/debug/pprof/offcpu` and `/debug/pprof/locks` (also as
+//! `block` and `mutex`, Go's names), which wait N seconds and answer the profile of those seconds; and the
+//! windows kept, under `/debug/pprof/windows/`.
+//!
+//! A request is served by a thread of its own, at most [`MAX_REQUESTS`] at once (more get 503): a profile
+//! request waits its seconds, and must not hold up a scrape meanwhile.
+
+use std::{
+    io::Cursor,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use tiny_http::{Header, Request, Response, Server};
+
+use super::{metrics::Own, Kind, ProfileRequest, Shared};
+
+/// Requests served at once.
+const MAX_REQUESTS: usize = 8;
+
+/// The longest profile a request may ask for, and what it gets without `seconds` (Go's default).
+const MAX_SECONDS: u64 = 300;
+const DEFAULT_SECONDS: u64 = 30;
+
+/// Listens on `address` (an error at once if it cannot) and serves from a thread of its own until
+/// `collect::STOP`.
+pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHandle<()>> {
+    let server = Server::http(address)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("listening on {address} (choose another with --listen)"))?;
+    let busy = Arc::new(AtomicUsize::new(0));
+    Ok(std::thread::spawn(move || {
+        while !crate::collect::STOP.load(Ordering::SeqCst) {
+            let request = match server.recv_timeout(Duration::from_millis(200)) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    say!("myprobe: agent: warning: the HTTP server failed: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            if busy.fetch_add(1, Ordering::SeqCst) >= MAX_REQUESTS {
+                busy.fetch_sub(1, Ordering::SeqCst);
+                let _ = request.respond(text(503, "too many requests at once; try again\n"));
+                continue;
+            }
+            let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
+            std::thread::spawn(move || {
+                handle(request, &shared);
+                busy.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }))
+}
+
+type Answer = Response<Cursor<Vec<u8>>>;
+
+fn handle(request: Request, shared: &Shared) {
+    let url = request.url().to_string();
+    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    let answer = match path {
+        "/metrics" => metrics(shared),
+        "/healthz" => health(shared),
+        "/" | "/debug/pprof" | "/debug/pprof/" => index(shared),
+        "/debug/pprof/profile" => profile(shared, Kind::Cpu, query),
+        "/debug/pprof/offcpu" | "/debug/pprof/block" => profile(shared, Kind::Offcpu, query),
+        "/debug/pprof/locks" | "/debug/pprof/mutex" => profile(shared, Kind::Locks, query),
+        "/debug/pprof/windows" | "/debug/pprof/windows/" => windows(shared),
+        p => match p.strip_prefix("/debug/pprof/windows/") {
+            Some(name) => window(shared, name),
+            None => text(404, &format!("no such page: {p}; see /debug/pprof/\n")),
+        },
+    };
+    let _ = request.respond(answer);
+}
+
+fn text(status: u16, body: &str) -> Answer {
+    with_type(
+        status,
+        body.as_bytes().to_vec(),
+        "text/plain; charset=utf-8",
+    )
+}
+
+fn with_type(status: u16, body: Vec<u8>, content_type: &str) -> Answer {
+    let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
+    Response::from_data(body)
+        .with_status_code(status)
+        .with_header(header)
+}
+
+fn metrics(shared: &Shared) -> Answer {
+    let mut own = Own::read();
+    own.target = shared.status().attached;
+    let body = shared.metrics().render(&own);
+    with_type(
+        200,
+        body.into_bytes(),
+        "text/plain; version=0.0.4; charset=utf-8",
+    )
+}
+
+fn health(shared: &Shared) -> Answer {
+    let status = shared.status();
+    match &status.attached {
+        Some((pid, _)) => text(
+            200,
+            &format!("ok: tracing PID {pid} since {}\n", status.since),
+        ),
+        None => text(503, &format!("waiting: {}\n", status.waiting)),
+    }
+}
+
+fn index(shared: &Shared) -> Answer {
+    let body = format!(
+        "<html><head><title>myprobe agent</title></head><body><h1>myprobe agent on {}</h1><ul>\
+         <li><a href=\"/metrics\">/metrics</a>: Prometheus</li>\
+         <li><a href=\"/healthz\">/healthz</a></li>\
+         <li><a href=\"/debug/pprof/profile?seconds=10\">/debug/pprof/profile?seconds=N</a>: on-CPU samples</li>\
+         <li><a href=\"/debug/pprof/offcpu?seconds=10\">/debug/pprof/offcpu?seconds=N</a> (or block): off-CPU µs</li>\
+         <li><a href=\"/debug/pprof/locks?seconds=10\">/debug/pprof/locks?seconds=N</a> (or mutex): lock waits µs</li>\
+         <li><a href=\"/debug/pprof/windows/\">/debug/pprof/windows/</a>: the windows kept</li>\
+         </ul></body></html>\n",
+        crate::render::svg::xml_escape(&shared.host)
+    );
+    with_type(200, body.into_bytes(), "text/html; charset=utf-8")
+}
+
+/// The profile of the next `seconds` (Go's contract for `/debug/pprof/profile`).
+fn profile(shared: &Shared, kind: Kind, query: &str) -> Answer {
+    let seconds = match seconds_of(query) {
+        Ok(s) => s,
+        Err(e) => return text(400, &format!("{e}\n")),
+    };
+    if shared.status().attached.is_none() {
+        return text(
+            503,
+            &format!("no server traced now: {}\n", shared.status().waiting),
+        );
+    }
+    let (reply, answer) = mpsc::channel();
+    let duration = Duration::from_secs(seconds);
+    shared.requests().push(ProfileRequest {
+        kind,
+        until: Instant::now() + duration,
+        started: SystemTime::now(),
+        sums: Default::default(),
+        reply,
+    });
+    // The main thread answers once the time has passed and the collectors' slices of it are in.
+    match answer.recv_timeout(duration + Duration::from_secs(30)) {
+        Ok(Ok(bytes)) => {
+            let mut r = with_type(200, bytes, "application/octet-stream");
+            let disposition = format!("attachment; filename=\"{}.pb.gz\"", kind.name());
+            r.add_header(
+                Header::from_bytes("Content-Disposition", disposition).expect("a valid header"),
+            );
+            r
+        }
+        Ok(Err(e)) => text(503, &format!("{e}\n")),
+        Err(_) => text(503, "the profile was not ready in time; try again\n"),
+    }
+}
+
+fn seconds_of(query: &str) -> Result<u64, String> {
+    let Some(value) = query.split('&').find_map(|kv| kv.strip_prefix("seconds=")) else {
+        return Ok(DEFAULT_SECONDS);
+    };
+    match value.parse::<u64>() {
+        Ok(s) if (1..=MAX_SECONDS).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "seconds must be a whole number from 1 to {MAX_SECONDS} (got {value:?})"
+        )),
+    }
+}
+
+fn windows(shared: &Shared) -> Answer {
+    let mut body = String::from(
+        "<html><head><title>myprobe agent: windows</title></head><body><h1>Windows kept</h1><ul>\n",
+    );
+    for k in shared.retention.list().iter().rev() {
+        body += &format!(
+            "<li><a href=\"/debug/pprof/windows/{0}\">{0}</a> ({1} bytes)</li>\n",
+            k.name, k.bytes
+        );
+    }
+    body += "</ul></body></html>\n";
+    with_type(200, body.into_bytes(), "text/html; charset=utf-8")
+}
+
+fn window(shared: &Shared, name: &str) -> Answer {
+    match shared
+        .retention
+        .path_of(name)
+        .and_then(|p| std::fs::read(p).ok())
+    {
+        Some(bytes) => with_type(200, bytes, "application/octet-stream"),
+        None => text(404, &format!("no window {name:?} is kept\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_as_go_takes_them() {
+        assert_eq!(seconds_of(""), Ok(30));
+        assert_eq!(seconds_of("seconds=5"), Ok(5));
+        assert_eq!(seconds_of("debug=0&seconds=7"), Ok(7));
+        assert!(seconds_of("seconds=0").is_err());
+        assert!(seconds_of("seconds=301").is_err());
+        assert!(seconds_of("seconds=-1").is_err());
+        assert!(seconds_of("seconds=x").is_err());
+    }
+}

@@ -1,0 +1,655 @@
+//! What `/metrics` says, in Prometheus's text format: the statements by fingerprint (counts, errors, time by
+//! part, latency histograms), lock waits by lock and site, what was lost, and the agent's own CPU and memory.
+//!
+//! Every counter only grows while the agent runs, also across a restart of the server. Cardinality is
+//! bounded: a fingerprint has series of its own among the `top` with the most time, the rest add to
+//! `other`. A fingerprint gets series when there is room, or at a window's end when it took more than twice
+//! the time of the least busy one that has series, which then stops being exported (its series end; what it
+//! does next adds to `other`). Names follow Prometheus's conventions (base units, `_total` counters), labels
+//! OpenTelemetry's database conventions where they map (`db.system` → `db_system`, `db.namespace`,
+//! `db.query.summary`, `db.query.text`).
+
+use std::{collections::HashMap, fmt::Write};
+
+use crate::{collect::Lost, query::QueryRecord, query::TimeParts};
+
+/// Upper bounds of the latency histogram's buckets, seconds.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Fingerprints remembered per window as candidates for series of their own; the rest only add to `other`.
+const MAX_CANDIDATES: usize = 10_000;
+
+/// Lock and site pairs with series of their own; the rest add to `other`.
+const MAX_LOCK_SERIES: usize = 200;
+
+/// `OTHER`'s labels: the statements of every fingerprint without series of its own.
+pub const OTHER: &str = "other";
+
+#[derive(Clone, Debug, Default)]
+struct Series {
+    count: u64,
+    errors: u64,
+    parts_us: [u64; 10],
+    total_us: u64,
+    /// Statements per bucket of [`LATENCY_BUCKETS`] (not cumulative), and above the last.
+    buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    /// Time in the window under way, µs: what ranks fingerprints.
+    window_us: u64,
+}
+
+impl Series {
+    fn add(&mut self, r: &QueryRecord) {
+        self.count += 1;
+        self.errors += r.error.is_some() as u64;
+        for (sum, v) in self.parts_us.iter_mut().zip(r.time.values()) {
+            *sum = sum.saturating_add(v);
+        }
+        self.total_us = self.total_us.saturating_add(r.duration_us);
+        self.window_us = self.window_us.saturating_add(r.duration_us);
+        let secs = r.duration_us as f64 / 1e6;
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[bucket] += 1;
+    }
+}
+
+/// A fingerprint in a database (a statement without one: its command, as `(execute)`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Key {
+    db: String,
+    fingerprint: String,
+}
+
+/// Lock waits summed per lock and site.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LockWaits {
+    pub waits: u64,
+    pub wait_ns: u64,
+}
+
+/// Everything `/metrics` says, summed since the agent started.
+pub struct Metrics {
+    db_system: &'static str,
+    top: usize,
+    exposed: HashMap<Key, Series>,
+    other: Series,
+    candidates: HashMap<Key, u64>,
+    locks: HashMap<(String, String), LockWaits>,
+    /// Lost events per collector and cause: of the servers traced before, and of the one traced now.
+    lost_before: HashMap<(&'static str, &'static str), u64>,
+    lost_now: HashMap<&'static str, Lost>,
+    pub windows: u64,
+    pub attaches: u64,
+}
+
+impl Metrics {
+    pub fn new(top: usize) -> Self {
+        Metrics {
+            db_system: "mariadb",
+            top,
+            exposed: HashMap::new(),
+            other: Series::default(),
+            candidates: HashMap::new(),
+            locks: HashMap::new(),
+            lost_before: HashMap::new(),
+            lost_now: HashMap::new(),
+            windows: 0,
+            attaches: 0,
+        }
+    }
+
+    /// `db.system` of the server traced: `mariadb` or `mysql`.
+    pub fn set_db_system(&mut self, system: &'static str) {
+        self.db_system = system;
+    }
+
+    pub fn add_statement(&mut self, r: &QueryRecord) {
+        let key = Key {
+            db: r.db.clone().unwrap_or_default(),
+            fingerprint: r
+                .fingerprint
+                .clone()
+                .unwrap_or_else(|| format!("({})", r.command.to_lowercase())),
+        };
+        if let Some(s) = self.exposed.get_mut(&key) {
+            s.add(r);
+        } else if self.exposed.len() < self.top {
+            self.exposed.entry(key).or_default().add(r);
+        } else {
+            self.other.add(r);
+            if self.candidates.len() < MAX_CANDIDATES || self.candidates.contains_key(&key) {
+                *self.candidates.entry(key).or_default() += r.duration_us;
+            }
+        }
+    }
+
+    /// A window ended: the fingerprints that took the most time in it get series, in place of those that
+    /// took less than half as much.
+    pub fn end_window(&mut self) {
+        self.windows += 1;
+        let mut candidates: Vec<(Key, u64)> = self.candidates.drain().collect();
+        candidates.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut least: Vec<(Key, u64)> = self
+            .exposed
+            .iter()
+            .map(|(k, s)| (k.clone(), s.window_us))
+            .collect();
+        least.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+        for ((candidate, time), (evicted, its_time)) in candidates.into_iter().zip(least) {
+            if time <= its_time.saturating_mul(2) {
+                break;
+            }
+            self.exposed.remove(&evicted);
+            self.exposed.insert(candidate, Series::default());
+        }
+        for s in self.exposed.values_mut() {
+            s.window_us = 0;
+        }
+        self.other.window_us = 0;
+    }
+
+    /// Adds a window's lock waits, by (lock name, wait site).
+    pub fn add_lock_waits(&mut self, waits: HashMap<(String, String), LockWaits>) {
+        for (key, w) in waits {
+            let key = if self.locks.len() < MAX_LOCK_SERIES || self.locks.contains_key(&key) {
+                key
+            } else {
+                (OTHER.to_string(), OTHER.to_string())
+            };
+            let sum = self.locks.entry(key).or_default();
+            sum.waits = sum.waits.saturating_add(w.waits);
+            sum.wait_ns = sum.wait_ns.saturating_add(w.wait_ns);
+        }
+    }
+
+    /// What a collector lost since it attached to the server traced now.
+    pub fn set_lost(&mut self, collector: &'static str, lost: Lost) {
+        self.lost_now.insert(collector, lost);
+    }
+
+    /// The server traced now is gone: what its collectors lost becomes history.
+    pub fn detached(&mut self) {
+        for (collector, lost) in self.lost_now.drain() {
+            for (cause, n) in causes(&lost) {
+                *self.lost_before.entry((collector, cause)).or_default() += n;
+            }
+        }
+    }
+
+    /// The exposition, in Prometheus's text format 0.0.4.
+    pub fn render(&self, own: &Own) -> String {
+        let mut out = String::new();
+        let mut rows: Vec<(&Key, &Series)> = self.exposed.iter().collect();
+        rows.sort_by(|a, b| a.0.cmp(b.0));
+        let other = Key {
+            db: String::new(),
+            fingerprint: OTHER.to_string(),
+        };
+        if self.other.count > 0 {
+            rows.push((&other, &self.other));
+        }
+        let labels: Vec<String> = rows.iter().map(|(k, _)| self.statement_labels(k)).collect();
+
+        family(
+            &mut out,
+            "myprobe_statements_total",
+            "counter",
+            "Statements the server ran, by fingerprint.",
+        );
+        for (l, (_, s)) in labels.iter().zip(&rows) {
+            let _ = writeln!(out, "myprobe_statements_total{{{l}}} {}", s.count);
+        }
+        family(
+            &mut out,
+            "myprobe_statement_errors_total",
+            "counter",
+            "Statements that ended with an error, by fingerprint.",
+        );
+        for (l, (_, s)) in labels.iter().zip(&rows) {
+            let _ = writeln!(out, "myprobe_statement_errors_total{{{l}}} {}", s.errors);
+        }
+        family(
+            &mut out,
+            "myprobe_statement_time_seconds_total",
+            "counter",
+            "Statements' time by where it went (part); the parts of a fingerprint add up to its \
+             myprobe_statement_duration_seconds_sum.",
+        );
+        for (l, (_, s)) in labels.iter().zip(&rows) {
+            for (part, us) in TimeParts::NAMES.iter().zip(s.parts_us) {
+                let _ = writeln!(
+                    out,
+                    "myprobe_statement_time_seconds_total{{{l},part=\"{part}\"}} {}",
+                    seconds(us)
+                );
+            }
+        }
+        family(
+            &mut out,
+            "myprobe_statement_duration_seconds",
+            "histogram",
+            "Statements' latency, from the request read to the reply sent, by fingerprint.",
+        );
+        for (l, (_, s)) in labels.iter().zip(&rows) {
+            let mut cumulative = 0;
+            for (le, n) in LATENCY_BUCKETS.iter().zip(s.buckets) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "myprobe_statement_duration_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "myprobe_statement_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}",
+                s.count
+            );
+            let _ = writeln!(
+                out,
+                "myprobe_statement_duration_seconds_sum{{{l}}} {}",
+                seconds(s.total_us)
+            );
+            let _ = writeln!(
+                out,
+                "myprobe_statement_duration_seconds_count{{{l}}} {}",
+                s.count
+            );
+        }
+
+        let mut locks: Vec<(&(String, String), &LockWaits)> = self.locks.iter().collect();
+        locks.sort_by(|a, b| a.0.cmp(b.0));
+        family(
+            &mut out,
+            "myprobe_lock_wait_seconds_total",
+            "counter",
+            "Time the server's threads waited in futex waits, by lock and wait site.",
+        );
+        for ((lock, site), w) in &locks {
+            let _ = writeln!(
+                out,
+                "myprobe_lock_wait_seconds_total{{lock=\"{}\",site=\"{}\"}} {}",
+                escape(lock),
+                escape(site),
+                w.wait_ns as f64 / 1e9
+            );
+        }
+        family(
+            &mut out,
+            "myprobe_lock_waits_total",
+            "counter",
+            "Futex waits of the server's threads, by lock and wait site.",
+        );
+        for ((lock, site), w) in &locks {
+            let _ = writeln!(
+                out,
+                "myprobe_lock_waits_total{{lock=\"{}\",site=\"{}\"}} {}",
+                escape(lock),
+                escape(site),
+                w.waits
+            );
+        }
+
+        family(
+            &mut out,
+            "myprobe_lost_events_total",
+            "counter",
+            "Events the collectors could not count, by collector and cause.",
+        );
+        let mut lost = self.lost_before.clone();
+        for (collector, l) in &self.lost_now {
+            for (cause, n) in causes(l) {
+                *lost.entry((collector, cause)).or_default() += n;
+            }
+        }
+        let mut lost: Vec<_> = lost.into_iter().collect();
+        lost.sort();
+        for ((collector, cause), n) in lost {
+            let _ = writeln!(
+                out,
+                "myprobe_lost_events_total{{collector=\"{collector}\",cause=\"{cause}\"}} {n}"
+            );
+        }
+
+        family(
+            &mut out,
+            "myprobe_windows_total",
+            "counter",
+            "Windows ended (each kept as pprof files).",
+        );
+        let _ = writeln!(out, "myprobe_windows_total {}", self.windows);
+        family(
+            &mut out,
+            "myprobe_attaches_total",
+            "counter",
+            "Times the agent attached to a server (a restarted server is attached again).",
+        );
+        let _ = writeln!(out, "myprobe_attaches_total {}", self.attaches);
+        family(
+            &mut out,
+            "myprobe_target_info",
+            "gauge",
+            "The server traced now: 1 while attached.",
+        );
+        if let Some((pid, version)) = &own.target {
+            let _ = writeln!(
+                out,
+                "myprobe_target_info{{db_system=\"{}\",pid=\"{pid}\",version=\"{}\"}} 1",
+                self.db_system,
+                escape(version)
+            );
+        }
+        family(
+            &mut out,
+            "process_cpu_seconds_total",
+            "counter",
+            "The agent's own CPU time, user and system.",
+        );
+        let _ = writeln!(out, "process_cpu_seconds_total {}", own.cpu_seconds);
+        family(
+            &mut out,
+            "process_resident_memory_bytes",
+            "gauge",
+            "The agent's own resident memory.",
+        );
+        let _ = writeln!(out, "process_resident_memory_bytes {}", own.rss_bytes);
+        family(
+            &mut out,
+            "process_start_time_seconds",
+            "gauge",
+            "When the agent started, seconds since the epoch.",
+        );
+        let _ = writeln!(out, "process_start_time_seconds {}", own.start_time);
+        out
+    }
+
+    fn statement_labels(&self, k: &Key) -> String {
+        let summary = if k.fingerprint == OTHER {
+            OTHER.to_string()
+        } else {
+            summary(&k.fingerprint)
+        };
+        format!(
+            "db_system=\"{}\",db_namespace=\"{}\",db_query_summary=\"{}\",db_query_text=\"{}\"",
+            self.db_system,
+            escape(&k.db),
+            escape(&summary),
+            escape(&crate::render::queries::clip(&k.fingerprint, 1000))
+        )
+    }
+}
+
+/// The agent itself, read from /proc when scraped.
+#[derive(Default)]
+pub struct Own {
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    pub start_time: f64,
+    /// The server traced now: its PID and version.
+    pub target: Option<(u32, String)>,
+}
+
+impl Own {
+    /// This process's CPU time and resident memory.
+    pub fn read() -> Own {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        // SAFETY: as above.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        // After the name: utime is field 14 of stat, the 12th here; stime 13th, starttime 20th, rss 22nd.
+        let cpu = field(11).unwrap_or(0) + field(12).unwrap_or(0);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        Own {
+            cpu_seconds: cpu as f64 / ticks,
+            rss_bytes: field(21).unwrap_or(0) * page,
+            start_time: boot as f64 + field(19).unwrap_or(0) as f64 / ticks,
+            target: None,
+        }
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn causes(l: &Lost) -> [(&'static str, u64); 5] {
+    [
+        ("ringbuf_full", l.ringbuf),
+        ("user_stack", l.user_stack),
+        ("kernel_stack", l.kernel_stack),
+        ("map_full", l.state),
+        ("undefined_stack", l.undefined_stacks),
+    ]
+}
+
+fn seconds(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+/// A label value as the text format wants it: backslash, double quote and line feed escaped.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// OpenTelemetry's `db.query.summary` of a fingerprint: its operation and first table (`SELECT sbtest1`).
+pub fn summary(fingerprint: &str) -> String {
+    let words: Vec<&str> = fingerprint
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ',')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let Some(first) = words.first() else {
+        return String::new();
+    };
+    let operation = first.to_uppercase();
+    let after = |keyword: &str| {
+        words
+            .iter()
+            .position(|w| w.eq_ignore_ascii_case(keyword))
+            .and_then(|i| words.get(i + 1))
+    };
+    let target = match operation.as_str() {
+        "SELECT" | "DELETE" => after("from"),
+        "INSERT" | "REPLACE" => after("into"),
+        "UPDATE" => words.get(1),
+        _ => None,
+    };
+    match target {
+        Some(t) if !t.starts_with('?') => {
+            format!("{operation} {}", t.trim_matches(|c| c == '`' || c == ';'))
+        }
+        _ => operation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(db: &str, fingerprint: &str, user_us: u64, lock_us: u64) -> QueryRecord {
+        QueryRecord {
+            db: Some(db.into()),
+            command: "Query",
+            fingerprint: Some(fingerprint.into()),
+            duration_us: user_us + lock_us,
+            time: TimeParts {
+                user_us,
+                lock_us,
+                ..TimeParts::default()
+            },
+            ..QueryRecord::default()
+        }
+    }
+
+    /// The value of the one line starting with `prefix`.
+    fn value(text: &str, prefix: &str) -> f64 {
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(prefix)).collect();
+        assert_eq!(lines.len(), 1, "{prefix} in\n{text}");
+        lines[0].rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn parts_add_up_to_the_histogram_sum() {
+        let mut m = Metrics::new(10);
+        m.add_statement(&record(
+            "sbtest",
+            "SELECT c FROM sbtest1 WHERE id = ?",
+            300,
+            0,
+        ));
+        m.add_statement(&record(
+            "sbtest",
+            "SELECT c FROM sbtest1 WHERE id = ?",
+            200,
+            2_000_000,
+        ));
+        let text = m.render(&Own::default());
+        let l =
+            "db_system=\"mariadb\",db_namespace=\"sbtest\",db_query_summary=\"SELECT sbtest1\",\
+                 db_query_text=\"SELECT c FROM sbtest1 WHERE id = ?\"";
+        assert_eq!(
+            value(&text, &format!("myprobe_statements_total{{{l}}}")),
+            2.0
+        );
+        let user = value(
+            &text,
+            &format!("myprobe_statement_time_seconds_total{{{l},part=\"user\"}}"),
+        );
+        let lock = value(
+            &text,
+            &format!("myprobe_statement_time_seconds_total{{{l},part=\"lock\"}}"),
+        );
+        let sum = value(
+            &text,
+            &format!("myprobe_statement_duration_seconds_sum{{{l}}}"),
+        );
+        assert_eq!((user, lock), (0.0005, 2.0));
+        assert!((user + lock - sum).abs() < 1e-12);
+        // 300 µs and 2.0002 s: the first bucket of 0.0005, then +Inf only.
+        assert_eq!(
+            value(
+                &text,
+                &format!("myprobe_statement_duration_seconds_bucket{{{l},le=\"0.0005\"}}")
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("myprobe_statement_duration_seconds_bucket{{{l},le=\"2.5\"}}")
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("myprobe_statement_duration_seconds_bucket{{{l},le=\"+Inf\"}}")
+            ),
+            2.0
+        );
+    }
+
+    #[test]
+    fn past_the_top_statements_add_to_other_until_they_take_more_time() {
+        let mut m = Metrics::new(1);
+        m.add_statement(&record("d", "SELECT ? FROM a", 10, 0));
+        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
+        let text = m.render(&Own::default());
+        assert!(text.contains("db_query_summary=\"SELECT a\""));
+        assert!(!text.contains("db_query_summary=\"SELECT b\""));
+        assert_eq!(
+            value(&text, "myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"\",db_query_summary=\"other\""),
+            1.0
+        );
+        // b took 10 times a's time in the window: it takes a's place, from zero; other keeps what it had.
+        m.end_window();
+        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
+        let text = m.render(&Own::default());
+        assert!(!text.contains("db_query_summary=\"SELECT a\""));
+        assert!(text.contains("myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"d\",db_query_summary=\"SELECT b\",db_query_text=\"SELECT ? FROM b\"} 1"));
+        // Less than twice as much: no change.
+        m.end_window();
+        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
+        m.add_statement(&record("d", "SELECT ? FROM c", 150, 0));
+        m.end_window();
+        let text = m.render(&Own::default());
+        assert!(text.contains("db_query_summary=\"SELECT b\""));
+        assert!(!text.contains("db_query_summary=\"SELECT c\""));
+    }
+
+    #[test]
+    fn lost_events_survive_a_restart() {
+        let mut m = Metrics::new(1);
+        m.set_lost(
+            "cpu",
+            Lost {
+                ringbuf: 3,
+                ..Lost::default()
+            },
+        );
+        m.detached();
+        m.set_lost(
+            "cpu",
+            Lost {
+                ringbuf: 2,
+                ..Lost::default()
+            },
+        );
+        let text = m.render(&Own::default());
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_lost_events_total{collector=\"cpu\",cause=\"ringbuf_full\"}"
+            ),
+            5.0
+        );
+    }
+
+    #[test]
+    fn summaries_and_escapes() {
+        assert_eq!(
+            summary("SELECT c FROM sbtest1 WHERE id = ?"),
+            "SELECT sbtest1"
+        );
+        assert_eq!(summary("INSERT INTO `t` (a, b) VALUES (?+)"), "INSERT t");
+        assert_eq!(
+            summary("UPDATE sbtest3 SET k = k + ? WHERE id = ?"),
+            "UPDATE sbtest3"
+        );
+        assert_eq!(summary("commit"), "COMMIT");
+        assert_eq!(summary(""), "");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn own_figures_are_read() {
+        let own = Own::read();
+        assert!(own.rss_bytes > 0);
+        assert!(own.start_time > 1e9);
+    }
+}

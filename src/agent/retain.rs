@@ -1,0 +1,193 @@
+//! The windows kept as pprof files (`KIND-YYYYMMDDTHHMMSSZ.pb.gz` in the agent's directory), for `--retain`
+//! and within a size: past either, the oldest go first.
+
+use std::{
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result};
+
+pub struct Retention {
+    dir: PathBuf,
+    keep: Duration,
+    max_bytes: u64,
+}
+
+/// A window's file: its name, size and when it was written.
+#[derive(Clone, Debug)]
+pub struct Kept {
+    pub name: String,
+    pub bytes: u64,
+    pub written: SystemTime,
+}
+
+impl Retention {
+    /// Windows in `dir` (created if missing), kept for `keep` and within `max_bytes` in all.
+    pub fn new(dir: &Path, keep: Duration, max_bytes: u64) -> Result<Self> {
+        fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating {}, where the windows are kept (choose another with --dir)",
+                dir.display()
+            )
+        })?;
+        let probe = tempfile::NamedTempFile::new_in(dir).with_context(|| {
+            format!(
+                "{} is not writable (choose another with --dir)",
+                dir.display()
+            )
+        })?;
+        drop(probe);
+        Ok(Retention {
+            dir: dir.to_path_buf(),
+            keep,
+            max_bytes,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a window's profile whole (never half a file), then lets the oldest go.
+    pub fn keep(&self, kind: &str, started: SystemTime, bytes: &[u8]) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{kind}-{}.pb.gz", stamp(started)));
+        let mut file = tempfile::NamedTempFile::new_in(&self.dir)
+            .with_context(|| format!("writing in {}", self.dir.display()))?;
+        file.write_all(bytes)
+            .and_then(|()| file.flush())
+            .with_context(|| format!("writing {}", path.display()))?;
+        file.persist(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.prune()?;
+        Ok(path)
+    }
+
+    /// The windows kept, oldest first.
+    pub fn list(&self) -> Vec<Kept> {
+        let mut kept: Vec<Kept> = fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                if !is_window(&name) {
+                    return None;
+                }
+                let meta = e.metadata().ok()?;
+                Some(Kept {
+                    name,
+                    bytes: meta.len(),
+                    written: meta.modified().ok()?,
+                })
+            })
+            .collect();
+        kept.sort_by(|a, b| a.written.cmp(&b.written).then(a.name.cmp(&b.name)));
+        kept
+    }
+
+    /// A kept window's path by its file name; `None` for any other name.
+    pub fn path_of(&self, name: &str) -> Option<PathBuf> {
+        is_window(name)
+            .then(|| self.dir.join(name))
+            .filter(|p| p.is_file())
+    }
+
+    /// Removes the windows older than the retention, then the oldest until the rest fit the size.
+    pub fn prune(&self) -> Result<()> {
+        let now = SystemTime::now();
+        let mut kept = self.list();
+        let mut total: u64 = kept.iter().map(|k| k.bytes).sum();
+        let remove = |k: &Kept, total: &mut u64| -> Result<()> {
+            let path = self.dir.join(&k.name);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+            }
+            *total = total.saturating_sub(k.bytes);
+            Ok(())
+        };
+        let expired = kept
+            .iter()
+            .take_while(|k| now.duration_since(k.written).unwrap_or_default() > self.keep)
+            .count();
+        for k in kept.drain(..expired) {
+            remove(&k, &mut total)?;
+        }
+        for k in &kept {
+            if total <= self.max_bytes {
+                break;
+            }
+            remove(k, &mut total)?;
+        }
+        Ok(())
+    }
+}
+
+/// A name this module writes: `cpu-20261125T100405Z.pb.gz`; nothing with a path in it.
+fn is_window(name: &str) -> bool {
+    let Some(rest) = name.strip_suffix(".pb.gz") else {
+        return false;
+    };
+    let Some((kind, stamp)) = rest.split_once('-') else {
+        return false;
+    };
+    ["cpu", "offcpu", "locks"].contains(&kind)
+        && stamp.len() == 16
+        && stamp.bytes().enumerate().all(|(i, b)| match i {
+            8 => b == b'T',
+            15 => b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// `20261125T100405Z`.
+pub fn stamp(t: SystemTime) -> String {
+    crate::report::rfc3339(t).replace(['-', ':'], "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(is_window("cpu-20261125T100405Z.pb.gz"));
+        assert!(is_window("locks-20261125T100405Z.pb.gz"));
+        assert!(!is_window("cpu-20261125T100405Z.pb"));
+        assert!(!is_window("heap-20261125T100405Z.pb.gz"));
+        assert!(!is_window("cpu-../../etc/passwdZ.pb.gz"));
+        assert_eq!(
+            stamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
+            "20261118T110640Z"
+        );
+    }
+
+    #[test]
+    fn the_oldest_go_past_the_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Retention::new(dir.path(), Duration::from_secs(3600), 250).unwrap();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        for i in 0..4 {
+            r.keep("cpu", t0 + Duration::from_secs(60 * i), &[0u8; 100])
+                .unwrap();
+            // Written in order, at least a tick apart on any file system.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let names: Vec<String> = r.list().into_iter().map(|k| k.name).collect();
+        assert_eq!(
+            names,
+            ["cpu-20261118T110840Z.pb.gz", "cpu-20261118T110940Z.pb.gz"]
+        );
+        assert!(r.path_of("cpu-20261118T110940Z.pb.gz").is_some());
+        assert!(r.path_of("cpu-20261118T110640Z.pb.gz").is_none());
+        // A retention of nothing keeps nothing older than now.
+        let r = Retention::new(dir.path(), Duration::ZERO, 1 << 30).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        r.prune().unwrap();
+        assert!(r.list().is_empty());
+    }
+}

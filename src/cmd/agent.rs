@@ -1,0 +1,132 @@
+//! `myprobe agent`: an always-on daemon for one server, scraped by Prometheus and pprof clients.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{agent, client::ConnectArgs, cmd::queries::QueriesArgs};
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// Server process to trace [default: the one running mariadbd or mysqld]; after a restart, the server
+    /// running the same executable
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Where the HTTP server listens (/metrics, /healthz, /debug/pprof/)
+    #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:9369")]
+    pub listen: String,
+    /// Length of a window: each is kept as pprof files, and ranks the fingerprints exported
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub window: Duration,
+    /// On-CPU sampling frequency per CPU, in Hz
+    #[arg(short = 'F', long = "frequency", default_value_t = 19)]
+    pub frequency: u64,
+    /// Ignore off-CPU periods shorter than this many microseconds
+    #[arg(long, default_value_t = 1000)]
+    pub min_block_us: u64,
+    /// Where the windows are kept as pprof files
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/myprobe")]
+    pub dir: PathBuf,
+    /// How long windows are kept
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub retain: Duration,
+    /// The most the windows kept may take, in MiB: past it the oldest go first
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    pub retain_mib: u64,
+    /// Fingerprints with series of their own in /metrics (by time); the rest add to `other`
+    #[arg(long, default_value_t = 100)]
+    pub top: usize,
+    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
+    #[arg(long)]
+    pub raw_sql: bool,
+    /// Never connect to the server: no statement texts from its process list
+    #[arg(long)]
+    pub no_sql: bool,
+    /// Trace a process that is not mariadbd/mysqld
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Kernel memory the BPF maps of each collector may take, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+/// `90`, `90s`, `15m`, `24h`, `7d`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 60s, 15m, 24h or 7d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86400),
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+pub fn run(a: AgentArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.window >= Duration::from_secs(1),
+        "--window must be at least 1s"
+    );
+    anyhow::ensure!(
+        (1..=1000).contains(&a.frequency),
+        "-F must be between 1 and 1000 Hz"
+    );
+    anyhow::ensure!(a.top >= 1, "--top must be at least 1");
+    agent::run(agent::Options {
+        pid: a.pid,
+        window: a.window,
+        frequency: a.frequency,
+        min_block_us: a.min_block_us,
+        listen: a.listen,
+        dir: a.dir,
+        retain: a.retain,
+        retain_bytes: a.retain_mib.saturating_mul(1 << 20),
+        top: a.top,
+        queries: QueriesArgs {
+            pid: a.pid,
+            duration: None,
+            min_ms: 0.0,
+            json: false,
+            summary: true,
+            top: a.top,
+            raw_sql: a.raw_sql,
+            uprobes: false,
+            any_process: a.any_process,
+            btf: a.btf,
+            max_kernel_mem: a.max_kernel_mem,
+            frame_pointers: false,
+            no_wait_sites: false,
+            no_sql: a.no_sql,
+            connect: a.connect,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604800)));
+        assert!(parse_duration("1w").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

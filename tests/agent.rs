@@ -1,0 +1,330 @@
+//! `myprobe agent` as fleet tools see it: a real Prometheus (Debian's) scrapes it while sysbench runs and is
+//! asked, through its HTTP API, for the rates of the statement-time series; `go tool pprof` pulls a CPU
+//! profile from it over HTTP; and a server restarted under it is attached again.
+
+mod common;
+use std::{
+    net::TcpListener,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// Go's toolchain: on PATH, else where its release archive installs it (scripts/setup installs Debian's when
+/// there is neither).
+fn go() -> std::path::PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("go"))
+        .find(|p| p.is_file());
+    on_path.unwrap_or_else(|| "/usr/local/go/bin/go".into())
+}
+
+/// A port free now, on the loopback.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The body of a GET as text, with its status; `None` if nothing answered.
+fn get(url: &str) -> Option<(u16, String)> {
+    get_bytes(url).map(|(status, body)| (status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn get_bytes(url: &str) -> Option<(u16, Vec<u8>)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut r = agent.get(url).call().ok()?;
+    let status = r.status().as_u16();
+    Some((status, r.body_mut().read_to_vec().ok()?))
+}
+
+/// The agent on `port`, tracing `pid`, with windows of 2 s kept in `dir`; ready once attached.
+fn agent(pid: u32, port: u16, dir: &Path) -> Background {
+    Background::start(
+        &[
+            "agent",
+            "-p",
+            &pid.to_string(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--window",
+            "2s",
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        "myprobe: agent: tracing",
+    )
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Debian's Prometheus, scraping `target` every second, its data in `dir`.
+fn prometheus(dir: &Path, port: u16, target: &str) -> Prometheus {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: myprobe\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting prometheus (scripts/setup installs it)");
+    Prometheus(child)
+}
+
+/// An instant query to Prometheus at `time` (seconds since the epoch): each series' labels and value.
+fn query(port: u16, promql: &str, time: f64) -> Vec<(serde_json::Value, f64)> {
+    let url = format!(
+        "http://127.0.0.1:{port}/api/v1/query?query={}&time={time}",
+        encode(promql)
+    );
+    let Some((200, body)) = get(&url) else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let value = r["value"][1].as_str().unwrap().parse().unwrap();
+            (r["metric"].clone(), value)
+        })
+        .collect()
+}
+
+/// Percent-encoding of a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Per fingerprint: the value of a query summed `by (db_query_text)`.
+fn by_fingerprint(port: u16, promql: &str, time: f64) -> std::collections::HashMap<String, f64> {
+    query(port, promql, time)
+        .into_iter()
+        .map(|(m, v)| (m["db_query_text"].as_str().unwrap_or("").to_string(), v))
+        .collect()
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+const TOTAL: &str =
+    "sum by (db_query_text) (rate(myprobe_statement_duration_seconds_sum{job=\"myprobe\"}[10s]))";
+const PARTS: &str =
+    "sum by (db_query_text) (rate(myprobe_statement_time_seconds_total{job=\"myprobe\"}[10s]))";
+
+#[test]
+fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
+    let db = testdb();
+    let dir = tempdir("agent");
+    let agent_port = free_port();
+    let running = agent(db.pid, agent_port, &dir.join("windows"));
+    let prometheus_port = free_port();
+    let _prometheus = prometheus(&dir, prometheus_port, &format!("127.0.0.1:{agent_port}"));
+    let (status, health) = get(&format!("http://127.0.0.1:{agent_port}/healthz")).unwrap();
+    assert_eq!(status, 200, "{health}");
+    assert!(
+        health.starts_with(&format!("ok: tracing PID {}", db.pid)),
+        "{health}"
+    );
+
+    let load = db.load(12);
+    std::thread::sleep(Duration::from_secs(2));
+    // pprof's own client pulls five seconds of on-CPU samples.
+    let out = Command::new(go())
+        .args(["tool", "pprof", "-top"])
+        .arg(format!(
+            "http://127.0.0.1:{agent_port}/debug/pprof/profile?seconds=5"
+        ))
+        .env("PPROF_TMPDIR", &*dir)
+        .env("HOME", &*dir)
+        .output()
+        .expect("running go tool pprof");
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && top.contains("do_command"),
+        "{top}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same for off-CPU time; the windows are kept as files, listed and served.
+    let (status, body) = get_bytes(&format!(
+        "http://127.0.0.1:{agent_port}/debug/pprof/offcpu?seconds=1"
+    ))
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(&body[..2], [0x1f, 0x8b], "gzip");
+    let (_, listing) = get(&format!(
+        "http://127.0.0.1:{agent_port}/debug/pprof/windows/"
+    ))
+    .unwrap();
+    assert!(
+        listing.contains("cpu-") && listing.contains("locks-"),
+        "{listing}"
+    );
+    let (status, _) = get(&format!(
+        "http://127.0.0.1:{agent_port}/debug/pprof/windows/..%2f..%2fetc%2fpasswd"
+    ))
+    .unwrap();
+    assert_eq!(status, 404);
+    load.wait();
+
+    let load = db.load(30);
+    // Scrapes with statements for longer than rate()'s range: each series' rate is then extrapolated over the
+    // same time (a younger series is extrapolated less far back, the closer it started at zero).
+    let point_lookup = "select c from sbtest1 where id = ?";
+    let scraped = format!(
+        "count_over_time(myprobe_statements_total{{db_query_text=\"{point_lookup}\"}}[20s])"
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (total, parts) = loop {
+        let t = now();
+        let scrapes = query(prometheus_port, &scraped, t)
+            .first()
+            .map_or(0.0, |s| s.1);
+        let total = by_fingerprint(prometheus_port, TOTAL, t);
+        if scrapes >= 12.0 && total.get(point_lookup).is_some_and(|&v| v > 0.0) {
+            break (total, by_fingerprint(prometheus_port, PARTS, t));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rate of the statement time in Prometheus within 90 s ({scrapes} scrapes): {total:?}; prometheus log:\n{}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let t = now();
+    let instant_total = by_fingerprint(prometheus_port, &TOTAL.replace("rate(", "irate("), t);
+    let instant_parts = by_fingerprint(prometheus_port, &PARTS.replace("rate(", "irate("), t);
+    let counters_total = by_fingerprint(
+        prometheus_port,
+        "sum by (db_query_text) (myprobe_statement_duration_seconds_sum)",
+        t,
+    );
+    let counters_parts = by_fingerprint(
+        prometheus_port,
+        "sum by (db_query_text) (myprobe_statement_time_seconds_total)",
+        t,
+    );
+    // sysbench's statements each have their time, and its parts add up to it.
+    for fingerprint in [
+        point_lookup,
+        "select c from sbtest2 where id = ?",
+        "update sbtest1 set k = k + ? where id = ?",
+        "commit",
+    ] {
+        let t = total.get(fingerprint).copied().unwrap_or(0.0);
+        assert!(t > 0.0, "{fingerprint}: {total:?}");
+        // rate() extrapolates each series to the range's ends, but one that was at zero shortly before its
+        // first sample in the range (a rare part: sync, other) less far back: the parts' rates add up to
+        // the total's within that.
+        let p = parts.get(fingerprint).copied().unwrap_or(0.0);
+        assert!(
+            (p - t).abs() <= t * 0.01,
+            "{fingerprint}: the parts' rates add up to {p}, the total's rate is {t}"
+        );
+        // irate() does not extrapolate: the same two scrapes for every series, so the parts add up exactly.
+        let t = instant_total[fingerprint];
+        let p = instant_parts[fingerprint];
+        assert!(
+            t > 0.0 && (p - t).abs() <= t * 1e-9,
+            "{fingerprint}: the parts' irates add up to {p}, the total's irate is {t}"
+        );
+        // The counters themselves, scraped at one instant, add up exactly (to the float's rounding).
+        let t = counters_total[fingerprint];
+        let p = counters_parts[fingerprint];
+        assert!(
+            t > 0.0 && (p - t).abs() <= t * 1e-12,
+            "{fingerprint}: the parts add up to {p}, the total is {t}"
+        );
+    }
+    let (_, metrics) = get(&format!("http://127.0.0.1:{agent_port}/metrics")).unwrap();
+    for family in [
+        "# TYPE myprobe_statement_duration_seconds histogram",
+        "myprobe_lock_wait_seconds_total{lock=",
+        "myprobe_lost_events_total{collector=\"queries\",cause=\"ringbuf_full\"}",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.contains(family), "{family} in\n{metrics}");
+    }
+
+    load.wait();
+    running.stop();
+}
+
+#[test]
+fn a_restarted_server_is_attached_again() {
+    let db = testdb();
+    let dir = tempdir("agent-restart");
+    let server = db.start_another(&dir.join("db"), &[]);
+    let port = free_port();
+    let running = agent(server.0.pid, port, &dir.join("windows"));
+    let health = || get(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
+    assert_eq!(health().0, 200);
+    server.0.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while health().0 != 503 {
+        assert!(Instant::now() < deadline, "still healthy: {:?}", health());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let again = db.start_another(&dir.join("db"), &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, text) = health();
+        if status == 200 {
+            assert!(
+                text.starts_with(&format!("ok: tracing PID {}", again.0.pid)),
+                "{text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not attached again: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, metrics) = get(&format!("http://127.0.0.1:{port}/metrics")).unwrap();
+    assert!(metrics.contains("myprobe_attaches_total 2"), "{metrics}");
+    let (_, stderr) = running.stop();
+    assert!(stderr.contains("exited"), "{stderr}");
+    drop(again);
+    drop(server);
+}
