@@ -328,3 +328,46 @@ fn a_restarted_server_is_attached_again() {
     drop(again);
     drop(server);
 }
+
+#[test]
+fn the_systemd_unit_shipped_verifies() {
+    let dir = tempdir("agent-unit");
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/dist/myprobe-agent.service"
+    ))
+    .unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/myprobe agent "),
+        "{unit}"
+    );
+    // The same unit, running the binary built here.
+    let built = env!("CARGO_BIN_EXE_myprobe");
+    let path = dir.join("myprobe-agent.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/myprobe", built)).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("running systemd-analyze");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !said.contains("myprobe-agent"),
+        "{said}"
+    );
+    // Its command line is one the agent takes.
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/myprobe "))
+        .unwrap();
+    let out = myprobe()
+        .args(exec.split_whitespace())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
