@@ -435,19 +435,30 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     drop(reader);
     let mut stacks = stacks.into_inner();
     let sums = collector.read(&mut skel, &mut stacks)?;
-    let mut lost = C::Skel::lost(&skel);
-    lost.ringbuf += stacks.malformed;
+    Ok(collected(collector, &skel, &mut stacks, sums, traced))
+}
+
+/// The sums joined to their stacks, with what was lost since the collector attached.
+fn collected<C: Collector>(
+    collector: &C,
+    skel: &Loaded<'_, C>,
+    stacks: &mut Stacks,
+    sums: Vec<Sum>,
+    traced: Duration,
+) -> Collected {
     let (rows, undefined) = stacks.join(sums);
-    lost.undefined_stacks += undefined + stacks.undefined;
-    let events = events(&rows, collector.events_column());
-    Ok(Collected {
+    stacks.undefined += undefined;
+    let mut lost = C::Skel::lost(skel);
+    lost.ringbuf += stacks.malformed;
+    lost.undefined_stacks += stacks.undefined;
+    Collected {
         columns: collector.columns(),
+        events: events(&rows, collector.events_column()),
         rows,
-        events,
         lost,
         traced,
         estimate: None,
-    })
+    }
 }
 
 /// The sums since the slice before, joined to their stacks. When user space holds too many stacks, they are
@@ -460,11 +471,7 @@ fn send_slice<C: Collector>(
     traced: Duration,
 ) -> Result<Collected> {
     let sums = collector.slice(skel, stacks)?;
-    let (rows, undefined) = stacks.join(sums);
-    stacks.undefined += undefined;
-    let mut lost = C::Skel::lost(skel);
-    lost.ringbuf += stacks.malformed;
-    lost.undefined_stacks += stacks.undefined;
+    let slice = collected(collector, skel, stacks, sums, traced);
     if stacks.by_id.len() > MAX_STACKS_KEPT {
         stacks.by_id.clear();
         // stack_ids.h's record of the ids sent.
@@ -478,15 +485,7 @@ fn send_slice<C: Collector>(
         let maps = C::Skel::unwind(skel);
         *maps.generation = maps.generation.wrapping_add(1);
     }
-    let events = events(&rows, collector.events_column());
-    Ok(Collected {
-        columns: collector.columns(),
-        rows,
-        events,
-        lost,
-        traced,
-        estimate: None,
-    })
+    Ok(slice)
 }
 
 /// What the rows traced: the sum of their `column`, stopping at `u64::MAX`.
