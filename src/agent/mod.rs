@@ -44,6 +44,9 @@ use retain::Retention;
 /// rounded to.
 const SLICE: Duration = Duration::from_secs(1);
 
+/// Addresses whose names are kept from one window to the next: past these, they are symbolized again.
+const MAX_NAMES_CACHED: usize = 100_000;
+
 pub struct Options {
     pub pid: Option<u32>,
     pub window: Duration,
@@ -591,6 +594,8 @@ fn end_window(window: Window, shared: &Shared, names: &mut Naming) {
         }
     }
     shared.metrics().end_window();
+    names.symbolizer.bound_caches(MAX_NAMES_CACHED);
+    names.lock_names.bound_cache(MAX_NAMES_CACHED);
 }
 
 /// Answers the profile requests whose time has passed.

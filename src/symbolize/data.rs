@@ -380,6 +380,13 @@ impl DataSymbolizer {
         name
     }
 
+    /// Forgets the names of addresses past `max` of them (lock words on the heap are many over days).
+    pub fn bound_cache(&mut self, max: usize) {
+        if self.cache.len() > max {
+            self.cache.clear();
+        }
+    }
+
     /// Whether `name`, from [`DataSymbolizer::name`], names no variable: a mapping (`[heap]`, `[anon]`) or a file
     /// and offset (`mariadbd+0x21a69cc`), not `var+0x28`.
     pub fn names_no_variable(&self, name: &str) -> bool {

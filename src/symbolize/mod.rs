@@ -187,6 +187,15 @@ impl Symbolizer {
         }
     }
 
+    /// Forgets the names of addresses past `max` of them, for a process that runs for days (`myprobe agent`):
+    /// on-CPU samples land on any instruction, so the addresses seen grow with the code ever run.
+    pub fn bound_caches(&mut self, max: usize) {
+        if self.user_cache.len() + self.kernel_cache.len() > max {
+            self.user_cache.clear();
+            self.kernel_cache.clear();
+        }
+    }
+
     /// Names for a user stack, leaf first, same length as `ips` (one name per address; never drops frames).
     pub fn user_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
         let lookups: Vec<u64> = lookup_addrs(ips);
