@@ -72,14 +72,9 @@ struct {
 	__type(value, struct futex_call);
 } in_wait SEC(".maps");
 
-SEC("tp_btf/sys_enter")
-int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+/* A futex call of the target entered. */
+static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 {
-	__u32 tid;
-	if (id != futex_nr || !current_is_target(&tid))
-		return 0;
-	__u64 addr = PT_REGS_PARM1_SYSCALL(regs);
-	__u32 op = PT_REGS_PARM2_SYSCALL(regs);
 	if (futex_op_waits(op)) {
 		struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0,
 							    BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -99,25 +94,20 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		else
 			count_lost(state);
 	}
-	return 0;
 }
 
-SEC("tp_btf/sys_exit")
-int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+/* A syscall of the target returned `ret`: a futex wait it was in ends. */
+static __always_inline void futex_exited(void *ctx, long ret)
 {
-	(void)regs;
-	__u32 tid;
-	if (!current_is_target(&tid))
-		return 0;
 	struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0, 0);
 	if (!c || !c->ts)
-		return 0;
+		return;
 	__u64 took = bpf_ktime_get_ns() - c->ts;
 	__u64 op_bit = 1ULL << (c->op & 15);
 	struct lock_key k = { .addr = c->addr };
 	c->ts = 0;
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
-		return 0;
+		return;
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);
@@ -125,7 +115,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	struct lock_wait *w = lookup_or_init(&waits, &k, &zero);
 	if (!w) {
 		count_lost(state);
-		return 0;
+		return;
 	}
 	__sync_fetch_and_add(&w->count, 1);
 	__sync_fetch_and_add(&w->total_ns, took);
@@ -143,5 +133,56 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	}
 	if (b < HIST_BUCKETS)
 		__sync_fetch_and_add(&w->hist[b], 1);
+}
+
+/* futex's own tracepoints: the kernel runs them for futex calls only, so no other syscall of the host runs a
+ * program here (user space chooses them where the kernel has them). futex_waitv and futex2's calls are not
+ * followed: neither the C library nor the server calls them. */
+SEC("tracepoint/syscalls/sys_enter_futex")
+int on_futex_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	futex_entered(ctx, ctx->args[0], ctx->args[1]);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_futex")
+int on_futex_exit(struct trace_event_raw_sys_exit *ctx)
+{
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	futex_exited(ctx, ctx->ret);
+	return 0;
+}
+
+/* Every syscall of the host: where futex's own tracepoints are missing, or for kernel frames (the syscall
+ * tracepoints give a program the user registers, so its kernel stack is empty). */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
+{
+	__u32 tid;
+	if (id != futex_nr || !current_is_target(&tid))
+		return 0;
+	futex_entered(ctx, PT_REGS_PARM1_SYSCALL(regs), PT_REGS_PARM2_SYSCALL(regs));
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	__u32 tid;
+#ifdef __TARGET_ARCH_x86
+	/* Only a futex call has a wait to end: the others are turned away before their storage lookup. */
+	if ((long)regs->orig_ax != futex_nr)
+		return 0;
+#else
+	(void)regs;
+#endif
+	if (!current_is_target(&tid))
+		return 0;
+	futex_exited(ctx, ret);
 	return 0;
 }

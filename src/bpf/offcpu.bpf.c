@@ -18,6 +18,9 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile __u64 min_block_ns = 1000;
 /* Count who took the CPU from a thread still runnable (`--preemptors`). */
 const volatile bool preemptors = false;
+/* Whether a woken thread's wait for a CPU is read from the scheduler's own count at its switch in (user space
+ * probed that the kernel keeps it); otherwise the wakeup programs, run at every wakeup of the host, mark it. */
+const volatile bool runq_from_sched_info = false;
 
 struct preempt_key {
 	__u32 preemptor_tgid;
@@ -47,6 +50,7 @@ struct thread_state {
 	__u64 off_ts;   /* when it left the CPU; 0 while on CPU */
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u64 stack_id; /* where it left the CPU */
+	__u64 runq_before; /* the scheduler's count of its waits for a CPU when it left it (runq_from_sched_info) */
 	__u32 preempted;
 	__u32 tid;
 	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
@@ -108,12 +112,27 @@ static __always_inline void count_preemption(struct thread_state *st, struct tas
 	st->preempted_by = k;
 }
 
+/* When `st`'s thread, now switched in after `off` ns away, was woken: from the wakeup programs' mark, or from
+ * the scheduler's count of its wait for a CPU since; 0 if unknown. */
+static __always_inline __u64 woken_at(struct thread_state *st, struct task_struct *t, __u64 now, __u64 off)
+{
+	if (!runq_from_sched_info)
+		return st->wake_ts;
+	__u64 waited = runq_total(t) - st->runq_before;
+	return waited <= off ? now - waited : 0;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
+	/* Every switch of the host comes here: those of other processes are turned away before the clock. */
+	bool out = task_is_target(prev) && !(prev_state & TASK_DEAD);
+	bool in = task_is_target(next);
+	if (!out && !in)
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 
-	if (task_is_target(prev) && !(prev_state & TASK_DEAD)) {
+	if (out) {
 		struct thread_state *st =
 			bpf_task_storage_get(&threads, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (st) {
@@ -121,6 +140,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->off_ts = now;
 			st->wake_ts = 0;
 			st->preempted = preempt || prev_state == TASK_RUNNING;
+			if (runq_from_sched_info)
+				st->runq_before = prev->sched_info.run_delay;
 			/* prev is the current task: its user registers give the call site. */
 			st->stack_id = stack_id_of_call(ctx, false);
 			if (preemptors)
@@ -130,13 +151,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		}
 	}
 
-	if (task_is_target(next)) {
+	if (in) {
 		__u32 tid = next->pid;
 		struct thread_state *st = bpf_task_storage_get(&threads, next, 0, 0);
 		if (!st || !st->off_ts)
 			return 0;
 		__u64 off = now - st->off_ts;
-		__u64 woke = st->wake_ts;
 		st->off_ts = 0;
 		if (preemptors && st->preempted_by.valid) {
 			struct preempt_count *c = bpf_map_lookup_elem(&preemptions, &st->preempted_by);
@@ -146,6 +166,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		}
 		if (off < min_block_ns || !st->stack_id)
 			return 0;
+		__u64 woke = st->preempted ? 0 : woken_at(st, next, now, off);
 		struct offcpu_key k = { .tid = tid, .stack_id = st->stack_id };
 		struct offcpu_time none = {};
 		struct offcpu_time *t = lookup_or_init(&totals, &k, &none);
@@ -187,8 +208,15 @@ int open_waits(struct bpf_iter__task *ctx)
 	if (!task || !task_is_target(task))
 		return 0;
 	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
-	if (st && st->off_ts)
-		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
+	if (!st || !st->off_ts)
+		return 0;
+	struct thread_state open = *st;
+	/* Woken and still waiting for a CPU: when, from the scheduler's count of that wait so far. */
+	if (runq_from_sched_info && !open.preempted && task->sched_info.last_queued) {
+		__u64 now = bpf_ktime_get_ns();
+		open.wake_ts = woken_at(&open, task, now, now - open.off_ts);
+	}
+	bpf_seq_write(ctx->meta->seq, &open, sizeof(open));
 	return 0;
 }
 

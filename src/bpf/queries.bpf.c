@@ -21,6 +21,7 @@
 #include "ringbuf.h"
 #include "stack_ids.h"
 #include "target.h"
+#include "wakeups.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -680,22 +681,6 @@ int BPF_KRETPROBE(on_dispatch_return)
 	st->phase = PHASE_REPLIED;
 	finish_statement(st);
 	return 0;
-}
-
-/* How long `t`, being switched in, has waited for a CPU in all, in the scheduler's count (struct sched_info, in
- * its run queue's clock): run_delay adds a wait when it ends, which comes just after this tracepoint; the
- * wait still open began at last_queued, and its run queue's clock is now (updated by the switch). Only
- * differences of it are used. */
-static __always_inline __u64 runq_total(struct task_struct *t)
-{
-	__u64 total = t->sched_info.run_delay;
-	__u64 queued = t->sched_info.last_queued;
-	if (queued) {
-		__u64 clock = t->se.cfs_rq->rq->clock;
-		if (clock > queued)
-			total += clock - queued;
-	}
-	return total;
 }
 
 SEC("tp_btf/sched_switch")

@@ -28,15 +28,19 @@ pub struct Features {
     /// (CONFIG_FAIR_GROUP_SCHED): `queries` reads a woken thread's wait at its switch in, with no program at
     /// every wakeup of the host.
     pub sched_info: bool,
+    /// futex's own syscall tracepoints (CONFIG_FTRACE_SYSCALLS, in tracefs, where libbpf attaches them): a
+    /// program there runs for futex calls only, where one on the raw `sys_enter` runs for every syscall.
+    pub futex_tracepoints: bool,
 }
 
 /// Names of the features for `MYPROBE_DISABLE`.
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 6] = [
     "bpf_loop",
     "uprobe_multi",
     "uprobe_session",
     "task_stacks",
     "sched_info",
+    "futex_tracepoints",
 ];
 
 impl Features {
@@ -105,6 +109,8 @@ impl Features {
                 && has_member("cfs_rq", "rq")
                 && has_member("rq", "clock")
                 && Path::new("/proc/self/schedstat").exists(),
+            futex_tracepoints: has_syscall_tracepoint("sys_enter_futex")
+                && has_syscall_tracepoint("sys_exit_futex"),
         }
     }
 
@@ -117,6 +123,7 @@ impl Features {
                 "uprobe_session" => self.uprobe_session = false,
                 "task_stacks" => self.task_stacks = false,
                 "sched_info" => self.sched_info = false,
+                "futex_tracepoints" => self.futex_tracepoints = false,
                 other => say!(
                     "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
                     NAMES.join(", ")
@@ -125,6 +132,22 @@ impl Features {
         }
         self
     }
+}
+
+/// Whether tracefs has the syscall tracepoint `name` (`sys_enter_futex`), where libbpf looks for it: under
+/// debugfs when that is mounted, else tracefs's own mount point.
+pub fn has_syscall_tracepoint(name: &str) -> bool {
+    let debugfs = Path::new("/sys/kernel/debug/tracing");
+    let tracefs = if debugfs.exists() {
+        debugfs
+    } else {
+        Path::new("/sys/kernel/tracing")
+    };
+    tracefs
+        .join("events/syscalls")
+        .join(name)
+        .join("id")
+        .exists()
 }
 
 /// Whether the kernel links uprobes of `attach_type` (uprobe_multi, uprobe session), as libbpf probes it: a
@@ -201,6 +224,7 @@ mod tests {
             uprobe_session: true,
             task_stacks: true,
             sched_info: true,
+            futex_tracepoints: true,
         };
         let older = all.without("uprobe_multi, uprobe_session");
         assert!(
@@ -217,7 +241,12 @@ mod tests {
         }
         let f = Features::probe(None);
         assert!(
-            f.bpf_loop && f.uprobe_multi && f.uprobe_session && f.task_stacks && f.sched_info,
+            f.bpf_loop
+                && f.uprobe_multi
+                && f.uprobe_session
+                && f.task_stacks
+                && f.sched_info
+                && f.futex_tracepoints,
             "{f:?}"
         );
     }

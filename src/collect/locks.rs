@@ -40,9 +40,16 @@ impl Collector for Locks {
         COLUMNS.map(String::from).into_iter().chain(hist).collect()
     }
 
-    fn configure(&mut self, open: &mut Open<'_, Self>, _: &Features) -> Result<()> {
+    fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.futex_nr = libc::SYS_futex;
+        // futex's own tracepoints spare every other syscall of the host a program run; the raw ones stay
+        // for kernels without them and for kernel frames, which a syscall tracepoint's program has none of.
+        let own = features.futex_tracepoints && !rodata.kernel_stacks;
+        open.progs.on_futex_enter.set_autoload(own);
+        open.progs.on_futex_exit.set_autoload(own);
+        open.progs.on_sys_enter.set_autoload(!own);
+        open.progs.on_sys_exit.set_autoload(!own);
         Ok(())
     }
 

@@ -122,6 +122,11 @@ impl Collector for Offcpu {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_block_ns = self.min_ns;
         rodata.preemptors = self.preemptors;
+        // Where the kernel counts each thread's waits for a CPU, a woken one's is read at its switch in: no
+        // program at every wakeup of the host.
+        rodata.runq_from_sched_info = features.sched_info;
+        open.progs.on_wakeup.set_autoload(!features.sched_info);
+        open.progs.on_wakeup_new.set_autoload(!features.sched_info);
         // Switches out at any instruction (preemption, page faults) would make each a stack of its own.
         rodata.leaf_at_row_start = true;
         self.blocked_iterator = features.task_stacks;
