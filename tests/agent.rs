@@ -169,8 +169,18 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         "{health}"
     );
 
-    let load = db.load(12);
-    std::thread::sleep(Duration::from_secs(2));
+    let load = db.load(20);
+    // The load reaches the server (the agent saw its statements) before the profile's seconds start.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get(&format!("http://127.0.0.1:{agent_port}/metrics"))
+        .is_some_and(|(_, m)| m.contains("db_query_text=\"select c from sbtest1 where id = ?\""))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no statement of the load within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     // pprof's own client pulls five seconds of on-CPU samples.
     let out = Command::new(go())
         .args(["tool", "pprof", "-top"])
