@@ -23,6 +23,14 @@ fn go() -> std::path::PathBuf {
     on_path.unwrap_or_else(|| "/usr/local/go/bin/go".into())
 }
 
+/// One agent test at a time: each starts a server, an agent (unwind tables, four BPF objects) and sysbench
+/// on a machine that may have two CPUs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A port free now, on the loopback.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -156,6 +164,7 @@ const PARTS: &str =
 
 #[test]
 fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
+    let _alone = one_at_a_time();
     let db = testdb();
     let dir = tempdir("agent");
     let agent_port = free_port();
@@ -194,8 +203,16 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let top = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && top.contains("do_command"),
-        "{top}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{top}\n{}\nthe agent said:\n{}\nits losses:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        running.stderr_so_far(),
+        get(&format!("http://127.0.0.1:{agent_port}/metrics"))
+            .map(|(_, m)| m
+                .lines()
+                .filter(|l| l.starts_with("myprobe_lost"))
+                .collect::<Vec<_>>()
+                .join("\n"))
+            .unwrap_or_default()
     );
     // The same for off-CPU time; the windows are kept as files, listed and served.
     let (status, body) = get_bytes(&format!(
@@ -304,6 +321,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 
 #[test]
 fn a_restarted_server_is_attached_again() {
+    let _alone = one_at_a_time();
     let db = testdb();
     let dir = tempdir("agent-restart");
     let server = db.start_another(&dir.join("db"), &[]);

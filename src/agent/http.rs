@@ -151,6 +151,7 @@ fn profile(shared: &Shared, kind: Kind, query: &str) -> Answer {
         until: Instant::now() + duration,
         started: SystemTime::now(),
         sums: Default::default(),
+        covered: None,
         reply,
     });
     // The main thread answers once the time has passed and the collectors' slices of it are in.

@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     cmd::queries::{self, QueriesArgs},
-    collect::{self, CollectOptions, Collected, Lost, RawStack, Row, Slices},
+    collect::{self, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
     process::{self, Flavor, Target},
     profile::{
         self,
@@ -149,6 +149,8 @@ pub struct ProfileRequest {
     pub until: Instant,
     pub started: SystemTime,
     pub sums: Sums,
+    /// Until when the slices added cover.
+    pub covered: Option<Instant>,
     /// The gzip-compressed pprof, or why there is none.
     pub reply: mpsc::Sender<Result<Vec<u8>, String>>,
 }
@@ -388,11 +390,15 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         // Until every collector has ended: the server exited, or the agent stops.
         while !(stack_threads.is_empty() && statements.is_finished()) {
             match sliced.recv_timeout(Duration::from_millis(200)) {
-                Ok((name, c)) => add_slice(shared, &mut window, name, &c),
+                Ok(slice) => add_slice(shared, &mut window, &slice),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
+            }
+            // Slices wait here while a window is written: every one in before a request is answered.
+            while let Ok(slice) = sliced.try_recv() {
+                add_slice(shared, &mut window, &slice);
             }
             answer_due(shared, &mut names);
             if window.started.elapsed() >= o.window {
@@ -410,8 +416,8 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
                 failed.push(failure);
             }
         }
-        while let Ok((name, c)) = sliced.try_recv() {
-            add_slice(shared, &mut window, name, &c);
+        while let Ok(slice) = sliced.try_recv() {
+            add_slice(shared, &mut window, &slice);
         }
         end_window(window, shared, &mut names);
         let followed = statements
@@ -543,13 +549,15 @@ fn by_lock_and_site(
     by
 }
 
-fn add_slice(shared: &Shared, window: &mut Window, collector: &str, c: &Collected) {
-    let Some(kind) = Kind::of_collector(collector) else {
+fn add_slice(shared: &Shared, window: &mut Window, slice: &Slice) {
+    let Some(kind) = Kind::of_collector(slice.collector) else {
         return;
     };
+    let c = &slice.collected;
     shared.metrics().set_lost(kind.name(), c.lost);
     for r in shared.requests().iter_mut().filter(|r| r.kind == kind) {
         r.sums.add(c);
+        r.covered = r.covered.max(Some(slice.at));
     }
     window.sums.entry(kind).or_default().add(c);
 }
@@ -598,11 +606,15 @@ fn end_window(window: Window, shared: &Shared, names: &mut Naming) {
     names.lock_names.bound_cache(MAX_NAMES_CACHED);
 }
 
-/// Answers the profile requests whose time has passed.
+/// Answers the profile requests whose time has passed and whose collector's slices cover it (or stopped
+/// coming: a collector that ended).
 fn answer_due(shared: &Shared, names: &mut Naming) {
+    let now = Instant::now();
     let due: Vec<ProfileRequest> = shared
         .requests()
-        .extract_if(.., |r| Instant::now() >= r.until)
+        .extract_if(.., |r| {
+            now >= r.until && (r.covered >= Some(r.until) || now >= r.until + 3 * SLICE)
+        })
         .collect();
     for r in due {
         let answer = names

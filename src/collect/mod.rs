@@ -71,12 +71,19 @@ pub struct CollectOptions {
 }
 
 /// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a
-/// [`Collected`] of the time since the one before, with the collector's name. Its `lost` counts from the
-/// attaching, not from the slice before.
+/// [`Slice`].
 #[derive(Clone)]
 pub struct Slices {
     pub every: Duration,
-    pub send: std::sync::mpsc::Sender<(&'static str, Collected)>,
+    pub send: std::sync::mpsc::Sender<Slice>,
+}
+
+/// A collector's sums of the time since the slice before. Its `lost` counts from the attaching.
+pub struct Slice {
+    pub collector: &'static str,
+    /// When it was taken: what it covers ends here.
+    pub at: std::time::Instant,
+    pub collected: Collected,
 }
 
 impl CollectOptions {

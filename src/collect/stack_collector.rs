@@ -413,7 +413,12 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
             last_slice = Instant::now();
             let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since);
             // The receiver gone: whoever wanted the slices has stopped.
-            if slices.send.send((C::NAME, slice?)).is_err() {
+            let slice = super::Slice {
+                collector: C::NAME,
+                at: last_slice,
+                collected: slice?,
+            };
+            if slices.send.send(slice).is_err() {
                 super::STOP.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }

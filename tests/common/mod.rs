@@ -416,6 +416,11 @@ impl Background {
         }
     }
 
+    /// What the run wrote on stderr so far.
+    pub fn stderr_so_far(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// The PID of the myprobe run.
     pub fn pid(&self) -> u32 {
         self.child.id()
