@@ -29,8 +29,8 @@ use crate::{
     process::{self, Flavor, Target},
     profile::{
         self,
-        stacks::{self, Part, StackNamer, StackOptions},
-        waits, Profile, Unit,
+        stacks::{self, StackNamer, StackOptions},
+        waits, Profile,
     },
     render::{pprof, RenderOptions},
     symbolize::{data::DataSymbolizer, Symbolizer},
@@ -469,15 +469,8 @@ impl Naming<'_> {
         );
         let mut lock_waits = HashMap::new();
         let profile = match kind {
-            Kind::Cpu => stacks::build(&c, &mut namer, Unit::Samples, |c, row| {
-                vec![Part::value(c.value(row, "samples"))]
-            }),
-            Kind::Offcpu => stacks::build(&c, &mut namer, Unit::Microseconds, |c, row| {
-                vec![
-                    Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
-                    Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
-                ]
-            }),
+            Kind::Cpu => stacks::on_cpu(&c, &mut namer),
+            Kind::Offcpu => stacks::off_cpu(&c, &mut namer),
             Kind::Locks => {
                 lock_waits = by_lock_and_site(&c, &mut namer, self.lock_names);
                 profile::locks::summarize(&c, &mut namer, self.lock_names).0

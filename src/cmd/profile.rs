@@ -229,9 +229,7 @@ pub fn run(c: ProfileCommand) -> Result<()> {
             );
             let collected = collect::cpu::collect(&s.opts, a.frequency)?;
             let mut namer = s.namer();
-            let profile = stacks::build(&collected, &mut namer, Unit::Samples, |c, row| {
-                vec![Part::value(c.value(row, "samples"))]
-            });
+            let profile = stacks::on_cpu(&collected, &mut namer);
             s.finish(&collected, &profile, "CPU", Palette::Hot)
         }
         ProfileCommand::Offcpu(a) => {
@@ -247,14 +245,8 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 a.trace.per_thread,
                 a.preemptors,
             )?;
-            // Microseconds, as offcputime and the users' flame graphs count; the split is the leaf frame.
             let mut namer = s.namer();
-            let profile = stacks::build(&collected, &mut namer, Unit::Microseconds, |c, row| {
-                vec![
-                    Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
-                    Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
-                ]
-            });
+            let profile = stacks::off_cpu(&collected, &mut namer);
             s.finish(&collected, &profile, "Off-CPU", Palette::Io)?;
             if a.preemptors {
                 let pid = s.target.pid;

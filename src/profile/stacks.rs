@@ -134,6 +134,24 @@ pub fn build(
     profile
 }
 
+/// The on-CPU profile of the cpu collector's rows: samples per stack.
+pub fn on_cpu(collected: &Collected, namer: &mut StackNamer) -> Profile {
+    build(collected, namer, Unit::Samples, |c, row| {
+        vec![Part::value(c.value(row, "samples"))]
+    })
+}
+
+/// The off-CPU profile of the offcpu collector's rows: microseconds, as offcputime and the users' flame graphs
+/// count; blocked and runnable split by the leaf frame.
+pub fn off_cpu(collected: &Collected, namer: &mut StackNamer) -> Profile {
+    build(collected, namer, Unit::Microseconds, |c, row| {
+        vec![
+            Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
+            Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
+        ]
+    })
+}
+
 /// `thread 1234 (name)`.
 fn thread_frame(pid: u32, tid: u32) -> Rc<str> {
     let name = process::thread_name(pid, tid);

@@ -25,8 +25,8 @@ use crate::{
     profile::{
         self,
         locks::LockSummary,
-        stacks::{self, Part, StackNamer, StackOptions},
-        Profile, Unit,
+        stacks::{self, StackNamer, StackOptions},
+        Profile,
     },
     query::digest::{Digest, DigestRow},
     render::{self, Palette, RenderOptions},
@@ -237,19 +237,12 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
     );
     let mut profiles = Vec::new();
     if let Some(c) = &cpu {
-        let profile = stacks::build(c, &mut namer, Unit::Samples, |c, row| {
-            vec![Part::value(c.value(row, "samples"))]
-        });
+        let profile = stacks::on_cpu(c, &mut namer);
         let title = format!("On-CPU: {target}, {} Hz", o.frequency);
         profiles.push(section("cpu", title, profile, c, Palette::Hot)?);
     }
     if let Some(c) = &offcpu {
-        let profile = stacks::build(c, &mut namer, Unit::Microseconds, |c, row| {
-            vec![
-                Part::leaf("[blocked]", c.value(row, "blocked_ns") / 1000),
-                Part::leaf("[runnable]", c.value(row, "runnable_ns") / 1000),
-            ]
-        });
+        let profile = stacks::off_cpu(c, &mut namer);
         let title = format!("Off-CPU time (µs): {target}");
         profiles.push(section("offcpu", title, profile, c, Palette::Io)?);
     }
