@@ -220,16 +220,16 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             .env("HOME", &*dir)
             .output()
             .expect("running go tool pprof");
-        let during = statements(&metrics_url) - seen;
+        let during = statements(&metrics_url).saturating_sub(seen);
         let top = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() && top.contains("do_command") {
             load.wait();
             break top;
         }
-        drop(load);
         attempts.push(format!(
-            "{during} statements during the profile:\n{top}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            "{during} statements during the profile:\n{top}\n{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            load.end()
         ));
         assert!(
             during == 0 && attempts.len() < 3,
@@ -239,7 +239,9 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             get(&metrics_url)
                 .map(|(_, m)| m
                     .lines()
-                    .filter(|l| l.starts_with("myprobe_lost"))
+                    .filter(
+                        |l| l.starts_with("myprobe_lost") || l.starts_with("myprobe_cpu_samples")
+                    )
                     .collect::<Vec<_>>()
                     .join("\n"))
                 .unwrap_or_default()

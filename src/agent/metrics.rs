@@ -85,6 +85,8 @@ pub struct Metrics {
     lost_now: HashMap<&'static str, Lost>,
     pub windows: u64,
     pub attaches: u64,
+    /// On-CPU samples of the server's threads.
+    pub cpu_samples: u64,
 }
 
 impl Metrics {
@@ -100,6 +102,7 @@ impl Metrics {
             lost_now: HashMap::new(),
             windows: 0,
             attaches: 0,
+            cpu_samples: 0,
         }
     }
 
@@ -322,6 +325,13 @@ impl Metrics {
             "Windows ended (each kept as pprof files).",
         );
         let _ = writeln!(out, "myprobe_windows_total {}", self.windows);
+        family(
+            &mut out,
+            "myprobe_cpu_samples_total",
+            "counter",
+            "On-CPU samples of the server's threads (divided by the frequency: CPU seconds).",
+        );
+        let _ = writeln!(out, "myprobe_cpu_samples_total {}", self.cpu_samples);
         family(
             &mut out,
             "myprobe_attaches_total",

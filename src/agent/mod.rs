@@ -547,7 +547,13 @@ fn add_slice(shared: &Shared, window: &mut Window, slice: &Slice) {
         return;
     };
     let c = &slice.collected;
-    shared.metrics().set_lost(kind.name(), c.lost);
+    {
+        let mut m = shared.metrics();
+        m.set_lost(kind.name(), c.lost);
+        if kind == Kind::Cpu {
+            m.cpu_samples = m.cpu_samples.saturating_add(c.events);
+        }
+    }
     for r in shared.requests().iter_mut().filter(|r| r.kind == kind) {
         r.sums.add(c);
         r.covered = r.covered.max(Some(slice.at));

@@ -195,6 +195,24 @@ impl Drop for OtherServer {
 pub struct Load(Option<Child>);
 
 impl Load {
+    /// Stops the load if it still runs, and says whether it did, with what sysbench printed.
+    pub fn end(mut self) -> String {
+        let mut child = self.0.take().unwrap();
+        let running = matches!(child.try_wait(), Ok(None));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        format!(
+            "sysbench {}:\n{}{}",
+            if running {
+                "was still running"
+            } else {
+                "had ended"
+            },
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
     pub fn wait(mut self) {
         let out = self.0.take().unwrap().wait_with_output().unwrap();
         assert!(
