@@ -142,18 +142,6 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// Statements the agent counted so far, all fingerprints.
-fn statements(metrics_url: &str) -> u64 {
-    get(metrics_url)
-        .map(|(_, m)| {
-            m.lines()
-                .filter(|l| l.starts_with("myprobe_statements_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
 /// Per fingerprint: the value of a query summed `by (db_query_text)`.
 fn by_fingerprint(port: u16, promql: &str, time: f64) -> std::collections::HashMap<String, f64> {
     query(port, promql, time)
@@ -190,27 +178,31 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         "{health}"
     );
 
-    // pprof's own client pulls five seconds of on-CPU samples while the load's statements flow. A load that
-    // stopped meanwhile (sysbench ends at its first error) is started again, up to three times: what is
-    // tested is the profile of a loaded server.
+    // pprof's own client pulls five seconds of on-CPU samples while the load runs: it is started, seen to
+    // reach the server (by the server's own count of statements, not the agent's), and seen still running
+    // when the profile has come back. A load that ended meanwhile (sysbench ends at its first error) is
+    // started again, up to three times: what is tested is the profile of a loaded server.
     let metrics_url = format!("http://127.0.0.1:{agent_port}/metrics");
+    let questions = || -> u64 {
+        db.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
     let mut attempts = Vec::new();
     let top = loop {
-        let load = db.load(15);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = statements(&metrics_url);
-        loop {
-            std::thread::sleep(Duration::from_millis(500));
-            let now = statements(&metrics_url);
-            if now > seen {
-                seen = now;
-                break;
-            }
+        let mut load = db.load(30);
+        let started = Instant::now();
+        let before = questions();
+        while questions() < before + 1000 {
             assert!(
-                Instant::now() < deadline,
+                started.elapsed() < Duration::from_secs(60),
                 "no statement of the load within 60 s"
             );
+            std::thread::sleep(Duration::from_millis(200));
         }
+        let running_after = started.elapsed();
         let out = Command::new(go())
             .args(["tool", "pprof", "-top"])
             .arg(format!(
@@ -220,20 +212,21 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             .env("HOME", &*dir)
             .output()
             .expect("running go tool pprof");
-        let during = statements(&metrics_url).saturating_sub(seen);
+        let loaded = load.running();
         let top = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() && top.contains("do_command") {
-            load.wait();
+            drop(load);
             break top;
         }
         attempts.push(format!(
-            "{during} statements during the profile:\n{top}\n{}\n{}",
+            "the load ran after {running_after:?}; the profile came back after {:?}:\n{top}\n{}\n{}",
+            started.elapsed(),
             String::from_utf8_lossy(&out.stderr),
             load.end()
         ));
         assert!(
-            during == 0 && attempts.len() < 3,
-            "{}\nthe agent said:\n{}\nits losses:\n{}",
+            !loaded && attempts.len() < 3,
+            "{}\nthe agent said:\n{}\nits losses and samples:\n{}",
             attempts.join("\n"),
             running.stderr_so_far(),
             get(&metrics_url)

@@ -195,6 +195,11 @@ impl Drop for OtherServer {
 pub struct Load(Option<Child>);
 
 impl Load {
+    /// Whether sysbench still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.0.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
     /// Stops the load if it still runs, and says whether it did, with what sysbench printed.
     pub fn end(mut self) -> String {
         let mut child = self.0.take().unwrap();
