@@ -465,4 +465,23 @@ fn offcpu_preemptors_name_the_hog_sharing_the_cpu() {
     );
     assert!(count > 0 && runq_ms > 0.0, "{first}");
     assert!(first.contains(&format!("preempt {pid}")), "{first}");
+    // Preempted at any instruction of its loop: not unwound, its function alone under the leaf-only root.
+    let stacks = read_folded(&dir.join("offcpu.folded"));
+    let leaf_only: Vec<&Vec<String>> = stacks
+        .iter()
+        .map(|(frames, _)| frames)
+        .filter(|frames| frames.first().map(String::as_str) == Some("[preempted: leaf only]"))
+        .collect();
+    assert!(
+        leaf_only
+            .iter()
+            .any(|f| f.len() == 3 && f[1] == "main" && f[2] == "[runnable]"),
+        "no runnable time of main under [preempted: leaf only]: {stacks:?}"
+    );
+    assert!(
+        leaf_only
+            .iter()
+            .all(|f| f.len() == 3 && f[2] == "[runnable]"),
+        "{leaf_only:?}"
+    );
 }

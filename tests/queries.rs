@@ -67,9 +67,11 @@ fn trace(db: &TestDb, extra: &[&str]) -> Background {
     Background::start(&args, READY)
 }
 
-/// The records of 4 s of tracing with 3 s of sysbench, and stderr.
-fn records_under_load(db: &TestDb) -> (Vec<Value>, String) {
-    let tracer = trace(db, &["-d", "4"]);
+/// The records of 4 s of tracing (with `extra` options) with 3 s of sysbench, and stderr.
+fn records_under_load(db: &TestDb, extra: &[&str]) -> (Vec<Value>, String) {
+    let mut args = vec!["-d", "4"];
+    args.extend_from_slice(extra);
+    let tracer = trace(db, &args);
     db.load(3).wait();
     let (out, err) = tracer.wait();
     (json_lines(&out), err)
@@ -260,7 +262,7 @@ fn commits_waiting_for_the_redo_log_are_named_by_their_site() {
     // wait for it.
     let db = testdb();
     db.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1");
-    let (all, err) = records_under_load(&db);
+    let (all, err) = records_under_load(&db, &[]);
     let mut sites: std::collections::HashMap<&str, u64> = Default::default();
     for r in all.iter().filter(|r| r["query"] == "COMMIT") {
         if let Some(site) = r["lock_site"].as_str() {
@@ -583,7 +585,7 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
 #[test]
 fn json_records_under_load_have_every_field() {
     let db = testdb();
-    let (all, err) = records_under_load(&db);
+    let (all, err) = records_under_load(&db, &[]);
     assert!(
         all.len() > 200,
         "only {} records under sysbench load\nstderr:\n{err}",
@@ -598,6 +600,8 @@ fn json_records_under_load_have_every_field() {
         let parts: u64 = PARTS.iter().map(|p| num(r, p)).sum();
         assert_eq!(parts, num(r, "duration_us"), "parts do not add up: {r}");
         assert!(num(r, "unseen_us") == 0 || r["pipelined"] == true, "{r}");
+        // Time on a CPU inside syscalls is user time unless --syscall-cpu splits it out.
+        assert_eq!(num(r, "sys_us"), 0, "{r}");
     }
     // sysbench uses prepared statements: their executions carry the prepared text.
     let executes = all.iter().filter(|r| r["command"] == "Execute").count();
@@ -620,6 +624,28 @@ fn json_records_under_load_have_every_field() {
         "no record with sysbench's user and database"
     );
     assert!(err.contains("statements traced"), "{err}");
+}
+
+#[test]
+fn syscall_cpu_splits_the_time_on_a_cpu_in_syscalls_out_of_user() {
+    let db = testdb();
+    let (all, err) = records_under_load(&db, &["--syscall-cpu"]);
+    assert!(
+        all.len() > 200,
+        "only {} records\nstderr:\n{err}",
+        all.len()
+    );
+    for r in &all {
+        let parts: u64 = PARTS.iter().map(|p| num(r, p)).sum();
+        assert_eq!(parts, num(r, "duration_us"), "parts do not add up: {r}");
+    }
+    // Commits wake the threads waiting for the group commit (futex wakes: on a CPU, in no waiting class).
+    let sys: u64 = all.iter().map(|r| num(r, "sys_us")).sum();
+    assert!(
+        sys > 0,
+        "no sys time in {} records\nstderr:\n{err}",
+        all.len()
+    );
 }
 
 #[test]

@@ -51,6 +51,7 @@ struct thread_state {
 	__u64 wake_ts;  /* when it was woken, if it blocked */
 	__u64 stack_id; /* where it left the CPU */
 	__u64 runq_before; /* the scheduler's count of its waits for a CPU when it left it (runq_from_sched_info) */
+	__u64 leaf_ip;  /* preempted at a new site: where, for a stack of that frame alone if the wait lasts */
 	__u32 preempted;
 	__u32 tid;
 	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
@@ -142,8 +143,18 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			st->preempted = preempt || prev_state == TASK_RUNNING;
 			if (runq_from_sched_info)
 				st->runq_before = prev->sched_info.run_delay;
-			/* prev is the current task: its user registers give the call site. */
-			st->stack_id = stack_id_of_call(ctx, false);
+			/* prev is the current task: its user registers give the call site. A thread preempted at
+			 * any instruction is mostly at a new site, whose unwinding (about 10 µs) would be paid at
+			 * every switch before anyone knows whether the wait lasts min_block_ns: its instruction
+			 * alone is kept, and made a stack at its switch in only if it does (with kernel stacks,
+			 * asked for at that price, it is unwound). */
+			if (st->preempted && !kernel_stacks) {
+				st->stack_id = call_site_stack_id(ctx, false, true);
+				struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
+				st->leaf_ip = !st->stack_id && regs ? PT_REGS_IP(regs) : 0;
+			} else {
+				st->stack_id = stack_id_of_call(ctx, false);
+			}
 			if (preemptors)
 				count_preemption(st, prev, next);
 		} else {
@@ -164,7 +175,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				__sync_fetch_and_add(&c->runq_ns, off);
 			st->preempted_by.valid = 0;
 		}
-		if (off < min_block_ns || !st->stack_id)
+		if (off < min_block_ns)
+			return 0;
+		if (!st->stack_id && st->leaf_ip)
+			st->stack_id = leaf_only_stack_id(st->leaf_ip, tid);
+		if (!st->stack_id)
 			return 0;
 		__u64 woke = st->preempted ? 0 : woken_at(st, next, now, off);
 		struct offcpu_key k = { .tid = tid, .stack_id = st->stack_id };

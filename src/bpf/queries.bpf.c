@@ -3,8 +3,12 @@
 // A connection thread reads a request as recv(fd, 4) (header: length, sequence 0) then recv(fd, length) (the
 // command byte and its arguments); the statement runs; the reply leaves through one or more send(fd) calls;
 // the thread then calls recv(fd) for the next request. So a statement starts at the header read, its
-// record is complete at the last send before the next recv, and is sent to user space when that recv is
-// entered. Meanwhile the thread's syscalls (by class), futex waits and scheduler events are accounted.
+// record is complete at the last send before the next recv, and is sent to user space when that recv returns
+// or blocks. Meanwhile the thread's syscalls (by class), futex waits and scheduler events are accounted.
+// Only syscall exits are followed (their registers still hold the arguments): a blocked thread's syscall is
+// read from its registers when it leaves the CPU, so the time it waits goes to that syscall's class; its time on
+// a CPU inside syscalls is the statement's CPU time, unless `syscall_cpu` adds a program at every syscall
+// entry of the host to split it out.
 // Packets outside a statement (the server's greeting, the client's handshake response) are sent to user
 // space as they are, so that it learns connection ids, users and databases.
 // The framing is the client's to choose and so is never assumed: a header may arrive in pieces (reassembled),
@@ -15,6 +19,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include <asm-generic/errno.h>
 #include "futex.h"
 #include "lost.h"
 #include "queries.h"
@@ -37,6 +42,8 @@ bool want_results;
 const volatile bool runq_from_sched_info = false;
 /* Syscall number → class, filled by user space from the C library's numbers for this arch. */
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
+/* on_sys_enter is loaded: a statement's time on a CPU inside syscalls goes to their class, or sys. */
+const volatile bool syscall_cpu = false;
 
 #define COM_QUIT 0x01
 #define COM_QUERY 0x03
@@ -69,8 +76,6 @@ struct query_thread {
 	enum phase phase;
 	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
 	__u8 header_seq;
-	__u8 in_syscall;
-	enum syscall_class syscall_cls;
 	enum thread_place place; /* while a statement is in flight */
 	enum time_part part;    /* the part the time since `since` goes to */
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
@@ -82,11 +87,8 @@ struct query_thread {
 	__s32 port_checked_fd;  /* the last socket whose port was checked */
 	__s32 fd;               /* the client socket of the statement */
 	__u32 header_len;       /* payload length announced by the header */
-	__u32 futex_op;         /* op of the futex call in progress */
 	__u64 header_ts;
-	__u64 sys_ts;           /* current syscall: entry time and the arguments needed at exit */
-	__u64 sys_arg0;
-	__u64 sys_arg1;
+	__u64 lock_block_ts;    /* when the futex wait in progress blocked, 0 if it has not */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -161,10 +163,35 @@ static __always_inline enum time_part syscall_part(enum syscall_class cls, __u32
 	return on_cpu ? PART_SYS : PART_OTHER;
 }
 
-/* The part of the time on a CPU from now on. */
-static __always_inline enum time_part on_cpu_part(struct query_thread *st)
+/* The syscall `task` is in, as it entered the kernel: false if none (an exception's or an interrupt's entry).
+ * x86-64's syscall entry saves -ENOSYS as the result, there until the syscall returns. */
+static __always_inline bool in_syscall(struct task_struct *task, enum syscall_class *cls, __u64 *arg0,
+				       __u64 *arg1)
 {
-	return st->in_syscall ? syscall_part(st->syscall_cls, st->futex_op, true) : PART_USER;
+#if defined(__TARGET_ARCH_x86)
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs || (long)regs->ax != -ENOSYS)
+		return false;
+	long nr = regs->orig_ax;
+	if (nr < 0 || nr >= MAX_SYSCALL_NR)
+		return false;
+	*cls = syscall_class[nr];
+	*arg0 = PT_REGS_PARM1_SYSCALL(regs);
+	*arg1 = PT_REGS_PARM2_SYSCALL(regs);
+	return true;
+#else
+	return false;
+#endif
+}
+
+/* The part of the time on a CPU from now on, `task` switched in. */
+static __always_inline enum time_part on_cpu_part(struct task_struct *task)
+{
+	enum syscall_class cls;
+	__u64 arg0, arg1;
+	if (syscall_cpu && in_syscall(task, &cls, &arg0, &arg1))
+		return syscall_part(cls, arg1, true);
+	return PART_USER;
 }
 
 /* The time since the last change goes to the part it was in; `next` from now on. */
@@ -216,6 +243,7 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 static __always_inline void start_statement(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
 {
 	__builtin_memset(&st->c, 0, sizeof(st->c));
+	st->lock_block_ts = 0;
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 0;
 	/* A header read alone began the statement: the time until its body's read is reading the request. */
@@ -299,50 +327,18 @@ static __always_inline void finish_statement(struct query_thread *st)
 	st->phase = PHASE_IDLE;
 }
 
+/* With `syscall_cpu`: a statement's time on a CPU inside a syscall goes to its class (sys for the others). Every
+ * syscall of the host comes here: other processes' are turned away by the first instructions. */
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
-	/* Every syscall of the host comes here, half of them other processes' under load: the first
-	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
 	if (!current_is_target(&tid) || (__u64)id >= MAX_SYSCALL_NR)
 		return 0;
-	enum syscall_class cls = syscall_class[id];
-	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
-	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), net);
-	if (!st)
-		return 0;
-	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
-	if (cls == SYSCALL_CLOSE && ignored(st, (__s32)arg0))
-		st->ignoring = 0; /* the socket number may next be a followed connection's */
-	if (in_statement(st) && (__s32)arg0 == st->fd) {
-		if (recv && st->phase == PHASE_REPLIED) {
-			finish_statement(st);
-		} else if (cls == SYSCALL_CLOSE) {
-			/* The connection ends within its statement (KILL, a client gone, a failed send): the
-			 * statement ends here, and the thread is free for the next connection it serves. */
-			reply_ended(st, bpf_ktime_get_ns());
-			st->phase = PHASE_REPLIED;
-			finish_statement(st);
-		}
-	}
-	if (!net && !in_statement(st))
-		return 0;
-	st->in_syscall = 1;
-	st->syscall_cls = cls;
-	st->sys_arg0 = arg0;
-	st->sys_arg1 = PT_REGS_PARM2_SYSCALL(regs);
-	/* Outside a statement (most of these are the read of the next request) only the arguments are wanted:
-	 * the clock, the dearest thing here, is read only for a statement's time. */
-	if (!in_statement(st))
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	st->sys_ts = now;
-	if (cls == SYSCALL_FUTEX)
-		st->futex_op = PT_REGS_PARM2_SYSCALL(regs);
-	charge(st, now, on_cpu_part(st));
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	if (st && in_statement(st))
+		charge(st, bpf_ktime_get_ns(), syscall_part(syscall_class[id], PT_REGS_PARM2_SYSCALL(regs), true));
 	return 0;
 }
 
@@ -537,43 +533,46 @@ SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	/* Every syscall of the host comes here, half of them other processes' under load: the first
+	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
-	if (st && !st->in_syscall)
+	long id = regs->orig_ax;
+	if (id < 0 || id >= MAX_SYSCALL_NR)
 		return 0;
-	enum syscall_class cls;
-	__s32 fd;
-	__u64 buf;
-	long n = ret;
-	bool timed = st != 0;
-	if (st) {
-		st->in_syscall = 0;
-		cls = st->syscall_cls;
-		fd = (__s32)st->sys_arg0;
-		buf = st->sys_arg1;
-	} else {
-		/* A thread seen for the first time, in a syscall entered before tracing began (a connection waiting
-		 * for its next request): not timed, but what it read frames what follows, so it is parsed. The
-		 * registers still hold the arguments. */
-		if (ret <= 0)
-			return 0;
-		long id = regs->orig_ax;
-		if (id < 0 || id >= MAX_SYSCALL_NR)
-			return 0;
-		cls = syscall_class[id];
-		if (cls != SYSCALL_NET_RECV && cls != SYSCALL_NET_RECVMSG)
-			return 0;
-		st = thread_state(bpf_get_current_task_btf(), true);
-		if (!st)
-			return 0;
-		/* Read with a helper: a plain load here would be merged with the one from st above into one
-		 * instruction on two kinds of pointer, which the verifier refuses. */
-		fd = (__s32)PT_REGS_PARM1_CORE_SYSCALL(regs);
-		buf = PT_REGS_PARM2_CORE_SYSCALL(regs);
-	}
+	enum syscall_class cls = syscall_class[id];
+	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
+	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
+	/* A thread's state is made at its first socket syscall: one that was in a recv when tracing began (a
+	 * connection waiting for its next request) is followed from what that recv read. */
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), net);
+	if (!st)
+		return 0;
 	bool counted = in_statement(st);
+	if (!counted && !net && cls != SYSCALL_CLOSE)
+		return 0;
+	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
+	__s32 fd = (__s32)arg0;
+	__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
+	if (cls == SYSCALL_CLOSE) {
+		if (ignored(st, fd))
+			st->ignoring = 0; /* the socket number may next be a followed connection's */
+		if (counted && fd == st->fd) {
+			/* The connection ends within its statement (KILL, a client gone, a failed send): the
+			 * statement ends here, and the thread is free for the next connection it serves. */
+			reply_ended(st, bpf_ktime_get_ns());
+			st->phase = PHASE_REPLIED;
+			finish_statement(st);
+			return 0;
+		}
+	}
+	if (counted && recv && st->phase == PHASE_REPLIED && fd == st->fd) {
+		/* The next request's read: the statement ended with its last send. */
+		finish_statement(st);
+		counted = false;
+	}
+	long n = ret;
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
 	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
 		if (ret <= 0 || !msghdr_data(buf, ret, &buf, &n))
@@ -591,7 +590,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted && !ignored(st, fd))
 		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
 
-	if (!counted || !timed)
+	if (!counted)
 		return 0;
 	charge(st, now, PART_USER);
 	struct query_counters *c = &st->c;
@@ -604,12 +603,14 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		c->write_bytes += ret;
 	else if (cls == SYSCALL_SYNC)
 		c->syncs++;
-	else if (cls == SYSCALL_FUTEX && futex_op_waits(st->futex_op)) {
-		__u64 took = now - st->sys_ts;
+	else if (cls == SYSCALL_FUTEX && futex_op_waits(PT_REGS_PARM2_SYSCALL(regs))) {
+		/* Its wait: from when it blocked (it may not have). */
+		__u64 took = st->lock_block_ts ? now - st->lock_block_ts : 0;
+		st->lock_block_ts = 0;
 		c->lock_waits++;
 		if (took > c->lock_max_ns) {
 			c->lock_max_ns = took;
-			c->lock_addr = st->sys_arg0;
+			c->lock_addr = arg0;
 			/* Where it waited: its registers are still those it entered the kernel with. */
 			c->lock_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
 		}
@@ -696,11 +697,25 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				charge(st, now, PART_RUNQ);
 				st->place = PLACE_RUNQ;
 			} else {
-				charge(st, now, st->in_syscall ? syscall_part(st->syscall_cls, st->futex_op, false)
-								: PART_OTHER);
-				st->place = PLACE_BLOCKED;
-				if (runq_from_sched_info)
-					st->runq_before = prev->sched_info.run_delay;
+				/* Blocked: in the syscall its registers name (none: a page fault). */
+				enum syscall_class cls = SYSCALL_OTHER;
+				__u64 arg0 = 0, arg1 = 0;
+				enum time_part part = PART_OTHER;
+				if (in_syscall(prev, &cls, &arg0, &arg1))
+					part = syscall_part(cls, arg1, false);
+				if (part == PART_LOCK && !st->lock_block_ts)
+					st->lock_block_ts = now;
+				/* The next request's read blocks (a blocking socket): the statement ended with its
+				 * last send, and is sent now rather than when a request comes. */
+				if (st->phase == PHASE_REPLIED && (cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG) &&
+				    (__s32)arg0 == st->fd) {
+					finish_statement(st);
+				} else {
+					charge(st, now, part);
+					st->place = PLACE_BLOCKED;
+					if (runq_from_sched_info)
+						st->runq_before = prev->sched_info.run_delay;
+				}
 			}
 		}
 	}
@@ -715,7 +730,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				__u64 woken = now > st->since && waited < now - st->since ? now - waited : st->since;
 				charge(st, woken, PART_RUNQ);
 			}
-			charge(st, now, on_cpu_part(st));
+			charge(st, now, on_cpu_part(next));
 			st->place = PLACE_CPU;
 		}
 	}

@@ -40,10 +40,11 @@ enum query_event_kind : __u32 {
 };
 
 /* Where a statement's time goes, each nanosecond in exactly one part (the response-time profile of Method R).
- * A syscall's time, on CPU or blocked, is its class's; waiting for a CPU is always PART_RUNQ. */
+ * A syscall's time blocked is its class's; on a CPU, its class's with syscall_cpu, else PART_USER's; waiting for
+ * a CPU is always PART_RUNQ. */
 enum time_part : __u8 {
-	PART_USER = 0,  /* on CPU outside syscalls (its page faults and interrupts included) */
-	PART_SYS,       /* on CPU in syscalls of no class below (futex wakes, mmap, ...) */
+	PART_USER = 0,  /* on CPU (its page faults and interrupts included; its syscalls too without syscall_cpu) */
+	PART_SYS,       /* syscall_cpu: on CPU in syscalls of no class below (futex wakes, mmap, ...) */
 	PART_RUNQ,      /* runnable, waiting for a CPU */
 	PART_LOCK,      /* in futex waits */
 	PART_READ,      /* in read syscalls */

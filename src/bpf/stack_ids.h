@@ -138,12 +138,9 @@ static __always_inline __u64 return_addresses_hash(__u64 sp, const __u32 *slot_o
 	return h | 1;
 }
 
-/* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
-static __always_inline __u64 stack_id_now(void *ctx)
+/* The id of the stack in `e` (named), sent to user space the first time. */
+static __always_inline __u64 define_stack(struct stack_event *e)
 {
-	struct stack_event *e = stack_event_now(ctx);
-	if (!e)
-		return 0;
 	/* Most stacks are known: a lookup takes no lock, a failing insert takes the bucket's. */
 	if (bpf_map_lookup_elem(&known_stacks, &e->stack_id))
 		return e->stack_id;
@@ -156,16 +153,43 @@ static __always_inline __u64 stack_id_now(void *ctx)
 	return e->stack_id;
 }
 
+/* Unwinds the current stack and returns its id (never 0), sending it to user space the first time. */
+static __always_inline __u64 stack_id_now(void *ctx)
+{
+	struct stack_event *e = stack_event_now(ctx);
+	return e ? define_stack(e) : 0;
+}
+
+/* The root of a stack of one frame, its leaf (user space names it): where a preempted thread was, when its
+ * site was new. Not an address of user space. */
+#define LEAF_ONLY_ROOT 0xfffffffffffffff0ULL
+
+/* The id of the stack [ip, LEAF_ONLY_ROOT] of thread `tid`: from any context, nothing unwound. */
+static __always_inline __u64 leaf_only_stack_id(__u64 ip, __u32 tid)
+{
+	__u32 zero = 0;
+	struct stack_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	if (!e)
+		return 0;
+	e->ips[0] = ip;
+	e->ips[1] = LEAF_ONLY_ROOT;
+	e->user_len = 2;
+	e->kernel_len = 0;
+	e->tid = tid;
+	e->stack_id = stack_hash(e);
+	return define_stack(e);
+}
+
 /* The id of the current stack, from the thread's call sites when it was seen before. The site is the return
  * address on top of the stack (at a function's entry: `at_entry`) or the user instruction pointer (in a
- * syscall), with the stack and frame pointers. */
-static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
+ * syscall), with the stack and frame pointers. A new site is unwound, or with `only_known` left: 0. */
+static __always_inline __u64 call_site_stack_id(void *ctx, bool at_entry, bool only_known)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	struct thread_sites *t = bpf_task_storage_get(&sites, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!regs || !t || kernel_stacks)
-		return stack_id_now(ctx);
+		return only_known ? 0 : stack_id_now(ctx);
 	if (t->generation != unwind_generation) {
 		t->generation = unwind_generation;
 		for (int i = 0; i < SITE_SETS; i++)
@@ -174,7 +198,7 @@ static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
 	}
 	__u64 sp = PT_REGS_SP(regs), bp = PT_REGS_FP(regs), at = PT_REGS_IP(regs);
 	if (at_entry && bpf_probe_read_user(&at, sizeof(at), (void *)sp))
-		return stack_id_now(ctx);
+		return only_known ? 0 : stack_id_now(ctx);
 	__u64 mix = (at ^ (sp >> 4)) * 0x9e3779b97f4a7c15ULL;
 	struct call_site *set = t->slot[mix >> (64 - SITE_SET_BITS)];
 	for (int i = 0; i < SITE_WAYS; i++) {
@@ -183,6 +207,8 @@ static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
 		    return_addresses_hash(sp, c->slot_off) == c->ra_hash)
 			return c->stack_id;
 	}
+	if (only_known)
+		return 0;
 	/* The unwind below records its slots; none are left from another when it falls back to frame pointers. */
 	__u64 *slots = last_unwind_slots();
 	if (slots)
@@ -200,4 +226,9 @@ static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
 	c->ra_hash = return_addresses_hash(sp, c->slot_off);
 	c->stack_id = c->ra_hash ? id : 0;
 	return id;
+}
+
+static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)
+{
+	return call_site_stack_id(ctx, at_entry, false);
 }

@@ -95,21 +95,12 @@ pub fn run(a: AgentArgs) -> Result<()> {
         retain_bytes: a.retain_mib.saturating_mul(1 << 20),
         top: a.top,
         queries: QueriesArgs {
-            pid: a.pid,
-            duration: None,
-            min_ms: 0.0,
-            json: false,
-            summary: true,
-            top: a.top,
             raw_sql: a.raw_sql,
-            uprobes: false,
             any_process: a.any_process,
             btf: a.btf,
             max_kernel_mem: a.max_kernel_mem,
-            frame_pointers: false,
-            no_wait_sites: false,
             no_sql: a.no_sql,
-            connect: a.connect,
+            ..QueriesArgs::summary(a.pid, a.top, a.connect)
         },
     })
 }

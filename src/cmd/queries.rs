@@ -71,12 +71,42 @@ pub struct QueriesArgs {
     /// wait, and no unwind tables are loaded (less memory, a quicker start)
     #[arg(long)]
     pub no_wait_sites: bool,
+    /// Split a statement's time on a CPU inside syscalls out of `user`: into the syscall's part (net, read,
+    /// write, sync, lock) or `sys`. Costs one more BPF program at every syscall of the host, which is why it is
+    /// off: without it `user` is all of the statement's CPU time, its syscalls' included
+    #[arg(long)]
+    pub syscall_cpu: bool,
     /// Never connect to the server: the texts of statements prepared before tracing are not looked up in its
     /// process list
     #[arg(long)]
     pub no_sql: bool,
     #[command(flatten)]
     pub connect: ConnectArgs,
+}
+
+impl QueriesArgs {
+    /// The options of a statement summary traced for another command (report, agent): every other option at its
+    /// default.
+    pub fn summary(pid: Option<u32>, top: usize, connect: ConnectArgs) -> Self {
+        QueriesArgs {
+            pid,
+            duration: None,
+            min_ms: 0.0,
+            json: false,
+            summary: true,
+            top,
+            raw_sql: false,
+            uprobes: false,
+            any_process: false,
+            btf: None,
+            max_kernel_mem: crate::collect::budget::DEFAULT_MIB,
+            frame_pointers: false,
+            no_wait_sites: false,
+            syscall_cpu: false,
+            no_sql: false,
+            connect,
+        }
+    }
 }
 
 pub fn run(a: QueriesArgs) -> Result<()> {
@@ -310,6 +340,7 @@ pub fn follow(
     let lost = collect::queries::collect(
         &opts,
         !a.no_wait_sites,
+        a.syscall_cpu,
         &want_results,
         probe,
         attached,

@@ -69,21 +69,12 @@ pub fn run(a: ReportArgs) -> Result<()> {
         min_block_us: a.min_block_us,
         top: a.top,
         queries: QueriesArgs {
-            pid: Some(target.pid),
-            duration: None,
-            min_ms: 0.0,
-            json: false,
-            summary: true,
-            top: a.top,
             raw_sql: a.raw_sql,
-            uprobes: false,
             any_process: a.any_process,
             btf: a.btf.clone(),
             max_kernel_mem: a.max_kernel_mem,
-            frame_pointers: false,
-            no_wait_sites: false,
             no_sql: a.no_sql,
-            connect: a.connect,
+            ..QueriesArgs::summary(Some(target.pid), a.top, a.connect)
         },
     };
     let r = report::trace(&target, &options)?;

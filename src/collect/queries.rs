@@ -157,11 +157,14 @@ pub struct DispatchProbe<'a> {
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
 /// called once the probes are in place); returns what was lost. `wait_sites`: the stack of each statement's
-/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`). `want_results`: executions' replies
-/// are kept long enough for their column definitions (`RawStatement::reply`), read at every poll.
+/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`). `syscall_cpu`: time on a CPU inside
+/// syscalls goes to their class (or `sys`) rather than `user`, for one more program at every syscall entry of
+/// the host. `want_results`: executions' replies are kept long enough for their column definitions
+/// (`RawStatement::reply`), read at every poll.
 pub fn collect(
     opts: &CollectOptions,
     wait_sites: bool,
+    syscall_cpu: bool,
     want_results: &Cell<bool>,
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
@@ -177,6 +180,8 @@ pub fn collect(
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.syscall_class = syscall_classes();
     rodata.wait_sites = wait_sites;
+    rodata.syscall_cpu = syscall_cpu;
+    open.progs.on_sys_enter.set_autoload(syscall_cpu);
     // Where the kernel counts each thread's waits for a CPU, a woken one's is read at its switch in: no
     // program at every wakeup of the host.
     let runq_from_sched_info = opts.features().sched_info;

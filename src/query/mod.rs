@@ -75,9 +75,11 @@ pub struct QueryRecord {
 /// src/bpf/queries.h); `unseen_us` is what it did not see (a statement read ahead with the one before it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TimeParts {
-    /// On CPU in the server's code (and the page faults and interrupts it takes).
+    /// On CPU: in the server's code (and the page faults and interrupts it takes), and in its syscalls unless
+    /// they are split out (`queries --syscall-cpu`).
     pub user_us: u64,
-    /// On CPU in syscalls that are none of the waits below.
+    /// With `--syscall-cpu`: on CPU in syscalls that are none of the parts below (whose own time on a CPU then
+    /// goes to them).
     pub sys_us: u64,
     /// Runnable, waiting for a CPU.
     pub runq_us: u64,

@@ -38,6 +38,11 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// The root of a stack of its leaf alone (LEAF_ONLY_ROOT in src/bpf/stack_ids.h): offcpu's thread preempted at a
+/// site not unwound before, whose instruction alone was kept.
+pub const LEAF_ONLY_ROOT: u64 = 0xffff_ffff_ffff_fff0;
+pub const LEAF_ONLY: &str = "[preempted: leaf only]";
+
 use anyhow::{Context, Result};
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Symbolized};
@@ -201,8 +206,9 @@ impl Symbolizer {
         let lookups: Vec<u64> = lookup_addrs(ips);
         let mut misses: Vec<u64> = lookups
             .iter()
-            .copied()
-            .filter(|a| !self.user_cache.contains_key(a))
+            .zip(ips)
+            .filter(|&(a, &ip)| ip != LEAF_ONLY_ROOT && !self.user_cache.contains_key(a))
+            .map(|(&a, _)| a)
             .collect();
         if !misses.is_empty() {
             let t0 = Instant::now();
@@ -213,7 +219,11 @@ impl Symbolizer {
         }
         lookups
             .iter()
-            .map(|a| Rc::clone(&self.user_cache[a]))
+            .zip(ips)
+            .map(|(a, &ip)| match ip {
+                LEAF_ONLY_ROOT => Rc::from(LEAF_ONLY),
+                _ => Rc::clone(&self.user_cache[a]),
+            })
             .collect()
     }
 
