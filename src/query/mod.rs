@@ -167,12 +167,14 @@ impl TimeParts {
 pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u64) -> [u64; N] {
     let mut out = values.map(|v| v / unit);
     let floor = out.iter().fold(0u64, |a, &v| a.saturating_add(v));
-    let mut by_remainder: Vec<usize> = (0..N).collect();
-    by_remainder.sort_by_key(|&i| std::cmp::Reverse(values[i] % unit));
-    for &i in by_remainder
-        .iter()
-        .take(target.saturating_sub(floor) as usize)
-    {
+    // Called for every statement: the few parts to round up are picked in place, largest remainder first
+    // (the first of equal ones), with no sort and no allocation.
+    let mut remainder: [Option<u64>; N] = std::array::from_fn(|i| Some(values[i] % unit));
+    for _ in 0..target.saturating_sub(floor).min(N as u64) {
+        let Some(i) = (0..N).max_by_key(|&i| (remainder[i], std::cmp::Reverse(i))) else {
+            break;
+        };
+        remainder[i] = None;
         out[i] += 1;
     }
     out
@@ -557,10 +559,40 @@ fn realtime_offset_ns() -> i128 {
     now.as_nanos() as i128 - crate::collect::monotonic_ns() as i128
 }
 
-/// `2026-11-22T10:30:01.123456Z` (UTC, microseconds) from nanoseconds since the epoch.
+/// `2026-11-22T10:30:01.123456Z` (UTC, microseconds) from nanoseconds since the epoch. Called for every
+/// statement: the date and time of the second are formatted once a second.
 pub fn format_ts(epoch_ns: i128) -> String {
+    thread_local! {
+        static SECOND: std::cell::Cell<(i64, [u8; 19])> = const { std::cell::Cell::new((i64::MIN, [0; 19])) };
+    }
     let us = epoch_ns.max(0) / 1000;
     let (secs, micros) = ((us / 1_000_000) as i64, (us % 1_000_000) as u32);
+    let prefix = SECOND.with(|c| {
+        let (cached, prefix) = c.get();
+        if cached == secs {
+            return prefix;
+        }
+        let mut prefix = [0u8; 19];
+        prefix.copy_from_slice(format_second(secs).as_bytes());
+        c.set((secs, prefix));
+        prefix
+    });
+    let mut ts = String::with_capacity(27);
+    ts.push_str(std::str::from_utf8(&prefix).unwrap_or_default());
+    ts.push('.');
+    let mut digits = [b'0'; 6];
+    let mut m = micros;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (m % 10) as u8;
+        m /= 10;
+    }
+    ts.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    ts.push('Z');
+    ts
+}
+
+/// `2026-11-22T10:30:01` (UTC) from seconds since the epoch.
+fn format_second(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days since 1970-01-01 → civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -571,9 +603,9 @@ pub fn format_ts(epoch_ns: i128) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + (month <= 2) as i64;
+    let year = (yoe + era * 400 + (month <= 2) as i64).clamp(0, 9999);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem / 60 % 60,
         rem % 60
@@ -583,6 +615,14 @@ pub fn format_ts(epoch_ns: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn largest_remainders_are_rounded_up_first_and_equal_ones_in_order() {
+        assert_eq!(largest_remainder(&[1500, 1500, 1500], 5, 1000), [2, 2, 1]);
+        assert_eq!(largest_remainder(&[1100, 1900, 1500], 5, 1000), [1, 2, 2]);
+        assert_eq!(largest_remainder(&[999, 1, 0], 1, 1000), [1, 0, 0]);
+        assert_eq!(largest_remainder(&[2000, 3000], 5, 1000), [2, 3]);
+    }
 
     /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.
     fn prepared(id: u32) -> Event {
@@ -707,6 +747,9 @@ mod tests {
     #[test]
     fn timestamps() {
         assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
+        // The second's prefix is reused within the second, never across.
+        assert_eq!(format_ts(999_999_000), "1970-01-01T00:00:00.999999Z");
+        assert_eq!(format_ts(1_000_001_000), "1970-01-01T00:00:01.000001Z");
         // date -u -d @1795343203.498260 → 2026-11-22 10:26:43
         assert_eq!(
             format_ts(1_795_343_203_498_260_000),
