@@ -418,7 +418,8 @@ fn folded_output_goes_to_stdout_without_o() {
 }
 
 /// tests/fixtures/offcpu/preempt.c: a spinning thread and a CPU hog pinned to the same CPU; the hog must be the
-/// top preemptor of the traced thread.
+/// top preemptor of the traced thread, and with `--preempted-leaf-only` the spinning thread's waits are on its
+/// function alone.
 #[test]
 fn offcpu_preemptors_name_the_hog_sharing_the_cpu() {
     let dir = tempdir("preempt");
@@ -436,6 +437,7 @@ fn offcpu_preemptors_name_the_hog_sharing_the_cpu() {
             "-d",
             "4",
             "--preemptors",
+            "--preempted-leaf-only",
             "-o",
             dir.join("offcpu.folded").to_str().unwrap(),
         ],

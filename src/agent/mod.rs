@@ -367,7 +367,15 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
             ),
             (
                 "off-CPU",
-                s.spawn(move || collect::offcpu::collect(&offcpu_opts, o.min_block_us, false)),
+                s.spawn(move || {
+                    // Always on: a preempted thread is not unwound at every switch (bench/README.md).
+                    let offcpu = collect::offcpu::Options {
+                        min_block_us: o.min_block_us,
+                        preempted_leaf_only: true,
+                        ..Default::default()
+                    };
+                    collect::offcpu::collect(&offcpu_opts, offcpu).map(|(c, _)| c)
+                }),
             ),
             (
                 "lock waits",

@@ -18,6 +18,8 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile __u64 min_block_ns = 1000;
 /* Count who took the CPU from a thread still runnable (`--preemptors`). */
 const volatile bool preemptors = false;
+/* A thread preempted at a new site keeps its instruction alone (`--preempted-leaf-only`, the agent's choice). */
+const volatile bool preempted_leaf_only = false;
 /* Whether a woken thread's wait for a CPU is read from the scheduler's own count at its switch in (user space
  * probed that the kernel keeps it); otherwise the wakeup programs, run at every wakeup of the host, mark it. */
 const volatile bool runq_from_sched_info = false;
@@ -144,11 +146,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			if (runq_from_sched_info)
 				st->runq_before = prev->sched_info.run_delay;
 			/* prev is the current task: its user registers give the call site. A thread preempted at
-			 * any instruction is mostly at a new site, whose unwinding (about 10 µs) would be paid at
-			 * every switch before anyone knows whether the wait lasts min_block_ns: its instruction
-			 * alone is kept, and made a stack at its switch in only if it does (with kernel stacks,
-			 * asked for at that price, it is unwound). */
-			if (st->preempted && !kernel_stacks) {
+			 * any instruction is mostly at a new site, whose unwinding (about 10 µs) is paid at every
+			 * switch before anyone knows whether the wait lasts min_block_ns: with
+			 * preempted_leaf_only its instruction alone is kept, and made a stack at its switch in
+			 * only if it does (with kernel stacks, asked for at that price, it is unwound). */
+			if (preempted_leaf_only && st->preempted && !kernel_stacks) {
 				st->stack_id = call_site_stack_id(ctx, false, true);
 				struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
 				st->leaf_ip = !st->stack_id && regs ? PT_REGS_IP(regs) : 0;

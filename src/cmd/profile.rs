@@ -111,6 +111,11 @@ pub struct OffcpuArgs {
     /// time caused (DTrace's "who preempts whom")
     #[arg(long)]
     pub preemptors: bool,
+    /// Do not unwind a thread preempted at a place not unwound before: keep its instruction alone, shown as that
+    /// function under `[preempted: leaf only]`. Saves about 10 µs at each such switch, most of whose waits are
+    /// too short to count (the always-on agent's choice); blocked threads are unwound as always
+    #[arg(long)]
+    pub preempted_leaf_only: bool,
     /// Rows of the preemptor table
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
@@ -239,11 +244,14 @@ pub fn run(c: ProfileCommand) -> Result<()> {
                 "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
                 a.min_block_us, a.trace.duration
             );
-            let (collected, preemptions) = collect::offcpu::collect_with_preemptors(
+            let (collected, preemptions) = collect::offcpu::collect(
                 &s.opts,
-                a.min_block_us,
-                a.trace.per_thread,
-                a.preemptors,
+                collect::offcpu::Options {
+                    min_block_us: a.min_block_us,
+                    per_thread: a.trace.per_thread,
+                    preemptors: a.preemptors,
+                    preempted_leaf_only: a.preempted_leaf_only,
+                },
             )?;
             let mut namer = s.namer();
             let profile = stacks::off_cpu(&collected, &mut namer);

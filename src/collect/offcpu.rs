@@ -48,24 +48,29 @@ pub struct Preemption {
     pub runq_ns: u64,
 }
 
-/// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per stack, and per thread with
-/// `per_thread` (tid 0 otherwise).
-pub fn collect(opts: &CollectOptions, min_block_us: u64, per_thread: bool) -> Result<Collected> {
-    collect_with_preemptors(opts, min_block_us, per_thread, false).map(|(c, _)| c)
+/// What offcpu traces.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Waits shorter than this are dropped in the kernel.
+    pub min_block_us: u64,
+    /// Sums per thread (tid 0 otherwise).
+    pub per_thread: bool,
+    /// Who took the CPU from the process's threads while they could run (DTrace's sched provider's "who
+    /// preempts whom"), counted in the kernel at each switch.
+    pub preemptors: bool,
+    /// A thread preempted at a site not unwound before keeps its instruction alone (`[preempted: leaf only]`)
+    /// instead of being unwound (about 10 µs) at a switch most of whose waits are too short to count.
+    pub preempted_leaf_only: bool,
 }
 
-/// As [`collect`], and with `preemptors`, who took the CPU from the process's threads while they could run
-/// (DTrace's sched provider's "who preempts whom"), counted in the kernel at each switch.
-pub fn collect_with_preemptors(
-    opts: &CollectOptions,
-    min_block_us: u64,
-    per_thread: bool,
-    preemptors: bool,
-) -> Result<(Collected, Vec<Preemption>)> {
+/// Rows: `blocked_ns`, `runnable_ns` and `periods` (times off CPU) per stack (and thread); with
+/// `preemptors`, the preemptions.
+pub fn collect(opts: &CollectOptions, o: Options) -> Result<(Collected, Vec<Preemption>)> {
     let mut offcpu = Offcpu {
-        min_ns: min_block_us.saturating_mul(1000),
-        per_thread,
-        preemptors,
+        min_ns: o.min_block_us.saturating_mul(1000),
+        per_thread: o.per_thread,
+        preemptors: o.preemptors,
+        preempted_leaf_only: o.preempted_leaf_only,
         ..Offcpu::default()
     };
     let collected = stack_collector::run(&mut offcpu, opts)?;
@@ -101,6 +106,7 @@ struct Offcpu {
     started_ns: u64,
     ended_ns: u64,
     preemptors: bool,
+    preempted_leaf_only: bool,
     preemptions: Vec<Preemption>,
 }
 
@@ -122,6 +128,7 @@ impl Collector for Offcpu {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
         rodata.min_block_ns = self.min_ns;
         rodata.preemptors = self.preemptors;
+        rodata.preempted_leaf_only = self.preempted_leaf_only;
         // Where the kernel counts each thread's waits for a CPU, a woken one's is read at its switch in: no
         // program at every wakeup of the host.
         rodata.runq_from_sched_info = features.sched_info;

@@ -128,7 +128,13 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
     std::thread::scope(|s| -> Result<()> {
         let (cpu_opts, offcpu_opts, locks_opts) = (options(&tx), options(&tx), options(&tx));
         let cpu = s.spawn(move || collect::cpu::collect(&cpu_opts, o.frequency));
-        let offcpu = s.spawn(move || collect::offcpu::collect(&offcpu_opts, o.min_block_us, false));
+        let offcpu = s.spawn(move || {
+            let offcpu = collect::offcpu::Options {
+                min_block_us: o.min_block_us,
+                ..Default::default()
+            };
+            collect::offcpu::collect(&offcpu_opts, offcpu).map(|(c, _)| c)
+        });
         let locks = s.spawn(move || collect::locks::collect(&locks_opts));
         let statements_tx = tx.clone();
         let statements = s.spawn(move || {
