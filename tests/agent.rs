@@ -262,9 +262,12 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     .unwrap();
     assert_eq!(status, 404);
 
-    let load = db.load(30);
+    let mut load = db.load(30);
+    let load_started = Instant::now();
     // Scrapes with statements for longer than rate()'s range: each series' rate is then extrapolated over the
-    // same time (a younger series is extrapolated less far back, the closer it started at zero).
+    // same time (a younger series is extrapolated less far back, the closer it started at zero). Prometheus
+    // has scraped since the start, the statements of the profile's load too: only once this load has run
+    // longer than the range are all of the range's scrapes, and the last two (irate), of this load.
     let point_lookup = "select c from sbtest1 where id = ?";
     let scraped = format!(
         "count_over_time(myprobe_statements_total{{db_query_text=\"{point_lookup}\"}}[20s])"
@@ -276,7 +279,10 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             .first()
             .map_or(0.0, |s| s.1);
         let total = by_fingerprint(prometheus_port, TOTAL, t);
-        if scrapes >= 12.0 && total.get(point_lookup).is_some_and(|&v| v > 0.0) {
+        if load_started.elapsed() >= Duration::from_secs(12)
+            && scrapes >= 12.0
+            && total.get(point_lookup).is_some_and(|&v| v > 0.0)
+        {
             break (total, by_fingerprint(prometheus_port, PARTS, t));
         }
         assert!(
@@ -289,6 +295,14 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let t = now();
     let instant_total = by_fingerprint(prometheus_port, &TOTAL.replace("rate(", "irate("), t);
     let instant_parts = by_fingerprint(prometheus_port, &PARTS.replace("rate(", "irate("), t);
+    // sysbench ends at its first error: then the last scrapes may have seen no statement.
+    if !load.running() {
+        panic!(
+            "the load ended before the scrapes were read ({:?} after it started):\n{}",
+            load_started.elapsed(),
+            load.end()
+        );
+    }
     let counters_total = by_fingerprint(
         prometheus_port,
         "sum by (db_query_text) (myprobe_statement_duration_seconds_sum)",
@@ -341,7 +355,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         assert!(metrics.contains(family), "{family} in\n{metrics}");
     }
 
-    load.wait();
+    drop(load);
     running.stop();
 }
 
