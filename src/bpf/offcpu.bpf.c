@@ -156,6 +156,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				st->leaf_ip = !st->stack_id && regs ? PT_REGS_IP(regs) : 0;
 			} else {
 				st->stack_id = stack_id_of_call(ctx, false);
+				st->leaf_ip = 0;
 			}
 			if (preemptors)
 				count_preemption(st, prev, next);

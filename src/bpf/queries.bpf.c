@@ -163,6 +163,11 @@ static __always_inline enum time_part syscall_part(enum syscall_class cls, __u32
 	return on_cpu ? PART_SYS : PART_OTHER;
 }
 
+static __always_inline bool is_recv(enum syscall_class cls)
+{
+	return cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
+}
+
 /* The syscall `task` is in, as it entered the kernel: false if none (an exception's or an interrupt's entry).
  * x86-64's syscall entry saves -ENOSYS as the result, there until the syscall returns. */
 static __always_inline bool in_syscall(struct task_struct *task, enum syscall_class *cls, __u64 *arg0,
@@ -542,7 +547,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (id < 0 || id >= MAX_SYSCALL_NR)
 		return 0;
 	enum syscall_class cls = syscall_class[id];
-	bool recv = cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
+	bool recv = is_recv(cls);
 	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
 	/* A thread's state is made at its first socket syscall: one that was in a recv when tracing began (a
 	 * connection waiting for its next request) is followed from what that recv read. */
@@ -707,8 +712,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 					st->lock_block_ts = now;
 				/* The next request's read blocks (a blocking socket): the statement ended with its
 				 * last send, and is sent now rather than when a request comes. */
-				if (st->phase == PHASE_REPLIED && (cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG) &&
-				    (__s32)arg0 == st->fd) {
+				if (st->phase == PHASE_REPLIED && is_recv(cls) && (__s32)arg0 == st->fd) {
 					finish_statement(st);
 				} else {
 					charge(st, now, part);

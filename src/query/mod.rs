@@ -603,6 +603,7 @@ fn format_second(secs: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    // Four digits: format_ts keeps the result in 19 bytes.
     let year = (yoe + era * 400 + (month <= 2) as i64).clamp(0, 9999);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
