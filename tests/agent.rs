@@ -56,22 +56,23 @@ fn get_bytes(url: &str) -> Option<(u16, Vec<u8>)> {
     Some((status, r.body_mut().read_to_vec().ok()?))
 }
 
-/// The agent on `port`, tracing `pid`, with windows of 2 s kept in `dir`; ready once attached.
-fn agent(pid: u32, port: u16, dir: &Path) -> Background {
-    Background::start(
-        &[
-            "agent",
-            "-p",
-            &pid.to_string(),
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--window",
-            "2s",
-            "--dir",
-            dir.to_str().unwrap(),
-        ],
-        "myprobe: agent: tracing",
-    )
+/// The agent on `port`, tracing `pid`, with windows of 2 s kept in `dir` and `extra` options; ready once
+/// attached.
+fn agent(pid: u32, port: u16, dir: &Path, extra: &[&str]) -> Background {
+    let (pid, listen) = (pid.to_string(), format!("127.0.0.1:{port}"));
+    let mut args = vec![
+        "agent",
+        "-p",
+        &pid,
+        "--listen",
+        &listen,
+        "--window",
+        "2s",
+        "--dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Background::start(&args, "myprobe: agent: tracing")
 }
 
 struct Prometheus(Child);
@@ -168,7 +169,14 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let db = testdb();
     let dir = tempdir("agent");
     let agent_port = free_port();
-    let running = agent(db.pid, agent_port, &dir.join("windows"));
+    // Every statement traced: irate() compares the last two scrapes, a second apart, which a period traced one
+    // second in ten (the default) would mostly leave equal.
+    let running = agent(
+        db.pid,
+        agent_port,
+        &dir.join("windows"),
+        &["--sample-every", "1"],
+    );
     let prometheus_port = free_port();
     let _prometheus = prometheus(&dir, prometheus_port, &format!("127.0.0.1:{agent_port}"));
     let (status, health) = get(&format!("http://127.0.0.1:{agent_port}/healthz")).unwrap();
@@ -360,13 +368,72 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 }
 
 #[test]
+fn sampled_statements_are_scaled_to_the_servers_count() {
+    // By default statements are traced one second in ten, each counted ten times: over whole cycles the
+    // agent's count is the server's own (Questions), within what the load's rate varies from second to second.
+    let _alone = one_at_a_time();
+    let db = testdb();
+    let dir = tempdir("agent-sampled");
+    let port = free_port();
+    let questions = || -> u64 {
+        db.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
+    let counted = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("myprobe_statements_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let mut load = db.load(60);
+    let running = agent(db.pid, port, &dir.join("windows"), &[]);
+    // The count moves once a cycle, for a second or two; where it has been still for 3 s a cycle's statements
+    // are all in. The first cycle's period is left out: the agent's own start slows the server then.
+    let mut settled: Vec<(u64, u64)> = Vec::new();
+    let (mut last, mut since) = (0, Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(50);
+    while settled.len() < 3 {
+        assert!(Instant::now() < deadline, "{settled:?}\n{}", metrics());
+        std::thread::sleep(Duration::from_millis(250));
+        let now = counted(&metrics());
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if now > 0
+            && since.elapsed() >= Duration::from_secs(3)
+            && settled.last().is_none_or(|&(c, _)| c != now)
+        {
+            settled.push((now, questions()));
+        }
+    }
+    if !load.running() {
+        panic!("the load ended early:\n{}", load.end());
+    }
+    let text = metrics();
+    assert!(text.contains("myprobe_sample_every 10"), "{text}");
+    let (agent, server) = (settled[2].0 - settled[0].0, settled[2].1 - settled[0].1);
+    assert!(agent > 0 && agent.is_multiple_of(10), "{settled:?}");
+    let ratio = agent as f64 / server as f64;
+    assert!(
+        (0.6..1.6).contains(&ratio),
+        "over two cycles the agent counted {agent} statements, the server {server}: {settled:?}\n{text}"
+    );
+    running.stop();
+    load.end();
+}
+
+#[test]
 fn a_restarted_server_is_attached_again() {
     let _alone = one_at_a_time();
     let db = testdb();
     let dir = tempdir("agent-restart");
     let server = db.start_another(&dir.join("db"), &[]);
     let port = free_port();
-    let running = agent(server.0.pid, port, &dir.join("windows"));
+    let running = agent(server.0.pid, port, &dir.join("windows"), &[]);
     let health = || get(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
     assert_eq!(health().0, 200);
     server.0.stop();
@@ -391,6 +458,7 @@ fn a_restarted_server_is_attached_again() {
     }
     let (_, metrics) = get(&format!("http://127.0.0.1:{port}/metrics")).unwrap();
     assert!(metrics.contains("myprobe_attaches_total 2"), "{metrics}");
+    assert!(metrics.contains("myprobe_sample_every 10"), "{metrics}");
     let (_, stderr) = running.stop();
     assert!(stderr.contains("exited"), "{stderr}");
     drop(again);

@@ -627,6 +627,47 @@ fn json_records_under_load_have_every_field() {
 }
 
 #[test]
+fn without_socket_tracepoints_syscall_exits_follow_the_same_statements() {
+    // Kernels before 6.3 have no sock_recv_length/sock_send_length: the protocol is followed at every syscall
+    // exit instead, which also counts each statement's syscalls (never counted at the socket tracepoints).
+    let db = testdb();
+    let pid = db.pid.to_string();
+    for (disabled, syscalls_counted) in [("socket_tracepoints", true), ("", false)] {
+        let tracer = Background::start_with_env(
+            &["queries", "-p", &pid, "--json", "-d", "4"],
+            &[("MYPROBE_DISABLE", disabled)],
+            READY,
+        );
+        db.load(3).wait();
+        let (out, err) = tracer.wait();
+        let all = json_lines(&out);
+        let commits = all.iter().filter(|r| r["query"] == "COMMIT").count();
+        assert!(
+            all.len() > 200 && commits > 10,
+            "MYPROBE_DISABLE={disabled}: {} records, {commits} commits\nstderr:\n{err}",
+            all.len()
+        );
+        for r in &all {
+            let parts: u64 = PARTS.iter().map(|p| num(r, p)).sum();
+            assert_eq!(parts, num(r, "duration_us"), "parts do not add up: {r}");
+        }
+        let replied = all.iter().filter(|r| num(r, "net_bytes") > 0).count();
+        assert!(
+            replied * 2 > all.len(),
+            "{replied} of {} records replied",
+            all.len()
+        );
+        let with_syscalls = all.iter().filter(|r| num(r, "syscalls") > 0).count();
+        assert_eq!(
+            with_syscalls * 2 > all.len(),
+            syscalls_counted,
+            "MYPROBE_DISABLE={disabled}: {with_syscalls} of {} records count syscalls",
+            all.len()
+        );
+    }
+}
+
+#[test]
 fn syscall_cpu_splits_the_time_on_a_cpu_in_syscalls_out_of_user() {
     let db = testdb();
     let (all, err) = records_under_load(&db, &["--syscall-cpu"]);

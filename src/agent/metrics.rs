@@ -41,20 +41,22 @@ struct Series {
 }
 
 impl Series {
-    fn add(&mut self, r: &QueryRecord) {
-        self.count += 1;
-        self.errors += r.error.is_some() as u64;
+    /// A statement traced, standing for `scale` statements (one period traced in `scale`).
+    fn add(&mut self, r: &QueryRecord, scale: u64) {
+        self.count += scale;
+        self.errors += r.error.is_some() as u64 * scale;
         for (sum, v) in self.parts_us.iter_mut().zip(r.time.values()) {
-            *sum = sum.saturating_add(v);
+            *sum = sum.saturating_add(v.saturating_mul(scale));
         }
-        self.total_us = self.total_us.saturating_add(r.duration_us);
-        self.window_us = self.window_us.saturating_add(r.duration_us);
+        let us = r.duration_us.saturating_mul(scale);
+        self.total_us = self.total_us.saturating_add(us);
+        self.window_us = self.window_us.saturating_add(us);
         let secs = r.duration_us as f64 / 1e6;
         let bucket = LATENCY_BUCKETS
             .iter()
             .position(|&le| secs <= le)
             .unwrap_or(LATENCY_BUCKETS.len());
-        self.buckets[bucket] += 1;
+        self.buckets[bucket] += scale;
     }
 }
 
@@ -87,6 +89,8 @@ pub struct Metrics {
     pub attaches: u64,
     /// On-CPU samples of the server's threads.
     pub cpu_samples: u64,
+    /// Off-CPU, lock and statement tracing runs one period in this many: what their figures are scaled by.
+    pub sample_every: u64,
 }
 
 impl Metrics {
@@ -103,6 +107,7 @@ impl Metrics {
             windows: 0,
             attaches: 0,
             cpu_samples: 0,
+            sample_every: 1,
         }
     }
 
@@ -119,12 +124,13 @@ impl Metrics {
                 .clone()
                 .unwrap_or_else(|| format!("({})", r.command.to_lowercase())),
         };
+        let scale = self.sample_every.max(1);
         if let Some(s) = self.exposed.get_mut(&key) {
-            s.add(r);
+            s.add(r, scale);
         } else if self.exposed.len() < self.top {
-            self.exposed.entry(key).or_default().add(r);
+            self.exposed.entry(key).or_default().add(r, scale);
         } else {
-            self.other.add(r);
+            self.other.add(r, scale);
             if self.candidates.len() < MAX_CANDIDATES || self.candidates.contains_key(&key) {
                 *self.candidates.entry(key).or_default() += r.duration_us;
             }
@@ -339,6 +345,14 @@ impl Metrics {
             "Times the agent attached to a server (a restarted server is attached again).",
         );
         let _ = writeln!(out, "myprobe_attaches_total {}", self.attaches);
+        family(
+            &mut out,
+            "myprobe_sample_every",
+            "gauge",
+            "Off-CPU, lock-wait and statement tracing runs one second in this many (the on-CPU profile always); \
+             their series are scaled up by it.",
+        );
+        let _ = writeln!(out, "myprobe_sample_every {}", self.sample_every);
         family(
             &mut out,
             "myprobe_target_info",

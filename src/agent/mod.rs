@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     cmd::queries::{self, QueriesArgs},
-    collect::{self, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
+    collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
     process::{self, Flavor, Target},
     profile::{
         self,
@@ -61,6 +61,8 @@ pub struct Options {
     pub retain_bytes: u64,
     /// Fingerprints with series of their own.
     pub top: usize,
+    /// Off-CPU, lock and statement tracing attached one second in N (`None`: all the time).
+    pub duty: Option<Duty>,
     /// The statements' tracing: its connection to the server, `--raw-sql`, `--no-sql`, `--btf`, memory.
     pub queries: QueriesArgs,
 }
@@ -104,7 +106,8 @@ pub struct Sums {
 }
 
 impl Sums {
-    fn add(&mut self, c: &Collected) {
+    /// Adds `c`'s rows, each value multiplied by `scale` (traced one period in `scale`).
+    fn add(&mut self, c: &Collected, scale: u64) {
         if self.columns.is_empty() {
             self.columns = c.columns.clone();
         }
@@ -114,7 +117,7 @@ impl Sums {
                 .entry((row.key, Arc::clone(&row.stack)))
                 .or_insert_with(|| vec![0; row.values.len()].into());
             for (s, v) in sum.iter_mut().zip(&row.values) {
-                *s = s.saturating_add(*v);
+                *s = s.saturating_add(v.saturating_mul(scale));
             }
         }
         self.events = self.events.saturating_add(c.events);
@@ -312,9 +315,10 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
     let mut queries_args = o.queries.clone();
     queries_args.pid = Some(target.pid);
+    queries_args.duty = o.duty;
     let dispatch = queries::dispatch_function(&queries_args, target)?;
     let (slices, sliced) = mpsc::channel();
-    let options = || CollectOptions {
+    let options = |duty: Option<Duty>| CollectOptions {
         pid: target.pid,
         duration: Duration::MAX,
         kernel_stacks: false,
@@ -327,10 +331,12 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
             every: SLICE,
             send: slices.clone(),
         }),
+        duty,
     };
     {
         let mut m = shared.metrics();
         m.attaches += 1;
+        m.sample_every = o.duty.map_or(1, |d| d.every.into());
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::ALL {
             m.set_lost(kind.name(), Lost::default());
@@ -356,7 +362,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         lock_names: &mut lock_names,
         host: &shared.host,
     };
-    let (cpu_opts, offcpu_opts, locks_opts) = (options(), options(), options());
+    let (cpu_opts, offcpu_opts, locks_opts) = (options(None), options(o.duty), options(o.duty));
     // The collectors hold the only senders: the channel ends with them.
     drop(slices);
     let failed = std::thread::scope(|s| -> Result<Vec<String>> {
@@ -555,18 +561,21 @@ fn add_slice(shared: &Shared, window: &mut Window, slice: &Slice) {
         return;
     };
     let c = &slice.collected;
-    {
+    let scale = {
         let mut m = shared.metrics();
         m.set_lost(kind.name(), c.lost);
         if kind == Kind::Cpu {
             m.cpu_samples = m.cpu_samples.saturating_add(c.events);
+            1
+        } else {
+            m.sample_every
         }
-    }
+    };
     for r in shared.requests().iter_mut().filter(|r| r.kind == kind) {
-        r.sums.add(c);
+        r.sums.add(c, scale);
         r.covered = r.covered.max(Some(slice.at));
     }
-    window.sums.entry(kind).or_default().add(c);
+    window.sums.entry(kind).or_default().add(c, scale);
 }
 
 /// The window under way.

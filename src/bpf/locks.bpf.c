@@ -61,6 +61,7 @@ struct futex_call {
 	__u64 addr;
 	__u64 ts;
 	__u32 op;
+	__u32 period; /* attach_period at its entry */
 };
 
 /* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
@@ -81,6 +82,7 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 		if (c) {
 			c->addr = addr;
 			c->op = op;
+			c->period = attach_period;
 			c->ts = bpf_ktime_get_ns();
 		} else {
 			count_lost(state);
@@ -108,6 +110,8 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	c->ts = 0;
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
 		return;
+	if (c->period != attach_period)
+		return; /* entered before the programs were detached: its wait is not known */
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);

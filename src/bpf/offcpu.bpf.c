@@ -56,6 +56,8 @@ struct thread_state {
 	__u64 leaf_ip;  /* preempted at a new site: where, for a stack of that frame alone if the wait lasts */
 	__u32 preempted;
 	__u32 tid;
+	__u32 period;   /* attach_period at its switch out */
+	__u32 pad;
 	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
 };
 
@@ -141,6 +143,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		if (st) {
 			st->tid = prev->pid;
 			st->off_ts = now;
+			st->period = attach_period;
 			st->wake_ts = 0;
 			st->preempted = preempt || prev_state == TASK_RUNNING;
 			if (runq_from_sched_info)
@@ -172,6 +175,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			return 0;
 		__u64 off = now - st->off_ts;
 		st->off_ts = 0;
+		if (st->period != attach_period)
+			return 0; /* switched out before the programs were detached: its wait is not known */
 		if (preemptors && st->preempted_by.valid) {
 			struct preempt_count *c = bpf_map_lookup_elem(&preemptions, &st->preempted_by);
 			if (c)
@@ -226,7 +231,7 @@ int open_waits(struct bpf_iter__task *ctx)
 	if (!task || !task_is_target(task))
 		return 0;
 	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
-	if (!st || !st->off_ts)
+	if (!st || !st->off_ts || st->period != attach_period)
 		return 0;
 	struct thread_state open = *st;
 	/* Woken and still waiting for a CPU: when, from the scheduler's count of that wait so far. */

@@ -1,20 +1,23 @@
-// Per-statement accounting by following the client/server protocol through the server's socket syscalls.
+// Per-statement accounting by following the client/server protocol through the server's socket calls.
 //
 // A connection thread reads a request as recv(fd, 4) (header: length, sequence 0) then recv(fd, length) (the
 // command byte and its arguments); the statement runs; the reply leaves through one or more send(fd) calls;
 // the thread then calls recv(fd) for the next request. So a statement starts at the header read, its
 // record is complete at the last send before the next recv, and is sent to user space when that recv returns
-// or blocks. Meanwhile the thread's syscalls (by class), futex waits and scheduler events are accounted.
-// Only syscall exits are followed (their registers still hold the arguments): a blocked thread's syscall is
-// read from its registers when it leaves the CPU, so the time it waits goes to that syscall's class; its time on
-// a CPU inside syscalls is the statement's CPU time, unless `syscall_cpu` adds a program at every syscall
-// entry of the host to split it out.
+// or blocks. Meanwhile the thread's futex waits, syncs and scheduler events are accounted.
+// The recvs and sends are seen at the socket layer's tracepoints (sock_recv_length, sock_send_length), which
+// run for socket calls only, inside the syscall: its registers name the descriptor and the bytes. Where the
+// kernel has none, or with `syscall_cpu`, they are seen at every syscall exit instead (the registers still
+// hold the arguments there), which also counts the statement's syscalls and bytes read and written. A blocked
+// thread's syscall is read from its registers when it leaves the CPU, so the time it waits goes to that
+// syscall's class; its time on a CPU inside syscalls is the statement's CPU time, unless `syscall_cpu` adds a
+// program at every syscall entry of the host to split it out.
 // Packets outside a statement (the server's greeting, the client's handshake response) are sent to user
 // space as they are, so that it learns connection ids, users and databases.
 // The framing is the client's to choose and so is never assumed: a header may arrive in pieces (reassembled),
 // a packet may be empty (no body follows), a statement's text is cut at its packet's length, recvmsg and
 // sendmsg carry their bytes in an iovec, and a recv entered before tracing began is parsed from the
-// registers at its exit, so that the stream is followed from its first byte.
+// registers at its end, so that the stream is followed from its first byte.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
@@ -40,11 +43,15 @@ bool want_results;
 /* Whether a woken thread's wait for a CPU is read from the scheduler's own count at its switch in (the kernel
  * keeps it: user space probed it); otherwise on_wakeup marks it, a program run at every wakeup of the host. */
 const volatile bool runq_from_sched_info = false;
+/* Set by user space when a sampled period ends: the statements in flight are followed to their end, no new one
+ * starts, and the programs are detached once none is left. */
+bool closing;
 /* Syscall number → class, filled by user space from the C library's numbers for this arch. */
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 /* on_sys_enter is loaded: a statement's time on a CPU inside syscalls goes to their class, or sys. */
 const volatile bool syscall_cpu = false;
 
+#define MSG_PEEK 0x02
 #define COM_QUIT 0x01
 #define COM_QUERY 0x03
 #define COM_STMT_EXECUTE 0x17
@@ -81,6 +88,7 @@ struct query_thread {
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
 	__u8 ignoring;          /* ignored_fd is set */
 	__u8 hdr[4];
+	__u32 period;           /* attach_period when it was last followed */
 	__s32 hdr_fd;           /* the socket the header pieces came from, or the skipped body's */
 	__u32 skip;             /* bytes of a read-ahead packet's body still to come in later reads */
 	__s32 ignored_fd;       /* a connection not followed: compressed, or the X protocol's */
@@ -89,6 +97,10 @@ struct query_thread {
 	__u32 header_len;       /* payload length announced by the header */
 	__u64 header_ts;
 	__u64 lock_block_ts;    /* when the futex wait in progress blocked, 0 if it has not */
+	__u64 lock_block_addr;  /* its futex word */
+	__u64 lock_block_stack; /* and its stack's id */
+	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
+	__u64 ignored_sk;       /* the socket of the connection not followed, when known */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -120,6 +132,15 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 		bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 	if (!st && create)
 		count_lost(state);
+	if (st && st->period != attach_period) {
+		/* Left by an earlier sampled period: what it read or was in since is unknown. */
+		st->period = attach_period;
+		st->phase = PHASE_IDLE;
+		st->hdr_have = 0;
+		st->skip = 0;
+		st->lock_block_ts = 0;
+		st->via_dispatch = 0;
+	}
 	return st;
 }
 
@@ -247,6 +268,10 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 
 static __always_inline void start_statement(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
 {
+	if (closing) {
+		st->phase = PHASE_IDLE;
+		return;
+	}
 	__builtin_memset(&st->c, 0, sizeof(st->c));
 	st->lock_block_ts = 0;
 	st->phase = PHASE_RUNNING;
@@ -284,11 +309,14 @@ static __always_inline void ignore_connection(struct query_thread *st, __s32 fd)
 {
 	st->ignoring = 1;
 	st->ignored_fd = fd;
+	st->ignored_sk = st->call_sk;
 }
 
+/* Where the socket is known, a descriptor reused by another connection is not that one (no close is seen
+ * without the syscalls). */
 static __always_inline bool ignored(struct query_thread *st, __s32 fd)
 {
-	return st->ignoring && fd == st->ignored_fd;
+	return st->ignoring && fd == st->ignored_fd && (!st->call_sk || st->call_sk == st->ignored_sk);
 }
 
 /* The record as of now is what will be sent. */
@@ -450,7 +478,8 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 		return -1;
 	if (fd != st->port_checked_fd) {
 		st->port_checked_fd = fd;
-		if (local_port(fd) == X_PROTOCOL_PORT) {
+		struct sock *sk = (struct sock *)st->call_sk;
+		if ((sk ? BPF_CORE_READ(sk, __sk_common.skc_num) : local_port(fd)) == X_PROTOCOL_PORT) {
 			ignore_connection(st, fd);
 			return -1;
 		}
@@ -534,6 +563,107 @@ static __always_inline bool msghdr_data(__u64 msg, long ret, __u64 *buf, long *n
 	return true;
 }
 
+static __always_inline bool is_send(enum syscall_class cls)
+{
+	return cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
+}
+
+/* A failed send: the client is gone (a send that would block is retried, not failed). */
+static __always_inline bool connection_failed(long ret)
+{
+	return ret < 0 && ret != -EAGAIN && ret != -EINTR;
+}
+
+/* A recv or send of the server's thread on socket fd returned `ret` (class `cls`, its bytes at `buf` or in the
+ * msghdr there). With `each_syscall` (the sys_exit program) the statement also counts it as a syscall. The
+ * statement's record as of now is ready after its reply's send. */
+static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum syscall_class cls, __s32 fd,
+					__u64 buf, long ret, bool each_syscall)
+{
+	bool recv = is_recv(cls);
+	bool counted = in_statement(st);
+	/* The next request's read (on its socket, or on another: the thread serves another connection): the
+	 * statement ended with its last send. */
+	if (counted && recv && st->phase == PHASE_REPLIED) {
+		finish_statement(st);
+		counted = false;
+	}
+	long n = ret;
+	/* The bytes: the buffer argument, or a msghdr's first iovec. */
+	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
+		if (ret <= 0 || !msghdr_data(buf, ret, &buf, &n))
+			n = 0;
+	}
+	/* Outside a statement nothing read or sent (a read that found nothing yet) needs the time: the clock
+	 * is read only past here. */
+	if (!counted && n <= 0)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (recv && n > 0)
+		on_recv(st, tid, fd, buf, n, now);
+	else if (!recv && n > 0 && !counted && !ignored(st, fd))
+		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
+
+	if (!counted)
+		return;
+	charge(st, now, PART_USER);
+	if (each_syscall)
+		st->c.syscalls++;
+	if (ret > 0)
+		st->c.net_bytes += ret;
+	if (!recv && fd == st->fd) {
+		if (n > 0) {
+			reply_sent(st, buf, n, now);
+		} else if (connection_failed(ret)) {
+			/* The connection ended within its statement (a client gone): the statement ends here. */
+			reply_ended(st, now);
+			st->phase = PHASE_REPLIED;
+			finish_statement(st);
+		}
+	}
+}
+
+/* The kernel's socket tracepoints: run at the end of each recv and send on a socket of the host (not at every
+ * syscall), inside the syscall, whose registers name the descriptor and the bytes (not io_uring's, nor readv's:
+ * only the calls of socket_call's classes are followed). */
+static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
+{
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	enum syscall_class cls;
+	__u64 fd, buf;
+	if (!in_syscall(task, &cls, &fd, &buf) || (recv ? !is_recv(cls) : !is_send(cls)))
+		return 0;
+	struct query_thread *st = thread_state(task, true);
+	if (!st)
+		return 0;
+	st->call_sk = (__u64)sk;
+	socket_call(st, tid, cls, (__s32)fd, buf, ret, false);
+	return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
+{
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	if (flags & MSG_PEEK)
+		return 0; /* a look at what is there (a check that the client is connected): read again later */
+	return on_socket(sk, ret, true);
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_sock_send, struct sock *sk, int ret, int flags)
+{
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	(void)flags;
+	return on_socket(sk, ret, false);
+}
+
+/* Where the kernel has no socket tracepoints, or with `syscall_cpu`: the same from every syscall exit, and the
+ * statement's syscalls and bytes read and written counted. */
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 {
@@ -547,8 +677,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (id < 0 || id >= MAX_SYSCALL_NR)
 		return 0;
 	enum syscall_class cls = syscall_class[id];
-	bool recv = is_recv(cls);
-	bool net = recv || cls == SYSCALL_NET_SEND || cls == SYSCALL_NET_SENDMSG;
+	bool net = is_recv(cls) || is_send(cls);
 	/* A thread's state is made at its first socket syscall: one that was in a recv when tracing began (a
 	 * connection waiting for its next request) is followed from what that recv read. */
 	struct query_thread *st = thread_state(bpf_get_current_task_btf(), net);
@@ -557,71 +686,34 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	bool counted = in_statement(st);
 	if (!counted && !net && cls != SYSCALL_CLOSE)
 		return 0;
-	__u64 arg0 = PT_REGS_PARM1_SYSCALL(regs);
-	__s32 fd = (__s32)arg0;
+	__s32 fd = (__s32)PT_REGS_PARM1_SYSCALL(regs);
 	__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
+	st->call_sk = 0;
+	if (net) {
+		socket_call(st, tid, cls, fd, buf, ret, true);
+		return 0;
+	}
 	if (cls == SYSCALL_CLOSE) {
 		if (ignored(st, fd))
 			st->ignoring = 0; /* the socket number may next be a followed connection's */
 		if (counted && fd == st->fd) {
-			/* The connection ends within its statement (KILL, a client gone, a failed send): the
-			 * statement ends here, and the thread is free for the next connection it serves. */
+			/* The connection ends within its statement (KILL, a client gone): the statement ends here,
+			 * and the thread is free for the next connection it serves. */
 			reply_ended(st, bpf_ktime_get_ns());
 			st->phase = PHASE_REPLIED;
 			finish_statement(st);
 			return 0;
 		}
 	}
-	if (counted && recv && st->phase == PHASE_REPLIED && fd == st->fd) {
-		/* The next request's read: the statement ended with its last send. */
-		finish_statement(st);
-		counted = false;
-	}
-	long n = ret;
-	/* The bytes: the buffer argument, or a msghdr's first iovec. */
-	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
-		if (ret <= 0 || !msghdr_data(buf, ret, &buf, &n))
-			n = 0;
-		cls = cls == SYSCALL_NET_RECVMSG ? SYSCALL_NET_RECV : SYSCALL_NET_SEND;
-	}
-	/* Outside a statement nothing read or sent (a read that found nothing yet) needs the time: the clock
-	 * is read only past here. */
-	if (!counted && n <= 0)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-
-	if (cls == SYSCALL_NET_RECV && n > 0)
-		on_recv(st, tid, fd, buf, n, now);
-	else if (cls == SYSCALL_NET_SEND && n > 0 && !counted && !ignored(st, fd))
-		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
-
 	if (!counted)
 		return 0;
-	charge(st, now, PART_USER);
+	charge(st, bpf_ktime_get_ns(), PART_USER);
 	struct query_counters *c = &st->c;
 	c->syscalls++;
-	if (ret > 0 && (cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_SEND))
-		c->net_bytes += ret;
-	else if (ret > 0 && cls == SYSCALL_READ)
+	if (ret > 0 && cls == SYSCALL_READ)
 		c->read_bytes += ret;
 	else if (ret > 0 && cls == SYSCALL_WRITE)
 		c->write_bytes += ret;
-	else if (cls == SYSCALL_SYNC)
-		c->syncs++;
-	else if (cls == SYSCALL_FUTEX && futex_op_waits(PT_REGS_PARM2_SYSCALL(regs))) {
-		/* Its wait: from when it blocked (it may not have). */
-		__u64 took = st->lock_block_ts ? now - st->lock_block_ts : 0;
-		st->lock_block_ts = 0;
-		c->lock_waits++;
-		if (took > c->lock_max_ns) {
-			c->lock_max_ns = took;
-			c->lock_addr = arg0;
-			/* Where it waited: its registers are still those it entered the kernel with. */
-			c->lock_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
-		}
-	}
-	if (cls == SYSCALL_NET_SEND && n > 0 && fd == st->fd)
-		reply_sent(st, buf, n, now);
 	return 0;
 }
 
@@ -658,7 +750,7 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 		text = arg2;
 		len = arg3;
 	}
-	if (command == COM_QUIT || command == COM_STMT_SEND_LONG_DATA || command == COM_STMT_CLOSE)
+	if (command == COM_QUIT || command == COM_STMT_SEND_LONG_DATA || command == COM_STMT_CLOSE || closing)
 		return 0;
 	st->fd = -1;
 	st->header_len = len + 1;
@@ -708,8 +800,14 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				enum time_part part = PART_OTHER;
 				if (in_syscall(prev, &cls, &arg0, &arg1))
 					part = syscall_part(cls, arg1, false);
-				if (part == PART_LOCK && !st->lock_block_ts)
+				if (part == PART_LOCK && !st->lock_block_ts) {
+					/* Where it waits: its registers are still those it entered the kernel with. */
 					st->lock_block_ts = now;
+					st->lock_block_addr = arg0;
+					st->lock_block_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
+				}
+				if (part == PART_SYNC)
+					st->c.syncs++;
 				/* The next request's read blocks (a blocking socket): the statement ended with its
 				 * last send, and is sent now rather than when a request comes. */
 				if (st->phase == PHASE_REPLIED && is_recv(cls) && (__s32)arg0 == st->fd) {
@@ -736,6 +834,18 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			}
 			charge(st, now, on_cpu_part(next));
 			st->place = PLACE_CPU;
+			if (st->lock_block_ts) {
+				/* A futex wait that blocked ends: from its block to its thread back on a CPU. */
+				__u64 took = now - st->lock_block_ts;
+				struct query_counters *c = &st->c;
+				st->lock_block_ts = 0;
+				c->lock_waits++;
+				if (took > c->lock_max_ns) {
+					c->lock_max_ns = took;
+					c->lock_addr = st->lock_block_addr;
+					c->lock_stack = st->lock_block_stack;
+				}
+			}
 		}
 	}
 	return 0;
@@ -780,7 +890,7 @@ int in_flight(struct bpf_iter__task *ctx)
 	if (!task || !task_is_target(task))
 		return 0;
 	struct query_thread *st = bpf_task_storage_get(&threads, task, 0, 0);
-	if (st && in_statement(st))
+	if (st && in_statement(st) && st->period == attach_period)
 		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
 	return 0;
 }

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Result;
 use clap::Args;
 
-use crate::{agent, client::ConnectArgs, cmd::queries::QueriesArgs};
+use crate::{agent, client::ConnectArgs, cmd::queries::QueriesArgs, collect::periods::Duty};
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -37,6 +37,11 @@ pub struct AgentArgs {
     /// Fingerprints with series of their own in /metrics (by time); the rest add to `other`
     #[arg(long, default_value_t = 100)]
     pub top: usize,
+    /// Trace off-CPU time, lock waits and statements for one second in N (the on-CPU profile always), their
+    /// figures scaled up by N: what keeps the agent within a few percent of a CPU under load. 1: all the time
+    /// (about N times the cost); waits longer than a second are undercounted when N > 1
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub sample_every: u32,
     /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
     #[arg(long)]
     pub raw_sql: bool,
@@ -84,6 +89,10 @@ pub fn run(a: AgentArgs) -> Result<()> {
         "-F must be between 1 and 1000 Hz"
     );
     anyhow::ensure!(a.top >= 1, "--top must be at least 1");
+    anyhow::ensure!(
+        (1..=3600).contains(&a.sample_every),
+        "--sample-every must be between 1 and 3600"
+    );
     agent::run(agent::Options {
         pid: a.pid,
         window: a.window,
@@ -94,6 +103,10 @@ pub fn run(a: AgentArgs) -> Result<()> {
         retain: a.retain,
         retain_bytes: a.retain_mib.saturating_mul(1 << 20),
         top: a.top,
+        duty: (a.sample_every > 1).then_some(Duty {
+            length: Duration::from_secs(1),
+            every: a.sample_every,
+        }),
         queries: QueriesArgs {
             raw_sql: a.raw_sql,
             any_process: a.any_process,

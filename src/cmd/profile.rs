@@ -407,6 +407,7 @@ impl<'a> Session<'a> {
             announce: String::new(),
             attached: None,
             slices: None,
+            duty: None,
         };
         let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
         symbolizer.preload(a.kernel);

@@ -72,8 +72,9 @@ pub struct QueriesArgs {
     #[arg(long)]
     pub no_wait_sites: bool,
     /// Split a statement's time on a CPU inside syscalls out of `user`: into the syscall's part (net, read,
-    /// write, sync, lock) or `sys`. Costs one more BPF program at every syscall of the host, which is why it is
-    /// off: without it `user` is all of the statement's CPU time, its syscalls' included
+    /// write, sync, lock) or `sys`; and count its syscalls and bytes read and written. Costs a BPF program at
+    /// every syscall entry and exit of the host, where without it only socket recvs and sends run one, which
+    /// is why it is off: without it `user` is all of the statement's CPU time, its syscalls' included
     #[arg(long)]
     pub syscall_cpu: bool,
     /// Never connect to the server: the texts of statements prepared before tracing are not looked up in its
@@ -82,6 +83,9 @@ pub struct QueriesArgs {
     pub no_sql: bool,
     #[command(flatten)]
     pub connect: ConnectArgs,
+    /// Statements started in one period in N only (`myprobe agent --sample-every`).
+    #[arg(skip)]
+    pub duty: Option<crate::collect::periods::Duty>,
 }
 
 impl QueriesArgs {
@@ -105,6 +109,7 @@ impl QueriesArgs {
             syscall_cpu: false,
             no_sql: false,
             connect,
+            duty: None,
         }
     }
 }
@@ -316,6 +321,7 @@ pub fn follow(
         announce: String::new(),
         attached: None,
         slices: None,
+        duty: a.duty,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
@@ -352,6 +358,9 @@ pub fn follow(
             match &event {
                 Event::Stack { id, stack } => return sites.add(*id, stack),
                 Event::Lost(lost) => return on_lost(*lost),
+                // Between sampled periods no statement is traced: the process list is not read either.
+                Event::Period(true) => return texts.resume(),
+                Event::Period(false) => return texts.pause(&mut tracker, &mut emit),
                 _ => {}
             }
             let record = tracker.handle(event);

@@ -171,6 +171,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
         announce: String::new(),
         attached: None,
         slices: None,
+        duty: None,
     };
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;

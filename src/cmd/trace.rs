@@ -191,6 +191,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
         ),
         attached: None,
         slices: None,
+        duty: None,
     };
     if options.probes.len() > 1 {
         say!(

@@ -19,6 +19,7 @@ use crate::process::{
 use super::{
     maps::{for_each_per_cpu, for_each_typed, Plain},
     monotonic_ns,
+    periods::SamplePeriods,
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Estimate, Features,
 };
@@ -85,7 +86,7 @@ pub fn collect(
         probes: AllocatorProbes::new(allocator, &places, opts.pid),
         frees: Vec::new(),
         allocations: Vec::new(),
-        periods: SamplePeriods::new(if leaks { alloc.sample_every } else { 1 }),
+        periods: SamplePeriods::new(SAMPLE_PERIOD, if leaks { alloc.sample_every } else { 1 }),
         last_report: Instant::now(),
         report,
         tally: Tally::default(),
@@ -567,89 +568,6 @@ impl AllocatorProbes {
     }
 }
 
-/// memleak's sampling: the allocation functions are probed for one period in `every` (frees always are), and
-/// the results scaled by the time traced over the time probed.
-struct SamplePeriods {
-    every: u32,
-    started: Instant,
-    open_since: Option<Instant>,
-    open_for: Duration,
-    ended: Option<Instant>,
-    /// No more periods (attaching failed).
-    stopped: bool,
-}
-
-/// Long enough for attaching to cost little (a few ms), short enough for a 10 s trace to hold several periods.
-const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
-
-impl SamplePeriods {
-    fn new(every: u64) -> Self {
-        let now = Instant::now();
-        SamplePeriods {
-            every: every.clamp(1, u32::MAX as u64) as u32,
-            started: now,
-            open_since: Some(now),
-            open_for: Duration::ZERO,
-            ended: None,
-            stopped: false,
-        }
-    }
-
-    /// The probes were attached just now: periods count from here.
-    fn restart(&mut self) {
-        *self = SamplePeriods::new(self.every as u64);
-    }
-
-    /// `Some(open)` when the allocation probes must be attached (true) or detached (false) now.
-    fn due(&self) -> Option<bool> {
-        if self.every == 1 || self.stopped {
-            return None;
-        }
-        let cycle = SAMPLE_PERIOD * self.every;
-        let open = self.started.elapsed().as_nanos() % cycle.as_nanos() < SAMPLE_PERIOD.as_nanos();
-        (open != self.open_since.is_some()).then_some(open)
-    }
-
-    /// The probes are attached (`open`) or detached, from now.
-    fn set(&mut self, open: bool) {
-        let now = Instant::now();
-        if let Some(since) = self.open_since.take() {
-            self.open_for += now - since;
-        }
-        if open {
-            self.open_since = Some(now);
-        }
-    }
-
-    /// No more periods: the scale is that of the time so far.
-    fn stop_sampling(&mut self) {
-        self.stopped = true;
-        self.end();
-    }
-
-    /// Tracing ended (the probes are detached).
-    fn end(&mut self) {
-        self.set(false);
-        self.ended.get_or_insert_with(Instant::now);
-    }
-
-    /// Time traced over time probed, so far.
-    fn scale(&self) -> f64 {
-        if self.every == 1 {
-            return 1.0;
-        }
-        let (open, total) = self.probed();
-        total.as_secs_f64() / open.as_secs_f64().max(1e-3)
-    }
-
-    /// The time the allocation functions were probed, and the time traced, so far.
-    fn probed(&self) -> (Duration, Duration) {
-        let now = self.ended.unwrap_or_else(Instant::now);
-        let open = self.open_for + self.open_since.map_or(Duration::ZERO, |since| now - since);
-        (open, now - self.started)
-    }
-}
-
 /// The object whose `malloc` the process calls, as the process sees it: the dynamic linker binds the first
 /// definition it finds, so the executable (jemalloc or tcmalloc linked in statically), then the libraries of
 /// LD_PRELOAD and of a known allocator (jemalloc, tcmalloc, mimalloc linked in), when they export `malloc`;
@@ -707,6 +625,11 @@ fn probed_names() -> Vec<&'static str> {
         .chain(["free"])
         .collect()
 }
+
+/// memleak's sampling: the allocation functions are probed for one period in `every` (frees always are), and
+/// the results scaled by the time traced over the time probed. Long enough for attaching to cost little (a few
+/// ms), short enough for a 10 s trace to hold several periods.
+const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

@@ -31,16 +31,21 @@ pub struct Features {
     /// futex's own syscall tracepoints (CONFIG_FTRACE_SYSCALLS, in tracefs, where libbpf attaches them): a
     /// program there runs for futex calls only, where one on the raw `sys_enter` runs for every syscall.
     pub futex_tracepoints: bool,
+    /// The socket layer's tracepoints at the end of each recv and send (`sock_recv_length`,
+    /// `sock_send_length`, 6.3), on x86-64 (whose saved registers tell a syscall in progress): `queries`
+    /// follows the protocol there, with no program at every syscall of the host.
+    pub socket_tracepoints: bool,
 }
 
 /// Names of the features for `MYPROBE_DISABLE`.
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "bpf_loop",
     "uprobe_multi",
     "uprobe_session",
     "task_stacks",
     "sched_info",
     "futex_tracepoints",
+    "socket_tracepoints",
 ];
 
 impl Features {
@@ -92,6 +97,12 @@ impl Features {
                     })
             })
         };
+        let has_typedef = |name: &str| {
+            kernel_btf.as_ref().is_some_and(|btf| {
+                btf.type_by_name::<libbpf_rs::btf::types::Typedef<'_>>(name)
+                    .is_some()
+            })
+        };
         Features {
             bpf_loop: ProgramType::Kprobe
                 .is_helper_supported(sys::BPF_FUNC_loop)
@@ -111,6 +122,9 @@ impl Features {
                 && Path::new("/proc/self/schedstat").exists(),
             futex_tracepoints: has_syscall_tracepoint("sys_enter_futex")
                 && has_syscall_tracepoint("sys_exit_futex"),
+            socket_tracepoints: cfg!(target_arch = "x86_64")
+                && has_typedef("btf_trace_sock_recv_length")
+                && has_typedef("btf_trace_sock_send_length"),
         }
     }
 
@@ -124,6 +138,7 @@ impl Features {
                 "task_stacks" => self.task_stacks = false,
                 "sched_info" => self.sched_info = false,
                 "futex_tracepoints" => self.futex_tracepoints = false,
+                "socket_tracepoints" => self.socket_tracepoints = false,
                 other => say!(
                     "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
                     NAMES.join(", ")
@@ -225,6 +240,7 @@ mod tests {
             task_stacks: true,
             sched_info: true,
             futex_tracepoints: true,
+            socket_tracepoints: true,
         };
         let older = all.without("uprobe_multi, uprobe_session");
         assert!(
@@ -246,7 +262,8 @@ mod tests {
                 && f.uprobe_session
                 && f.task_stacks
                 && f.sched_info
-                && f.futex_tracepoints,
+                && f.futex_tracepoints
+                && f.socket_tracepoints,
             "{f:?}"
         );
     }

@@ -13,6 +13,7 @@ pub mod features;
 pub mod locks;
 pub mod maps;
 pub mod offcpu;
+pub mod periods;
 pub mod queries;
 pub mod ring;
 pub mod stack_collector;
@@ -68,6 +69,8 @@ pub struct CollectOptions {
     pub attached: Option<std::sync::mpsc::Sender<&'static str>>,
     /// Sums moved out while tracing goes on (`myprobe agent`); `None`: read once, when tracing ends.
     pub slices: Option<Slices>,
+    /// Attached for one period in N only (`myprobe agent`), the sums scaled by N; `None`: all the time.
+    pub duty: Option<periods::Duty>,
 }
 
 /// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a

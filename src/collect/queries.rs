@@ -12,10 +12,12 @@ use libbpf_rs::{
 
 use super::{
     maps::{read_exact, read_prefix, Plain},
-    open_object, ring,
+    open_object,
+    periods::SamplePeriods,
+    ring,
     stack_collector::{
-        decode_stack, install_unwind, refresh_unwind, set_common, stack_skeleton, Installed,
-        StackSkeleton,
+        attach_by_section, decode_stack, install_unwind, refresh_unwind, set_common,
+        stack_skeleton, Installed, StackSkeleton,
     },
     CollectOptions, Lost, RawStack,
 };
@@ -86,6 +88,9 @@ pub enum Event {
     },
     /// What was lost so far, when it changed (read every tick): losses are said as tracing goes.
     Lost(Lost),
+    /// Sampled (`CollectOptions::duty`): statements start again (true), or no longer (false) until the next
+    /// period.
+    Period(bool),
 }
 
 /// Syscall number → class (`enum syscall_class` of src/bpf/queries.h), from this architecture's numbers.
@@ -182,6 +187,12 @@ pub fn collect(
     rodata.wait_sites = wait_sites;
     rodata.syscall_cpu = syscall_cpu;
     open.progs.on_sys_enter.set_autoload(syscall_cpu);
+    // The protocol is followed at the socket layer's tracepoints, which run for recvs and sends only; at every
+    // syscall exit of the host where the kernel has none, or where each syscall is wanted anyway.
+    let by_syscalls = syscall_cpu || !opts.features().socket_tracepoints;
+    open.progs.on_sys_exit.set_autoload(by_syscalls);
+    open.progs.on_sock_recv.set_autoload(!by_syscalls);
+    open.progs.on_sock_send.set_autoload(!by_syscalls);
     // Where the kernel counts each thread's waits for a CPU, a woken one's is read at its switch in: no
     // program at every wakeup of the host.
     let runq_from_sched_info = opts.features().sched_info;
@@ -192,14 +203,18 @@ pub fn collect(
     }
     // Run once, when tracing ends.
     open.progs.in_flight.set_autoattach(false);
+    // Attached by attach_dispatch, to the server's binary.
+    open.progs.on_dispatch.set_autoattach(false);
+    open.progs.on_dispatch_return.set_autoattach(false);
     super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
         .load()
         .context("loading the query tracing programs into the kernel")?;
     let mut installed = Installed::default();
     install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
-    skel.attach()
-        .context("attaching to the syscall and scheduler tracepoints")?;
+    // Held here rather than in the skeleton: a sampled trace detaches and attaches them again.
+    let mut links = attach_by_section(skel.object())
+        .context("attaching to the socket and scheduler tracepoints")?;
 
     // Return probe attached first: an entry probe without it would start statements that nothing ends.
     let mut dispatch_links: Vec<Link> = Vec::new();
@@ -243,12 +258,37 @@ pub fn collect(
         }
     })?;
     let mut lost_said = Lost::default();
+    // Sampled (the agent): statements start only within a period; at its end the statements in flight are
+    // followed to their end (`closing`), then the tracepoints detached until the next period.
+    let mut periods = opts.duty.map(SamplePeriods::of);
+    let (mut attached, mut draining) = (true, false);
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
+        if let Some(p) = periods.as_mut() {
+            if let Some(open) = p.due() {
+                let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+                bss.closing = !open;
+                if open && !attached {
+                    bss.attach_period = bss.attach_period.wrapping_add(1);
+                    links = attach_by_section(skel.object())
+                        .context("attaching to the socket and scheduler tracepoints")?;
+                    attached = true;
+                }
+                draining = !open;
+                p.set(open);
+                (on_event.borrow_mut())(Event::Period(open));
+            }
+            if draining && in_flight(&skel.progs.in_flight)?.is_empty() {
+                links.clear();
+                (attached, draining) = (false, false);
+            }
+        }
         if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
             bss.want_results = want_results.get();
         }
-        refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        if attached {
+            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        }
         let l = Skeleton::lost(&skel);
         if l != lost_said {
             lost_said = l;
@@ -270,7 +310,7 @@ pub fn collect(
     for link in dispatch_links.drain(..) {
         drop(link);
     }
-    skel.links = Default::default();
+    drop(links);
     result?;
     reader.consume().context("reading the ring buffer")?;
     drop(reader);

@@ -23,7 +23,9 @@ use libbpf_rs::{
 
 use super::{
     maps::{as_bytes, read_prefix, Plain},
-    open_object, ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
+    open_object,
+    periods::SamplePeriods,
+    ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
 };
 use crate::unwind::{BpfMapping, BpfRow};
 
@@ -69,6 +71,8 @@ pub trait StackSkeleton {
     fn events<'a>(skel: &'a Self::Loaded<'_>) -> &'a dyn MapCore;
     fn unwind<'a>(skel: &'a mut Self::Loaded<'_>) -> UnwindMaps<'a, Self::UnwindMapping>;
     fn lost(skel: &Self::Loaded<'_>) -> Lost;
+    /// target.h's count of attachings: a sampled collector's threads' state from an earlier period is stale.
+    fn attach_period<'a>(skel: &'a mut Self::Loaded<'_>) -> &'a mut u32;
     fn unwind_row(row: &BpfRow) -> Self::UnwindRow;
     fn unwind_mapping(mapping: &BpfMapping) -> Self::UnwindMapping;
     fn stack_record(event: &Self::StackEvent) -> StackRecord<'_>;
@@ -137,6 +141,15 @@ macro_rules! stack_skeleton {
                     enabled: &mut bss.unwind_enabled,
                     generation: &mut bss.unwind_generation,
                 }
+            }
+
+            fn attach_period<'a>(skel: &'a mut Self::Loaded<'_>) -> &'a mut u32 {
+                &mut skel
+                    .maps
+                    .bss_data
+                    .as_deref_mut()
+                    .expect("target.h puts variables in .bss")
+                    .attach_period
             }
 
             fn lost(skel: &Self::Loaded<'_>) -> $crate::collect::Lost {
@@ -388,7 +401,8 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;
     let mut installed = Installed::default();
     install_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
-    let links = collector.attach(&mut skel)?;
+    let mut links = collector.attach(&mut skel)?;
+    let mut periods = opts.duty.map(SamplePeriods::of);
     if !opts.announce.is_empty() {
         say!("{}", opts.announce);
     }
@@ -402,7 +416,23 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     })?;
     let mut last_slice = Instant::now();
     let traced = ring::poll(&reader, opts.duration, |elapsed| {
-        refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+        // Sampled: detached between periods, attached again by section (what offcpu and locks attach),
+        // their threads' state from before left stale.
+        if let Some(p) = periods.as_mut() {
+            if let Some(open) = p.due() {
+                if open {
+                    let period = C::Skel::attach_period(&mut skel);
+                    *period = period.wrapping_add(1);
+                    links = attach_by_section(skel.object())?;
+                } else {
+                    links.clear();
+                }
+                p.set(open);
+            }
+        }
+        if periods.as_ref().is_none_or(SamplePeriods::open) {
+            refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+        }
         collector.tick(&mut skel, &stacks.borrow())?;
         if let Some(slices) = opts
             .slices

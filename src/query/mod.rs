@@ -299,7 +299,7 @@ impl Tracker {
     /// Feeds one event; returns a record for a statement.
     pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
         match event {
-            Event::Stack { .. } | Event::Lost(_) => None,
+            Event::Stack { .. } | Event::Lost(_) | Event::Period(_) => None,
             Event::PacketOut { fd, bytes, .. } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh).
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;

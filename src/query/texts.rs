@@ -251,8 +251,10 @@ const MAX_HELD: usize = 200_000;
 pub struct PreparedTexts {
     pub finder: TextFinder,
     samples: Option<mpsc::Receiver<Result<Sample, String>>>,
-    /// Set while texts are wanted (the sampler reads the list only then); `stop` ends the sampler.
+    /// Set while texts are wanted (the sampler reads the list only then, and not while `paused`); `stop` ends
+    /// the sampler.
     wanted: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
     /// The sampler's interval, µs; and when a statement was last newly wanted.
     interval_us: Arc<AtomicU64>,
     last_new: Instant,
@@ -278,6 +280,7 @@ impl Default for PreparedTexts {
             finder: TextFinder::default(),
             samples: None,
             wanted: Arc::new(AtomicBool::new(false)),
+            paused: Arc::new(AtomicBool::new(false)),
             interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
             last_new: Instant::now(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -299,9 +302,10 @@ impl PreparedTexts {
     /// once: the texts then stay unknown).
     pub fn start(&mut self, args: &ConnectArgs, pid: u32) {
         let (tx, rx) = mpsc::channel();
-        let (args, wanted, stop, interval_us) = (
+        let (args, wanted, paused, stop, interval_us) = (
             args.clone(),
             Arc::clone(&self.wanted),
+            Arc::clone(&self.paused),
             Arc::clone(&self.stop),
             Arc::clone(&self.interval_us),
         );
@@ -316,7 +320,7 @@ impl PreparedTexts {
                     }
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    if wanted.load(Ordering::Relaxed) {
+                    if wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed) {
                         // Each row's time since its statement began, and the own row's, in µs.
                         let us = |ms: f64| (ms * 1000.0).round() as u64;
                         let sample = client.executing_prepared().map(|list| Sample {
@@ -350,6 +354,19 @@ impl PreparedTexts {
             }
             Err(e) => self.fail(&format!("cannot start a thread: {e}")),
         }
+    }
+
+    /// No statement is traced for a while (between sampled periods): the list is not read meanwhile, and the
+    /// records held for their texts are written now (the samples taken joined first), not when the next
+    /// period's come.
+    pub fn pause(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+        self.paused.store(true, Ordering::Relaxed);
+        self.join(tracker, true);
+        self.release(true, emit);
+    }
+
+    pub fn resume(&mut self) {
+        self.paused.store(false, Ordering::Relaxed);
     }
 
     fn fail(&mut self, why: &str) {

@@ -118,6 +118,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         announce: String::new(),
         attached: Some(attached.clone()),
         slices: None,
+        duty: None,
     };
     // Before any collector starts: an error here must not leave them running.
     let dispatch = queries::dispatch_function(&o.queries, target)?;
@@ -332,6 +333,7 @@ fn snapshot(
         announce: String::new(),
         attached: None,
         slices: None,
+        duty: None,
     };
     let snapshot = match collect::threads::snapshot(&opts) {
         Ok(s) if !s.threads.is_empty() && process::target_exited().is_none() => s,

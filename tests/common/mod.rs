@@ -391,7 +391,13 @@ pub struct Background {
 impl Background {
     /// Starts myprobe with `args` and waits until its stderr has a line containing `ready`.
     pub fn start(args: &[&str], ready: &str) -> Background {
+        Background::start_with_env(args, &[], ready)
+    }
+
+    /// The same, with variables in myprobe's environment (e.g. MYPROBE_DISABLE).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)], ready: &str) -> Background {
         let mut child = myprobe()
+            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
