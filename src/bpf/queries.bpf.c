@@ -360,6 +360,15 @@ static __always_inline void finish_statement(struct query_thread *st)
 	st->phase = PHASE_IDLE;
 }
 
+/* The connection ended within its statement (KILL, a client gone): the statement ends now, and the thread is
+ * free for the next connection it serves. */
+static __always_inline void connection_ended(struct query_thread *st, __u64 now)
+{
+	reply_ended(st, now);
+	st->phase = PHASE_REPLIED;
+	finish_statement(st);
+}
+
 /* With `syscall_cpu`: a statement's time on a CPU inside a syscall goes to its class (sys for the others). Every
  * syscall of the host comes here: other processes' are turned away by the first instructions. */
 SEC("tp_btf/sys_enter")
@@ -613,14 +622,10 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 	if (ret > 0)
 		st->c.net_bytes += ret;
 	if (!recv && fd == st->fd) {
-		if (n > 0) {
+		if (n > 0)
 			reply_sent(st, buf, n, now);
-		} else if (connection_failed(ret)) {
-			/* The connection ended within its statement (a client gone): the statement ends here. */
-			reply_ended(st, now);
-			st->phase = PHASE_REPLIED;
-			finish_statement(st);
-		}
+		else if (connection_failed(ret))
+			connection_ended(st, now);
 	}
 }
 
@@ -697,11 +702,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		if (ignored(st, fd))
 			st->ignoring = 0; /* the socket number may next be a followed connection's */
 		if (counted && fd == st->fd) {
-			/* The connection ends within its statement (KILL, a client gone): the statement ends here,
-			 * and the thread is free for the next connection it serves. */
-			reply_ended(st, bpf_ktime_get_ns());
-			st->phase = PHASE_REPLIED;
-			finish_statement(st);
+			connection_ended(st, bpf_ktime_get_ns());
 			return 0;
 		}
 	}

@@ -43,21 +43,13 @@ impl SamplePeriods {
         SamplePeriods::new(duty.length, duty.every.into())
     }
 
-    pub fn every(&self) -> u32 {
-        self.every
-    }
-
-    pub fn length(&self) -> Duration {
-        self.length
-    }
-
     /// The probes were attached just now: periods count from here.
     pub fn restart(&mut self) {
         *self = SamplePeriods::new(self.length, self.every.into());
     }
 
     /// Whether now is within a period probed.
-    pub fn in_period(&self) -> bool {
+    fn in_period(&self) -> bool {
         let cycle = self.length * self.every;
         self.started.elapsed().as_nanos() % cycle.as_nanos().max(1) < self.length.as_nanos()
     }
