@@ -164,14 +164,6 @@ const PARTS: &str =
     "sum by (db_query_text) (rate(myprobe_statement_time_seconds_total{job=\"myprobe\"}[10s]))";
 
 /// The server's own count of the statements it ran.
-fn questions(db: &TestDb) -> u64 {
-    db.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let _alone = one_at_a_time();
@@ -200,7 +192,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     // when the profile has come back. A load that ended meanwhile (sysbench ends at its first error) is
     // started again, up to three times: what is tested is the profile of a loaded server.
     let metrics_url = format!("http://127.0.0.1:{agent_port}/metrics");
-    let questions = || questions(&db);
+    let questions = || db.questions();
     let mut attempts = Vec::new();
     let top = loop {
         let mut load = db.load(30);
@@ -378,7 +370,7 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
     let db = testdb();
     let dir = tempdir("agent-sampled");
     let port = free_port();
-    let questions = || questions(&db);
+    let questions = || db.questions();
     let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
     let counted = |metrics: &str| -> u64 {
         metrics

@@ -60,9 +60,10 @@ const PARTS: [&str; 10] = [
     "unseen_us",
 ];
 
+/// Every statement followed (`--sample-every 1`): these tests count them; sampling has a test of its own.
 fn trace(db: &TestDb, extra: &[&str]) -> Background {
     let pid = db.pid.to_string();
-    let mut args = vec!["queries", "-p", &pid, "--json"];
+    let mut args = vec!["queries", "-p", &pid, "--json", "--sample-every", "1"];
     args.extend_from_slice(extra);
     Background::start(&args, READY)
 }
@@ -690,6 +691,68 @@ fn syscall_cpu_splits_the_time_on_a_cpu_in_syscalls_out_of_user() {
 }
 
 #[test]
+fn a_busy_server_is_sampled_and_its_digest_scaled_to_the_servers_count() {
+    // sysbench runs well over 7,000 statements a second here: `--sample-every auto` (the default) follows them
+    // for one second in a few, and scales the digest's counts up by the time traced over the time followed.
+    let db = testdb();
+    let pid = db.pid.to_string();
+    let load = db.load(12);
+    std::thread::sleep(Duration::from_secs(2));
+    let before = db.questions();
+    let tracer = Background::start(
+        &["queries", "-p", &pid, "-d", "8", "--summary", "--json"],
+        READY,
+    );
+    let (out, err) = tracer.wait();
+    let asked = db.questions() - before;
+    load.wait();
+    let rows = json_lines(&out);
+    assert!(
+        err.contains("statements a second: following them one second in"),
+        "not sampled ({asked} statements in about 8 s)\nstderr:\n{err}"
+    );
+    let scale = rows.first().map(|r| r["scaled_by"].as_f64().unwrap_or(0.0));
+    assert!(
+        scale.is_some_and(|s| s > 1.5) && rows.iter().all(|r| r["scaled_by"].as_f64() == scale),
+        "digest rows not scaled: {rows:?}\nstderr:\n{err}"
+    );
+    // Questions also counts what ran while myprobe started and ended, around its 8 s.
+    let counted: u64 = rows.iter().map(|r| num(r, "count")).sum();
+    let ratio = counted as f64 / asked as f64;
+    assert!(
+        (0.6..1.3).contains(&ratio),
+        "{counted} statements estimated, the server was sent {asked}\nstderr:\n{err}"
+    );
+    assert!(
+        err.contains("the digest's counts and times are estimates"),
+        "{err}"
+    );
+    // Every statement followed when asked.
+    let tracer = Background::start(
+        &[
+            "queries",
+            "-p",
+            &pid,
+            "-d",
+            "3",
+            "--summary",
+            "--json",
+            "--sample-every",
+            "1",
+        ],
+        READY,
+    );
+    db.load(2).wait();
+    let (out, err) = tracer.wait();
+    let rows = json_lines(&out);
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| r.get("scaled_by").is_none()),
+        "{rows:?}\nstderr:\n{err}"
+    );
+    assert!(!err.contains("following them one second in"), "{err}");
+}
+
+#[test]
 fn summary_digest_and_min_ms() {
     let db = testdb();
     let pid = db.pid.to_string();
@@ -697,7 +760,12 @@ fn summary_digest_and_min_ms() {
     let load = db.load(3);
     load.wait();
     let (out, err) = tracer.wait();
-    let header = out.lines().next().unwrap_or_default();
+    // Sampled (a busy server, `--sample-every auto`), a line says the table is estimated.
+    let table: Vec<&str> = out
+        .lines()
+        .skip_while(|l| l.starts_with("Estimated: "))
+        .collect();
+    let header = table.first().copied().unwrap_or_default();
     for col in [
         "COUNT",
         "P50",
@@ -719,8 +787,9 @@ fn summary_digest_and_min_ms() {
     );
     assert!(out.contains("commit"), "digest lacks COMMIT:\n{out}");
     // The shares of each row add up to 100%, and the top fingerprints get a sentence.
-    let rows: Vec<&str> = out
-        .lines()
+    let rows: Vec<&str> = table
+        .iter()
+        .copied()
         .skip(1)
         .take_while(|l| !l.is_empty() && !l.starts_with("..."))
         .collect();

@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cmd::queries::{self, QueriesArgs},
+    cmd::queries::{self, QueriesArgs, SampleEvery},
     collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
     process::{self, Flavor, Target},
     profile::{
@@ -315,7 +315,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
     let mut queries_args = o.queries.clone();
     queries_args.pid = Some(target.pid);
-    queries_args.duty = o.duty;
+    queries_args.sample_every = SampleEvery::Every(o.duty.map_or(1, |d| d.every));
     let dispatch = queries::dispatch_function(&queries_args, target)?;
     let (slices, sliced) = mpsc::channel();
     let options = |duty: Option<Duty>| CollectOptions {

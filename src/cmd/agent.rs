@@ -106,6 +106,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
         duty: (a.sample_every > 1).then_some(Duty {
             length: Duration::from_secs(1),
             every: a.sample_every,
+            max_rate: None,
         }),
         queries: QueriesArgs {
             raw_sql: a.raw_sql,

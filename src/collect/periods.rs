@@ -1,7 +1,9 @@
 //! Tracing for one period in N: probes attached for a period, then detached for the rest of the cycle, and what
 //! they found scaled up by the time traced over the time probed. memleak samples its allocation functions so
 //! (100 ms in N); the agent its off-CPU, lock and statement collectors (`Duty`, 1 s in N), whose in-kernel cost
-//! is then paid for that share of the time only.
+//! is then paid for that share of the time only. `myprobe queries` chooses N itself after each period, from the
+//! rate of statements it traced (`Duty::max_rate`): a quiet server's statements are all traced, a busy one's
+//! for as many periods as keep its cost within budget.
 
 use std::time::{Duration, Instant};
 
@@ -10,12 +12,25 @@ use std::time::{Duration, Instant};
 pub struct Duty {
     pub length: Duration,
     pub every: u32,
+    /// Adaptive: `every` is where the cycle starts, then chosen at the end of each period so that at most this
+    /// many events a second (`SamplePeriods::count`) would have been traced.
+    pub max_rate: Option<u64>,
 }
+
+/// The longest cycle an adaptive duty chooses, in periods.
+const MAX_EVERY: u32 = 3600;
 
 /// When the probes are attached, and for how long they were so far.
 pub struct SamplePeriods {
     length: Duration,
     every: u32,
+    max_rate: Option<u64>,
+    /// Events counted since the period began (adaptive duties), and their rate in the last period that ended.
+    counted: u64,
+    rate: f64,
+    period_began: Instant,
+    /// Where the cycle's phase counts from (an adaptive duty starts a new cycle when it changes `every`).
+    cycle_began: Instant,
     started: Instant,
     open_since: Option<Instant>,
     open_for: Duration,
@@ -31,6 +46,11 @@ impl SamplePeriods {
         SamplePeriods {
             length,
             every: every.clamp(1, u32::MAX as u64) as u32,
+            max_rate: None,
+            counted: 0,
+            rate: 0.0,
+            period_began: now,
+            cycle_began: now,
             started: now,
             open_since: Some(now),
             open_for: Duration::ZERO,
@@ -40,23 +60,68 @@ impl SamplePeriods {
     }
 
     pub fn of(duty: Duty) -> Self {
-        SamplePeriods::new(duty.length, duty.every.into())
+        SamplePeriods {
+            max_rate: duty.max_rate,
+            ..SamplePeriods::new(duty.length, duty.every.into())
+        }
     }
 
     /// The probes were attached just now: periods count from here.
     pub fn restart(&mut self) {
-        *self = SamplePeriods::new(self.length, self.every.into());
+        *self = SamplePeriods {
+            max_rate: self.max_rate,
+            ..SamplePeriods::new(self.length, self.every.into())
+        };
+    }
+
+    /// Events traced (adaptive duties choose their cycle from their rate within a period).
+    pub fn count(&mut self, events: u64) {
+        if self.open_since.is_some() {
+            self.counted += events;
+        }
+    }
+
+    /// The cycle's periods now: one in `every` is probed.
+    pub fn every(&self) -> u32 {
+        self.every
+    }
+
+    /// Events a second in the last period that ended (adaptive duties).
+    pub fn rate(&self) -> f64 {
+        self.rate
     }
 
     /// Whether now is within a period probed.
     fn in_period(&self) -> bool {
         let cycle = self.length * self.every;
-        self.started.elapsed().as_nanos() % cycle.as_nanos().max(1) < self.length.as_nanos()
+        self.cycle_began.elapsed().as_nanos() % cycle.as_nanos().max(1) < self.length.as_nanos()
     }
 
     /// `Some(open)` when the probes must be attached (true) or detached (false) now.
-    pub fn due(&self) -> Option<bool> {
-        if self.every == 1 || self.stopped {
+    pub fn due(&mut self) -> Option<bool> {
+        if self.stopped {
+            return None;
+        }
+        if let Some(max_rate) = self.max_rate.filter(|_| self.open_since.is_some()) {
+            let probed = self.period_began.elapsed();
+            if probed < self.length {
+                return None;
+            }
+            // A period ended: as many in the next cycle as bring its rate within max_rate.
+            self.rate = self.counted as f64 / probed.as_secs_f64();
+            self.every = (self.rate / max_rate.max(1) as f64)
+                .ceil()
+                .clamp(1.0, MAX_EVERY as f64) as u32;
+            (self.period_began, self.counted) = (Instant::now(), 0);
+            if self.every == 1 {
+                return None;
+            }
+            // The new cycle starts with the period that just ended.
+            let now = Instant::now();
+            self.cycle_began = now.checked_sub(self.length).unwrap_or(now);
+            return Some(false);
+        }
+        if self.every == 1 && self.max_rate.is_none() {
             return None;
         }
         let open = self.in_period();
@@ -76,6 +141,7 @@ impl SamplePeriods {
         }
         if open {
             self.open_since = Some(now);
+            (self.period_began, self.counted) = (now, 0);
         }
     }
 
@@ -93,10 +159,10 @@ impl SamplePeriods {
 
     /// Time traced over time probed, so far.
     pub fn scale(&self) -> f64 {
-        if self.every == 1 {
+        let (open, total) = self.probed();
+        if open >= total {
             return 1.0;
         }
-        let (open, total) = self.probed();
         total.as_secs_f64() / open.as_secs_f64().max(1e-3)
     }
 
@@ -131,5 +197,39 @@ mod tests {
         let (open, total) = p.probed();
         assert!(open < total && p.scale() > 1.0, "{open:?} of {total:?}");
         assert_eq!(SamplePeriods::new(Duration::from_millis(40), 1).due(), None);
+    }
+
+    #[test]
+    fn an_adaptive_duty_chooses_its_cycle_from_the_rate_of_each_period() {
+        let ms = Duration::from_millis;
+        let mut p = SamplePeriods::of(Duty {
+            length: ms(100),
+            every: 1,
+            max_rate: Some(30),
+        });
+        p.count(10);
+        assert_eq!(p.due(), None, "within the first period");
+        std::thread::sleep(ms(120));
+        // 10 in 120 ms: 83/s, less than thrice the rate wanted (more than twice, unless the clock is late).
+        assert_eq!(p.due(), Some(false));
+        let every = p.every();
+        assert!((2..=3).contains(&every), "{every}");
+        p.set(false);
+        p.count(1000);
+        std::thread::sleep(ms(50));
+        assert_eq!(p.due(), None, "detached until the next cycle's period");
+        // 25 ms into the next cycle's period.
+        std::thread::sleep(ms(100) * (every - 1) - ms(25));
+        assert_eq!(p.due(), Some(true));
+        p.set(true);
+        std::thread::sleep(ms(120));
+        assert_eq!(
+            p.due(),
+            None,
+            "nothing traced: every statement, attached from now on"
+        );
+        assert_eq!(p.every(), 1);
+        p.end();
+        assert!(p.scale() > 1.0);
     }
 }

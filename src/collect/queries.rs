@@ -165,7 +165,8 @@ pub struct DispatchProbe<'a> {
 /// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`). `syscall_cpu`: time on a CPU inside
 /// syscalls goes to their class (or `sys`) rather than `user`, for one more program at every syscall entry of
 /// the host. `want_results`: executions' replies are kept long enough for their column definitions
-/// (`RawStatement::reply`), read at every poll.
+/// (`RawStatement::reply`), read at every poll. Sampled (`CollectOptions::duty`), the time traced over the time
+/// statements were followed comes with what was lost.
 pub fn collect(
     opts: &CollectOptions,
     wait_sites: bool,
@@ -174,7 +175,7 @@ pub fn collect(
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
     on_event: impl FnMut(Event),
-) -> Result<Lost> {
+) -> Result<(Lost, f64)> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
     set_common::<Skeleton>(&mut open, opts)?;
@@ -252,8 +253,11 @@ pub fn collect(
 
     // Called by the reader and by the tick (losses).
     let on_event = std::cell::RefCell::new(on_event);
+    // Statements traced since the last tick: an adaptive duty's rate.
+    let statements = Cell::new(0u64);
     let reader = ring::reader(&skel.maps.events, |data| {
         if let Some(e) = decode(data) {
+            statements.set(statements.get() + matches!(e, Event::Statement(_)) as u64);
             (on_event.borrow_mut())(e);
         }
     })?;
@@ -265,6 +269,8 @@ pub fn collect(
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
         if let Some(p) = periods.as_mut() {
+            p.count(statements.take());
+            let sampled = p.every() > 1;
             if let Some(open) = p.due() {
                 let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
                 bss.closing = !open;
@@ -281,6 +287,9 @@ pub fn collect(
             if draining && in_flight(&skel.progs.in_flight)?.is_empty() {
                 links.clear();
                 (attached, draining) = (false, false);
+            }
+            if opts.duty.is_some_and(|d| d.max_rate.is_some()) && sampled != (p.every() > 1) {
+                say_sampling(p);
             }
         }
         if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
@@ -299,12 +308,20 @@ pub fn collect(
         } else {
             format!("/{}", opts.duration.as_secs())
         };
+        let sampled = periods
+            .as_ref()
+            .filter(|p| p.every() > 1)
+            .map(|p| format!(", 1 s in {}", p.every()))
+            .unwrap_or_default();
         Ok(format!(
-            "queries: {:>4}{secs} s, {} lost",
+            "queries: {:>4}{secs} s{sampled}, {} lost",
             elapsed.as_secs(),
             l.total()
         ))
     });
+    if let Some(p) = periods.as_mut() {
+        p.end();
+    }
     // Return probe first, as it was attached first; then the tracepoints, so that nothing is sent after the
     // last read of the ring buffer and the threads' state is still when read.
     for link in dispatch_links.drain(..) {
@@ -342,7 +359,24 @@ pub fn collect(
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
     }
-    Ok(Skeleton::lost(&skel))
+    Ok((Skeleton::lost(&skel), periods.map_or(1.0, |p| p.scale())))
+}
+
+/// An adaptive duty began or ended sampling.
+fn say_sampling(p: &SamplePeriods) {
+    if p.every() > 1 {
+        say!(
+            "myprobe: {:.0} statements a second: following them one second in {} from now on, to keep tracing's \
+             cost low (--sample-every 1 follows every one)",
+            p.rate(),
+            p.every()
+        );
+    } else {
+        say!(
+            "myprobe: {:.0} statements a second: following every one again",
+            p.rate()
+        );
+    }
 }
 
 /// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).

@@ -67,6 +67,22 @@ pub struct DigestRow {
     /// The lock the statements waited on longest, by name, and the site where they waited on locks longest.
     pub top_lock: Option<String>,
     pub top_lock_site: Option<String>,
+    /// Counts and times scaled up by this from a sample (`queries --sample-every`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaled_by: Option<f64>,
+}
+
+impl DigestRow {
+    /// Counts and times scaled up from the share of the time traced; latencies, shares and the average stay as
+    /// measured.
+    pub fn scale(&mut self, by: f64) {
+        let scaled = |v: u64| (v as f64 * by).round() as u64;
+        self.count = scaled(self.count);
+        self.errors = scaled(self.errors);
+        self.total_us = scaled(self.total_us);
+        self.time = TimeParts::from_values(self.time.values().map(scaled));
+        self.scaled_by = Some(by);
+    }
 }
 
 /// Each part of `TimeParts` as a share of the total, in percent.
@@ -188,6 +204,7 @@ impl Digest {
                     shares: Shares::of(&time),
                     top_lock: top(&e.lock_symbols),
                     top_lock_site: top(&e.lock_sites),
+                    scaled_by: None,
                 }
             })
             .collect();

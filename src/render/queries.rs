@@ -92,6 +92,12 @@ pub fn clip(s: &str, n: usize) -> String {
 /// The digest as an aligned table, largest total first, at most `top` rows.
 pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     let mut out = String::new();
+    if let Some(by) = rows.first().and_then(|r| r.scaled_by) {
+        let _ = writeln!(
+            out,
+            "Estimated: counts and totals scaled ×{by:.1} from the time statements were followed (--sample-every)"
+        );
+    }
     let grand = rows.iter().fold(0u64, |a, r| a.saturating_add(r.total_us));
     let _ = write!(
         out,
@@ -238,6 +244,7 @@ mod tests {
             shares: Default::default(),
             top_lock: None,
             top_lock_site: None,
+            scaled_by: None,
         };
         let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);
         let shares: Vec<&str> = table

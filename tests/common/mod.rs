@@ -137,6 +137,15 @@ impl TestDb {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The statements the server has been sent (`Questions`, its clients' and myprobe's own).
+    pub fn questions(&self) -> u64 {
+        self.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A client connection kept open by a `mariadb` process reading statements from a pipe.
     pub fn session(&self) -> Session {
         self.session_in(None)
