@@ -136,9 +136,7 @@ impl SamplePeriods {
     /// The probes are attached (`open`) or detached, from now.
     pub fn set(&mut self, open: bool) {
         let now = Instant::now();
-        if let Some(since) = self.open_since.take() {
-            self.open_for += now - since;
-        }
+        self.close(now);
         if open {
             self.open_since = Some(now);
             (self.period_began, self.counted) = (now, 0);
@@ -153,8 +151,15 @@ impl SamplePeriods {
 
     /// Tracing ended (the probes are detached).
     pub fn end(&mut self) {
-        self.set(false);
-        self.ended.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        self.close(now);
+        self.ended.get_or_insert(now);
+    }
+
+    fn close(&mut self, now: Instant) {
+        if let Some(since) = self.open_since.take() {
+            self.open_for += now - since;
+        }
     }
 
     /// Time traced over time probed, so far.
