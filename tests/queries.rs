@@ -692,7 +692,7 @@ fn syscall_cpu_splits_the_time_on_a_cpu_in_syscalls_out_of_user() {
 
 #[test]
 fn a_busy_server_is_sampled_and_its_digest_scaled_to_the_servers_count() {
-    // sysbench runs well over 5,000 statements a second here: `--sample-every auto` (the default) follows them
+    // sysbench runs well over 3,000 statements a second here: `--sample-every auto` (the default) follows them
     // for one second in a few, and scales the digest's counts up by the time traced over the time followed.
     let db = testdb();
     let pid = db.pid.to_string();

@@ -83,8 +83,8 @@ pub struct QueriesArgs {
     #[arg(long)]
     pub no_sql: bool,
     /// Follow statements one second in N (1: every statement), or `auto`: every statement while the server
-    /// runs fewer than 5,000 a second, and above that one second in as many as keep myprobe near 2% of a CPU
-    /// (each traced statement costs about 4 µs of CPU, in the kernel and here), chosen again after each second
+    /// runs fewer than 3,000 a second, and above that one second in as many as keep myprobe near 2% of a CPU
+    /// (each statement followed costs 3.5–7 µs of CPU, in the kernel and here), chosen again after each second
     /// traced. Sampled, the digest's counts and times are scaled up (and said to be); latencies stay as measured
     #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = SampleEvery::parse)]
     pub sample_every: SampleEvery,
@@ -99,9 +99,10 @@ pub enum SampleEvery {
     Every(u32),
 }
 
-/// Statements a second that `--sample-every auto` follows in full at most: each costs about 4 µs of CPU (2 in the
-/// kernel, 1.5–2.5 in myprobe, `--json` the dearest; bench/README.md), so 5,000 a second are about 2% of a CPU.
-pub const AUTO_MAX_RATE: u64 = 5_000;
+/// Statements a second that `--sample-every auto` follows in full at most. Each costs 3.5 µs of CPU when all are
+/// followed, in the kernel and in myprobe together, and 5–7 µs sampled (each period's start and end, and the
+/// process list read again, are shared by fewer; bench/README.md): 3,000 a second are about 2% of a CPU.
+pub const AUTO_MAX_RATE: u64 = 3_000;
 
 impl SampleEvery {
     fn parse(s: &str) -> Result<Self, String> {
