@@ -163,7 +163,6 @@ const TOTAL: &str =
 const PARTS: &str =
     "sum by (db_query_text) (rate(myprobe_statement_time_seconds_total{job=\"myprobe\"}[10s]))";
 
-/// The server's own count of the statements it ran.
 #[test]
 fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let _alone = one_at_a_time();

@@ -315,7 +315,8 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
     let mut queries_args = o.queries.clone();
     queries_args.pid = Some(target.pid);
-    queries_args.sample_every = SampleEvery::Every(o.duty.map_or(1, |d| d.every));
+    let sample_every = o.duty.map_or(1, |d| d.every);
+    queries_args.sample_every = SampleEvery::Every(sample_every);
     let dispatch = queries::dispatch_function(&queries_args, target)?;
     let (slices, sliced) = mpsc::channel();
     let options = |duty: Option<Duty>| CollectOptions {
@@ -336,7 +337,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
     {
         let mut m = shared.metrics();
         m.attaches += 1;
-        m.sample_every = o.duty.map_or(1, |d| d.every.into());
+        m.sample_every = sample_every.into();
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::ALL {
             m.set_lost(kind.name(), Lost::default());

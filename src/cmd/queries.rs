@@ -111,7 +111,7 @@ impl SampleEvery {
         }
         match s.parse::<u32>() {
             Ok(n) if (1..=3600).contains(&n) => Ok(SampleEvery::Every(n)),
-            _ => Err("expected `auto` or a number of seconds between 1 and 3600".into()),
+            _ => Err("expected `auto` or a number between 1 and 3600".into()),
         }
     }
 

@@ -69,7 +69,8 @@ pub struct CollectOptions {
     pub attached: Option<std::sync::mpsc::Sender<&'static str>>,
     /// Sums moved out while tracing goes on (`myprobe agent`); `None`: read once, when tracing ends.
     pub slices: Option<Slices>,
-    /// Attached for one period in N only (`myprobe agent`), the sums scaled by N; `None`: all the time.
+    /// Attached for one period in N only (`myprobe agent`; `myprobe queries`, with N chosen from the rate of
+    /// statements), the sums scaled by N; `None`: all the time.
     pub duty: Option<periods::Duty>,
 }
 

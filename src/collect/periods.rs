@@ -112,12 +112,12 @@ impl SamplePeriods {
             self.every = (self.rate / max_rate.max(1) as f64)
                 .ceil()
                 .clamp(1.0, MAX_EVERY as f64) as u32;
-            (self.period_began, self.counted) = (Instant::now(), 0);
+            let now = Instant::now();
+            (self.period_began, self.counted) = (now, 0);
             if self.every == 1 {
                 return None;
             }
             // The new cycle starts with the period that just ended.
-            let now = Instant::now();
             self.cycle_began = now.checked_sub(self.length).unwrap_or(now);
             return Some(false);
         }

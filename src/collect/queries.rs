@@ -262,7 +262,7 @@ pub fn collect(
         }
     })?;
     let mut lost_said = Lost::default();
-    // Sampled (the agent): statements start only within a period; at its end the statements in flight are
+    // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
     // followed to their end (`closing`), then the tracepoints detached until the next period.
     let mut periods = opts.duty.map(SamplePeriods::of);
     let (mut attached, mut draining) = (true, false);

@@ -430,7 +430,8 @@ impl PreparedTexts {
             self.interval_us
                 .store(interval.as_micros() as u64, Ordering::Relaxed);
             let wanted = self.finder.wants_texts();
-            if self.wanted.swap(wanted, Ordering::Relaxed) != wanted && wanted {
+            let was_wanted = self.wanted.swap(wanted, Ordering::Relaxed);
+            if wanted && !was_wanted {
                 self.wake_sampler();
             }
             if wanted {
