@@ -1,4 +1,5 @@
-# Shared by the benchmarks (sourced): what a process's BPF programs and the process itself cost.
+# Shared by the benchmarks (sourced): what a process's BPF programs and the process itself cost, and the
+# collectors' command lines (collector_command reads the globals myprobe, pid and traced).
 
 # bpf_programs PID: "id name run_time_ns run_cnt", a line per BPF program process PID holds open (from its fds:
 # bpftool's own pid lookup is not available on every build)
@@ -12,3 +13,60 @@ bpf_programs() {
 
 # cpu_ticks PID: user + system clock ticks of a process so far
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# median [VALUE...]: median of the numeric arguments, "n/a" if none
+median() {
+    printf '%s\n' "$@" | awk '/^[0-9.]+$/ { v[n++] = $1 }
+        END {
+            if (n == 0) { print "n/a"; exit }
+            for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+            m = (n % 2) ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
+            printf "%.2f\n", m
+        }'
+}
+
+# collector_command COLLECTOR OUTFILE: sets cmd (the myprobe command line) and cmd_stdout
+collector_command() {
+    local c o=$2 options
+    read -r c options <<<"$1"
+    read -ra options <<<"${options:-}"
+    cmd_stdout=/dev/null
+    case $c in
+        queries) cmd=("$myprobe" queries -p "$pid" -d "$traced" --json) ;;
+        # 'trace FUNC': every call timed; the rate guard is off, the cost is what is measured.
+        trace) cmd=("$myprobe" trace -p "$pid" -d "$traced" --max-rate 0) ;;
+        # Every collector at once, and the page written.
+        report) cmd=("$myprobe" report -p "$pid" -d "$traced" -o "${o%.folded}.html") ;;
+        # Always on: stopped with SIGINT after the run (run_with); windows of 10 s, six times the default's
+        # work of writing windows, so that it is in the figures.
+        agent) cmd=("$myprobe" agent -p "$pid" --listen 127.0.0.1:19369 --window 10s --dir "${o%.folded}-windows") ;;
+        # No collector: a process that sleeps, what the method measures when nothing traces.
+        null) cmd=(sleep "$traced") ;;
+        *) cmd=("$myprobe" profile "$c" -p "$pid" -d "$traced" -o "$o") ;; # cpu offcpu alloc memleak locks ...
+    esac
+    cmd+=("${options[@]}")
+}
+
+# bpf_snapshot PID: "run_time_ns run_cnt" summed over the BPF programs process PID holds
+bpf_snapshot() {
+    bpf_programs "$1" | awk '{ t += $3; n += $4 } END { printf "%.0f %.0f\n", t, n }'
+}
+
+# measure_tracing PID SECONDS OUT: while myprobe (PID) traces, the in-kernel cost of its programs and its own
+# CPU over SECONDS, and its peak RSS; writes "ns_per_run runs_per_s bpf_cpu_pct myprobe_cpu_pct rss_mib" to OUT
+measure_tracing() {
+    local p=$1 window=$2 out=$3 t0 t1 c0 c1 hz
+    hz=$(getconf CLK_TCK)
+    # PID is timeout's: myprobe is its child.
+    p=$(pgrep -n -P "$p" || echo "$p")
+    read -r t0 n0 < <(bpf_snapshot "$p")
+    c0=$(cpu_ticks "$p")
+    sleep "$window"
+    read -r t1 n1 < <(bpf_snapshot "$p")
+    c1=$(cpu_ticks "$p")
+    rss=$(awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$p/status" 2>/dev/null || echo n/a)
+    awk -v t="$((t1 - t0))" -v n="$((n1 - n0))" -v c="$((c1 - c0))" -v hz="$hz" -v w="$window" -v rss="$rss" \
+        'BEGIN { printf "%s %.0f %.3f %.2f %s\n", (n > 0 ? sprintf("%.0f", t / n) : "n/a"), n / w, t / w / 1e7,
+                 c * 100 / hz / w, rss }' >"$out"
+}
+

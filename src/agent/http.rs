@@ -36,7 +36,8 @@ pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHand
     let busy = Arc::new(AtomicUsize::new(0));
     Ok(std::thread::spawn(move || {
         while !crate::collect::STOP.load(Ordering::SeqCst) {
-            let request = match server.recv_timeout(Duration::from_millis(200)) {
+            // STOP is seen within a second; a request wakes it at once.
+            let request = match server.recv_timeout(super::WAKE) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(e) => {

@@ -44,6 +44,10 @@ use retain::Retention;
 /// rounded to.
 const SLICE: Duration = Duration::from_secs(1);
 
+/// How long the agent's threads sleep at most: every wakeup of a thread of its own takes a busy server's CPU
+/// for a moment, so they wake for what is due (slices, periods, requests) and otherwise this seldom.
+const WAKE: Duration = Duration::from_secs(1);
+
 /// Addresses whose names are kept from one window to the next: past these, they are symbolized again.
 const MAX_NAMES_CACHED: usize = 100_000;
 
@@ -210,6 +214,8 @@ pub fn run(o: Options) -> Result<()> {
     collect::install_stop_handler();
     collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
     collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
+    // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
+    collect::ring::set_poll_interval(WAKE);
     let retention = Retention::new(&o.dir, o.retain, o.retain_bytes)?;
     let shared = Arc::new(Shared {
         metrics: Mutex::new(Metrics::new(o.top)),
@@ -404,12 +410,10 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         let mut failed = Vec::new();
         // Until every collector has ended: the server exited, or the agent stops.
         while !(stack_threads.is_empty() && statements.is_finished()) {
-            match sliced.recv_timeout(Duration::from_millis(200)) {
+            match sliced.recv_timeout(WAKE) {
                 Ok(slice) => add_slice(shared, &mut window, &slice),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(Duration::from_millis(200))
-                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(WAKE),
             }
             // Slices wait here while a window is written: every one in before a request is answered.
             while let Ok(slice) = sliced.try_recv() {

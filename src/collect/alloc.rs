@@ -297,6 +297,10 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
         Ok(())
     }
 
+    fn next_tick(&self) -> Option<Instant> {
+        self.periods.next_change()
+    }
+
     fn stop(&mut self) {
         self.periods.end();
         // Entries before frees: an allocation traced must not miss its free.

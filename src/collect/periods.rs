@@ -128,6 +128,30 @@ impl SamplePeriods {
         (open != self.open_since.is_some()).then_some(open)
     }
 
+    /// When [`SamplePeriods::due`] may next say a change: the end of the period under way or the start of the
+    /// next one (`None`: never, attached all the time or stopped).
+    pub fn next_change(&self) -> Option<Instant> {
+        if self.stopped {
+            return None;
+        }
+        if self.max_rate.is_some() && self.open_since.is_some() {
+            return Some(self.period_began + self.length);
+        }
+        if self.every == 1 && self.max_rate.is_none() {
+            return None;
+        }
+        let cycle = (self.length * self.every).as_nanos().max(1);
+        let length = self.length.as_nanos();
+        let now = Instant::now();
+        let phase = (now - self.cycle_began).as_nanos() % cycle;
+        let left = if phase < length {
+            length - phase
+        } else {
+            cycle - phase
+        };
+        Some(now + Duration::from_nanos(left.min(u64::MAX as u128) as u64))
+    }
+
     /// Whether the probes are attached.
     pub fn open(&self) -> bool {
         self.open_since.is_some()
@@ -202,6 +226,31 @@ mod tests {
         let (open, total) = p.probed();
         assert!(open < total && p.scale() > 1.0, "{open:?} of {total:?}");
         assert_eq!(SamplePeriods::new(Duration::from_millis(40), 1).due(), None);
+        assert_eq!(
+            SamplePeriods::new(Duration::from_millis(40), 1).next_change(),
+            None
+        );
+    }
+
+    #[test]
+    fn the_next_change_is_where_due_says_it() {
+        let ms = Duration::from_millis;
+        let mut p = SamplePeriods::new(ms(200), 4);
+        let end = p.next_change().expect("sampled");
+        assert!(end <= Instant::now() + ms(200));
+        std::thread::sleep(end.saturating_duration_since(Instant::now()) + ms(5));
+        assert_eq!(p.due(), Some(false), "the period ended at its next change");
+        p.set(false);
+        let start = p.next_change().expect("sampled");
+        let left = start.saturating_duration_since(Instant::now());
+        assert!(left <= ms(600), "the next cycle's period in {left:?}");
+        assert_eq!(p.due(), None, "not yet");
+        std::thread::sleep(left + ms(5));
+        assert_eq!(
+            p.due(),
+            Some(true),
+            "the next period began at its next change"
+        );
     }
 
     #[test]

@@ -2,7 +2,12 @@
 //! socket syscalls, with each statement's time partitioned (on CPU, waiting for one, in syscalls by class)
 //! and the stack of its longest futex wait.
 
-use std::{cell::Cell, mem::MaybeUninit, path::Path};
+use std::{
+    cell::Cell,
+    mem::MaybeUninit,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
@@ -37,6 +42,9 @@ unsafe impl Plain for query_thread {}
 /// second of sysbench's statements on two CPUs, where the reader drains it every 100 ms. Mapped into
 /// myprobe twice (the kernel's trick for records that wrap), so its RSS counts it twice.
 const RING_BUFFER_BYTES: u32 = 8 << 20;
+
+/// How often a period's end looks for statements still in flight: the programs stay attached until none is.
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 /// A statement's resource use, as the kernel side counted it (nanoseconds, bytes, counts).
 pub type Counters = query_counters;
@@ -313,11 +321,21 @@ pub fn collect(
             .filter(|p| p.every() > 1)
             .map(|p| format!(", 1 s in {}", p.every()))
             .unwrap_or_default();
-        Ok(format!(
-            "queries: {:>4}{secs} s{sampled}, {} lost",
-            elapsed.as_secs(),
-            l.total()
-        ))
+        // While draining, the statements in flight are looked for as often as before; else woken for the next
+        // period's edge on time, whatever the poll interval.
+        let due = if draining {
+            Some(Instant::now() + DRAIN_CHECK)
+        } else {
+            periods.as_ref().and_then(SamplePeriods::next_change)
+        };
+        Ok(ring::Tick {
+            status: format!(
+                "queries: {:>4}{secs} s{sampled}, {} lost",
+                elapsed.as_secs(),
+                l.total()
+            ),
+            due,
+        })
     });
     if let Some(p) = periods.as_mut() {
         p.end();

@@ -3,7 +3,7 @@
 
 use std::{
     io::IsTerminal,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
@@ -19,6 +19,23 @@ pub static SHOW_PROGRESS: AtomicBool = AtomicBool::new(true);
 /// Whether [`poll`] says that the traced process exited: off where the command says it once for all its
 /// collectors.
 pub static SAY_EXIT: AtomicBool = AtomicBool::new(true);
+
+/// The longest [`poll`] waits between ticks, in ms: 100 where records are written as they come and progress is
+/// shown; the agent, which answers in seconds, sets 1 s, so that its readers wake a busy server's CPUs less
+/// (every wakeup of a tracer thread there takes a CPU from a server thread).
+static POLL_INTERVAL_MS: AtomicU64 = AtomicU64::new(100);
+
+/// Sets how long [`poll`] waits at most between ticks (see [`POLL_INTERVAL_MS`]).
+pub fn set_poll_interval(interval: Duration) {
+    POLL_INTERVAL_MS.store(interval.as_millis().max(1) as u64, Ordering::Relaxed);
+}
+
+/// What a tick of [`poll`] returns: its status line, and when the next tick is due if sooner than the poll
+/// interval (a sampled period's edge, a slice).
+pub struct Tick {
+    pub status: String,
+    pub due: Option<Instant>,
+}
 
 static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
@@ -46,18 +63,21 @@ pub fn reader<'cb>(
     builder.build().context("setting up the ring buffer reader")
 }
 
-/// Reads `ring` until `duration` passes, Ctrl-C, or the traced process exits, then what is left. `tick` runs after every poll (at least
-/// every 100 ms) and returns a status line, shown once a second on a terminal. Returns the time traced. The
-/// programs stay attached until the caller drops them.
+/// Reads `ring` until `duration` passes, Ctrl-C, or the traced process exits, then what is left. `tick` runs after
+/// every poll (at least every poll interval, 100 ms unless [`set_poll_interval`], and by the time it asks) and
+/// returns a status line, shown once a second on a terminal. Returns the time traced. The programs stay attached
+/// until the caller drops them.
 pub fn poll(
     ring: &RingBuffer<'_>,
     duration: Duration,
-    mut tick: impl FnMut(Duration) -> Result<String>,
+    mut tick: impl FnMut(Duration) -> Result<Tick>,
 ) -> Result<Duration> {
     let started = Instant::now();
     let show_progress = std::io::stderr().is_terminal() && SHOW_PROGRESS.load(Ordering::Relaxed);
     let mut last_progress = started;
     let mut last_check = started;
+    let interval = Duration::from_millis(POLL_INTERVAL_MS.load(Ordering::Relaxed));
+    let mut due: Option<Instant> = None;
     while !STOP.load(Ordering::SeqCst) {
         let left = duration.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -78,17 +98,22 @@ pub fn poll(
             }
         }
         // The BPF side wakes us only once a batch has accumulated; otherwise what it sent without a wakeup is
-        // read when the timeout expires, so nothing waits more than 100 ms.
-        match ring.poll(left.min(Duration::from_millis(100))) {
+        // read when the timeout expires, so nothing waits more than the interval.
+        let wait = due.map_or(interval, |d| {
+            d.saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), interval)
+        });
+        match ring.poll(left.min(wait)) {
             Ok(()) => {}
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
             Err(e) => return Err(e).context("reading the ring buffer"),
         }
         ring.consume().context("reading the ring buffer")?;
-        let status = tick(started.elapsed())?;
+        let t = tick(started.elapsed())?;
+        due = t.due;
         if show_progress && last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
-            say_part!("\r{status}   ");
+            say_part!("\r{}   ", t.status);
         }
     }
     let traced = started.elapsed();

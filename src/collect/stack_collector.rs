@@ -237,9 +237,14 @@ pub trait Collector {
         attach_by_section(skel.object())
     }
 
-    /// Called after every read of the ring buffer (at least every 100 ms) while tracing.
+    /// Called after every read of the ring buffer (at least every poll interval, see `ring::poll`) while tracing.
     fn tick(&mut self, _skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {
         Ok(())
+    }
+
+    /// When the next tick is due at the latest, if the collector keeps a time of its own (memleak's periods).
+    fn next_tick(&self) -> Option<Instant> {
+        None
     }
 
     /// Tracing ended: drop the links the collector holds itself, before those [`Collector::attach`] gave.
@@ -453,13 +458,25 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
             }
         }
         let lost = C::Skel::lost(&skel).total();
-        Ok(format!(
-            "{}: {:>4}/{} s, {} stacks, {lost} lost",
-            C::NAME,
-            elapsed.as_secs(),
-            opts.duration.as_secs(),
-            stacks.borrow().len()
-        ))
+        // Woken for a period's edge and a slice on time, whatever the poll interval.
+        let due = [
+            periods.as_ref().and_then(SamplePeriods::next_change),
+            opts.slices.as_ref().map(|s| last_slice + s.every),
+            collector.next_tick(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        Ok(ring::Tick {
+            status: format!(
+                "{}: {:>4}/{} s, {} stacks, {lost} lost",
+                C::NAME,
+                elapsed.as_secs(),
+                opts.duration.as_secs(),
+                stacks.borrow().len()
+            ),
+            due,
+        })
     });
     collector.stop();
     drop(links);
