@@ -75,6 +75,29 @@ fn agent(pid: u32, port: u16, dir: &Path, extra: &[&str]) -> Background {
     Background::start(&args, "myprobe: agent: tracing")
 }
 
+/// sched(7)'s SCHED_BATCH, as /proc/PID/stat numbers policies.
+const SCHED_BATCH: u32 = 3;
+
+/// The scheduling policy of each thread of `pid` (field 41 of /proc/PID/task/TID/stat), with its name.
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // The name is within the first '(' and the last ')'; fields count on from the state, field 3.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let policy = stat[close + 1..].split_whitespace().nth(41 - 3);
+        threads.push((
+            stat[open + 1..close].to_string(),
+            policy.and_then(|p| p.parse().ok()).unwrap_or(u32::MAX),
+        ));
+    }
+    threads
+}
+
 struct Prometheus(Child);
 
 impl Drop for Prometheus {
@@ -184,6 +207,12 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     assert!(
         health.starts_with(&format!("ok: tracing PID {}", db.pid)),
         "{health}"
+    );
+    // Its threads, the collectors' and HTTP's made after the start, never preempt the server's on waking.
+    let policies = thread_policies(running.pid());
+    assert!(
+        policies.len() > 4 && policies.iter().all(|(_, p)| *p == SCHED_BATCH),
+        "{policies:?}"
     );
 
     // pprof's own client pulls five seconds of on-CPU samples while the load runs: it is started, seen to

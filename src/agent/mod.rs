@@ -211,6 +211,8 @@ impl Shared {
 /// Runs until SIGINT or SIGTERM.
 pub fn run(o: Options) -> Result<()> {
     process::check_environment(o.queries.btf.as_deref())?;
+    // Before any thread is made: they inherit it.
+    yield_to_the_server();
     collect::install_stop_handler();
     collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
     collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
@@ -284,6 +286,21 @@ pub fn run(o: Options) -> Result<()> {
     say!("myprobe: agent: stopping");
     let _ = server.join();
     Ok(())
+}
+
+/// Puts the calling thread, and the threads it makes from now on, in SCHED_BATCH: the same share of the CPUs, but
+/// a thread of the agent that wakes never preempts the one running (sched(7)). On a server whose threads keep the
+/// CPUs busy, a wakeup that preempts a thread holding an InnoDB latch leaves the others spinning on it; the agent's
+/// work waits the few milliseconds for that thread's turn to end instead.
+fn yield_to_the_server() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain system call on the calling thread, with a parameter that lives across it.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        say!(
+            "myprobe: agent: warning: the agent's threads keep their scheduling policy (SCHED_BATCH refused: {})",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// What tells a server apart from others of the same executable: its `--datadir` (the port and socket may
