@@ -81,7 +81,10 @@ const SCHED_BATCH: u32 = 3;
 /// The scheduling policy of each thread of `pid` (field 41 of /proc/PID/task/TID/stat), with its name.
 fn thread_policies(pid: u32) -> Vec<(String, u32)> {
     let mut threads = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
