@@ -93,8 +93,16 @@ impl SamplePeriods {
 
     /// Whether now is within a period probed.
     fn in_period(&self) -> bool {
-        let cycle = self.length * self.every;
-        self.cycle_began.elapsed().as_nanos() % cycle.as_nanos().max(1) < self.length.as_nanos()
+        self.phase(Instant::now()) < self.length.as_nanos()
+    }
+
+    /// Where `now` falls in the cycle, in ns from its start (`in_period` and `next_change` read the same).
+    fn phase(&self, now: Instant) -> u128 {
+        (now - self.cycle_began).as_nanos() % self.cycle_ns()
+    }
+
+    fn cycle_ns(&self) -> u128 {
+        (self.length * self.every).as_nanos().max(1)
     }
 
     /// `Some(open)` when the probes must be attached (true) or detached (false) now.
@@ -140,14 +148,13 @@ impl SamplePeriods {
         if self.every == 1 && self.max_rate.is_none() {
             return None;
         }
-        let cycle = (self.length * self.every).as_nanos().max(1);
         let length = self.length.as_nanos();
         let now = Instant::now();
-        let phase = (now - self.cycle_began).as_nanos() % cycle;
+        let phase = self.phase(now);
         let left = if phase < length {
             length - phase
         } else {
-            cycle - phase
+            self.cycle_ns() - phase
         };
         Some(now + Duration::from_nanos(left.min(u64::MAX as u128) as u64))
     }
