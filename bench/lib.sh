@@ -42,6 +42,8 @@ collector_command() {
         agent) cmd=("$myprobe" agent -p "$pid" --listen 127.0.0.1:19369 --window 10s --dir "${o%.folded}-windows") ;;
         # No collector: a process that sleeps, what the method measures when nothing traces.
         null) cmd=(sleep "$traced") ;;
+        # The kernel's own sampler at the agent's rate, no BPF: what any sampling profiler costs the load.
+        perf) cmd=(perf record -F 19 -a -g -o "${o%.folded}.perf.data" -- sleep "$traced") ;;
         *) cmd=("$myprobe" profile "$c" -p "$pid" -d "$traced" -o "$o") ;; # cpu offcpu alloc memleak locks ...
     esac
     cmd+=("${options[@]}")
