@@ -37,8 +37,8 @@ collector_command() {
         trace) cmd=("$myprobe" trace -p "$pid" -d "$traced" --max-rate 0) ;;
         # Every collector at once, and the page written.
         report) cmd=("$myprobe" report -p "$pid" -d "$traced" -o "${o%.folded}.html") ;;
-        # Always on: stopped by a signal after the run (SIGINT in overhead, SIGTERM in alternate); windows of 10 s, six times the default's
-        # work of writing windows, so that it is in the figures.
+        # Always on: stopped by a signal after the run (SIGINT in overhead, SIGTERM in alternate); windows of 10 s,
+        # six times the default's work of writing windows, so that it is in the figures.
         agent) cmd=("$myprobe" agent -p "$pid" --listen 127.0.0.1:19369 --window 10s --dir "${o%.folded}-windows") ;;
         # No collector: a process that sleeps, what the method measures when nothing traces.
         null) cmd=(sleep "$traced") ;;

@@ -86,16 +86,13 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
         .flatten()
     {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
+            continue; // exited meanwhile
         };
-        // The name is within the first '(' and the last ')'; fields count on from the state, field 3.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let policy = stat[close + 1..].split_whitespace().nth(41 - 3);
+        let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+        let policy = myprobe::process::stat_field(&stat, 41).and_then(|p| p.parse().ok());
         threads.push((
-            stat[open + 1..close].to_string(),
-            policy.and_then(|p| p.parse().ok()).unwrap_or(u32::MAX),
+            myprobe::process::thread_name(pid, tid),
+            policy.unwrap_or(u32::MAX),
         ));
     }
     threads

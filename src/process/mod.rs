@@ -131,9 +131,14 @@ static WATCHED: std::sync::Mutex<Option<(u32, u64)>> = std::sync::Mutex::new(Non
 /// when the PID is reused.
 fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the name in parentheses (which may hold anything), field 22 is the 20th.
+    stat_field(&stat, 22)?.parse().ok()
+}
+
+/// Field `n` (from 1, as proc(5) numbers them) of a /proc/PID/stat or /proc/PID/task/TID/stat line; counted after
+/// the name in parentheses, which may hold anything, spaces and parentheses too. `n` is 3 (the state) or more.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    after_name.split_whitespace().nth(n.checked_sub(3)?)
 }
 
 /// The traced process, if it exited since [`resolve`] found it (a server restarted has a new PID, and a PID
@@ -352,6 +357,17 @@ mod tests {
         let t = start_time(me).expect("a start time");
         assert_eq!(start_time(me), Some(t));
         assert!(start_time(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn stat_fields_count_past_a_name_with_spaces_and_parentheses() {
+        let stat = "42 (a) b (c)) S 1 42 0 0 -1";
+        assert_eq!(stat_field(stat, 3), Some("S"));
+        assert_eq!(stat_field(stat, 5), Some("42"));
+        assert_eq!(stat_field(stat, 8), Some("-1"));
+        assert_eq!(stat_field(stat, 9), None);
+        assert_eq!(stat_field(stat, 2), None);
+        assert_eq!(stat_field("no name", 3), None);
     }
 
     #[test]
