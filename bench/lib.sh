@@ -72,17 +72,19 @@ measure_tracing() {
                  c * 100 / hz / w, rss }' >"$out"
 }
 
-# Where each side runs: BENCH_SERVER_CPUS, BENCH_LOAD_CPUS, BENCH_TRACER_CPUS (taskset's CPU lists; unset, the
-# scheduler places it). pinning checks them and sets load_on and tracer_on, the prefixes of sysbench's and the
-# collector's command lines; pin_server PID moves every thread of the server, and so those it makes later.
+# Where each side runs: BENCH_SERVER_CPUS, BENCH_LOAD_CPUS, BENCH_TRACER_CPUS, and bench/alternate's twin server
+# with its load, BENCH_TWIN_CPUS (taskset's CPU lists; unset, the scheduler places it, and there is no twin).
+# pinning checks them and sets load_on, tracer_on and twin_on, the prefixes of sysbench's, the collector's and the
+# twin's command lines; pin_server PID moves every thread of the server, and so those it makes later.
 pinning() {
     local v
-    for v in BENCH_SERVER_CPUS BENCH_LOAD_CPUS BENCH_TRACER_CPUS; do
+    for v in BENCH_SERVER_CPUS BENCH_LOAD_CPUS BENCH_TRACER_CPUS BENCH_TWIN_CPUS; do
         [[ -z ${!v:-} ]] || taskset -c "${!v}" true 2>/dev/null ||
             { echo "$v must be a list of this machine's CPUs, as taskset -c takes it (got '${!v}')" >&2; exit 2; }
     done
-    load_on=() tracer_on=()
+    load_on=() tracer_on=() twin_on=()
     [[ -z ${BENCH_LOAD_CPUS:-} ]] || load_on=(taskset -c "$BENCH_LOAD_CPUS")
     [[ -z ${BENCH_TRACER_CPUS:-} ]] || tracer_on=(taskset -c "$BENCH_TRACER_CPUS")
+    [[ -z ${BENCH_TWIN_CPUS:-} ]] || twin_on=(taskset -c "$BENCH_TWIN_CPUS")
 }
 pin_server() { [[ -z ${BENCH_SERVER_CPUS:-} ]] || taskset -a -p -c "$BENCH_SERVER_CPUS" "$1" >/dev/null; }
