@@ -75,7 +75,8 @@ measure_tracing() {
 # Where each side runs: BENCH_SERVER_CPUS, BENCH_LOAD_CPUS, BENCH_TRACER_CPUS, and bench/alternate's twin server
 # with its load, BENCH_TWIN_CPUS (taskset's CPU lists; unset, the scheduler places it, and there is no twin).
 # pinning checks them and sets load_on, tracer_on and twin_on, the prefixes of sysbench's, the collector's and the
-# twin's command lines; pin_server PID moves every thread of the server, and so those it makes later.
+# twin's command lines; pin_server PID [CPUS] moves every thread of a server, and so those it makes later, to CPUS
+# (BENCH_SERVER_CPUS unless given).
 pinning() {
     local v
     for v in BENCH_SERVER_CPUS BENCH_LOAD_CPUS BENCH_TRACER_CPUS BENCH_TWIN_CPUS; do
@@ -87,4 +88,7 @@ pinning() {
     [[ -z ${BENCH_TRACER_CPUS:-} ]] || tracer_on=(taskset -c "$BENCH_TRACER_CPUS")
     [[ -z ${BENCH_TWIN_CPUS:-} ]] || twin_on=(taskset -c "$BENCH_TWIN_CPUS")
 }
-pin_server() { [[ -z ${BENCH_SERVER_CPUS:-} ]] || taskset -a -p -c "$BENCH_SERVER_CPUS" "$1" >/dev/null; }
+pin_server() {
+    local cpus=${2:-${BENCH_SERVER_CPUS:-}}
+    [[ -z $cpus ]] || taskset -a -p -c "$cpus" "$1" >/dev/null
+}
