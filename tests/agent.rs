@@ -392,8 +392,11 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 
 #[test]
 fn sampled_statements_are_scaled_to_the_servers_count() {
-    // By default statements are traced one second in ten, each counted ten times: over whole cycles the
-    // agent's count is the server's own (Questions), within what the load's rate varies from second to second.
+    // Statements are traced one second in N or more: as many as keep those traced within --max-statements a
+    // second, chosen after each second traced, and each counts for the cycle it was traced in. Over whole cycles
+    // the agent's count is the server's own (Questions), within what the load's rate varies from second to
+    // second. The limit is set from the load's own rate so that the agent chooses cycles of about 8, past the 5
+    // asked, on any machine.
     let _alone = one_at_a_time();
     let db = testdb();
     let dir = tempdir("agent-sampled");
@@ -407,13 +410,23 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    let mut load = db.load(60);
-    let running = agent(db.pid, port, &dir.join("windows"), &[]);
+    let mut load = db.load(75);
+    std::thread::sleep(Duration::from_secs(1));
+    let (before, at) = (questions(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let rate = (questions() - before) as f64 / at.elapsed().as_secs_f64();
+    let max = ((rate / 8.0) as u64).max(1).to_string();
+    let running = agent(
+        db.pid,
+        port,
+        &dir.join("windows"),
+        &["--sample-every", "5", "--max-statements", &max],
+    );
     // The count moves once a cycle, for a second or two; where it has been still for 3 s a cycle's statements
     // are all in. The first cycle's period is left out: the agent's own start slows the server then.
     let mut settled: Vec<(u64, u64)> = Vec::new();
     let (mut last, mut since) = (0, Instant::now());
-    let deadline = Instant::now() + Duration::from_secs(50);
+    let deadline = Instant::now() + Duration::from_secs(65);
     while settled.len() < 3 {
         assert!(Instant::now() < deadline, "{settled:?}\n{}", metrics());
         std::thread::sleep(Duration::from_millis(250));
@@ -431,9 +444,16 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
         panic!("the load ended early:\n{}", load.end());
     }
     let text = metrics();
-    assert!(text.contains("myprobe_sample_every 10"), "{text}");
+    assert!(text.contains("myprobe_sample_every 5"), "{text}");
+    let every = text
+        .lines()
+        .find_map(|l| l.strip_prefix("myprobe_statement_sample_every "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        every.is_some_and(|n| n > 5),
+        "{rate:.0} statements a second, at most {max} traced: cycles of more than 5 chosen\n{text}"
+    );
     let (agent, server) = (settled[2].0 - settled[0].0, settled[2].1 - settled[0].1);
-    assert!(agent > 0 && agent.is_multiple_of(10), "{settled:?}");
     let ratio = agent as f64 / server as f64;
     assert!(
         (0.6..1.6).contains(&ratio),

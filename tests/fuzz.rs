@@ -1530,7 +1530,7 @@ proptest! {
                     fed.push(payload.clone());
                     fds.insert(*fd);
                 }
-                Event::Stack { .. } | Event::Lost(_) | Event::Period(_) => {}
+                Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => {}
                 Event::PacketOut { fd, bytes } => {
                     fed.push(bytes.clone());
                     fds.insert(*fd);

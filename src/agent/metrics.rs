@@ -89,8 +89,10 @@ pub struct Metrics {
     pub attaches: u64,
     /// On-CPU samples of the server's threads.
     pub cpu_samples: u64,
-    /// Off-CPU, lock and statement tracing runs one period in this many: what their figures are scaled by.
+    /// Off-CPU and lock tracing runs one period in this many: what their figures are scaled by.
     pub sample_every: u64,
+    /// Statements: the cycle of the last one traced (each is scaled by its own, `QueryRecord::stands_for`).
+    pub statements_every: u64,
 }
 
 impl Metrics {
@@ -108,6 +110,7 @@ impl Metrics {
             attaches: 0,
             cpu_samples: 0,
             sample_every: 1,
+            statements_every: 1,
         }
     }
 
@@ -116,15 +119,19 @@ impl Metrics {
         self.db_system = system;
     }
 
-    pub fn add_statement(&mut self, r: &QueryRecord) {
+    /// A statement traced: it stands for `r.stands_for` of them.
+    pub fn add_statement(&mut self, mut r: QueryRecord) {
+        // The record's own strings become the key: nothing is copied for a statement.
         let key = Key {
-            db: r.db.clone().unwrap_or_default(),
+            db: r.db.take().unwrap_or_default(),
             fingerprint: r
                 .fingerprint
-                .clone()
+                .take()
                 .unwrap_or_else(|| format!("({})", r.command.to_lowercase())),
         };
-        let scale = self.sample_every.max(1);
+        let scale = u64::from(r.stands_for.max(1));
+        self.statements_every = scale;
+        let r = &r;
         if let Some(s) = self.exposed.get_mut(&key) {
             s.add(r, scale);
         } else if self.exposed.len() < self.top {
@@ -349,10 +356,22 @@ impl Metrics {
             &mut out,
             "myprobe_sample_every",
             "gauge",
-            "Off-CPU, lock-wait and statement tracing runs one second in this many (the on-CPU profile always); \
-             their series are scaled up by it.",
+            "Off-CPU and lock-wait tracing runs one second in this many (the on-CPU profile always); their series \
+             are scaled up by it.",
         );
         let _ = writeln!(out, "myprobe_sample_every {}", self.sample_every);
+        family(
+            &mut out,
+            "myprobe_statement_sample_every",
+            "gauge",
+            "Statements are traced one second in this many now (myprobe_sample_every or more, as their rate asks); \
+             each counts for the cycle it was traced in.",
+        );
+        let _ = writeln!(
+            out,
+            "myprobe_statement_sample_every {}",
+            self.statements_every
+        );
         family(
             &mut out,
             "myprobe_target_info",
@@ -538,15 +557,29 @@ mod tests {
     }
 
     #[test]
+    fn a_statement_counts_for_its_cycle() {
+        let mut m = Metrics::new(10);
+        m.add_statement(QueryRecord {
+            stands_for: 7,
+            ..record("d", "SELECT ? FROM a", 10, 0)
+        });
+        m.add_statement(record("d", "SELECT ? FROM a", 10, 0));
+        let text = m.render(&Own::default());
+        let count = "myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"d\"";
+        assert_eq!(value(&text, count), 8.0, "{text}");
+        assert_eq!(value(&text, "myprobe_statement_sample_every "), 1.0);
+    }
+
+    #[test]
     fn parts_add_up_to_the_histogram_sum() {
         let mut m = Metrics::new(10);
-        m.add_statement(&record(
+        m.add_statement(record(
             "sbtest",
             "SELECT c FROM sbtest1 WHERE id = ?",
             300,
             0,
         ));
-        m.add_statement(&record(
+        m.add_statement(record(
             "sbtest",
             "SELECT c FROM sbtest1 WHERE id = ?",
             200,
@@ -601,8 +634,8 @@ mod tests {
     #[test]
     fn past_the_top_statements_add_to_other_until_they_take_more_time() {
         let mut m = Metrics::new(1);
-        m.add_statement(&record("d", "SELECT ? FROM a", 10, 0));
-        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
+        m.add_statement(record("d", "SELECT ? FROM a", 10, 0));
+        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
         let text = m.render(&Own::default());
         assert!(text.contains("db_query_summary=\"SELECT a\""));
         assert!(!text.contains("db_query_summary=\"SELECT b\""));
@@ -612,14 +645,14 @@ mod tests {
         );
         // b took 10 times a's time in the window: it takes a's place, from zero; other keeps what it had.
         m.end_window();
-        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
+        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
         let text = m.render(&Own::default());
         assert!(!text.contains("db_query_summary=\"SELECT a\""));
         assert!(text.contains("myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"d\",db_query_summary=\"SELECT b\",db_query_text=\"SELECT ? FROM b\"} 1"));
         // Less than twice as much: no change.
         m.end_window();
-        m.add_statement(&record("d", "SELECT ? FROM b", 100, 0));
-        m.add_statement(&record("d", "SELECT ? FROM c", 150, 0));
+        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
+        m.add_statement(record("d", "SELECT ? FROM c", 150, 0));
         m.end_window();
         let text = m.render(&Own::default());
         assert!(text.contains("db_query_summary=\"SELECT b\""));

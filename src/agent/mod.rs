@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cmd::queries::{self, QueriesArgs, SampleEvery},
+    cmd::queries::{self, QueriesArgs},
     collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
     process::{self, Flavor, Target},
     profile::{
@@ -65,9 +65,10 @@ pub struct Options {
     pub retain_bytes: u64,
     /// Fingerprints with series of their own.
     pub top: usize,
-    /// Off-CPU, lock and statement tracing attached one second in N (`None`: all the time).
+    /// Off-CPU and lock tracing attached one second in N (`None`: all the time).
     pub duty: Option<Duty>,
-    /// The statements' tracing: its connection to the server, `--raw-sql`, `--no-sql`, `--btf`, memory.
+    /// The statements' tracing: one second in N or more (`sample_every`), its connection to the server,
+    /// `--raw-sql`, `--no-sql`, `--btf`, memory.
     pub queries: QueriesArgs,
 }
 
@@ -339,7 +340,6 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
     let mut queries_args = o.queries.clone();
     queries_args.pid = Some(target.pid);
     let sample_every = o.duty.map_or(1, |d| d.every);
-    queries_args.sample_every = SampleEvery::Every(sample_every);
     let dispatch = queries::dispatch_function(&queries_args, target)?;
     let (slices, sliced) = mpsc::channel();
     let options = |duty: Option<Duty>| CollectOptions {
@@ -361,6 +361,10 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         let mut m = shared.metrics();
         m.attaches += 1;
         m.sample_every = sample_every.into();
+        m.statements_every = queries_args
+            .sample_every
+            .duty()
+            .map_or(1, |d| d.every.into());
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::ALL {
             m.set_lost(kind.name(), Lost::default());
@@ -419,7 +423,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
                 target,
                 dispatch,
                 || {},
-                |r| shared.metrics().add_statement(&r),
+                |r| shared.metrics().add_statement(r),
                 |lost| shared.metrics().set_lost("queries", lost),
             )
         });

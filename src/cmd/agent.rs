@@ -5,7 +5,15 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Result;
 use clap::Args;
 
-use crate::{agent, client::ConnectArgs, cmd::queries::QueriesArgs, collect::periods::Duty};
+use crate::{
+    agent,
+    client::ConnectArgs,
+    cmd::queries::{QueriesArgs, SampleEvery},
+    collect::periods::Duty,
+};
+
+/// `--max-statements`: 1,000 statements a second traced cost about 0.5% of a CPU (bench/README.md).
+pub const AGENT_MAX_STATEMENTS: u64 = 1_000;
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -42,6 +50,11 @@ pub struct AgentArgs {
     /// (about N times the cost); waits longer than a second are undercounted when N > 1
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub sample_every: u32,
+    /// Sampled (N > 1), statements traced a second at most, on average: above it they are traced one second in
+    /// more than N, chosen from their rate after each second traced (each costs about 5 µs of CPU, in the
+    /// kernel and here). 0: one second in N whatever the rate
+    #[arg(long, value_name = "RATE", default_value_t = AGENT_MAX_STATEMENTS)]
+    pub max_statements: u64,
     /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
     #[arg(long)]
     pub raw_sql: bool,
@@ -109,6 +122,12 @@ pub fn run(a: AgentArgs) -> Result<()> {
             max_rate: None,
         }),
         queries: QueriesArgs {
+            sample_every: match (a.sample_every, a.max_statements) {
+                (every, max_rate) if every > 1 && max_rate > 0 => {
+                    SampleEvery::AtLeast { every, max_rate }
+                }
+                (every, _) => SampleEvery::Every(every),
+            },
             raw_sql: a.raw_sql,
             any_process: a.any_process,
             btf: a.btf,

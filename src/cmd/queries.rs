@@ -97,6 +97,11 @@ pub struct QueriesArgs {
 pub enum SampleEvery {
     Auto,
     Every(u32),
+    /// One second in N or more: as many as keep the statements traced within `max_rate` a second (the agent's).
+    AtLeast {
+        every: u32,
+        max_rate: u64,
+    },
 }
 
 /// Statements a second that `--sample-every auto` follows in full at most. Each costs 3.5 µs of CPU when all are
@@ -121,6 +126,7 @@ impl SampleEvery {
             SampleEvery::Every(1) => return None,
             SampleEvery::Every(n) => (n, None),
             SampleEvery::Auto => (1, Some(AUTO_MAX_RATE)),
+            SampleEvery::AtLeast { every, max_rate } => (every.max(1), Some(max_rate)),
         };
         Some(Duty {
             length: Duration::from_secs(1),
@@ -405,6 +411,8 @@ pub fn follow(
     if !a.no_sql {
         texts.start(&a.connect, target.pid);
     }
+    // What each statement traced stands for: its period's cycle (`Event::Cycle`).
+    let mut stands_for = a.sample_every.duty().map_or(1, |d| d.every);
     let (lost, scale) = collect::queries::collect(
         &opts,
         !a.no_wait_sites,
@@ -419,6 +427,10 @@ pub fn follow(
                 // Between sampled periods no statement is traced: the process list is not read either.
                 Event::Period(true) => return texts.resume(),
                 Event::Period(false) => return texts.pause(&mut tracker, &mut emit),
+                Event::Cycle(every) => {
+                    stands_for = *every;
+                    return;
+                }
                 _ => {}
             }
             let record = tracker.handle(event);
@@ -455,6 +467,7 @@ pub fn follow(
             }
             let Some(mut record) = record else { return };
             seen += 1;
+            record.stands_for = stands_for;
             if record.lock_stack != 0 {
                 record.lock_site = sites.of(record.lock_stack);
             }

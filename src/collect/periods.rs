@@ -1,9 +1,11 @@
 //! Tracing for one period in N: probes attached for a period, then detached for the rest of the cycle, and what
 //! they found scaled up by the time traced over the time probed. memleak samples its allocation functions so
 //! (100 ms in N); the agent its off-CPU, lock and statement collectors (`Duty`, 1 s in N), whose in-kernel cost
-//! is then paid for that share of the time only. `myprobe queries` chooses N itself after each period, from the
-//! rate of statements it traced (`Duty::max_rate`): a quiet server's statements are all traced, a busy one's
-//! for as many periods as keep its cost within budget.
+//! is then paid for that share of the time only. `myprobe queries` and the agent's statements choose N
+//! themselves after each period, from the rate of statements traced in it (`Duty::max_rate`): a quiet server's
+//! statements are all traced (or one second in the agent's `--sample-every`), a busy one's for as many periods as
+//! keep the cost within budget. A cycle so chosen begins once the cycle under way has ended, so that what a period
+//! finds stands for the cycle it opened (`SamplePeriods::every` then), whatever is chosen at its end.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +14,8 @@ use std::time::{Duration, Instant};
 pub struct Duty {
     pub length: Duration,
     pub every: u32,
-    /// Adaptive: `every` is where the cycle starts, then chosen at the end of each period so that at most this
-    /// many events a second (`SamplePeriods::count`) would have been traced.
+    /// Adaptive: `every` is where the cycle starts and the fewest it chooses, then chosen at the end of each
+    /// period so that at most this many events a second (`SamplePeriods::count`) would have been traced.
     pub max_rate: Option<u64>,
 }
 
@@ -25,6 +27,10 @@ pub struct SamplePeriods {
     length: Duration,
     every: u32,
     max_rate: Option<u64>,
+    /// Adaptive duties: the fewest periods a cycle has, and the cycle chosen at the end of the last period, from
+    /// the next cycle on.
+    floor: u32,
+    next_every: u32,
     /// Events counted since the period began (adaptive duties), and their rate in the last period that ended.
     counted: u64,
     rate: f64,
@@ -43,10 +49,13 @@ impl SamplePeriods {
     /// Periods of `length`, one in `every` (1: always attached), the first from now.
     pub fn new(length: Duration, every: u64) -> Self {
         let now = Instant::now();
+        let every = every.clamp(1, u32::MAX as u64) as u32;
         SamplePeriods {
             length,
-            every: every.clamp(1, u32::MAX as u64) as u32,
+            every,
             max_rate: None,
+            floor: every,
+            next_every: every,
             counted: 0,
             rate: 0.0,
             period_began: now,
@@ -70,6 +79,7 @@ impl SamplePeriods {
     pub fn restart(&mut self) {
         *self = SamplePeriods {
             max_rate: self.max_rate,
+            floor: self.floor,
             ..SamplePeriods::new(self.length, self.every.into())
         };
     }
@@ -81,7 +91,7 @@ impl SamplePeriods {
         }
     }
 
-    /// The cycle's periods now: one in `every` is probed.
+    /// The cycle's periods now: one in `every` is probed, and what a period finds stands for `every` periods.
     pub fn every(&self) -> u32 {
         self.every
     }
@@ -117,22 +127,27 @@ impl SamplePeriods {
             }
             // A period ended: as many in the next cycle as bring its rate within max_rate.
             self.rate = self.counted as f64 / probed.as_secs_f64();
-            self.every = (self.rate / max_rate.max(1) as f64)
+            self.next_every = (self.rate / max_rate.max(1) as f64)
                 .ceil()
-                .clamp(1.0, MAX_EVERY as f64) as u32;
+                .clamp(self.floor.max(1) as f64, MAX_EVERY as f64)
+                as u32;
             let now = Instant::now();
             (self.period_began, self.counted) = (now, 0);
-            if self.every == 1 {
-                return None;
+            if self.every > 1 {
+                return Some(false);
             }
-            // The new cycle starts with the period that just ended.
-            self.cycle_began = now.checked_sub(self.length).unwrap_or(now);
-            return Some(false);
+            // A cycle of one period ended with it: the next begins now, with a period.
+            (self.every, self.cycle_began) = (self.next_every, now);
+            return None;
         }
         if self.every == 1 && self.max_rate.is_none() {
             return None;
         }
         let open = self.in_period();
+        if open && self.max_rate.is_some() {
+            // The cycle under way ended: the one chosen since begins.
+            (self.every, self.cycle_began) = (self.next_every, Instant::now());
+        }
         (open != self.open_since.is_some()).then_some(open)
     }
 
@@ -261,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn an_adaptive_duty_chooses_its_cycle_from_the_rate_of_each_period() {
+    fn an_adaptive_duty_chooses_its_next_cycle_from_the_rate_of_each_period() {
         let ms = Duration::from_millis;
         let mut p = SamplePeriods::of(Duty {
             length: ms(100),
@@ -271,26 +286,59 @@ mod tests {
         p.count(10);
         assert_eq!(p.due(), None, "within the first period");
         std::thread::sleep(ms(120));
-        // 10 in 120 ms: 83/s, less than thrice the rate wanted (more than twice, unless the clock is late).
-        assert_eq!(p.due(), Some(false));
+        // 10 in 120 ms: 83/s, less than thrice the rate wanted (more than twice, unless the clock is late). A
+        // cycle of one period ended: the next begins at once, attached.
+        assert_eq!(p.due(), None);
         let every = p.every();
         assert!((2..=3).contains(&every), "{every}");
+        std::thread::sleep(ms(120));
+        // Nothing counted in this one: the cycle after next is of one period, this one goes on detached.
+        assert_eq!(p.due(), Some(false));
         p.set(false);
-        p.count(1000);
+        assert_eq!(p.every(), every, "the cycle under way");
         std::thread::sleep(ms(50));
         assert_eq!(p.due(), None, "detached until the next cycle's period");
-        // 25 ms into the next cycle's period.
         std::thread::sleep(ms(100) * (every - 1) - ms(25));
         assert_eq!(p.due(), Some(true));
         p.set(true);
-        std::thread::sleep(ms(120));
-        assert_eq!(
-            p.due(),
-            None,
-            "nothing traced: every statement, attached from now on"
-        );
-        assert_eq!(p.every(), 1);
+        assert_eq!(p.every(), 1, "the cycle chosen began");
         p.end();
         assert!(p.scale() > 1.0);
+    }
+
+    #[test]
+    fn an_adaptive_duty_keeps_to_its_fewest_periods() {
+        let ms = Duration::from_millis;
+        let mut p = SamplePeriods::of(Duty {
+            length: ms(50),
+            every: 3,
+            max_rate: Some(1000),
+        });
+        p.count(5);
+        std::thread::sleep(ms(60));
+        assert_eq!(
+            p.due(),
+            Some(false),
+            "a period of the first cycle of 3 ended"
+        );
+        p.set(false);
+        assert_eq!(p.every(), 3);
+        std::thread::sleep(ms(110));
+        assert_eq!(p.due(), Some(true));
+        p.set(true);
+        assert_eq!(p.every(), 3, "at least 3, however few were counted");
+        p.count(1000);
+        std::thread::sleep(ms(60));
+        // 1,000 in 60 ms: 16,667/s, over the rate of 1,000/s wanted.
+        assert_eq!(p.due(), Some(false));
+        p.set(false);
+        assert_eq!(
+            p.every(),
+            3,
+            "what this period found stands for its own cycle"
+        );
+        std::thread::sleep(ms(110));
+        assert_eq!(p.due(), Some(true));
+        assert!((16..=17).contains(&p.every()), "{}", p.every());
     }
 }

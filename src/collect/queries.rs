@@ -99,6 +99,9 @@ pub enum Event {
     /// Sampled (`CollectOptions::duty`): statements start again (true), or no longer (false) until the next
     /// period.
     Period(bool),
+    /// Sampled: from now on a statement traced stands for this many (`SamplePeriods::every`: its period is one
+    /// in that many), until the next `Cycle`. Said when it changes from the duty's `every`.
+    Cycle(u32),
 }
 
 /// Syscall number → class (`enum syscall_class` of src/bpf/queries.h), from this architecture's numbers.
@@ -273,6 +276,7 @@ pub fn collect(
     // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
     // followed to their end (`closing`), then the tracepoints detached until the next period.
     let mut periods = opts.duty.map(SamplePeriods::of);
+    let mut cycle = opts.duty.map_or(1, |d| d.every);
     let (mut attached, mut draining) = (true, false);
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
@@ -290,7 +294,14 @@ pub fn collect(
                 }
                 draining = !open;
                 p.set(open);
+                if cycle != p.every() {
+                    cycle = p.every();
+                    (on_event.borrow_mut())(Event::Cycle(cycle));
+                }
                 (on_event.borrow_mut())(Event::Period(open));
+            } else if cycle != p.every() {
+                cycle = p.every();
+                (on_event.borrow_mut())(Event::Cycle(cycle));
             }
             if draining && in_flight(&skel.progs.in_flight)?.is_empty() {
                 links.clear();

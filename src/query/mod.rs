@@ -57,6 +57,9 @@ pub struct QueryRecord {
     pub pipelined: bool,
     #[serde(skip)]
     pub lock_addr_raw: u64,
+    /// Sampled: the statements this one stands for, its period being one in that many (0 or 1: all traced).
+    #[serde(skip)]
+    pub stands_for: u32,
     /// The stack id of the longest lock wait (`collect::queries::Event::Stack`), 0 if none.
     #[serde(skip)]
     pub lock_stack: u64,
@@ -299,7 +302,7 @@ impl Tracker {
     /// Feeds one event; returns a record for a statement.
     pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
         match event {
-            Event::Stack { .. } | Event::Lost(_) | Event::Period(_) => None,
+            Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => None,
             Event::PacketOut { fd, bytes, .. } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh).
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
@@ -529,6 +532,8 @@ impl Tracker {
             in_flight: s.in_flight,
             pipelined: s.pipelined,
             lock_addr_raw,
+            // Set by whoever knows the period it was traced in (`cmd::queries::follow`).
+            stands_for: 1,
             lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
             prepared,
             start_ns: s.start_ns,
