@@ -294,12 +294,10 @@ pub fn collect(
                 }
                 draining = !open;
                 p.set(open);
-                if cycle != p.every() {
-                    cycle = p.every();
-                    (on_event.borrow_mut())(Event::Cycle(cycle));
-                }
                 (on_event.borrow_mut())(Event::Period(open));
-            } else if cycle != p.every() {
+            }
+            // Records are stamped with the cycle as they end, so saying it once after the edge is enough.
+            if cycle != p.every() {
                 cycle = p.every();
                 (on_event.borrow_mut())(Event::Cycle(cycle));
             }
