@@ -147,6 +147,9 @@ pub struct Reading {
     disks: BTreeMap<String, DiskCounters>,
     process: Option<ProcessCounters>,
     status: Option<BTreeMap<String, u64>>,
+    /// When the server answered: a query under load can take longer than the files, and the machine's rates must
+    /// not be divided by its wait.
+    status_at: Instant,
 }
 
 impl Reading {
@@ -165,6 +168,8 @@ pub fn read(pid: Option<u32>, client: Option<&mut Client>) -> (Reading, Option<a
         let t = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
         parse_pid_stat(&t)
     });
+    let disks = shown_disks();
+    let at = Instant::now();
     let (status, error) = match client.map(read_status) {
         Some(Ok(s)) => (Some(s), None),
         Some(Err(e)) => (None, Some(e)),
@@ -172,11 +177,12 @@ pub fn read(pid: Option<u32>, client: Option<&mut Client>) -> (Reading, Option<a
     };
     (
         Reading {
-            at: Instant::now(),
+            at,
             cpu,
-            disks: shown_disks(),
+            disks,
             process,
             status,
+            status_at: Instant::now(),
         },
         error,
     )
@@ -280,6 +286,12 @@ pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line 
         l.server_threads = Some(y.threads);
     }
     if let (Some(x), Some(y)) = (&a.status, &b.status) {
+        let secs = b
+            .status_at
+            .duration_since(a.status_at)
+            .as_secs_f64()
+            .max(1e-3);
+        let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
         l.status = Some(
             STATUS
                 .iter()
@@ -465,9 +477,12 @@ mod tests {
                 ]
                 .into(),
             ),
+            status_at: t0,
         };
         let mut b = a.clone();
         b.at = t0 + std::time::Duration::from_secs(2);
+        // The server answered 2 s after the files were read: its rates are over its own 4 s, the machine's over 2 s.
+        b.status_at = t0 + std::time::Duration::from_secs(4);
         b.cpu = Some(CpuCounters {
             user: 140,
             system: 70,
@@ -503,6 +518,6 @@ mod tests {
         assert_eq!(l.server_cpu_pct, Some(75.0));
         assert_eq!(l.server_rss_mib, Some(1.0));
         let st = l.status.unwrap();
-        assert_eq!((st["Questions"], st["Threads_running"]), (1000.0, 5.0));
+        assert_eq!((st["Questions"], st["Threads_running"]), (500.0, 5.0));
     }
 }
