@@ -3,7 +3,10 @@
 //! server to ask.
 
 mod common;
-use std::process::{Command, Stdio};
+use std::{
+    process::{Command, Stdio},
+    time::Instant,
+};
 
 use common::*;
 use serde_json::Value;
@@ -53,11 +56,18 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // vmstat prints each interval's count as its per-second rate, and its `sleep(1)` intervals run long when
+    // the loaded machine is slow to wake it: its wall time is the span its counts cover.
+    let vmstat_started = Instant::now();
     let vmstat = Command::new("vmstat")
         .args(["1", &(LINES + 1).to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let vmstat = std::thread::spawn(move || {
+        let out = vmstat.wait_with_output().unwrap();
+        (out, vmstat_started.elapsed().as_secs_f64())
+    });
     let iostat = Command::new("iostat")
         .args(["-dxy", "1", &LINES.to_string()])
         .stdout(Stdio::piped())
@@ -65,7 +75,8 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
         .unwrap();
     let ours = ours.wait_with_output().unwrap();
     let q1 = questions(&db);
-    let vmstat = String::from_utf8_lossy(&vmstat.wait_with_output().unwrap().stdout).into_owned();
+    let (vmstat, vmstat_secs) = vmstat.join().unwrap();
+    let vmstat = String::from_utf8_lossy(&vmstat.stdout).into_owned();
     let iostat = String::from_utf8_lossy(&iostat.wait_with_output().unwrap().stdout).into_owned();
     load.wait();
     assert!(
@@ -85,10 +96,26 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     assert_eq!(v.len(), LINES + 1, "{vmstat}");
     let v = &v[1..];
     let col = |i: usize| v.iter().map(|l| l[i]).sum::<f64>();
-    near(sum("interrupts_per_s"), col(10), 0.10, 0.0, "interrupts/s");
+    // Each tool's mean rate over its span: ours from its lines' own seconds.
+    let our_secs = sum("seconds");
+    let mean = |key: &str| {
+        lines
+            .iter()
+            .map(|l| l[key].as_f64().unwrap() * l["seconds"].as_f64().unwrap())
+            .sum::<f64>()
+            / our_secs
+    };
+    assert!((LINES as f64 - 0.1..LINES as f64 + 1.0).contains(&our_secs));
     near(
-        sum("context_switches_per_s"),
-        col(11),
+        mean("interrupts_per_s"),
+        col(10) / vmstat_secs,
+        0.10,
+        0.0,
+        "interrupts/s",
+    );
+    near(
+        mean("context_switches_per_s"),
+        col(11) / vmstat_secs,
         0.10,
         0.0,
         "context switches/s",
