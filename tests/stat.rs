@@ -25,6 +25,14 @@ fn table(text: &str, keep: impl Fn(&str) -> bool) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// What a per-second column of myprobe's lines counted, each line over its own seconds.
+fn counted(lines: &[Value], rate: impl Fn(&Value) -> f64) -> f64 {
+    lines
+        .iter()
+        .map(|l| rate(l) * l["seconds"].as_f64().unwrap())
+        .sum()
+}
+
 fn near(ours: f64, theirs: f64, rel: f64, abs: f64, what: &str) {
     assert!(
         (ours - theirs).abs() <= (theirs.abs() * rel).max(abs),
@@ -98,13 +106,7 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     let col = |i: usize| v.iter().map(|l| l[i]).sum::<f64>();
     // Each tool's mean rate over its span: ours from its lines' own seconds.
     let our_secs = sum("seconds");
-    let mean = |key: &str| {
-        lines
-            .iter()
-            .map(|l| l[key].as_f64().unwrap() * l["seconds"].as_f64().unwrap())
-            .sum::<f64>()
-            / our_secs
-    };
+    let mean = |key: &str| counted(&lines, |l| l[key].as_f64().unwrap()) / our_secs;
     assert!(
         (LINES as f64 - 0.1..LINES as f64 + 1.0).contains(&our_secs),
         "{LINES} lines of 1 s took {our_secs:.2} s"
@@ -182,10 +184,7 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     );
 
     // The server's own counters: its Questions over the run (ours, plus the test's reads), and its process.
-    let qps: f64 = lines
-        .iter()
-        .map(|l| l["status"]["Questions"].as_f64().unwrap() * l["seconds"].as_f64().unwrap())
-        .sum();
+    let qps = counted(&lines, |l| l["status"]["Questions"].as_f64().unwrap());
     assert!(qps > 0.0);
     near(qps, q1 - q0, 0.10, 0.0, "queries counted");
     assert!(lines
