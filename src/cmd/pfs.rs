@@ -60,6 +60,8 @@ struct Measured {
     kept: Vec<(Kind, u64, u64)>,
     /// `--nest`: the events read reached their bound before the end.
     full: bool,
+    /// `--nest`: events read whose timer ran backwards.
+    backwards: u64,
 }
 
 /// How often `--nest` reads the history rings: each keeps only the last 1,000 to 10,000 events.
@@ -175,6 +177,7 @@ fn measure(
             totals,
             kept,
             full: r.is_full(),
+            backwards: r.backwards,
         });
     }
     Ok(Measured {
@@ -182,6 +185,7 @@ fn measure(
         totals,
         kept: Vec::new(),
         full: false,
+        backwards: 0,
     })
 }
 
@@ -205,6 +209,14 @@ fn report(a: &PfsArgs, m: &Measured, per_unit: u64) {
     if m.full {
         say!("myprobe: the rings were read until the events kept reached their bound; the rest of the run is not in the stacks");
     }
+    if m.backwards > 0 {
+        say!(
+            "myprobe: {} events read had a timer that ran backwards between their start and end (a cycle \
+             counter that differs between CPUs, or a wall clock set back): they are in the stacks with no time of \
+             their own",
+            m.backwards
+        );
+    }
     let unexplained = if a.nest {
         pfs::unexplained_stage(&m.profile)
     } else {
@@ -213,7 +225,11 @@ fn report(a: &PfsArgs, m: &Measured, per_unit: u64) {
     if let Some((stage, own, waited)) = unexplained {
         say!(
             "myprobe: {}",
-            pfs::unexplained_line(&stage, own * per_unit, waited * per_unit)
+            pfs::unexplained_line(
+                &stage,
+                own.saturating_mul(per_unit),
+                waited.saturating_mul(per_unit)
+            )
         );
     }
 }

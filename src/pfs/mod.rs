@@ -283,11 +283,13 @@ pub fn unexplained_stage(profile: &Profile) -> Option<(String, u64, u64)> {
             .entry(frames[at..wait.unwrap_or(frames.len())].join("/"))
             .or_default();
         match wait {
-            Some(_) => entry.1 += v,
-            None => entry.0 += v,
+            Some(_) => entry.1 = entry.1.saturating_add(v),
+            None => entry.0 = entry.0.saturating_add(v),
         }
     }
-    let all: u64 = by_stage.values().map(|(own, waited)| own + waited).sum();
+    let all = by_stage.values().fold(0u64, |all, (own, waited)| {
+        all.saturating_add(own.saturating_add(*waited))
+    });
     let (stage, (own, waited)) = by_stage.into_iter().max_by_key(|(_, (own, _))| *own)?;
     // A stage that matters (a quarter of all stage time) and whose waits explain less than half of it.
     (own > 0 && own >= all / 4 && waited < own / 2).then_some((stage, own, waited))
@@ -357,6 +359,13 @@ struct Event {
     time_ps: u64,
 }
 
+/// An event's TIMER_WAIT, unless its timer ran backwards. performance_schema computes it as `end - start` in
+/// unsigned arithmetic: a timer that went back (a cycle counter read on another CPU, a wall clock set back)
+/// wraps it to nearly 2^64 ps, which would swamp every sum it is added to.
+fn forward_time(time_ps: u64) -> Option<u64> {
+    (time_ps <= i64::MAX as u64).then_some(time_ps)
+}
+
 /// The history rings read during a run (`--nest`). A ring keeps the last N events (N is fixed at the server's
 /// start, 1,000 to 10,000), far fewer than a busy server has in a second: each read takes the events added
 /// since the last one, so that reads spread over the run give a sample of all of it.
@@ -367,6 +376,8 @@ pub struct Rings {
     events: HashMap<Kind, HashMap<(u64, u64), Event>>,
     /// Reads that found the ring had moved past the last event read: events were dropped in between.
     pub full: bool,
+    /// Events whose timer ran backwards (kept with no time of their own).
+    pub backwards: u64,
 }
 
 impl Rings {
@@ -438,6 +449,10 @@ impl Rings {
                     name
                 };
                 let nesting = nesting.and_then(|n| n.parse().ok());
+                let time_ps = forward_time(time_ps).unwrap_or_else(|| {
+                    self.backwards += 1;
+                    0
+                });
                 self.events.entry(k).or_default().insert(
                     (thread, id),
                     Event {
@@ -482,7 +497,8 @@ impl Rings {
         for list in [stages, waits] {
             for (&(thread, _), e) in list {
                 if let Some((pk, pid)) = parent_of(thread, e.nesting) {
-                    *in_children.entry((pk, thread, pid)).or_insert(0) += e.time_ps;
+                    let sum = in_children.entry((pk, thread, pid)).or_insert(0);
+                    *sum = sum.saturating_add(e.time_ps);
                 }
             }
         }
@@ -634,5 +650,20 @@ mod tests {
             6_000,
         );
         assert_eq!(unexplained_stage(&p), None);
+    }
+
+    #[test]
+    fn a_timer_that_ran_backwards_is_no_time_and_sums_cannot_overflow() {
+        assert_eq!(forward_time(5_000), Some(5_000));
+        // end 3 µs of cycles before start, times a factor: what the server shows as TIMER_WAIT.
+        assert_eq!(forward_time(0u64.wrapping_sub(3_000_000)), None);
+        let mut p = Profile::new(Unit::Picoseconds);
+        p.add(&["q", "stage", "sql", "Commit"], u64::MAX - 1);
+        p.add(&["r", "stage", "sql", "Commit"], u64::MAX - 1);
+        p.add(&["q", "stage", "sql", "Commit", "wait", "x"], 10);
+        assert_eq!(
+            unexplained_stage(&p),
+            Some(("stage/sql/Commit".to_string(), u64::MAX, 10))
+        );
     }
 }
