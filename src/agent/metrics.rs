@@ -139,7 +139,8 @@ impl Metrics {
         } else {
             self.other.add(r, scale);
             if self.candidates.len() < MAX_CANDIDATES || self.candidates.contains_key(&key) {
-                *self.candidates.entry(key).or_default() += r.duration_us;
+                let time = self.candidates.entry(key).or_default();
+                *time = time.saturating_add(r.duration_us);
             }
         }
     }
@@ -460,7 +461,7 @@ impl Own {
             .unwrap_or(0);
         Own {
             cpu_seconds: cpu as f64 / ticks,
-            rss_bytes: field(21).unwrap_or(0) * page,
+            rss_bytes: field(21).unwrap_or(0).saturating_mul(page),
             start_time: boot as f64 + field(19).unwrap_or(0) as f64 / ticks,
             target: None,
         }

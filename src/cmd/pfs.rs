@@ -69,6 +69,11 @@ const RING_READ_INTERVAL: Duration = Duration::from_millis(200);
 
 pub fn run(a: PfsArgs) -> Result<()> {
     let (unit, per_unit) = pfs::unit_scale(&a.unit)?;
+    // (NaN fails both comparisons.)
+    anyhow::ensure!(
+        a.duration > 0.0 && a.duration <= 1e9,
+        "-d: a number of seconds above 0"
+    );
     if let Some(path) = &a.output {
         render::format_for(path)?;
     }
@@ -153,7 +158,7 @@ fn measure(
     );
     let gone = |e: anyhow::Error| e.context("the server stopped answering during the run");
     let started = Instant::now();
-    let duration = Duration::from_secs_f64(a.duration.max(0.0));
+    let duration = Duration::from_secs_f64(a.duration);
     while started.elapsed() < duration && !STOP.load(Ordering::SeqCst) {
         let left = duration.saturating_sub(started.elapsed());
         std::thread::sleep(RING_READ_INTERVAL.min(left));
@@ -170,7 +175,13 @@ fn measure(
         let kept = r
             .counts()
             .into_iter()
-            .map(|(k, n)| (k, n, totals[&k].values().map(|t| t.count).sum()))
+            .map(|(k, n)| {
+                let had = totals[&k]
+                    .values()
+                    .map(|t| t.count)
+                    .fold(0, u64::saturating_add);
+                (k, n, had)
+            })
             .collect();
         return Ok(Measured {
             profile: r.profile(unit, per_unit),

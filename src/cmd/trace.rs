@@ -245,7 +245,11 @@ pub fn run(a: TraceArgs) -> Result<()> {
         };
         text += &trace::inside(&traced, &options.probes, &mut lock_name, a.top);
     }
-    let calls: u64 = traced.stats.iter().map(|s| s.calls).sum();
+    let calls = traced
+        .stats
+        .iter()
+        .map(|s| s.calls)
+        .fold(0, u64::saturating_add);
     say!("myprobe: {calls} calls traced in {secs:.1} s");
     let ended = collect::tracing_ended();
     if traced.too_deep > 0 {

@@ -129,7 +129,7 @@ impl SamplePeriods {
             self.rate = self.counted as f64 / probed.as_secs_f64();
             self.next_every = (self.rate / max_rate.max(1) as f64)
                 .ceil()
-                .clamp(self.floor.max(1) as f64, MAX_EVERY as f64)
+                .clamp(self.floor.clamp(1, MAX_EVERY) as f64, MAX_EVERY as f64)
                 as u32;
             let now = Instant::now();
             (self.period_began, self.counted) = (now, 0);

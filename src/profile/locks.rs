@@ -94,13 +94,15 @@ pub fn summarize(
             l.add_waits(waits, wait_ns, collected.value(row, "max_wait_ns"), hist);
             l.waiters.push((wait_ns, stack.clone()));
             let op = FutexOp::of_set(collected.value(row, "futex_ops"));
-            *kinds
+            let kind = kinds
                 .entry(row.key)
                 .or_default()
                 .entry(waits::kind(&frames, op))
-                .or_default() += wait_ns;
+                .or_default();
+            *kind = kind.saturating_add(wait_ns);
             if let Some(site) = waits::site(&frames) {
-                *sites.entry(row.key).or_default().entry(site).or_default() += wait_ns;
+                let site = sites.entry(row.key).or_default().entry(site).or_default();
+                *site = site.saturating_add(wait_ns);
             }
         }
         if wakes > 0 {

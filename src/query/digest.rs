@@ -168,7 +168,8 @@ impl Digest {
         ] {
             if let Some(name) = name {
                 if names.len() < 64 || names.contains_key(name) {
-                    *names.entry(name.clone()).or_default() += r.lock_max_us;
+                    let time = names.entry(name.clone()).or_default();
+                    *time = time.saturating_add(r.lock_max_us);
                 }
             }
         }

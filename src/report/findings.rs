@@ -71,8 +71,8 @@ pub fn findings(r: &Report) -> Vec<String> {
 }
 
 fn statements(rows: &[crate::query::digest::DigestRow], secs: f64, out: &mut Vec<String>) {
-    let total: u64 = rows.iter().map(|r| r.total_us).sum();
-    let count: u64 = rows.iter().map(|r| r.count).sum();
+    let total = rows.iter().map(|r| r.total_us).fold(0, u64::saturating_add);
+    let count = rows.iter().map(|r| r.count).fold(0, u64::saturating_add);
     if count == 0 || total == 0 {
         out.push(
             "No statement was traced: the server was idle, or its clients use TLS or compression."

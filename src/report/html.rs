@@ -106,7 +106,11 @@ fn statements(h: &mut String, r: &Report) {
         );
         return;
     };
-    let grand: u64 = s.rows.iter().map(|r| r.total_us).sum();
+    let grand = s
+        .rows
+        .iter()
+        .map(|r| r.total_us)
+        .fold(0, u64::saturating_add);
     let _ = write!(
         h,
         "<p>{} statements traced, {} distinct fingerprints; each row's bar splits its time into parts that add \

@@ -220,7 +220,8 @@ impl Modules {
             let inode = std::fs::metadata(path).map_or(1, |m| m.ino().max(1));
             for s in Segment::all(&obj) {
                 let start = base.wrapping_add(s.vaddr & !0xfff);
-                let end = base.wrapping_add((s.vaddr + s.memsz + 0xfff) & !0xfff);
+                let end =
+                    base.wrapping_add(s.vaddr.wrapping_add(s.memsz).wrapping_add(0xfff) & !0xfff);
                 lines.push((
                     start,
                     format!(

@@ -38,8 +38,8 @@ pub fn parse_proc_stat(text: &str) -> Option<CpuCounters> {
             // user nice system idle iowait irq softirq steal guest guest_nice (guest is inside user)
             "cpu" => {
                 seen_cpu = true;
-                c.user = at(0) + at(1);
-                c.system = at(2) + at(5) + at(6);
+                c.user = at(0).saturating_add(at(1));
+                c.system = at(2).saturating_add(at(5)).saturating_add(at(6));
                 c.idle = at(3);
                 c.iowait = at(4);
                 c.steal = at(7);
@@ -102,7 +102,7 @@ fn shown_disks() -> BTreeMap<String, DiskCounters> {
             && !["loop", "ram", "zram"].iter().any(|p| name.starts_with(p))
     });
     all.into_iter()
-        .filter(|(_, d)| d.reads + d.writes > 0)
+        .filter(|(_, d)| d.reads > 0 || d.writes > 0)
         .collect()
 }
 
@@ -122,7 +122,7 @@ pub fn parse_pid_stat(text: &str) -> Option<ProcessCounters> {
     // Fields from 3 (state) on: utime 14, stime 15, num_threads 20, rss 24.
     let n = |field: usize| f.get(field - 3).and_then(|v| v.parse::<u64>().ok());
     Some(ProcessCounters {
-        cpu_ticks: n(14)? + n(15)?,
+        cpu_ticks: n(14)?.saturating_add(n(15)?),
         threads: n(20)?,
         rss_pages: n(24)?,
     })
@@ -282,7 +282,7 @@ pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line 
     }
     if let (Some(x), Some(y)) = (&a.process, &b.process) {
         l.server_cpu_pct = Some(100.0 * rate(x.cpu_ticks, y.cpu_ticks) / ticks_per_s as f64);
-        l.server_rss_mib = Some((y.rss_pages * page_size) as f64 / 1048576.0);
+        l.server_rss_mib = Some(y.rss_pages as f64 * page_size as f64 / 1048576.0);
         l.server_threads = Some(y.threads);
     }
     if let (Some(x), Some(y)) = (&a.status, &b.status) {

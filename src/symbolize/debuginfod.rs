@@ -105,9 +105,11 @@ impl Settings {
                 .ok()
                 .filter(|&n| n > 0)
         };
+        // A huge value meaning "no limit" would overflow the HTTP client's deadline: a year is no limit.
+        let secs = |n: u64| Duration::from_secs(n.min(365 * 86_400));
         Settings {
-            timeout: number("DEBUGINFOD_TIMEOUT").map_or(DEFAULT_TIMEOUT, Duration::from_secs),
-            max_time: number("DEBUGINFOD_MAXTIME").map(Duration::from_secs),
+            timeout: number("DEBUGINFOD_TIMEOUT").map_or(DEFAULT_TIMEOUT, secs),
+            max_time: number("DEBUGINFOD_MAXTIME").map(secs),
             max_size: number("DEBUGINFOD_MAXSIZE"),
         }
     }

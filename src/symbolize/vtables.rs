@@ -49,6 +49,9 @@ const TYPEINFO_VTABLES: [(&[u8], Kind); 3] = [
 /// Bounds against nonsense in a damaged file.
 const MAX_SLOTS: usize = 1 << 14;
 const MAX_BASES: u64 = 1 << 12;
+/// Words above it are not read as pointers: a typeinfo's or vtable's words are read at offsets up to
+/// MAX_SLOTS or MAX_BASES words past one, which must not pass 2^64 (only a corrupt file puts one there).
+const HIGHEST_POINTER_AT: u64 = u64::MAX - (1 << 20);
 const MAX_TYPE_NAME: usize = 4096;
 
 /// Functions without symbols named from vtables: ELF virtual address → `Class::method`.
@@ -331,6 +334,7 @@ impl<'d> Image<'d> {
                 }
             }
         }
+        out.retain(|&(at, _)| at <= HIGHEST_POINTER_AT);
         out
     }
 

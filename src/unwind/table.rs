@@ -68,7 +68,9 @@ impl Table {
                     cfa_offset: 0,
                     fp_offset: 0,
                 };
-                spans.push((fde.initial_address(), fde.end_address(), signal));
+                if fde.initial_address() < fde.end_address() {
+                    spans.push((fde.initial_address(), fde.end_address(), signal));
+                }
                 return;
             }
             let Ok(mut rows) = fde.rows(eh, bases, &mut ctx) else {
