@@ -143,6 +143,18 @@ fn unknown_output_extension() {
 }
 
 #[test]
+fn a_pfs_duration_that_is_no_number_of_seconds() {
+    // Checked before any server is looked for: infinity once panicked in Duration::from_secs_f64.
+    for d in ["inf", "NaN", "0", "1e30"] {
+        let line = one_error_line(myprobe().args(["pfs", "stages", "-p", "999999999", "-d", d]));
+        assert!(
+            line.contains("-d: a number of seconds above 0"),
+            "-d {d}: {line}"
+        );
+    }
+}
+
+#[test]
 fn queries_without_a_server() {
     let line = one_error_line(&mut in_pid_namespace("", "queries -d 1"));
     assert!(line.contains("no MySQL or MariaDB server"), "{line}");
