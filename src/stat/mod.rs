@@ -238,9 +238,14 @@ pub struct DiskLine {
     pub write_await_ms: f64,
 }
 
+/// The span between two reads, never zero (rates are divided by it).
+fn seconds_between(a: Instant, b: Instant) -> f64 {
+    b.duration_since(a).as_secs_f64().max(1e-3)
+}
+
 /// What happened between two readings.
 pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line {
-    let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
+    let secs = seconds_between(a.at, b.at);
     let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
     let mut l = Line {
         seconds: secs,
@@ -286,12 +291,8 @@ pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line 
         l.server_threads = Some(y.threads);
     }
     if let (Some(x), Some(y)) = (&a.status, &b.status) {
-        let secs = b
-            .status_at
-            .duration_since(a.status_at)
-            .as_secs_f64()
-            .max(1e-3);
-        let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
+        let secs = seconds_between(a.status_at, b.status_at);
+        let status_rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
         l.status = Some(
             STATUS
                 .iter()
@@ -300,7 +301,7 @@ pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line 
                     let value = if gauge {
                         v as f64
                     } else {
-                        rate(*x.get(name)?, v)
+                        status_rate(*x.get(name)?, v)
                     };
                     Some((name.to_string(), value))
                 })

@@ -188,8 +188,8 @@ impl ProcessTables {
         true
     }
 
-    /// Appends a file's rows and their page index; a table whose addresses do not fit the rows' 32 bits, or are
-    /// out of order (a corrupt .eh_frame), gets none (frame pointers).
+    /// Appends a file's rows and their page index; a table whose addresses do not fit the rows' 32 bits gets
+    /// none (frame pointers).
     fn add_rows(&mut self, table: Table) -> FileRows {
         let (Some(first), Some(last)) = (table.rows.first(), table.rows.last()) else {
             return FileRows {
@@ -197,7 +197,7 @@ impl ProcessTables {
                 ..FileRows::default()
             };
         };
-        if last.pc > u64::from(u32::MAX) || last.pc < first.pc {
+        if last.pc > u64::from(u32::MAX) {
             return FileRows {
                 segments: table.segments,
                 ..FileRows::default()
