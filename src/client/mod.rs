@@ -368,21 +368,19 @@ impl fmt::Debug for Client {
     }
 }
 
-/// The columns of `information_schema.PROCESSLIST` read, in the order `process_row` takes them.
-macro_rules! processlist_select {
-    () => {
-        "SELECT ID, TID, USER, DB, COMMAND, TIME_MS, STATE, INFO FROM information_schema.PROCESSLIST"
-    };
+/// A statement prepared on a connection ([`Client::prepared_statements`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedStatement {
+    /// The OS thread of its connection, as the server's PID namespace numbers it.
+    pub tid: u32,
+    /// The id the protocol gives it (what COM_STMT_EXECUTE names).
+    pub id: u32,
+    pub text: String,
+    /// The text is as long as the server keeps one: it may have been cut.
+    pub truncated: bool,
 }
 
-/// The statement that reads the connections executing a prepared statement, and the own connection
-/// ([`Client::executing_prepared`]): a tracer knows its own reads by it.
-pub const EXECUTING_PREPARED_SQL: &str = concat!(
-    processlist_select!(),
-    " WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()"
-);
-
-/// `information_schema.PROCESSLIST` at one moment, the own connection apart.
+/// The server's process list at one moment, the own connection apart.
 #[derive(Clone, Debug)]
 pub struct Processlist {
     /// CLOCK_MONOTONIC (the clock of `bpf_ktime_get_ns`), ns, just before the query was sent: a statement in
@@ -488,7 +486,12 @@ impl Client {
     }
 
     pub fn is_mariadb(&self) -> bool {
-        self.version.contains("MariaDB")
+        self.server().name() == "MariaDB"
+    }
+
+    /// The server's ways, from its version.
+    pub fn server(&self) -> &'static dyn crate::server::Server {
+        crate::server::of_version(&self.version)
     }
 
     /// This connection's id (`CONNECTION_ID()`).
@@ -510,28 +513,70 @@ impl Client {
             .collect())
     }
 
-    /// The server's threads and connections, this one apart (`own`), with the OS thread serving each.
-    /// MariaDB only: MySQL's PROCESSLIST has no thread id (see the error).
+    /// The server's threads and connections, this one apart (`own`), with the OS thread serving each (as the
+    /// server's PID namespace numbers it: `process::tids` maps it to the host's).
     pub fn processlist(&mut self) -> Result<Processlist> {
-        self.read_processlist(processlist_select!())
+        self.read_processlist(self.server().processlist_sql())
     }
 
     /// The connections executing a prepared statement (command `Execute`), whose `info` is the statement's text
     /// with its placeholders, and the own row: what `query::texts` joins with traced executions.
     pub fn executing_prepared(&mut self) -> Result<Processlist> {
-        self.read_processlist(EXECUTING_PREPARED_SQL)
+        self.read_processlist(self.server().executing_prepared_sql())
+    }
+
+    /// Every prepared statement of every connection, from performance_schema: the OS thread of its connection (the
+    /// server's PID namespace's id), the id the protocol gives it, its text and whether the text may have been
+    /// cut. An error says why there is none to read (a server that keeps none, performance_schema off).
+    pub fn prepared_statements(&mut self) -> Result<Vec<PreparedStatement>> {
+        let server = self.server();
+        let Some(sql) = server.prepared_statements_sql() else {
+            bail!("{} keeps no table of prepared statements", server.name());
+        };
+        let on = self.query("SELECT @@performance_schema")?;
+        if on
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .as_deref()
+            != Some("1")
+        {
+            bail!(
+                "performance_schema is off on this server: the texts of statements prepared before tracing are \
+                 in performance_schema.prepared_statements_instances (performance_schema=ON, at the server's start)"
+            );
+        }
+        let max = server.prepared_statement_text_max();
+        self.query(sql)?
+            .into_iter()
+            .map(|row| {
+                let [tid, id, text]: [Option<String>; 3] =
+                    row.try_into().map_err(|r: Vec<_>| {
+                        anyhow!(
+                            "prepared_statements_instances gave a row of {} columns, not 3",
+                            r.len()
+                        )
+                    })?;
+                let number = |v: Option<String>, name: &str| {
+                    v.as_deref()
+                        .and_then(|s| s.parse::<u32>().ok())
+                        .ok_or_else(|| {
+                            anyhow!("prepared_statements_instances' {name} `{v:?}` is not a number")
+                        })
+                };
+                let text = text.unwrap_or_default();
+                Ok(PreparedStatement {
+                    tid: number(tid, "THREAD_OS_ID")?,
+                    id: number(id, "STATEMENT_ID")?,
+                    truncated: text.len() >= max,
+                    text,
+                })
+            })
+            .collect()
     }
 
     fn read_processlist(&mut self, sql: &str) -> Result<Processlist> {
-        if !self.is_mariadb() {
-            // MySQL (≥ 8.0.19) has the OS thread in performance_schema.threads.THREAD_OS_ID, by
-            // PROCESSLIST_ID, and no TIME_MS; not read here until a MySQL server is there to test it against.
-            bail!(
-                "reading the process list of {} is not supported yet: only MariaDB's PROCESSLIST has the OS \
-                 thread id (TID); MySQL's is performance_schema.threads.THREAD_OS_ID",
-                self.version
-            );
-        }
         let sent_ns = monotonic_ns();
         let rows = self.query(sql)?;
         let received_ns = monotonic_ns();

@@ -484,13 +484,18 @@ pub fn follow(
         },
     )?;
     texts.finish(&mut tracker, &mut emit);
-    if texts.named > 0 || texts.failed {
+    if texts.finder.samples_joined > 0 || (texts.failed && texts.named == 0) {
         say!(
             "myprobe: {} statements prepared before tracing named from the server's process list ({} samples, {} of \
              one statement)",
             texts.named,
             texts.finder.samples_joined,
             texts.finder.samples_named
+        );
+    } else if texts.named > 0 {
+        say!(
+            "myprobe: {} statements prepared before tracing named from performance_schema.prepared_statements_instances",
+            texts.named
         );
     }
     Ok(Followed {

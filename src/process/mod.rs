@@ -3,6 +3,7 @@
 pub mod core;
 pub mod maps;
 pub mod probes;
+pub mod tids;
 
 use std::{
     fs,
@@ -285,24 +286,28 @@ fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
         .chain(elf.symbols())
         .find(|s| s.name() == Ok("server_version") && s.is_definition())?;
     let vaddr = symbol.address();
-    // Its offset in the file, through the segment that loads it; then where that offset is mapped.
-    let file_offset = elf.segments().find_map(|seg| {
-        let (offset, size) = seg.file_range();
+    // The segment that loads it, where its file part is mapped, and so the load bias. The variable may lie past
+    // the file part (in .bss, as in MySQL 9.7's and MariaDB 11.8's builds): it is read through the mapping of
+    // its segment's start, not of its own file offset.
+    let (seg_vaddr, seg_offset) = elf.segments().find_map(|seg| {
         let within = vaddr.checked_sub(seg.address())?;
-        (within < size).then(|| offset.checked_add(within))?
+        (within < seg.size()).then(|| (seg.address(), seg.file_range().0))
     })?;
+    const PAGE: u64 = 4096;
     let exe_inode = binary.metadata().ok()?.ino();
     let maps = maps::ProcMaps::read(pid).ok()?;
-    let address = maps.maps().iter().find_map(|m| {
-        let size = m.end.checked_sub(m.start)?;
-        let within = file_offset.checked_sub(m.offset)?;
-        (m.inode == exe_inode && within < size).then(|| m.start.checked_add(within))?
-    })?;
+    let mapped = maps
+        .maps()
+        .iter()
+        .find(|m| m.inode == exe_inode && m.offset == seg_offset & !(PAGE - 1))?;
+    let bias = mapped.start.checked_sub(seg_vaddr & !(PAGE - 1))?;
+    let address = vaddr.checked_add(bias)?;
     let mut bytes = [0u8; SERVER_VERSION_MAX];
     let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
     let n = mem.read_at(&mut bytes, address).ok()?;
     let text = bytes[..n].split(|&b| b == 0).next()?;
-    let printable = !text.is_empty() && text.iter().all(|b| b.is_ascii_graphic());
+    // Printable ASCII, spaces too: `11.8.9-MariaDB-0+deb13u1 from Debian`.
+    let printable = !text.is_empty() && text.iter().all(|b| (b' '..=b'~').contains(b));
     printable.then(|| String::from_utf8_lossy(text).into_owned())
 }
 

@@ -27,6 +27,7 @@ use super::{fingerprint::fingerprint, QueryRecord, Tracker};
 use crate::{
     client::{self, ConnectArgs},
     collect,
+    process::tids::TidMap,
 };
 
 /// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.
@@ -132,6 +133,16 @@ impl TextFinder {
         !self.wanted.is_empty()
     }
 
+    /// A statement's text, found elsewhere (the server's table of prepared statements): true if it was wanted.
+    pub fn found_elsewhere(&mut self, key: StatementKey, text: &str) -> bool {
+        let wanted = self.wanted.remove(&key);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.found.entry(key) {
+            e.insert(text.to_string());
+            self.fingerprints.insert(key, fingerprint(text));
+        }
+        wanted
+    }
+
     /// The text found for a statement, if any.
     pub fn text(&self, key: &StatementKey) -> Option<&str> {
         self.found.get(key).map(String::as_str)
@@ -229,6 +240,45 @@ impl TextFinder {
     }
 }
 
+/// How often the server's table of prepared statements is read while texts are wanted.
+const TABLE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The process list's executing prepared statements, by host thread (rows of threads that ended are left out).
+fn read_sample(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<Sample> {
+    // Each row's time since its statement began, and the own row's, in µs.
+    let us = |ms: f64| (ms * 1000.0).round() as u64;
+    let list = client.executing_prepared()?;
+    let mut host = |tid: Option<u32>| tids.host(tid?);
+    Ok(Sample {
+        before_ns: list.sent_ns,
+        after_ns: list.received_ns,
+        own: list.own.and_then(|o| Some((host(o.tid)?, us(o.time_ms)))),
+        rows: list
+            .rows
+            .into_iter()
+            .filter_map(|r| {
+                Some(SampleRow {
+                    tid: host(r.tid)?,
+                    time_us: us(r.time_ms),
+                    text: r.info?,
+                })
+            })
+            .collect(),
+    })
+}
+
+/// Every prepared statement the server keeps, by host thread and id.
+fn read_prepared(
+    client: &mut client::Client,
+    tids: &mut TidMap,
+) -> anyhow::Result<HashMap<(u32, u32), (String, bool)>> {
+    Ok(client
+        .prepared_statements()?
+        .into_iter()
+        .filter_map(|p| Some(((tids.host(p.tid)?, p.id), (p.text, p.truncated))))
+        .collect())
+}
+
 /// An execution whose text is looked for.
 fn awaits_text(r: &QueryRecord) -> bool {
     r.prepared.is_some() && r.query.is_none()
@@ -244,13 +294,22 @@ const HOLD: Duration = Duration::from_secs(2);
 /// Records held at most (a busy server runs tens of thousands of statements a second).
 const MAX_HELD: usize = 200_000;
 
+/// What the reader of the server's tables sends: a sample of the process list (MariaDB), or every prepared
+/// statement with its text (MySQL's performance_schema), by host thread and statement id.
+enum Found {
+    Sample(Sample),
+    Prepared(HashMap<(u32, u32), (String, bool)>),
+}
+
 /// The texts of statements prepared before tracing, looked up in the server's process list while tracing
 /// ([`TextFinder`]): a thread of its own reads the list while texts are wanted; a record of an execution whose
 /// text is unknown waits for it, for at most `HOLD`, and the later records of its thread wait behind it (each
 /// thread's records stay in order; the records of other threads go at once).
 pub struct PreparedTexts {
     pub finder: TextFinder,
-    samples: Option<mpsc::Receiver<Result<Sample, String>>>,
+    samples: Option<mpsc::Receiver<Result<Found, String>>>,
+    /// The server's own table of prepared statements, where it has one: (host thread, id) → (text, cut).
+    prepared: HashMap<(u32, u32), (String, bool)>,
     /// Set while texts are wanted (the sampler reads the list only then, and not while `paused`); `stop` ends
     /// the sampler.
     wanted: Arc<AtomicBool>,
@@ -263,7 +322,8 @@ pub struct PreparedTexts {
     /// Per thread, the records waiting, from one whose text is looked for.
     held: HashMap<u32, VecDeque<(QueryRecord, Instant)>>,
     held_count: usize,
-    own_fingerprint: String,
+    /// The reader's own statements, whichever server it reads.
+    own_fingerprints: Vec<String>,
     /// Why the sampler stopped, said once texts are wanted.
     error: Option<String>,
     last_join: Instant,
@@ -279,6 +339,7 @@ impl Default for PreparedTexts {
         PreparedTexts {
             finder: TextFinder::default(),
             samples: None,
+            prepared: HashMap::new(),
             wanted: Arc::new(AtomicBool::new(false)),
             paused: Arc::new(AtomicBool::new(false)),
             interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
@@ -287,7 +348,15 @@ impl Default for PreparedTexts {
             sampler: None,
             held: HashMap::new(),
             held_count: 0,
-            own_fingerprint: fingerprint(client::EXECUTING_PREPARED_SQL),
+            own_fingerprints: crate::server::ALL
+                .iter()
+                .flat_map(|s| {
+                    [s.executing_prepared_sql()]
+                        .into_iter()
+                        .chain(s.prepared_statements_sql())
+                })
+                .map(fingerprint)
+                .collect(),
             error: None,
             last_join: Instant::now(),
             named: 0,
@@ -319,33 +388,27 @@ impl PreparedTexts {
                         return;
                     }
                 };
+                // The server's ids of its threads, mapped to the host's (a server in a container).
+                let mut tids = TidMap::new(pid);
+                let from_table = client.server().prepared_statements_sql().is_some();
                 while !stop.load(Ordering::Relaxed) {
                     if wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed) {
-                        // Each row's time since its statement began, and the own row's, in µs.
-                        let us = |ms: f64| (ms * 1000.0).round() as u64;
-                        let sample = client.executing_prepared().map(|list| Sample {
-                            before_ns: list.sent_ns,
-                            after_ns: list.received_ns,
-                            own: list.own.and_then(|o| Some((o.tid?, us(o.time_ms)))),
-                            rows: list
-                                .rows
-                                .into_iter()
-                                .filter_map(|r| {
-                                    Some(SampleRow {
-                                        tid: r.tid?,
-                                        time_us: us(r.time_ms),
-                                        text: r.info?,
-                                    })
-                                })
-                                .collect(),
-                        });
-                        let failed = sample.is_err();
-                        if tx.send(sample.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                        let found = if from_table {
+                            read_prepared(&mut client, &mut tids).map(Found::Prepared)
+                        } else {
+                            read_sample(&mut client, &mut tids).map(Found::Sample)
+                        };
+                        let failed = found.is_err();
+                        if tx.send(found.map_err(|e| format!("{e:#}"))).is_err() || failed {
                             return;
                         }
-                        std::thread::sleep(Duration::from_micros(
-                            interval_us.load(Ordering::Relaxed),
-                        ));
+                        let interval = Duration::from_micros(interval_us.load(Ordering::Relaxed));
+                        // The table is whole at each read: it is read again only for statements prepared since.
+                        std::thread::sleep(if from_table {
+                            interval.max(TABLE_INTERVAL)
+                        } else {
+                            interval
+                        });
                     } else {
                         // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop
                         // would cost about 1% of a CPU for nothing.
@@ -400,17 +463,22 @@ impl PreparedTexts {
     pub fn add(
         &mut self,
         tracker: &mut Tracker,
-        record: QueryRecord,
+        mut record: QueryRecord,
         emit: &mut impl FnMut(QueryRecord),
     ) {
         if self.sampler.is_none() {
             return emit(record);
         }
-        if record.fingerprint.as_deref() == Some(&self.own_fingerprint) {
+        if record
+            .fingerprint
+            .as_ref()
+            .is_some_and(|f| self.own_fingerprints.contains(f))
+        {
             self.finder.own_statement(record.tid, record.start_ns);
             self.own_statements += 1;
             return;
         }
+        self.name_from_table(tracker, &mut record);
         if let Some(key) = record.prepared {
             let e = Execution {
                 tid: record.tid,
@@ -461,12 +529,26 @@ impl PreparedTexts {
     fn join(&mut self, tracker: &mut Tracker, done: bool) {
         let mut error = None;
         if let Some(rx) = &self.samples {
-            while let Ok(sample) = rx.try_recv() {
-                match sample {
-                    Ok(s) => self.finder.sample(s),
+            while let Ok(found) = rx.try_recv() {
+                match found {
+                    Ok(Found::Sample(s)) => self.finder.sample(s),
+                    Ok(Found::Prepared(table)) => {
+                        // Bounded: threads that come and go leave their statements behind.
+                        if self.prepared.len() + table.len() > MAX_EXECUTIONS {
+                            self.prepared.clear();
+                        }
+                        self.prepared.extend(table);
+                    }
                     Err(e) => error = Some(e),
                 }
             }
+        }
+        if !self.prepared.is_empty() {
+            let mut held = std::mem::take(&mut self.held);
+            for (r, _) in held.values_mut().flatten() {
+                self.name_from_table(tracker, r);
+            }
+            self.held = held;
         }
         if let Some(e) = error {
             self.samples = None;
@@ -485,6 +567,22 @@ impl PreparedTexts {
                 }
             }
         }
+    }
+
+    /// Names `r` from the server's table of prepared statements, if it awaits its text and the table has it.
+    fn name_from_table(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+        let Some(key) = r.prepared.filter(|_| awaits_text(r)) else {
+            return;
+        };
+        let Some((text, cut)) = self.prepared.get(&(r.tid, key.1)) else {
+            return;
+        };
+        if self.finder.found_elsewhere(key, text) {
+            self.named += 1;
+            tracker.learn_prepared(key, text);
+        }
+        tracker.name_execution(r, text);
+        r.truncated |= *cut;
     }
 
     /// Writes, thread by thread, the records at the front that have their text or waited long enough (all of

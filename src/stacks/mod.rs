@@ -228,14 +228,27 @@ pub fn statements(
 ) -> anyhow::Result<HashMap<u32, String>> {
     let mut client = crate::client::connect(args, Some(pid))?;
     let list = client.processlist()?;
-    Ok(list
+    let mut tids = crate::process::tids::TidMap::new(pid);
+    let mut unmapped = 0;
+    let statements = list
         .rows
         .into_iter()
         .filter_map(|r| {
             let text = r.info?;
-            Some((r.tid?, crate::query::fingerprint::normalize(&text)))
+            let Some(tid) = tids.host(r.tid?) else {
+                unmapped += 1;
+                return None;
+            };
+            Some((tid, crate::query::fingerprint::normalize(&text)))
         })
-        .collect())
+        .collect();
+    if unmapped > 0 {
+        say!(
+            "myprobe: {unmapped} statements of the process list left out: the server names their threads by ids \
+             that none of its threads has in its PID namespace now (ended since)"
+        );
+    }
+    Ok(statements)
 }
 
 /// Threads with identical frames, merged: most threads first.

@@ -31,6 +31,32 @@ pub fn testdb() -> TestDb {
     }
 }
 
+/// The other servers `make test` started (`MYPROBE_TEST_SERVERS`: `KIND=DIR ...`, scripts/run-tests), by kind:
+/// `mariadb-11.8`, `mysql-9.7`. None when the run was asked to start none of that kind; a panic when the
+/// variable is not set at all.
+pub fn other_server(kind: &str) -> Option<TestDb> {
+    let servers = std::env::var("MYPROBE_TEST_SERVERS").unwrap_or_else(|_| {
+        panic!("MYPROBE_TEST_SERVERS is not set: run the tests with `make test`, which starts the other servers")
+    });
+    let dir = servers
+        .split_whitespace()
+        .find_map(|s| s.strip_prefix(kind)?.strip_prefix('='))?;
+    let env = std::fs::read_to_string(Path::new(dir).join("env"))
+        .unwrap_or_else(|e| panic!("{kind}'s server in {dir} has no env file: {e}"));
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{dir}/env has no {name}: {env}"))
+            .to_string()
+    };
+    Some(TestDb {
+        dir: dir.into(),
+        socket: var("MYPROBE_TEST_SOCKET").into(),
+        pid: var("MYPROBE_TEST_PID").parse().unwrap(),
+        testdb: testdb().testdb,
+    })
+}
+
 impl TestDb {
     /// Starts another throwaway server in `dir` with extra mariadbd options; it is stopped and removed on drop.
     pub fn start_another(&self, dir: &Path, options: &[&str]) -> OtherServer {

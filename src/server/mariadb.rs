@@ -1,0 +1,38 @@
+//! MariaDB: `information_schema.PROCESSLIST` has each connection's OS thread (`TID`) and the time in its state in
+//! milliseconds (`TIME_MS`); prepared statements' texts are in performance_schema only when it is on (MariaDB's
+//! default is off), so they are found from the process list (`query::texts`).
+
+use super::Server;
+
+pub struct MariaDb;
+
+macro_rules! processlist_select {
+    () => {
+        "SELECT ID, TID, USER, DB, COMMAND, TIME_MS, STATE, INFO FROM information_schema.PROCESSLIST"
+    };
+}
+
+impl Server for MariaDb {
+    fn name(&self) -> &'static str {
+        "MariaDB"
+    }
+
+    fn processlist_sql(&self) -> &'static str {
+        processlist_select!()
+    }
+
+    fn executing_prepared_sql(&self) -> &'static str {
+        concat!(
+            processlist_select!(),
+            " WHERE COMMAND = 'Execute' OR ID = CONNECTION_ID()"
+        )
+    }
+
+    fn prepared_statements_sql(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn prepared_statement_text_max(&self) -> usize {
+        0
+    }
+}

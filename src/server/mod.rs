@@ -1,0 +1,70 @@
+//! What differs between the servers myprobe traces, one module per flavor behind [`Server`], chosen from what the
+//! running server says of itself (its version string), never by `if mysql` elsewhere.
+
+mod mariadb;
+mod mysql;
+
+pub use mariadb::MariaDb;
+pub use mysql::MySql;
+
+/// A server's ways, as far as myprobe needs them.
+pub trait Server: Sync {
+    /// `MariaDB`, `MySQL`.
+    fn name(&self) -> &'static str;
+
+    /// The SQL that lists the connections and server threads, with the OS thread serving each, as the columns
+    /// `ID, TID, USER, DB, COMMAND, TIME_MS, STATE, INFO` in that order (`TID` as the server's own PID
+    /// namespace numbers it).
+    fn processlist_sql(&self) -> &'static str;
+
+    /// As [`Server::processlist_sql`], only the connections executing a prepared statement (command `Execute`,
+    /// whose `INFO` is the statement's text with its placeholders) and the own connection.
+    fn executing_prepared_sql(&self) -> &'static str;
+
+    /// The SQL that lists every prepared statement with its text, as the columns `TID, STATEMENT_ID, SQL_TEXT`
+    /// (the OS thread of its connection, the id the protocol gives it): None where the server keeps no such
+    /// table, or keeps it only with performance_schema on.
+    fn prepared_statements_sql(&self) -> Option<&'static str>;
+
+    /// The longest `SQL_TEXT` of [`Server::prepared_statements_sql`]: a text this long may have been cut.
+    fn prepared_statement_text_max(&self) -> usize;
+}
+
+/// The servers known, for what must be recognized whichever one runs (a tracer's own statements).
+pub const ALL: [&dyn Server; 2] = [&MariaDb, &MySql];
+
+/// The server whose `VERSION()` (or `server_version`) is `version`: MariaDB says so in it, MySQL and its forks
+/// (Percona Server) do not.
+pub fn of_version(version: &str) -> &'static dyn Server {
+    if version.contains("MariaDB") {
+        &MariaDb
+    } else {
+        &MySql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_choose_the_server() {
+        assert_eq!(of_version("10.11.19-MariaDB-0+deb12u1").name(), "MariaDB");
+        assert_eq!(
+            of_version("11.8.9-MariaDB-0+deb13u1 from Debian").name(),
+            "MariaDB"
+        );
+        assert_eq!(of_version("9.7.4-2").name(), "MySQL");
+        assert_eq!(of_version("8.0.35-27").name(), "MySQL");
+    }
+
+    #[test]
+    fn every_processlist_reads_the_same_columns() {
+        for server in ALL {
+            for sql in [server.processlist_sql(), server.executing_prepared_sql()] {
+                let columns = sql.split(" FROM ").next().unwrap();
+                assert_eq!(columns.matches(',').count(), 7, "{sql}");
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Every command once on the servers beside Debian 12's MariaDB, as users run them: MariaDB 11.8 (Debian 13's) and
+//! Oracle MySQL 9.7 (Debian unstable's), each under its own root and in its own mount and PID namespace, as a
+//! container runtime runs them (scripts/testdb), under sysbench started before tracing.
+
+mod common;
+use common::*;
+
+use std::time::Duration;
+
+/// The server's own PID namespace numbers its threads from 1: the ids it reports are not the host's.
+fn assert_in_own_pid_namespace(db: &TestDb) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", db.pid)).unwrap();
+    let nspid: Vec<&str> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("an NSpid line")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        nspid.len(),
+        2,
+        "the server is not in a PID namespace of its own: {nspid:?}"
+    );
+}
+
+fn server_or_skip(kind: &str) -> Option<TestDb> {
+    let db = other_server(kind);
+    if db.is_none() {
+        eprintln!("{kind} was not started (MYPROBE_OTHER_SERVERS): nothing to test");
+    }
+    db
+}
+
+fn pid_args(db: &TestDb, command: &[&str], secs: &str) -> Vec<String> {
+    command
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-p".into(), db.pid.to_string(), "-d".into(), secs.into()])
+        .collect()
+}
+
+/// `profile KIND` for `secs` seconds: its folded stacks.
+fn profile(db: &TestDb, kind: &str, secs: &str) -> Vec<(Vec<String>, u64)> {
+    let dir = tempdir(&format!("servers-{kind}"));
+    let folded = dir.join("out.folded");
+    run_ok(
+        myprobe()
+            .args(pid_args(db, &["profile", kind], secs))
+            .arg("-o")
+            .arg(&folded),
+    );
+    read_folded(&folded)
+}
+
+/// `queries --json` for `secs` seconds: the records, and stderr.
+fn queries(db: &TestDb, secs: &str) -> (Vec<serde_json::Value>, String) {
+    let out = myprobe()
+        .args(pid_args(db, &["queries", "--json"], secs))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "queries failed:\n{stderr}");
+    let records = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .filter(|r| r.get("lost").is_none())
+        .collect();
+    (records, stderr)
+}
+
+/// Executions of statements prepared before tracing, and those of them with their own text.
+fn prepared_named(records: &[serde_json::Value]) -> (usize, usize) {
+    let executions: Vec<_> = records
+        .iter()
+        .filter(|r| r["command"] == "Execute")
+        .collect();
+    let named = executions.iter().filter(|r| r["query"].is_string()).count();
+    (executions.len(), named)
+}
+
+/// `stacks` while the load runs: the statements threads run, as `statement:` lines (a few tries: at one instant
+/// every connection may be between statements).
+fn stacks_show_statements(db: &TestDb) -> String {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let out = myprobe()
+            .args(["stacks", "-p", &db.pid.to_string()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "stacks failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if stdout.contains("statement: ") {
+            return stdout;
+        }
+        last = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("no thread shown with its statement in 5 snapshots; the last:\n{last}");
+}
+
+/// What every server gives alike: stacks through the command loop, waits, statements, the threads' statements,
+/// stat's server columns, a traced function, a report; then `own`, the server's own checks, still under load.
+fn every_command(db: &TestDb, own: impl FnOnce()) -> Vec<serde_json::Value> {
+    assert_in_own_pid_namespace(db);
+    let load = db.load(40);
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cpu = profile(db, "cpu", "2");
+    assert!(
+        value_with_frame(&cpu, |f| f == "do_command") > 0,
+        "no on-CPU sample in do_command: {cpu:?}"
+    );
+    let offcpu = profile(db, "offcpu", "1");
+    assert!(!offcpu.is_empty(), "no off-CPU stack");
+    for kind in ["locks", "alloc", "syscalls"] {
+        profile(db, kind, "1");
+    }
+
+    let (records, stderr) = queries(db, "3");
+    assert!(
+        records.len() > 100,
+        "too few statements traced ({}):\n{stderr}",
+        records.len()
+    );
+
+    let stacks = stacks_show_statements(db);
+    assert!(stacks.contains("do_command"), "{stacks}");
+
+    let out = myprobe()
+        .args(["stat", "-p", &db.pid.to_string(), "-c", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stat: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["status"]["Questions"].as_f64() > Some(0.0)),
+        "stat has no statements a second: {lines:?}"
+    );
+
+    let out = myprobe()
+        .args(pid_args(
+            db,
+            &["trace", "dispatch_command", "--max-rate", "0"],
+            "1",
+        ))
+        .output()
+        .unwrap();
+    let trace =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "trace: {trace}");
+    assert!(trace.contains("dispatch_command"), "{trace}");
+
+    let dir = tempdir("servers-report");
+    let html = dir.join("report.html");
+    run_ok(
+        myprobe()
+            .args(pid_args(db, &["report"], "2"))
+            .arg("-o")
+            .arg(&html),
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("sbtest"),
+        "the report names no statement of the load"
+    );
+
+    own();
+    load.end();
+    records
+}
+
+#[test]
+fn mariadb_11_8_in_its_own_pid_namespace() {
+    let Some(db) = server_or_skip("mariadb-11.8") else {
+        return;
+    };
+    let records = every_command(&db, || {
+        // performance_schema is off, MariaDB's default: one line says so.
+        let out = myprobe()
+            .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "1"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("performance_schema is OFF"), "{stderr}");
+    });
+    // Texts from its process list, whose thread ids are its namespace's: joined through NSpid.
+    let (executions, named) = prepared_named(&records);
+    assert!(
+        named > 0 && named * 2 > executions,
+        "{named} of {executions} executions of statements prepared before tracing named"
+    );
+}
+
+#[test]
+fn mysql_9_7() {
+    let Some(db) = server_or_skip("mysql-9.7") else {
+        return;
+    };
+    let records = every_command(&db, || {
+        // performance_schema is on, MySQL's default.
+        let out = myprobe()
+            .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "1"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "pfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("wait;io;file;innodb;innodb_log_file"), "{stdout}");
+    });
+    // Texts from performance_schema.prepared_statements_instances: exact, not sampled.
+    let (executions, named) = prepared_named(&records);
+    assert!(executions > 100, "too few executions: {executions}");
+    assert!(
+        named as f64 >= 0.999 * executions as f64,
+        "{named} of {executions} executions of statements prepared before tracing named"
+    );
+}
