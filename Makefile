@@ -2,7 +2,8 @@
 #   make setup   install the Debian packages the project needs, mount tracefs (root)
 #   make build   cargo build --release
 #   make test    setup + build + cargo test against a throwaway MariaDB (scripts/run-tests)
-#   make demo    profile a throwaway MariaDB under sysbench load; writes demo-out/ (scripts/demo)
+#   make demo    profile a throwaway MariaDB under sysbench load; writes demo-out/ (scripts/demo);
+#                SERVER=mariadb-11.8 or SERVER=mysql-9.7 for another server (scripts/testdb)
 #   make bench   overhead of the collectors on sysbench TPS (bench/overhead; COLLECTORS="cpu offcpu")
 #   make fuzz    the property tests of tests/fuzz.rs, long, with fresh seeds (scripts/fuzz; FUZZ_SECS=3600)
 #   make clean   cargo clean, remove demo-out/ bench-out/, stop the demo and bench servers
@@ -10,6 +11,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 COLLECTORS ?=
+SERVER ?= mariadb-10.11
 
 .PHONY: all build setup test demo bench fuzz clean
 
@@ -25,7 +27,7 @@ test:
 	scripts/run-tests
 
 demo:
-	scripts/demo
+	MYPROBE_TESTDB_SERVER=$(SERVER) scripts/demo
 
 bench:
 	bench/overhead $(COLLECTORS)

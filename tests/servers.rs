@@ -218,7 +218,10 @@ fn mysql_9_7() {
             "pfs: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(stdout.contains("wait;io;file;innodb;innodb_log_file"), "{stdout}");
+        assert!(
+            stdout.contains("wait;io;file;innodb;innodb_log_file"),
+            "{stdout}"
+        );
     });
     // Texts from performance_schema.prepared_statements_instances: exact, not sampled.
     let (executions, named) = prepared_named(&records);

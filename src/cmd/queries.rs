@@ -394,7 +394,7 @@ pub fn follow(
         function,
         wanted: &wanted,
     });
-    let mut tracker = Tracker::new(a.raw_sql);
+    let mut tracker = Tracker::new(a.raw_sql).for_server(crate::server::of_target(target));
     let mut sites = waits::SiteNames::new(target.pid);
     let (mut seen, mut unknown_prepared) = (0u64, 0u64);
     let mut emit = |record: QueryRecord| {

@@ -273,6 +273,9 @@ pub struct Tracker {
     /// When an execution of a statement prepared before tracing last came back with column definitions
     /// that were not kept (see [`Tracker::wants_results`]).
     results_wanted_at: Option<Instant>,
+    /// The server takes query attributes (MySQL): a COM_QUERY of a connection whose capabilities went by
+    /// unseen is read past them when it starts as they do.
+    query_attributes: bool,
 }
 
 /// How long executions' replies are kept after the last one that would have labelled a statement.
@@ -288,7 +291,14 @@ impl Tracker {
             realtime_offset_ns: realtime_offset_ns(),
             notices: Vec::new(),
             results_wanted_at: None,
+            query_attributes: false,
         }
+    }
+
+    /// Follows `server`'s ways of the protocol.
+    pub fn for_server(mut self, server: &dyn crate::server::Server) -> Self {
+        self.query_attributes = server.query_attributes();
+        self
     }
 
     /// Whether the kernel side should keep executions' replies long (their column definitions): only while
@@ -399,6 +409,7 @@ impl Tracker {
         let mut unknown = Conn::default();
         let mut forgot_prepared = 0;
         let raw_sql = self.raw_sql;
+        let server_takes_attributes = self.query_attributes;
         let mut results_wanted = false;
         let conn = if s.fd < 0 {
             &mut unknown
@@ -411,6 +422,19 @@ impl Tracker {
         let mut prepared = None;
         let mut execution: Option<Prepared> = None;
         let text: Option<String> = match cmd {
+            // Seen at dispatch_command (s.fd < 0), the server has read the attributes already.
+            protocol::COM_QUERY if s.fd >= 0 => {
+                let sends_attributes = match conn.capabilities {
+                    Some(caps) => caps & protocol::CLIENT_QUERY_ATTRIBUTES != 0,
+                    // No statement starts with a count and then 1.
+                    None => server_takes_attributes && args.get(1) == Some(&1),
+                };
+                let text = sends_attributes
+                    .then(|| protocol::query_after_attributes(args))
+                    .flatten()
+                    .unwrap_or(args);
+                Some(String::from_utf8_lossy(text).into_owned())
+            }
             protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
                 Some(String::from_utf8_lossy(args).into_owned())
             }

@@ -74,6 +74,9 @@ pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 = 0x0020_0000;
 pub const CLIENT_SESSION_TRACK: u32 = 0x0080_0000;
 pub const CLIENT_DEPRECATE_EOF: u32 = 0x0100_0000;
 pub const CLIENT_ZSTD_COMPRESSION_ALGORITHM: u32 = 0x0400_0000;
+/// MySQL 8.0.23 on: COM_QUERY and COM_STMT_EXECUTE carry named parameters (query attributes) before the
+/// statement (MariaDB has no such bit).
+pub const CLIENT_QUERY_ATTRIBUTES: u32 = 0x0800_0000;
 
 /// A payload of this length continues in the next packet.
 pub const MAX_PAYLOAD_LEN: u32 = 0x00ff_ffff;
@@ -582,6 +585,65 @@ pub fn stmt_execute_id(payload: &[u8]) -> Option<u32> {
     }
 }
 
+/// The text of a COM_QUERY body (after the command byte) whose client sends query attributes: past the
+/// parameter count, the parameter set count (always 1), and, with parameters, the NULL bitmap, the
+/// new-params-bound flag, each parameter's type and name, and their values. `None` when the body is not laid
+/// out so (cut short, or not attributes at all).
+pub fn query_after_attributes(body: &[u8]) -> Option<&[u8]> {
+    let (count, n) = lenenc_int(body)?;
+    let mut at = n;
+    let (sets, n) = lenenc_int(body.get(at..)?)?;
+    at += n;
+    if sets != 1 {
+        return None;
+    }
+    if count == 0 {
+        return body.get(at..);
+    }
+    let count = usize::try_from(count).ok()?;
+    at = at.checked_add(count.div_ceil(8))?;
+    let null_bitmap = body.get(at - count.div_ceil(8)..at)?;
+    if *body.get(at)? != 1 {
+        // The types are always sent with query attributes.
+        return None;
+    }
+    at += 1;
+    let mut types = Vec::with_capacity(count.min(body.len()));
+    for _ in 0..count {
+        types.push(*body.get(at)?);
+        at += 2;
+        let (name_len, n) = lenenc_int(body.get(at..)?)?;
+        at = at
+            .checked_add(n)?
+            .checked_add(usize::try_from(name_len).ok()?)?;
+    }
+    for (i, &ty) in types.iter().enumerate() {
+        if null_bitmap[i / 8] & (1 << (i % 8)) != 0 {
+            continue;
+        }
+        at = at.checked_add(binary_value_len(ty, body.get(at..)?)?)?;
+    }
+    body.get(at..)
+}
+
+/// The length of a binary-protocol value of column type `ty` at the start of `buf`.
+fn binary_value_len(ty: u8, buf: &[u8]) -> Option<usize> {
+    Some(match ty {
+        0x06 => 0,               // NULL
+        0x01 => 1,               // TINY
+        0x02 | 0x0d => 2,        // SHORT, YEAR
+        0x03 | 0x09 | 0x04 => 4, // LONG, INT24, FLOAT
+        0x08 | 0x05 => 8,        // LONGLONG, DOUBLE
+        // DATE, DATETIME, TIMESTAMP, TIME: a length byte, then that many.
+        0x0a | 0x0c | 0x07 | 0x0b => 1 + usize::from(*buf.first()?),
+        // Strings, decimals, blobs, JSON, ...: length-encoded.
+        _ => {
+            let (len, n) = lenenc_int(buf)?;
+            n.checked_add(usize::try_from(len).ok()?)?
+        }
+    })
+}
+
 /// The database of a COM_INIT_DB request (payload with the command byte).
 pub fn init_db_name(payload: &[u8]) -> Option<String> {
     let (&cmd, name) = payload.split_first()?;
@@ -654,6 +716,27 @@ fn skip_trivia(s: &[u8], mut i: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn query_attributes_come_before_the_text() {
+        assert_eq!(
+            query_after_attributes(b"\x00\x01select 1"),
+            Some(&b"select 1"[..])
+        );
+        // One string attribute `a` = `b`: count, set count, NULL bitmap, bound flag, type and name, value.
+        let body = b"\x01\x01\x00\x01\xfe\x00\x01a\x01bSELECT 2";
+        assert_eq!(query_after_attributes(body), Some(&b"SELECT 2"[..]));
+        // A NULL one has no value; a LONGLONG has 8 bytes.
+        let body = b"\x02\x01\x01\x01\x06\x00\x01n\x08\x00\x01i12345678SELECT 3";
+        assert_eq!(query_after_attributes(body), Some(&b"SELECT 3"[..]));
+        // Plain text is no attribute block; nor is one cut short.
+        assert_eq!(query_after_attributes(b"select 1"), None);
+        assert_eq!(
+            query_after_attributes(b"\x01\x01\x00\x01\xfe\x00\x05ab"),
+            None
+        );
+        assert_eq!(query_after_attributes(b"\x00\x02select"), None);
+    }
+
     use super::*;
 
     fn packet(seq: u8, payload: &[u8]) -> Vec<u8> {

@@ -35,4 +35,8 @@ impl Server for MariaDb {
     fn prepared_statement_text_max(&self) -> usize {
         0
     }
+
+    fn query_attributes(&self) -> bool {
+        false
+    }
 }

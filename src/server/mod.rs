@@ -28,6 +28,17 @@ pub trait Server: Sync {
 
     /// The longest `SQL_TEXT` of [`Server::prepared_statements_sql`]: a text this long may have been cut.
     fn prepared_statement_text_max(&self) -> usize;
+
+    /// Whether clients may send query attributes before a statement's text (`CLIENT_QUERY_ATTRIBUTES`).
+    fn query_attributes(&self) -> bool;
+}
+
+/// The server a traced process is: its flavor, from its version string and name (`process::resolve`).
+pub fn of_target(target: &crate::process::Target) -> &'static dyn Server {
+    match target.flavor {
+        crate::process::Flavor::MariaDb => &MariaDb,
+        _ => &MySql,
+    }
 }
 
 /// The servers known, for what must be recognized whichever one runs (a tracer's own statements).

@@ -42,4 +42,8 @@ impl Server for MySql {
     fn prepared_statement_text_max(&self) -> usize {
         1024
     }
+
+    fn query_attributes(&self) -> bool {
+        true
+    }
 }
