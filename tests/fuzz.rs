@@ -15,7 +15,7 @@ use myprobe::collect::queries::{Event, RawStatement};
 use myprobe::profile::{folded, Profile, Unit};
 use myprobe::query::fingerprint::{fingerprint, fingerprint_bytes, normalize, normalize_bytes};
 use myprobe::query::protocol::{self as p, Greeting, HandshakeResponse, OkInfo, Reply};
-use myprobe::query::{Tracker, MAX_CONNS, MAX_PREPARED_PER_CONN};
+use myprobe::query::{dispatch_fd, Tracker, MAX_CONNS, MAX_PREPARED_PER_CONN};
 
 /// Cases per target: `PROPTEST_CASES` when set, else `default`. No failure files: a failure prints its
 /// minimal input, scripts/fuzz prints the seed, and a bug found gets a unit test next to its parser.
@@ -1472,10 +1472,11 @@ fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
         2 => (fd(), greeting_spec()).prop_map(|(fd, g)| Event::PacketOut {
+            tid: 1,
             fd,
             bytes: packet(0, &g.full()),
         }),
-        1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Event::PacketOut { fd, bytes }),
+        1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Event::PacketOut { tid: 1, fd, bytes }),
         2 => (fd(), handshake_payload()).prop_map(|(fd, payload)| packet_in(fd, 1, payload)),
         1 => (fd(), any::<u8>(), bytes(40)).prop_map(|(fd, seq, payload)| packet_in(fd, seq, payload)),
         2 => (fd(), statement_id()).prop_map(|(fd, id)| {
@@ -1512,9 +1513,8 @@ proptest! {
                 Event::Statement(s) => {
                     statements.push(lossy(&s.request));
                     fed.push(s.request.clone());
-                    if s.fd >= 0 {
-                        fds.insert(s.fd);
-                    }
+                    // A statement seen at dispatch_command is its thread's connection.
+                    fds.insert(if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) });
                     if s.request.first() == Some(&p::COM_STMT_PREPARE) {
                         if let Reply::PrepareOk { statement_id, .. } =
                             p::parse_reply_stream(&s.reply, p::COM_STMT_PREPARE)
@@ -1523,17 +1523,21 @@ proptest! {
                         }
                     }
                 }
-                Event::PacketIn { fd, seq, payload, .. } => {
+                Event::PacketIn { tid, fd, seq, payload, .. } => {
                     if *seq == 0 {
                         statements.push(lossy(payload)); // a command read ahead
                     }
                     fed.push(payload.clone());
                     fds.insert(*fd);
+                    if *fd < 0 {
+                        fds.insert(dispatch_fd(*tid));
+                    }
                 }
                 Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => {}
-                Event::PacketOut { fd, bytes } => {
+                Event::PacketOut { tid, fd, bytes } => {
                     fed.push(bytes.clone());
-                    fds.insert(*fd);
+                    // A greeting opens the connection on its socket and on its thread.
+                    fds.extend([*fd, dispatch_fd(*tid)]);
                 }
             }
             let r = raw.handle(event.clone());
@@ -1605,7 +1609,7 @@ proptest! {
         let mut prepared = 0;
         for i in 0..conns.max(prepares * prepare_every) {
             if i < conns {
-                t.handle(Event::PacketOut { fd: first_fd + i as i32, bytes: greeting.clone() });
+                t.handle(Event::PacketOut { tid: 1, fd: first_fd + i as i32, bytes: greeting.clone() });
             }
             if i % prepare_every == 0 && prepared < prepares {
                 let mut reply = vec![0x00];

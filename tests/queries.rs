@@ -830,40 +830,8 @@ fn summary_digest_and_min_ms() {
 
 #[test]
 fn tls_connections_are_followed_through_uprobes() {
-    let db = testdb();
-    let dir = tempdir("tls");
-    let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
-    let openssl = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=myprobe-test",
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(
-        openssl.status.success(),
-        "{}",
-        String::from_utf8_lossy(&openssl.stderr)
-    );
-    let server = db.start_another(
-        &dir.join("server"),
-        &[
-            &format!("--ssl-key={}", key.display()),
-            &format!("--ssl-cert={}", cert.display()),
-        ],
-    );
-    let tls = &server.0;
+    // Every test server speaks TLS (scripts/testdb gives MariaDB 10.11 its certificates).
+    let tls = &testdb();
 
     // Opened before tracing: only --uprobes sees it.
     let mut before = tls.session_with(&["--ssl"]);

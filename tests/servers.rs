@@ -231,3 +231,50 @@ fn mysql_9_7() {
         "{named} of {executions} executions of statements prepared before tracing named"
     );
 }
+
+/// Seed 001 on the server it was written for: under write load, performance_schema's wait on the redo log file
+/// grows when every commit flushes it (innodb_flush_log_at_trx_commit 0, then 1), and the diff shows it.
+#[test]
+fn mysql_9_7_redo_log_waits_grow_when_commits_flush() {
+    let Some(db) = server_or_skip("mysql-9.7") else {
+        return;
+    };
+    let dir = tempdir("servers-seed-001");
+    let mut redo = Vec::new();
+    for flush in [0, 1] {
+        db.sql(&format!(
+            "SET GLOBAL innodb_flush_log_at_trx_commit = {flush}"
+        ));
+        let load = db.load_workload(5, "oltp_write_only");
+        std::thread::sleep(Duration::from_secs(1));
+        let folded = dir.join(format!("waits-{flush}.folded"));
+        run_ok(
+            myprobe()
+                .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "2", "-o"])
+                .arg(&folded),
+        );
+        load.wait();
+        let log_file = value_with_frame(&read_folded(&folded), |f| f == "innodb_log_file");
+        redo.push((folded, log_file));
+    }
+    db.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1");
+    let (zero, one) = (redo[0].1, redo[1].1);
+    assert!(
+        one > 2 * zero && one > 0,
+        "wait/io/file/innodb/innodb_log_file: {zero} us at 0, {one} us at 1"
+    );
+    let svg = dir.join("redo.diff.svg");
+    run_ok(
+        myprobe()
+            .arg("diff")
+            .arg(&redo[0].0)
+            .arg(&redo[1].0)
+            .arg("-o")
+            .arg(&svg),
+    );
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.contains("innodb_log_file"),
+        "the diff does not draw the redo log file"
+    );
+}

@@ -55,6 +55,9 @@ const volatile bool syscall_cpu = false;
 #define COM_QUIT 0x01
 #define COM_QUERY 0x03
 #define COM_STMT_EXECUTE 0x17
+#define COM_INIT_DB 0x02
+#define COM_STMT_PREPARE 0x16
+#define COM_STMT_RESET 0x1a
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
 #define CLIENT_COMPRESS 0x20
@@ -735,15 +738,24 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 	__u8 command;
 	__u64 text;
 	__u32 len;
+	__u64 id = 0;
+	bool by_id = false;
 	if (dispatch_abi == DISPATCH_MYSQL) {
-		/* dispatch_command(THD *, const COM_DATA *, enum_server_command): COM_QUERY's text and length
-		 * lead the COM_DATA union; other commands keep no text here. */
+		/* dispatch_command(THD *, const COM_DATA *, enum_server_command): the server has parsed the packet
+		 * into the COM_DATA union (query attributes read past). COM_QUERY_DATA, COM_STMT_PREPARE_DATA and
+		 * COM_INIT_DB_DATA lead with the text and its length (uint, uint, size_t); COM_STMT_EXECUTE_DATA with
+		 * the statement id (unsigned long), written back as the packet's own id so that user space reads
+		 * both paths alike. */
 		command = arg2;
 		text = 0;
 		len = 0;
-		if (command == COM_QUERY) {
+		if (command == COM_QUERY || command == COM_STMT_PREPARE || command == COM_INIT_DB) {
 			bpf_probe_read_user(&text, sizeof(text), (void *)arg1);
 			bpf_probe_read_user(&len, sizeof(len), (void *)(arg1 + 8));
+		} else if (command == COM_STMT_EXECUTE || command == COM_STMT_RESET) {
+			bpf_probe_read_user(&id, sizeof(id), (void *)arg1);
+			by_id = true;
+			len = 4;
 		}
 	} else {
 		/* MariaDB: dispatch_command(enum_server_command, THD *, char *packet, uint length, bool) */
@@ -760,6 +772,11 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 1;
 	st->ev.text[0] = command;
+	if (by_id) {
+		__builtin_memcpy(&st->ev.text[1], &id, 4);
+		st->ev.text_len = 1 + 4;
+		return 0;
+	}
 	long n = len;
 	if (n > MAX_TEXT - 1)
 		n = MAX_TEXT - 1;

@@ -357,6 +357,8 @@ pub struct Client {
     version: String,
     connection_id: u64,
     timeout: Duration,
+    /// Whether performance_schema is on, once asked (it can only change at the server's start).
+    performance_schema: Option<bool>,
 }
 
 impl fmt::Debug for Client {
@@ -367,6 +369,9 @@ impl fmt::Debug for Client {
             .finish_non_exhaustive()
     }
 }
+
+/// Whether performance_schema is on: asked once per connection (a tracer knows its own statement by it).
+pub const PERFORMANCE_SCHEMA_ON_SQL: &str = "SELECT @@performance_schema";
 
 /// A statement prepared on a connection ([`Client::prepared_statements`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -465,6 +470,7 @@ impl Client {
                 conn,
                 version,
                 timeout,
+                performance_schema: None,
             }),
             Ok(Err(e)) => {
                 let (reason, hint) = explain(&e, &settings.timeout_text());
@@ -533,15 +539,12 @@ impl Client {
         let Some(sql) = server.prepared_statements_sql() else {
             bail!("{} keeps no table of prepared statements", server.name());
         };
-        let on = self.query("SELECT @@performance_schema")?;
-        if on
-            .first()
-            .and_then(|r| r.first())
-            .cloned()
-            .flatten()
-            .as_deref()
-            != Some("1")
-        {
+        if self.performance_schema.is_none() {
+            let on = self.query(PERFORMANCE_SCHEMA_ON_SQL)?;
+            let on = on.first().and_then(|r| r.first()).cloned().flatten();
+            self.performance_schema = Some(on.as_deref() == Some("1"));
+        }
+        if self.performance_schema == Some(false) {
             bail!(
                 "performance_schema is off on this server: the texts of statements prepared before tracing are \
                  in performance_schema.prepared_statements_instances (performance_schema=ON, at the server's start)"

@@ -85,6 +85,7 @@ pub enum Event {
     },
     /// Bytes the server sent outside a statement (greeting, authentication), headers included.
     PacketOut {
+        tid: u32,
         fd: i32,
         bytes: Vec<u8>,
     },
@@ -471,6 +472,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             ts_ns: e.start_ns,
         }),
         query_event_kind::EVENT_PACKET_OUT => Some(Event::PacketOut {
+            tid: e.tid,
             fd: e.fd,
             bytes: text,
         }),

@@ -66,6 +66,9 @@ pub struct QueryRecord {
     /// An execution of a prepared statement: its connection's socket and the statement id.
     #[serde(skip)]
     pub prepared: Option<texts::StatementKey>,
+    /// Its connection's socket ([`dispatch_fd`] of its thread when seen at dispatch_command).
+    #[serde(skip)]
+    pub socket: i32,
     /// When it began and ended (CLOCK_MONOTONIC, ns), to join it with what the server says of its threads.
     #[serde(skip)]
     pub start_ns: u64,
@@ -185,6 +188,12 @@ pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u
 
 /// The fingerprint of executions of a statement prepared before tracing began, followed by ` #<statement id>`.
 pub const UNKNOWN_PREPARED: &str = "statement prepared before tracing";
+
+/// What stands for the socket of a statement seen at dispatch_command (TLS), for its prepared statements' keys:
+/// its thread, below every socket and the -1 of no socket.
+pub fn dispatch_fd(tid: u32) -> i32 {
+    -1 - (tid & 0x3fff_ffff) as i32
+}
 
 /// Prepared statements remembered per connection, at most; beyond it one is forgotten for each new one.
 pub const MAX_PREPARED_PER_CONN: usize = 4096;
@@ -313,15 +322,18 @@ impl Tracker {
     pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
         match event {
             Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => None,
-            Event::PacketOut { fd, bytes, .. } => {
-                // The greeting opens a connection on this socket (a reused fd starts afresh).
+            Event::PacketOut { tid, fd, bytes } => {
+                // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
+                // thread, as statements seen at dispatch_command know it.
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
                 if seq == 0 {
                     if let Some(g) = protocol::parse_greeting(payload) {
-                        *self.conn_entry(fd) = Conn {
-                            id: Some(g.connection_id),
-                            ..Conn::default()
-                        };
+                        for key in [fd, dispatch_fd(tid)] {
+                            *self.conn_entry(key) = Conn {
+                                id: Some(g.connection_id),
+                                ..Conn::default()
+                            };
+                        }
                     }
                 }
                 None
@@ -405,17 +417,13 @@ impl Tracker {
         let reply = protocol::parse_reply_stream(&s.reply, cmd);
         let ok = !s.in_flight && !matches!(reply, Reply::Err { .. });
         let truncated = s.packet_len as usize > s.request.len();
-        // Statements seen at dispatch_command (TLS) have no socket: nothing is known of their connection.
-        let mut unknown = Conn::default();
+        // Statements seen at dispatch_command (TLS) have no socket: their connection is known by its thread.
+        let socket = if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) };
         let mut forgot_prepared = 0;
         let raw_sql = self.raw_sql;
         let server_takes_attributes = self.query_attributes;
         let mut results_wanted = false;
-        let conn = if s.fd < 0 {
-            &mut unknown
-        } else {
-            self.conn_entry(s.fd)
-        };
+        let conn = self.conn_entry(socket);
 
         // The statement's text: its own for Query and Prepare; for Execute, what is known of the statement.
         let mut unknown_statement = None;
@@ -440,7 +448,7 @@ impl Tracker {
             }
             protocol::COM_STMT_EXECUTE => {
                 if let Some(id) = protocol::stmt_execute_id(&s.request) {
-                    prepared = (s.fd >= 0).then_some((s.fd, id));
+                    prepared = Some((socket, id));
                     execution = conn.prepared.get(&id).cloned();
                     if execution.is_none() {
                         unknown_statement = Some(id);
@@ -560,9 +568,19 @@ impl Tracker {
             stands_for: 1,
             lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
             prepared,
+            socket,
             start_ns: s.start_ns,
             end_ns: s.end_ns,
         }
+    }
+
+    /// What the server says of the connection on `socket` (its process list), where its handshake went by
+    /// unseen: its later statements carry it.
+    pub fn learn_connection(&mut self, socket: i32, id: u32, user: &str, db: Option<&str>) {
+        let conn = self.conn_entry(socket);
+        conn.id = conn.id.or(Some(id));
+        conn.user = Some(user.to_string());
+        conn.db = db.map(str::to_string);
     }
 
     /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.

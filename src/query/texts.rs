@@ -267,16 +267,45 @@ fn read_sample(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result
     })
 }
 
+/// The server's connections, by host thread.
+fn read_threads(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<ThreadsRead> {
+    let read_ns = collect::monotonic_ns();
+    let list = client.processlist()?;
+    let rows = list
+        .rows
+        .into_iter()
+        .filter_map(|r| {
+            let row = ThreadRow {
+                id: u32::try_from(r.id).ok()?,
+                user: r.user,
+                db: r.db,
+            };
+            Some((tids.host(r.tid?)?, row))
+        })
+        .collect();
+    Ok(ThreadsRead { read_ns, rows })
+}
+
 /// Every prepared statement the server keeps, by host thread and id.
-fn read_prepared(
-    client: &mut client::Client,
-    tids: &mut TidMap,
-) -> anyhow::Result<HashMap<(u32, u32), (String, bool)>> {
-    Ok(client
+fn read_prepared(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<PreparedTable> {
+    let read_ns = collect::monotonic_ns();
+    let statements = client
         .prepared_statements()?
         .into_iter()
         .filter_map(|p| Some(((tids.host(p.tid)?, p.id), (p.text, p.truncated))))
-        .collect())
+        .collect();
+    Ok(PreparedTable {
+        read_ns,
+        statements,
+    })
+}
+
+impl PreparedTexts {
+    /// A record whose connection's user went by unseen (its handshake before tracing, or under TLS), and that
+    /// began after the latest read of the process list: the next read says it.
+    fn awaits_user(&self, r: &QueryRecord) -> bool {
+        self.sampler.is_some() && r.user.is_none() && r.start_ns > self.threads_read_ns
+    }
 }
 
 /// An execution whose text is looked for.
@@ -298,7 +327,28 @@ const MAX_HELD: usize = 200_000;
 /// statement with its text (MySQL's performance_schema), by host thread and statement id.
 enum Found {
     Sample(Sample),
-    Prepared(HashMap<(u32, u32), (String, bool)>),
+    Prepared(PreparedTable),
+    Threads(ThreadsRead),
+}
+
+/// The whole process list, by host thread: what the server says of connections whose handshake went by unseen.
+struct ThreadsRead {
+    read_ns: u64,
+    rows: HashMap<u32, ThreadRow>,
+}
+
+struct ThreadRow {
+    id: u32,
+    user: String,
+    db: Option<String>,
+}
+
+/// The server's table of prepared statements, read whole: (host thread, id) → (text, cut).
+#[derive(Default)]
+struct PreparedTable {
+    /// CLOCK_MONOTONIC before the table was asked for: it holds what was prepared before then.
+    read_ns: u64,
+    statements: HashMap<(u32, u32), (String, bool)>,
 }
 
 /// The texts of statements prepared before tracing, looked up in the server's process list while tracing
@@ -308,11 +358,19 @@ enum Found {
 pub struct PreparedTexts {
     pub finder: TextFinder,
     samples: Option<mpsc::Receiver<Result<Found, String>>>,
-    /// The server's own table of prepared statements, where it has one: (host thread, id) → (text, cut).
-    prepared: HashMap<(u32, u32), (String, bool)>,
+    /// The server's own table of prepared statements, where it has one, as last read.
+    prepared: PreparedTable,
+    /// When each thread last prepared a statement: an id it was given may stand for another statement in a table
+    /// read before (a connection that ended, whose thread serves another that counts its ids anew).
+    last_prepare: HashMap<u32, u64>,
     /// Set while texts are wanted (the sampler reads the list only then, and not while `paused`); `stop` ends
     /// the sampler.
     wanted: Arc<AtomicBool>,
+    /// Set while a record waits for its connection's user (`awaits_user`): the sampler reads the whole process
+    /// list once, and clears it.
+    threads_wanted: Arc<AtomicBool>,
+    /// CLOCK_MONOTONIC before the latest read of the whole process list: what began before it was there to see.
+    threads_read_ns: u64,
     paused: Arc<AtomicBool>,
     /// The sampler's interval, µs; and when a statement was last newly wanted.
     interval_us: Arc<AtomicU64>,
@@ -339,8 +397,11 @@ impl Default for PreparedTexts {
         PreparedTexts {
             finder: TextFinder::default(),
             samples: None,
-            prepared: HashMap::new(),
+            prepared: PreparedTable::default(),
+            last_prepare: HashMap::new(),
             wanted: Arc::new(AtomicBool::new(false)),
+            threads_wanted: Arc::new(AtomicBool::new(false)),
+            threads_read_ns: 0,
             paused: Arc::new(AtomicBool::new(false)),
             interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
             last_new: Instant::now(),
@@ -351,10 +412,11 @@ impl Default for PreparedTexts {
             own_fingerprints: crate::server::ALL
                 .iter()
                 .flat_map(|s| {
-                    [s.executing_prepared_sql()]
+                    [s.executing_prepared_sql(), s.processlist_sql()]
                         .into_iter()
                         .chain(s.prepared_statements_sql())
                 })
+                .chain([client::PERFORMANCE_SCHEMA_ON_SQL])
                 .map(fingerprint)
                 .collect(),
             error: None,
@@ -371,9 +433,10 @@ impl PreparedTexts {
     /// once: the texts then stay unknown).
     pub fn start(&mut self, args: &ConnectArgs, pid: u32) {
         let (tx, rx) = mpsc::channel();
-        let (args, wanted, paused, stop, interval_us) = (
+        let (args, wanted, threads_wanted, paused, stop, interval_us) = (
             args.clone(),
             Arc::clone(&self.wanted),
+            Arc::clone(&self.threads_wanted),
             Arc::clone(&self.paused),
             Arc::clone(&self.stop),
             Arc::clone(&self.interval_us),
@@ -392,6 +455,15 @@ impl PreparedTexts {
                 let mut tids = TidMap::new(pid);
                 let from_table = client.server().prepared_statements_sql().is_some();
                 while !stop.load(Ordering::Relaxed) {
+                    if threads_wanted.swap(false, Ordering::Relaxed) {
+                        let threads = read_threads(&mut client, &mut tids);
+                        let failed = threads.is_err();
+                        let sent =
+                            tx.send(threads.map(Found::Threads).map_err(|e| format!("{e:#}")));
+                        if sent.is_err() || failed {
+                            return;
+                        }
+                    }
                     if wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed) {
                         let found = if from_table {
                             read_prepared(&mut client, &mut tids).map(Found::Prepared)
@@ -403,13 +475,15 @@ impl PreparedTexts {
                             return;
                         }
                         let interval = Duration::from_micros(interval_us.load(Ordering::Relaxed));
-                        // The table is whole at each read: it is read again only for statements prepared since.
-                        std::thread::sleep(if from_table {
-                            interval.max(TABLE_INTERVAL)
+                        if from_table {
+                            // The table is whole at each read: it is read again for statements prepared since,
+                            // at once when an execution of one comes (`wake_sampler`), while its connection
+                            // still holds it.
+                            std::thread::park_timeout(TABLE_INTERVAL);
                         } else {
-                            interval
-                        });
-                    } else {
+                            std::thread::sleep(interval);
+                        }
+                    } else if !threads_wanted.load(Ordering::Relaxed) {
                         // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop
                         // would cost about 1% of a CPU for nothing.
                         std::thread::park_timeout(Duration::from_secs(1));
@@ -478,6 +552,12 @@ impl PreparedTexts {
             self.own_statements += 1;
             return;
         }
+        if record.command == "Prepare" {
+            if self.last_prepare.len() >= MAX_EXECUTIONS {
+                self.last_prepare.clear();
+            }
+            self.last_prepare.insert(record.tid, record.start_ns);
+        }
         self.name_from_table(tracker, &mut record);
         if let Some(key) = record.prepared {
             let e = Execution {
@@ -489,6 +569,7 @@ impl PreparedTexts {
             let known = record.query.as_ref().and(record.fingerprint.as_deref());
             if self.finder.execution(e, known) {
                 self.last_new = Instant::now();
+                self.wake_sampler();
             }
             let interval = if self.last_new.elapsed() < SLOW_AFTER {
                 SAMPLE_INTERVAL
@@ -509,7 +590,11 @@ impl PreparedTexts {
             }
         }
         let behind = self.held.get(&record.tid).is_some_and(|q| !q.is_empty());
-        if behind || (self.samples.is_some() && awaits_text(&record)) {
+        let awaits_user = self.awaits_user(&record);
+        if awaits_user && !self.threads_wanted.swap(true, Ordering::Relaxed) {
+            self.wake_sampler();
+        }
+        if behind || (self.samples.is_some() && (awaits_text(&record) || awaits_user)) {
             self.held
                 .entry(record.tid)
                 .or_default()
@@ -528,27 +613,34 @@ impl PreparedTexts {
     /// Joins the samples read so far; the records waiting for the statements they name get their text.
     fn join(&mut self, tracker: &mut Tracker, done: bool) {
         let mut error = None;
-        if let Some(rx) = &self.samples {
-            while let Ok(found) = rx.try_recv() {
-                match found {
-                    Ok(Found::Sample(s)) => self.finder.sample(s),
-                    Ok(Found::Prepared(table)) => {
-                        // Bounded: threads that come and go leave their statements behind.
-                        if self.prepared.len() + table.len() > MAX_EXECUTIONS {
-                            self.prepared.clear();
-                        }
-                        self.prepared.extend(table);
+        let found: Vec<_> = self.samples.iter().flat_map(|rx| rx.try_iter()).collect();
+        for found in found {
+            match found {
+                Ok(Found::Sample(s)) => self.finder.sample(s),
+                // Each table names what it holds: a later one may no longer (the connection closed).
+                Ok(Found::Prepared(table)) => {
+                    self.prepared = table;
+                    let mut held = std::mem::take(&mut self.held);
+                    for (r, _) in held.values_mut().flatten() {
+                        self.name_from_table(tracker, r);
                     }
-                    Err(e) => error = Some(e),
+                    self.held = held;
                 }
+                Ok(Found::Threads(threads)) => {
+                    self.threads_read_ns = threads.read_ns;
+                    for (r, _) in self.held.values_mut().flatten() {
+                        let Some(row) = threads.rows.get(&r.tid).filter(|_| r.user.is_none())
+                        else {
+                            continue;
+                        };
+                        tracker.learn_connection(r.socket, row.id, &row.user, row.db.as_deref());
+                        r.conn = r.conn.or(Some(row.id));
+                        r.user = Some(row.user.clone());
+                        r.db = row.db.clone();
+                    }
+                }
+                Err(e) => error = Some(e),
             }
-        }
-        if !self.prepared.is_empty() {
-            let mut held = std::mem::take(&mut self.held);
-            for (r, _) in held.values_mut().flatten() {
-                self.name_from_table(tracker, r);
-            }
-            self.held = held;
         }
         if let Some(e) = error {
             self.samples = None;
@@ -574,7 +666,15 @@ impl PreparedTexts {
         let Some(key) = r.prepared.filter(|_| awaits_text(r)) else {
             return;
         };
-        let Some((text, cut)) = self.prepared.get(&(r.tid, key.1)) else {
+        let table = &self.prepared;
+        if self
+            .last_prepare
+            .get(&r.tid)
+            .is_some_and(|&at| at >= table.read_ns)
+        {
+            return;
+        }
+        let Some((text, cut)) = table.statements.get(&(r.tid, key.1)) else {
             return;
         };
         if self.finder.found_elsewhere(key, text) {
@@ -591,7 +691,8 @@ impl PreparedTexts {
         let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
         for queue in self.held.values_mut() {
             while let Some((r, since)) = queue.front() {
-                if looking && awaits_text(r) && since.elapsed() < HOLD {
+                let awaits_user = r.user.is_none() && r.start_ns > self.threads_read_ns;
+                if looking && (awaits_text(r) || awaits_user) && since.elapsed() < HOLD {
                     break;
                 }
                 if let Some((r, _)) = queue.pop_front() {

@@ -141,10 +141,15 @@ impl TestDb {
         Load(Some(child))
     }
 
-    /// The mariadb client, connecting to this server's socket as root; options and statements to be added.
+    /// The mariadb client, connecting to this server's socket as root, without TLS (every test server speaks
+    /// it, and MariaDB's client would use it even over the socket; a test that wants it passes `--ssl`);
+    /// options and statements to be added.
     pub fn client(&self) -> Command {
         let mut cmd = Command::new("mariadb");
-        cmd.arg("-S").arg(&self.socket).arg("-uroot");
+        cmd.arg("-S")
+            .arg(&self.socket)
+            .arg("-uroot")
+            .arg("--skip-ssl");
         cmd
     }
 
