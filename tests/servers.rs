@@ -173,9 +173,61 @@ fn every_command(db: &TestDb, own: impl FnOnce()) -> Vec<serde_json::Value> {
         "the report names no statement of the load"
     );
 
+    agent_exports_the_load(db);
+
     own();
     load.end();
     records
+}
+
+/// The agent, tracing every statement: /metrics counts those of the load by fingerprint.
+fn agent_exports_the_load(db: &TestDb) {
+    let dir = tempdir("servers-agent");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
+    let agent = Background::start(
+        &[
+            "agent",
+            "-p",
+            &pid,
+            "--listen",
+            &listen,
+            "--window",
+            "2s",
+            "--sample-every",
+            "1",
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        "myprobe: agent: tracing",
+    );
+    let url = format!("http://{listen}/metrics");
+    let mut metrics = String::new();
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(500));
+        metrics = ureq::get(&url)
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .unwrap_or_default();
+        if metrics
+            .lines()
+            .any(|l| l.starts_with("myprobe_statements_total") && l.contains("sbtest"))
+        {
+            break;
+        }
+    }
+    let (_, stderr) = agent.stop();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("myprobe_statements_total") && l.contains("sbtest")),
+        "no statement of the load in /metrics:\n{metrics}\nagent's stderr:\n{stderr}"
+    );
 }
 
 #[test]
