@@ -5,7 +5,11 @@
 mod common;
 use common::*;
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 /// The server's own PID namespace numbers its threads from 1: the ids it reports are not the host's.
 fn assert_in_own_pid_namespace(db: &TestDb) {
@@ -245,6 +249,7 @@ fn mariadb_11_8_in_its_own_pid_namespace() {
         assert!(!out.status.success());
         assert!(stderr.contains("performance_schema is OFF"), "{stderr}");
     });
+    tls_clients_are_followed(&db, false);
     // Texts from its process list, whose thread ids are its namespace's: joined through NSpid.
     let (executions, named) = prepared_named(&records);
     assert!(
@@ -275,6 +280,7 @@ fn mysql_9_7() {
             "{stdout}"
         );
     });
+    tls_clients_are_followed(&db, true);
     // Texts from performance_schema.prepared_statements_instances: exact, not sampled.
     let (executions, named) = prepared_named(&records);
     assert!(executions > 100, "too few executions: {executions}");
@@ -329,4 +335,103 @@ fn mysql_9_7_redo_log_waits_grow_when_commits_flush() {
         drawn.contains("innodb_log_file"),
         "the diff does not draw the redo log file"
     );
+}
+
+/// The Python of the client libraries (scripts/setup installs it).
+fn python() -> PathBuf {
+    let env =
+        std::env::var("MYPROBE_PYTHON_ENV").unwrap_or_else(|_| "/var/cache/myprobe/python".into());
+    let python = Path::new(&env).join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup",
+        python.display()
+    );
+    python
+}
+
+fn port(db: &TestDb) -> String {
+    let env = std::fs::read_to_string(db.dir.join("env")).unwrap();
+    env.lines()
+        .find_map(|l| l.strip_prefix("MYPROBE_TEST_PORT="))
+        .expect("a port")
+        .to_string()
+}
+
+/// Real client libraries over TLS on TCP, connected while tracing (tests/fixtures/servers/tls_clients.py): every
+/// statement once, with its exact text and its connection's user; the executions of its prepared statements by
+/// their text where the server's numbering of them is known (`executions_named`), else by their id, never by
+/// another text.
+fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
+    let tag = format!("tls{}", std::process::id());
+    let pid = db.pid.to_string();
+    let tracer = Background::start(
+        &[
+            "queries",
+            "-p",
+            &pid,
+            "--json",
+            "--raw-sql",
+            "--uprobes",
+            "--sample-every",
+            "1",
+        ],
+        "myprobe: tracing the statements",
+    );
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/servers/tls_clients.py");
+    let out = Command::new(python())
+        .arg(&fixture)
+        .arg(port(db))
+        .arg(&tag)
+        .output()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (stdout, stderr) = tracer.stop();
+    assert!(
+        out.status.success(),
+        "the clients failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = json_lines(&stdout);
+    let sent = String::from_utf8_lossy(&out.stdout).into_owned();
+    let texts: Vec<&str> = sent
+        .lines()
+        .filter_map(|l| l.strip_prefix("text\t"))
+        .collect();
+    let prepared: Vec<&str> = sent
+        .lines()
+        .filter_map(|l| l.strip_prefix("prepared\t"))
+        .collect();
+    let context = format!("records: {records:#?}\nmyprobe's stderr:\n{stderr}");
+    for text in &texts {
+        let seen: Vec<_> = records.iter().filter(|r| r["query"] == *text).collect();
+        assert_eq!(seen.len(), 1, "`{text}` not recorded once; {context}");
+        assert_eq!(seen[0]["user"], "sbtest", "{context}");
+        assert_eq!(seen[0]["db"], "sbtest", "{context}");
+    }
+    let statement = prepared[0];
+    let prepares: Vec<_> = records
+        .iter()
+        .filter(|r| r["command"] == "Prepare" && r["query"] == statement)
+        .collect();
+    assert_eq!(prepares.len(), 1, "the prepare of `{statement}`; {context}");
+    assert_eq!(prepares[0]["user"], "sbtest", "{context}");
+    let on_its_thread: Vec<_> = records
+        .iter()
+        .filter(|r| r["command"] == "Execute" && r["tid"] == prepares[0]["tid"])
+        .collect();
+    assert_eq!(on_its_thread.len(), prepared.len(), "{context}");
+    for e in &on_its_thread {
+        assert_eq!(e["user"], "sbtest", "{context}");
+        if executions_named {
+            assert_eq!(e["query"], statement, "{context}");
+        } else {
+            assert!(e["query"] == statement || e["query"].is_null(), "{context}");
+            assert!(
+                e["fingerprint"].as_str().is_some_and(|f| f.contains('#')),
+                "{context}"
+            );
+        }
+    }
 }

@@ -61,6 +61,7 @@ const volatile bool syscall_cpu = false;
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
 #define CLIENT_COMPRESS 0x20
+#define CLIENT_SSL 0x800
 /* MySQL's X protocol: another framing on another port, not followed. */
 #define X_PROTOCOL_PORT 33060
 /* Packets parsed after the first in one read (a server that reads ahead). */
@@ -147,13 +148,18 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 	return st;
 }
 
-static __always_inline void submit(struct query_event *e)
+static __always_inline void submit_waking(struct query_event *e, bool now)
 {
 	__u32 len = (__u32)e->text_len + e->result_len;
 	__u64 size = QUERY_EVENT_HEADER_BYTES + (len & (MAX_TEXT - 1));
 	if (len >= MAX_TEXT)
 		size = sizeof(*e);
-	submit_event(e, size);
+	submit_event_waking(e, size, now);
+}
+
+static __always_inline void submit(struct query_event *e)
+{
+	submit_waking(e, false);
 }
 
 static __always_inline bool in_statement(struct query_thread *st)
@@ -266,7 +272,9 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 	if (n > MAX_PACKET_TEXT)
 		n = MAX_PACKET_TEXT;
 	capture_text(e, buf, n);
-	submit(e);
+	/* A TLS request (the handshake response cut at its 32 bytes): user space attaches the dispatch_command
+	 * uprobes, the sooner the likelier before the connection's first statement. */
+	submit_waking(e, kind == EVENT_PACKET_IN && seq == 1 && packet_len == 32);
 }
 
 static __always_inline void start_statement(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
@@ -409,9 +417,12 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 		n = st->header_len;
 	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
 	/* A handshake response asking for compression: what follows is compressed, and so not followed (user
-	 * space says so once). Its first bytes are the client's capabilities. */
-	__u8 caps = 0;
-	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, 1, (void *)buf) && (caps & CLIENT_COMPRESS))
+	 * space says so once). A TLS request (the response cut at its 32 bytes): what follows is encrypted, and
+	 * followed at dispatch_command; read as packets, its records would start statements that hide the
+	 * dispatched ones. Its first bytes are the client's capabilities. */
+	__u16 caps = 0;
+	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, sizeof(caps), (void *)buf) &&
+	    ((caps & CLIENT_COMPRESS) || (st->header_len == 32 && (caps & CLIENT_SSL))))
 		ignore_connection(st, fd);
 }
 
@@ -794,8 +805,10 @@ int BPF_KRETPROBE(on_dispatch_return)
 	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
 		return 0;
 	reply_ended(st, bpf_ktime_get_ns());
-	st->phase = PHASE_REPLIED;
-	finish_statement(st);
+	/* A prepare whose reply (with the statement's id) user space cannot read: it reads the server's table of
+	 * prepared statements as soon as it learns of it, while the statement is likely still there. */
+	submit_waking(&st->ev, st->ev.text[0] == COM_STMT_PREPARE);
+	st->phase = PHASE_IDLE;
 	return 0;
 }
 

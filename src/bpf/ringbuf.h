@@ -14,11 +14,17 @@ struct {
 /* The reader is woken only once this much has accumulated; it also polls on a timer, so nothing waits long. */
 #define RINGBUF_WAKE_BYTES (256 * 1024)
 
-/* Sends `size` bytes of `data`; counted in lost.ringbuf when the ring buffer is full. */
-static __always_inline void submit_event(void *data, __u64 size)
+/* Sends `size` bytes of `data`, waking the reader at once if `now` (a rare event it must act on without delay);
+ * counted in lost.ringbuf when the ring buffer is full. */
+static __always_inline void submit_event_waking(void *data, __u64 size, bool now)
 {
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
-											  : BPF_RB_NO_WAKEUP;
+	__u64 flags = now || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
+												 : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&events, data, size, flags))
 		count_lost(ringbuf);
+}
+
+static __always_inline void submit_event(void *data, __u64 size)
+{
+	submit_event_waking(data, size, false);
 }

@@ -531,6 +531,16 @@ impl Client {
         self.read_processlist(self.server().executing_prepared_sql())
     }
 
+    /// Whether performance_schema is on (asked once: it can only change at the server's start).
+    pub fn performance_schema_on(&mut self) -> Result<bool> {
+        if self.performance_schema.is_none() {
+            let on = self.query(PERFORMANCE_SCHEMA_ON_SQL)?;
+            let on = on.first().and_then(|r| r.first()).cloned().flatten();
+            self.performance_schema = Some(on.as_deref() == Some("1"));
+        }
+        Ok(self.performance_schema == Some(true))
+    }
+
     /// Every prepared statement of every connection, from performance_schema: the OS thread of its connection (the
     /// server's PID namespace's id), the id the protocol gives it, its text and whether the text may have been
     /// cut. An error says why there is none to read (a server that keeps none, performance_schema off).
@@ -539,12 +549,7 @@ impl Client {
         let Some(sql) = server.prepared_statements_sql() else {
             bail!("{} keeps no table of prepared statements", server.name());
         };
-        if self.performance_schema.is_none() {
-            let on = self.query(PERFORMANCE_SCHEMA_ON_SQL)?;
-            let on = on.first().and_then(|r| r.first()).cloned().flatten();
-            self.performance_schema = Some(on.as_deref() == Some("1"));
-        }
-        if self.performance_schema == Some(false) {
+        if !self.performance_schema_on()? {
             bail!(
                 "performance_schema is off on this server: the texts of statements prepared before tracing are \
                  in performance_schema.prepared_statements_instances (performance_schema=ON, at the server's start)"

@@ -441,7 +441,7 @@ pub fn follow(
                         wanted.set(true);
                         match &dispatch {
                         Some(f) => say!(
-                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (user and database unknown)",
+                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (--uprobes does from the start)",
                             f.demangled
                         ),
                         None => say!(

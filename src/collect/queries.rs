@@ -242,13 +242,20 @@ pub fn collect(
             (&progs.on_dispatch_return, true),
             (&progs.on_dispatch, false),
         ] {
+            // By offset where it is known, so that libbpf does not read a symbol table of tens of MiB at each
+            // attach. Both on the same instruction, one the kernel emulates (the stack pointer a return probe
+            // hijacks is still the entry's there): one trap a call.
+            let (func_name, offset) = match d.function.entry {
+                Some(e) => (None, e.offset()),
+                None => (Some(d.function.mangled.clone()), 0),
+            };
             let uprobe = UprobeOpts {
-                func_name: Some(d.function.mangled.clone()),
+                func_name,
                 retprobe,
                 ..Default::default()
             };
             links.push(
-                prog.attach_uprobe_with_opts(opts.pid as i32, d.binary, 0, uprobe)
+                prog.attach_uprobe_with_opts(opts.pid as i32, d.binary, offset, uprobe)
                     .with_context(|| {
                         format!(
                             "attaching a uprobe to {} in {}",

@@ -286,21 +286,24 @@ fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
         .chain(elf.symbols())
         .find(|s| s.name() == Ok("server_version") && s.is_definition())?;
     let vaddr = symbol.address();
-    // The segment that loads it, where its file part is mapped, and so the load bias. The variable may lie past
-    // the file part (in .bss, as in MySQL 9.7's and MariaDB 11.8's builds): it is read through the mapping of
-    // its segment's start, not of its own file offset.
-    let (seg_vaddr, seg_offset) = elf.segments().find_map(|seg| {
-        let within = vaddr.checked_sub(seg.address())?;
-        (within < seg.size()).then(|| (seg.address(), seg.file_range().0))
-    })?;
+    // The load bias, which every segment shares: where the segment loaded from the file's start is mapped,
+    // less its address in the file. Through it the variable is found even past its segment's file part (in
+    // .bss, as in MySQL 9.7's build), and small binaries whose segments share file pages are not misread.
+    let first_vaddr = elf
+        .segments()
+        .filter(|seg| seg.file_range().0 == 0)
+        .map(|seg| seg.address())
+        .min()?;
     const PAGE: u64 = 4096;
     let exe_inode = binary.metadata().ok()?.ino();
     let maps = maps::ProcMaps::read(pid).ok()?;
     let mapped = maps
         .maps()
         .iter()
-        .find(|m| m.inode == exe_inode && m.offset == seg_offset & !(PAGE - 1))?;
-    let bias = mapped.start.checked_sub(seg_vaddr & !(PAGE - 1))?;
+        .filter(|m| m.inode == exe_inode && m.offset == 0)
+        .map(|m| m.start)
+        .min()?;
+    let bias = mapped.checked_sub(first_vaddr & !(PAGE - 1))?;
     let address = vaddr.checked_add(bias)?;
     let mut bytes = [0u8; SERVER_VERSION_MAX];
     let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;

@@ -14,6 +14,9 @@ pub struct Function {
     pub mangled: String,
     /// `dispatch_command(enum_server_command, THD*, char*, unsigned int, bool)`
     pub demangled: String,
+    /// Where its entry probe goes, by file offset: attached so, the symbol table of a large binary is not read
+    /// again (libbpf would, at each attach), and the probe is on an instruction the kernel emulates.
+    pub entry: Option<EntryProbe>,
 }
 
 /// The first function of `binary` whose demangled name starts with `prefix` (e.g. `dispatch_command(`),
@@ -43,6 +46,7 @@ pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
             return Ok(Some(Function {
                 mangled: name.to_string(),
                 demangled,
+                entry: entry_probe_at(&file, sym.address(), sym.size()),
             }));
         }
     }

@@ -724,6 +724,54 @@ mod tests {
         assert_eq!(t.forgotten_prepared, u64::from(over));
     }
 
+    /// A statement seen at dispatch_command (no socket) on thread 9: `request` is the command and its arguments.
+    fn dispatched(request: &[u8]) -> Event {
+        Event::Statement(RawStatement {
+            tid: 9,
+            fd: -1,
+            packet_len: request.len() as u32,
+            request: request.to_vec(),
+            reply: Vec::new(),
+            start_ns: 0,
+            end_ns: 1,
+            counters: Default::default(),
+            in_flight: false,
+            pipelined: false,
+        })
+    }
+
+    #[test]
+    fn statements_seen_at_dispatch_command_belong_to_their_threads_connection() {
+        // The greeting of connection 42 on thread 9.
+        let mut greeting = vec![10];
+        greeting.extend(b"9.7.4\0");
+        greeting.extend(42u32.to_le_bytes());
+        greeting.extend([b'x'; 8]);
+        greeting.extend([0, 0xff, 0xf7, 8, 2, 0, 0xff, 0xdf, 21]);
+        greeting.extend([0; 10]);
+        let mut packet = (greeting.len() as u32).to_le_bytes()[..3].to_vec();
+        packet.push(0);
+        packet.extend(&greeting);
+        let mut t = Tracker::new(true);
+        t.handle(Event::PacketOut {
+            tid: 9,
+            fd: 5,
+            bytes: packet,
+        });
+        let query = t.handle(dispatched(b"\x03SELECT 1")).unwrap();
+        assert_eq!((query.conn, query.socket), (Some(42), dispatch_fd(9)));
+        t.learn_connection(dispatch_fd(9), 42, "alice", Some("shop"));
+        let mut execute = vec![protocol::COM_STMT_EXECUTE];
+        execute.extend(7u32.to_le_bytes());
+        let e = t.handle(dispatched(&execute)).unwrap();
+        assert_eq!(
+            (e.user.as_deref(), e.db.as_deref()),
+            (Some("alice"), Some("shop"))
+        );
+        assert_eq!(e.prepared, Some((dispatch_fd(9), 7)));
+        assert!(dispatch_fd(9) < -1 && dispatch_fd(u32::MAX) < 0);
+    }
+
     /// A handshake response of `user` asking for the compressed protocol, on socket `fd`.
     fn compressed_handshake(fd: i32, user: &str) -> Event {
         let caps = protocol::CLIENT_PROTOCOL_41

@@ -274,6 +274,8 @@ fn read_threads(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Resul
     let rows = list
         .rows
         .into_iter()
+        // A connection still in its handshake has no user yet.
+        .filter(|r| !r.user.is_empty())
         .filter_map(|r| {
             let row = ThreadRow {
                 id: u32::try_from(r.id).ok()?,
@@ -369,6 +371,9 @@ pub struct PreparedTexts {
     /// Set while a record waits for its connection's user (`awaits_user`): the sampler reads the whole process
     /// list once, and clears it.
     threads_wanted: Arc<AtomicBool>,
+    /// Set by a prepare seen at dispatch_command (TLS: its reply with the id is encrypted): the server's table of
+    /// prepared statements is read at once, while the statement is likely still there.
+    table_wanted: Arc<AtomicBool>,
     /// CLOCK_MONOTONIC before the latest read of the whole process list: what began before it was there to see.
     threads_read_ns: u64,
     paused: Arc<AtomicBool>,
@@ -401,6 +406,7 @@ impl Default for PreparedTexts {
             last_prepare: HashMap::new(),
             wanted: Arc::new(AtomicBool::new(false)),
             threads_wanted: Arc::new(AtomicBool::new(false)),
+            table_wanted: Arc::new(AtomicBool::new(false)),
             threads_read_ns: 0,
             paused: Arc::new(AtomicBool::new(false)),
             interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
@@ -433,10 +439,11 @@ impl PreparedTexts {
     /// once: the texts then stay unknown).
     pub fn start(&mut self, args: &ConnectArgs, pid: u32) {
         let (tx, rx) = mpsc::channel();
-        let (args, wanted, threads_wanted, paused, stop, interval_us) = (
+        let (args, wanted, threads_wanted, table_wanted, paused, stop, interval_us) = (
             args.clone(),
             Arc::clone(&self.wanted),
             Arc::clone(&self.threads_wanted),
+            Arc::clone(&self.table_wanted),
             Arc::clone(&self.paused),
             Arc::clone(&self.stop),
             Arc::clone(&self.interval_us),
@@ -453,13 +460,27 @@ impl PreparedTexts {
                 };
                 // The server's ids of its threads, mapped to the host's (a server in a container).
                 let mut tids = TidMap::new(pid);
-                let from_table = client.server().prepared_statements_sql().is_some();
+                // The server's table of prepared statements where it keeps one; else (MariaDB's default)
+                // samples of its process list.
+                let server = client.server();
+                let from_table = server.prepared_statements_sql().is_some()
+                    && (!server.process_list_samples_texts()
+                        || client.performance_schema_on().unwrap_or(false));
                 while !stop.load(Ordering::Relaxed) {
                     if threads_wanted.swap(false, Ordering::Relaxed) {
                         let threads = read_threads(&mut client, &mut tids);
                         let failed = threads.is_err();
                         let sent =
                             tx.send(threads.map(Found::Threads).map_err(|e| format!("{e:#}")));
+                        if sent.is_err() || failed {
+                            return;
+                        }
+                    }
+                    if from_table && table_wanted.swap(false, Ordering::Relaxed) {
+                        let table = read_prepared(&mut client, &mut tids);
+                        let failed = table.is_err();
+                        let sent =
+                            tx.send(table.map(Found::Prepared).map_err(|e| format!("{e:#}")));
                         if sent.is_err() || failed {
                             return;
                         }
@@ -483,7 +504,9 @@ impl PreparedTexts {
                         } else {
                             std::thread::sleep(interval);
                         }
-                    } else if !threads_wanted.load(Ordering::Relaxed) {
+                    } else if !threads_wanted.load(Ordering::Relaxed)
+                        && !table_wanted.load(Ordering::Relaxed)
+                    {
                         // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop
                         // would cost about 1% of a CPU for nothing.
                         std::thread::park_timeout(Duration::from_secs(1));
@@ -557,6 +580,9 @@ impl PreparedTexts {
                 self.last_prepare.clear();
             }
             self.last_prepare.insert(record.tid, record.start_ns);
+            if record.socket < -1 && !self.table_wanted.swap(true, Ordering::Relaxed) {
+                self.wake_sampler();
+            }
         }
         self.name_from_table(tracker, &mut record);
         if let Some(key) = record.prepared {

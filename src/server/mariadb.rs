@@ -1,6 +1,7 @@
 //! MariaDB: `information_schema.PROCESSLIST` has each connection's OS thread (`TID`) and the time in its state in
-//! milliseconds (`TIME_MS`); prepared statements' texts are in performance_schema only when it is on (MariaDB's
-//! default is off), so they are found from the process list (`query::texts`).
+//! milliseconds (`TIME_MS`); prepared statements' texts are in performance_schema's `prepared_statements_instances`
+//! (MySQL 5.7's columns) only when it is on, which is not MariaDB's default: otherwise they are found from the
+//! process list (`query::texts`).
 
 use super::Server;
 
@@ -29,14 +30,18 @@ impl Server for MariaDb {
     }
 
     fn prepared_statements_sql(&self) -> Option<&'static str> {
-        None
+        Some(super::mysql::PREPARED_STATEMENTS_SQL)
     }
 
     fn prepared_statement_text_max(&self) -> usize {
-        0
+        1024
     }
 
     fn query_attributes(&self) -> bool {
         false
+    }
+
+    fn process_list_samples_texts(&self) -> bool {
+        true
     }
 }

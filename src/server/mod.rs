@@ -22,12 +22,16 @@ pub trait Server: Sync {
     fn executing_prepared_sql(&self) -> &'static str;
 
     /// The SQL that lists every prepared statement with its text, as the columns `TID, STATEMENT_ID, SQL_TEXT`
-    /// (the OS thread of its connection, the id the protocol gives it): None where the server keeps no such
-    /// table, or keeps it only with performance_schema on.
+    /// (the OS thread of its connection, the id the protocol gives it), while performance_schema is on: None
+    /// where the server keeps no such table.
     fn prepared_statements_sql(&self) -> Option<&'static str>;
 
     /// The longest `SQL_TEXT` of [`Server::prepared_statements_sql`]: a text this long may have been cut.
     fn prepared_statement_text_max(&self) -> usize;
+
+    /// Whether the texts of executing prepared statements can be sampled from the process list, dated to the
+    /// millisecond (`TIME_MS`), where performance_schema is off.
+    fn process_list_samples_texts(&self) -> bool;
 
     /// Whether clients may send query attributes before a statement's text (`CLIENT_QUERY_ATTRIBUTES`).
     fn query_attributes(&self) -> bool;

@@ -7,6 +7,12 @@ use super::Server;
 
 pub struct MySql;
 
+/// Every prepared statement with its connection's OS thread: MySQL's and MariaDB's performance_schema alike.
+pub(super) const PREPARED_STATEMENTS_SQL: &str =
+    "SELECT t.THREAD_OS_ID, p.STATEMENT_ID, p.SQL_TEXT \
+     FROM performance_schema.prepared_statements_instances p \
+     JOIN performance_schema.threads t ON t.THREAD_ID = p.OWNER_THREAD_ID";
+
 macro_rules! threads_select {
     () => {
         "SELECT PROCESSLIST_ID, THREAD_OS_ID, PROCESSLIST_USER, PROCESSLIST_DB, PROCESSLIST_COMMAND, \
@@ -32,11 +38,7 @@ impl Server for MySql {
     }
 
     fn prepared_statements_sql(&self) -> Option<&'static str> {
-        Some(
-            "SELECT t.THREAD_OS_ID, p.STATEMENT_ID, p.SQL_TEXT \
-             FROM performance_schema.prepared_statements_instances p \
-             JOIN performance_schema.threads t ON t.THREAD_ID = p.OWNER_THREAD_ID",
-        )
+        Some(PREPARED_STATEMENTS_SQL)
     }
 
     fn prepared_statement_text_max(&self) -> usize {
@@ -45,5 +47,9 @@ impl Server for MySql {
 
     fn query_attributes(&self) -> bool {
         true
+    }
+
+    fn process_list_samples_texts(&self) -> bool {
+        false
     }
 }
