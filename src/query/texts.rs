@@ -242,6 +242,8 @@ impl TextFinder {
 
 /// How often the server's table of prepared statements is read while texts are wanted.
 const TABLE_INTERVAL: Duration = Duration::from_millis(250);
+/// The least time between two reads of the same kind asked for by records (`threads_wanted`, `table_wanted`).
+const ASKED_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The process list's executing prepared statements, by host thread (rows of threads that ended are left out).
 fn read_sample(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<Sample> {
@@ -466,49 +468,55 @@ impl PreparedTexts {
                 let from_table = server.prepared_statements_sql().is_some()
                     && (!server.process_list_samples_texts()
                         || client.performance_schema_on().unwrap_or(false));
+                // Reads asked for (a connection's user, a prepare's statement) at most once an interval each:
+                // records keep asking while they wait.
+                let (mut last_threads, mut last_table) = (None::<Instant>, None::<Instant>);
+                let due =
+                    |last: Option<Instant>| last.is_none_or(|t| t.elapsed() >= ASKED_INTERVAL);
                 while !stop.load(Ordering::Relaxed) {
-                    if threads_wanted.swap(false, Ordering::Relaxed) {
-                        let threads = read_threads(&mut client, &mut tids);
-                        let failed = threads.is_err();
-                        let sent =
-                            tx.send(threads.map(Found::Threads).map_err(|e| format!("{e:#}")));
-                        if sent.is_err() || failed {
-                            return;
-                        }
+                    let mut found = Vec::new();
+                    if threads_wanted.load(Ordering::Relaxed) && due(last_threads) {
+                        threads_wanted.store(false, Ordering::Relaxed);
+                        last_threads = Some(Instant::now());
+                        found.push(read_threads(&mut client, &mut tids).map(Found::Threads));
                     }
-                    if from_table && table_wanted.swap(false, Ordering::Relaxed) {
-                        let table = read_prepared(&mut client, &mut tids);
-                        let failed = table.is_err();
-                        let sent =
-                            tx.send(table.map(Found::Prepared).map_err(|e| format!("{e:#}")));
-                        if sent.is_err() || failed {
-                            return;
-                        }
+                    if from_table && table_wanted.load(Ordering::Relaxed) && due(last_table) {
+                        table_wanted.store(false, Ordering::Relaxed);
+                        last_table = Some(Instant::now());
+                        found.push(read_prepared(&mut client, &mut tids).map(Found::Prepared));
                     }
-                    if wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed) {
-                        let found = if from_table {
+                    let sampling =
+                        wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed);
+                    if sampling {
+                        found.push(if from_table {
+                            last_table = Some(Instant::now());
                             read_prepared(&mut client, &mut tids).map(Found::Prepared)
                         } else {
                             read_sample(&mut client, &mut tids).map(Found::Sample)
-                        };
-                        let failed = found.is_err();
-                        if tx.send(found.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                        });
+                    }
+                    for f in found {
+                        let failed = f.is_err();
+                        if tx.send(f.map_err(|e| format!("{e:#}"))).is_err() || failed {
                             return;
                         }
-                        let interval = Duration::from_micros(interval_us.load(Ordering::Relaxed));
-                        if from_table {
-                            // The table is whole at each read: it is read again for statements prepared since,
-                            // at once when an execution of one comes (`wake_sampler`), while its connection
-                            // still holds it.
-                            std::thread::park_timeout(TABLE_INTERVAL);
-                        } else {
-                            std::thread::sleep(interval);
-                        }
-                    } else if !threads_wanted.load(Ordering::Relaxed)
-                        && !table_wanted.load(Ordering::Relaxed)
-                    {
-                        // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop
-                        // would cost about 1% of a CPU for nothing.
+                    }
+                    let asked = threads_wanted.load(Ordering::Relaxed)
+                        || (from_table && table_wanted.load(Ordering::Relaxed));
+                    if sampling && !from_table {
+                        std::thread::sleep(Duration::from_micros(
+                            interval_us.load(Ordering::Relaxed),
+                        ));
+                    } else if asked {
+                        std::thread::park_timeout(ASKED_INTERVAL);
+                    } else if sampling {
+                        // The table is whole at each read: it is read again for statements prepared since, at
+                        // once when an execution of one comes (`wake_sampler`), while its connection still
+                        // holds it.
+                        std::thread::park_timeout(TABLE_INTERVAL);
+                    } else {
+                        // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop would
+                        // cost about 1% of a CPU for nothing.
                         std::thread::park_timeout(Duration::from_secs(1));
                     }
                 }
