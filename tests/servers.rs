@@ -112,7 +112,7 @@ fn every_command(db: &TestDb, own: impl FnOnce()) -> Vec<serde_json::Value> {
     let load = db.load(40);
     std::thread::sleep(Duration::from_secs(2));
 
-    let cpu = profile(db, "cpu", "2");
+    let cpu = profile(db, "cpu", "1");
     assert!(
         value_with_frame(&cpu, |f| f == "do_command") > 0,
         "no on-CPU sample in do_command: {cpu:?}"
@@ -123,7 +123,7 @@ fn every_command(db: &TestDb, own: impl FnOnce()) -> Vec<serde_json::Value> {
         profile(db, kind, "1");
     }
 
-    let (records, stderr) = queries(db, "3");
+    let (records, stderr) = queries(db, "2");
     assert!(
         records.len() > 100,
         "too few statements traced ({}):\n{stderr}",
@@ -167,7 +167,7 @@ fn every_command(db: &TestDb, own: impl FnOnce()) -> Vec<serde_json::Value> {
     let html = dir.join("report.html");
     run_ok(
         myprobe()
-            .args(pid_args(db, &["report"], "2"))
+            .args(pid_args(db, &["report"], "1"))
             .arg("-o")
             .arg(&html),
     );
@@ -303,7 +303,7 @@ fn mysql_9_7_redo_log_waits_grow_when_commits_flush() {
         db.sql(&format!(
             "SET GLOBAL innodb_flush_log_at_trx_commit = {flush}"
         ));
-        let load = db.load_workload(5, "oltp_write_only");
+        let load = db.load_workload(4, "oltp_write_only");
         std::thread::sleep(Duration::from_secs(1));
         let folded = dir.join(format!("waits-{flush}.folded"));
         run_ok(
