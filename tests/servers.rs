@@ -234,6 +234,14 @@ fn agent_exports_the_load(db: &TestDb) {
     );
 }
 
+/// `pfs waits` for a second.
+fn pfs_waits(db: &TestDb) -> std::process::Output {
+    myprobe()
+        .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "1"])
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn mariadb_11_8_in_its_own_pid_namespace() {
     let Some(db) = server_or_skip("mariadb-11.8") else {
@@ -241,10 +249,7 @@ fn mariadb_11_8_in_its_own_pid_namespace() {
     };
     let records = every_command(&db, || {
         // performance_schema is off, MariaDB's default: one line says so.
-        let out = myprobe()
-            .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "1"])
-            .output()
-            .unwrap();
+        let out = pfs_waits(&db);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(stderr.contains("performance_schema is OFF"), "{stderr}");
@@ -265,10 +270,7 @@ fn mysql_9_7() {
     };
     let records = every_command(&db, || {
         // performance_schema is on, MySQL's default.
-        let out = myprobe()
-            .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "1"])
-            .output()
-            .unwrap();
+        let out = pfs_waits(&db);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

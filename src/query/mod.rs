@@ -672,16 +672,13 @@ mod tests {
         assert_eq!(largest_remainder(&[2000, 3000], 5, 1000), [2, 3]);
     }
 
-    /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.
-    fn prepared(id: u32) -> Event {
-        let mut reply = vec![12, 0, 0, 1, 0];
-        reply.extend(id.to_le_bytes());
-        reply.extend([0; 7]);
+    /// A statement of thread `tid` on socket `fd` (-1: seen at dispatch_command), with its request and reply.
+    fn statement(tid: u32, fd: i32, request: &[u8], reply: Vec<u8>) -> Event {
         Event::Statement(RawStatement {
-            tid: 1,
-            fd: 5,
-            packet_len: 9,
-            request: b"\x16SELECT ?".to_vec(),
+            tid,
+            fd,
+            packet_len: request.len() as u32,
+            request: request.to_vec(),
             reply,
             start_ns: 0,
             end_ns: 1,
@@ -689,6 +686,14 @@ mod tests {
             in_flight: false,
             pipelined: false,
         })
+    }
+
+    /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.
+    fn prepared(id: u32) -> Event {
+        let mut reply = vec![12, 0, 0, 1, 0];
+        reply.extend(id.to_le_bytes());
+        reply.extend([0; 7]);
+        statement(1, 5, b"\x16SELECT ?", reply)
     }
 
     #[test]
@@ -726,18 +731,7 @@ mod tests {
 
     /// A statement seen at dispatch_command (no socket) on thread 9: `request` is the command and its arguments.
     fn dispatched(request: &[u8]) -> Event {
-        Event::Statement(RawStatement {
-            tid: 9,
-            fd: -1,
-            packet_len: request.len() as u32,
-            request: request.to_vec(),
-            reply: Vec::new(),
-            start_ns: 0,
-            end_ns: 1,
-            counters: Default::default(),
-            in_flight: false,
-            pipelined: false,
-        })
+        statement(9, -1, request, Vec::new())
     }
 
     #[test]
