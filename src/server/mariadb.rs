@@ -3,7 +3,7 @@
 //! (MySQL 5.7's columns) only when it is on, which is not MariaDB's default: otherwise they are found from the
 //! process list (`query::texts`).
 
-use super::Server;
+use super::{common_status_counters, counter, Server, StatusCounter};
 
 pub struct MariaDb;
 
@@ -43,5 +43,10 @@ impl Server for MariaDb {
 
     fn process_list_samples_texts(&self) -> bool {
         true
+    }
+
+    fn status_counters(&self) -> &'static [StatusCounter] {
+        const COUNTERS: &[StatusCounter] = &common_status_counters!();
+        COUNTERS
     }
 }

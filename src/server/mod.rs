@@ -35,7 +35,51 @@ pub trait Server: Sync {
 
     /// Whether clients may send query attributes before a statement's text (`CLIENT_QUERY_ATTRIBUTES`).
     fn query_attributes(&self) -> bool;
+
+    /// The counters of `SHOW GLOBAL STATUS` that `myprobe stat` shows, in its columns' order.
+    fn status_counters(&self) -> &'static [StatusCounter];
 }
+
+/// A counter of `SHOW GLOBAL STATUS`, as `myprobe stat` shows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StatusCounter {
+    /// Its `Variable_name`.
+    pub name: &'static str,
+    /// A level (`Threads_running`), shown as read, rather than a count shown per second.
+    pub gauge: bool,
+    /// The column's heading.
+    pub column: &'static str,
+    /// What the column shows is the value divided by this (bytes as KiB).
+    pub unit: f64,
+}
+
+const fn counter(name: &'static str, column: &'static str) -> StatusCounter {
+    StatusCounter {
+        name,
+        gauge: false,
+        column,
+        unit: 1.0,
+    }
+}
+
+/// What every server counts alike. `Innodb_data_fsyncs` holds the redo log's fsyncs on MariaDB 10.11 and MySQL;
+/// MariaDB 11's redo log is memory-mapped by default (`innodb_log_file_mmap`) and synced without them.
+macro_rules! common_status_counters {
+    ($($more:expr),*) => {
+        [
+            counter("Questions", "qps"),
+            StatusCounter { gauge: true, ..counter("Threads_running", "run") },
+            counter("Innodb_data_reads", "rd"),
+            counter("Innodb_data_writes", "wr"),
+            counter("Innodb_data_fsyncs", "fsync"),
+            StatusCounter { unit: 1024.0, ..counter("Innodb_os_log_written", "redoKiB") },
+            $($more,)*
+            counter("Innodb_row_lock_waits", "lockw"),
+            counter("Slow_queries", "slow"),
+        ]
+    };
+}
+pub(crate) use common_status_counters;
 
 /// The server a traced process is: its flavor, from its version string and name (`process::resolve`).
 pub fn of_target(target: &crate::process::Target) -> &'static dyn Server {

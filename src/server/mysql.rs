@@ -3,7 +3,7 @@
 //! performance_schema is on by default, and `prepared_statements_instances` holds every prepared statement's text
 //! by its connection's thread and the id the protocol gives it (`STATEMENT_ID`), cut at 1024 bytes.
 
-use super::Server;
+use super::{common_status_counters, counter, Server, StatusCounter};
 
 pub struct MySql;
 
@@ -51,5 +51,12 @@ impl Server for MySql {
 
     fn process_list_samples_texts(&self) -> bool {
         false
+    }
+
+    fn status_counters(&self) -> &'static [StatusCounter] {
+        // The redo log's own fsyncs, seed 001's figure.
+        const COUNTERS: &[StatusCounter] =
+            &common_status_counters!(counter("Innodb_os_log_fsyncs", "redofs"));
+        COUNTERS
     }
 }

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, fmt::Write as _, time::Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::client::Client;
+use crate::{client::Client, server::StatusCounter};
 
 /// The machine's counters (/proc/stat).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -128,17 +128,6 @@ pub fn parse_pid_stat(text: &str) -> Option<ProcessCounters> {
     })
 }
 
-/// The server's counters read each interval (SHOW GLOBAL STATUS), and which are gauges.
-pub const STATUS: [(&str, bool); 7] = [
-    ("Questions", false),
-    ("Threads_running", true),
-    ("Innodb_data_reads", false),
-    ("Innodb_data_writes", false),
-    ("Innodb_data_fsyncs", false),
-    ("Innodb_row_lock_waits", false),
-    ("Slow_queries", false),
-];
-
 /// One reading of everything.
 #[derive(Clone, Debug)]
 pub struct Reading {
@@ -147,6 +136,8 @@ pub struct Reading {
     disks: BTreeMap<String, DiskCounters>,
     process: Option<ProcessCounters>,
     status: Option<BTreeMap<String, u64>>,
+    /// The server's counters that its columns show (`Server::status_counters`).
+    counters: &'static [StatusCounter],
     /// When the server answered: a query under load can take longer than the files, and the machine's rates must
     /// not be divided by its wait.
     status_at: Instant,
@@ -170,7 +161,10 @@ pub fn read(pid: Option<u32>, client: Option<&mut Client>) -> (Reading, Option<a
     });
     let disks = shown_disks();
     let at = Instant::now();
-    let (status, error) = match client.map(read_status) {
+    let counters = client
+        .as_ref()
+        .map_or(&[][..], |c| c.server().status_counters());
+    let (status, error) = match client.map(|c| read_status(c, counters)) {
         Some(Ok(s)) => (Some(s), None),
         Some(Err(e)) => (None, Some(e)),
         None => (None, None),
@@ -182,14 +176,15 @@ pub fn read(pid: Option<u32>, client: Option<&mut Client>) -> (Reading, Option<a
             disks,
             process,
             status,
+            counters,
             status_at: Instant::now(),
         },
         error,
     )
 }
 
-fn read_status(client: &mut Client) -> Result<BTreeMap<String, u64>> {
-    let names: Vec<String> = STATUS.iter().map(|(n, _)| format!("'{n}'")).collect();
+fn read_status(client: &mut Client, counters: &[StatusCounter]) -> Result<BTreeMap<String, u64>> {
+    let names: Vec<String> = counters.iter().map(|c| format!("'{}'", c.name)).collect();
     let rows = client
         .query(&format!(
             "SHOW GLOBAL STATUS WHERE Variable_name IN ({})",
@@ -227,6 +222,9 @@ pub struct Line {
     pub server_threads: Option<u64>,
     /// SHOW GLOBAL STATUS: per second, but Threads_running (a gauge); absent without a connection.
     pub status: Option<BTreeMap<String, f64>>,
+    /// The columns of `status`, as the server names its counters.
+    #[serde(skip)]
+    pub counters: &'static [StatusCounter],
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -293,17 +291,18 @@ pub fn line(a: &Reading, b: &Reading, ticks_per_s: u64, page_size: u64) -> Line 
     if let (Some(x), Some(y)) = (&a.status, &b.status) {
         let secs = seconds_between(a.status_at, b.status_at);
         let status_rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
+        l.counters = b.counters;
         l.status = Some(
-            STATUS
+            b.counters
                 .iter()
-                .filter_map(|&(name, gauge)| {
-                    let v = *y.get(name)?;
-                    let value = if gauge {
+                .filter_map(|c| {
+                    let v = *y.get(c.name)?;
+                    let value = if c.gauge {
                         v as f64
                     } else {
-                        status_rate(*x.get(name)?, v)
+                        status_rate(*x.get(c.name)?, v)
                     };
-                    Some((name.to_string(), value))
+                    Some((c.name.to_string(), value))
                 })
                 .collect(),
         );
@@ -323,12 +322,12 @@ pub fn header(l: &Line) -> String {
         let _ = write!(names, " {:>6} {:>7} {:>5}", "cpu%", "rssMiB", "thr");
     }
     if l.status.is_some() {
-        let _ = write!(top, " {:-^47}", "server status /s");
-        let _ = write!(
-            names,
-            " {:>7} {:>4} {:>6} {:>6} {:>6} {:>5} {:>5}",
-            "qps", "run", "rd", "wr", "fsync", "lockw", "slow"
-        );
+        let mut heads = String::new();
+        for c in l.counters {
+            let _ = write!(heads, " {:>w$}", c.column, w = column_width(c));
+        }
+        let _ = write!(top, " {:-^w$}", "server status /s", w = heads.len() - 1);
+        names.push_str(&heads);
     }
     for d in l.disks.keys() {
         let _ = write!(top, " {:-^38}", d);
@@ -339,6 +338,11 @@ pub fn header(l: &Line) -> String {
         );
     }
     format!("{top}\n{names}")
+}
+
+/// A server counter's column: its heading's width, with room for six digits.
+fn column_width(c: &StatusCounter) -> usize {
+    c.column.len().max(6)
 }
 
 /// One line of columns, as [`header`] names them.
@@ -360,18 +364,10 @@ pub fn columns(l: &Line) -> String {
         let _ = write!(s, " {cpu:>6.1} {rss:>7.0} {thr:>5}");
     }
     if let Some(st) = &l.status {
-        let v = |n: &str| st.get(n).copied().unwrap_or(0.0);
-        let _ = write!(
-            s,
-            " {:>7.0} {:>4.0} {:>6.0} {:>6.0} {:>6.0} {:>5.0} {:>5.0}",
-            v("Questions"),
-            v("Threads_running"),
-            v("Innodb_data_reads"),
-            v("Innodb_data_writes"),
-            v("Innodb_data_fsyncs"),
-            v("Innodb_row_lock_waits"),
-            v("Slow_queries")
-        );
+        for c in l.counters {
+            let v = st.get(c.name).copied().unwrap_or(0.0) / c.unit;
+            let _ = write!(s, " {v:>w$.0}", w = column_width(c));
+        }
     }
     for d in l.disks.values() {
         let _ = write!(
@@ -478,6 +474,7 @@ mod tests {
                 ]
                 .into(),
             ),
+            counters: crate::server::of_version("9.7.4").status_counters(),
             status_at: t0,
         };
         let mut b = a.clone();
@@ -518,7 +515,18 @@ mod tests {
         assert_eq!(l.disks["vda"].read_await_ms, 2.0);
         assert_eq!(l.server_cpu_pct, Some(75.0));
         assert_eq!(l.server_rss_mib, Some(1.0));
-        let st = l.status.unwrap();
+        let st = l.status.as_ref().unwrap();
         assert_eq!((st["Questions"], st["Threads_running"]), (500.0, 5.0));
+        // Each counter the server names has its column, those it did not answer with as 0.
+        let (head, row) = (header(&l), columns(&l));
+        let names = head.lines().nth(1).unwrap();
+        assert!(
+            names.contains("    qps    run     rd     wr  fsync redoKiB redofs  lockw   slow"),
+            "{names}"
+        );
+        assert!(
+            row.contains("    500      5      0      0      0       0      0      0      0"),
+            "{row}"
+        );
     }
 }
