@@ -441,3 +441,187 @@ fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
         }
     }
 }
+
+/// The id that the innermost PID namespace gives the process or thread of `/proc/…` directory `dir`.
+fn innermost_id(dir: &Path) -> Option<u32> {
+    let status = std::fs::read_to_string(dir.join("status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The host's id of the thread that the server's own PID namespace numbers `ns_tid`.
+fn host_tid(pid: u32, ns_tid: u32) -> u32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?;
+            (innermost_id(&t.path()) == Some(ns_tid))
+                .then(|| t.file_name().to_str()?.parse().ok())?
+        })
+        .next()
+        .unwrap_or_else(|| panic!("no thread of {pid} is {ns_tid} in its namespace"))
+}
+
+/// A crash of MySQL 9.7 in its own root and PID namespace, under an init as `docker run --init` runs it (a
+/// server that is its namespace's PID 1 cannot dump a core: the kernel drops its own signal to itself). Its
+/// crash report (libbacktrace's frames: addresses and dynamic symbols, no modules) and its core, read with the
+/// filesystem it ran in (`--root`), name the statement and its frames.
+#[test]
+fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
+    let Some(db) = server_or_skip("mysql-9.7") else {
+        return;
+    };
+    let env = std::fs::read_to_string(db.dir.join("env")).unwrap();
+    let root = env
+        .lines()
+        .find_map(|l| l.strip_prefix("MYPROBE_TEST_ROOT="))
+        .expect("MYPROBE_TEST_ROOT in the server's env")
+        .to_string();
+    let dir = tempdir("servers-crash");
+    let server = db.start_another_with(
+        &dir.join("db"),
+        &[
+            ("MYPROBE_TESTDB_SERVER", "mysql-9.7"),
+            ("MYPROBE_TESTDB_INIT", "1"),
+        ],
+        // A small core: the buffer pool is most of it.
+        &["--core-file", "--innodb-buffer-pool-size=16M"],
+    );
+    let pid = server.0.pid;
+    allow_cores(pid);
+    let mut s = server.0.session();
+    s.exec("CREATE DATABASE crash; CREATE PROCEDURE crash.nap() SELECT SLEEP(60) INTO @slept");
+    let tid: u32 = s
+        .query_row(
+            "SELECT THREAD_OS_ID FROM performance_schema.threads WHERE PROCESSLIST_ID = CONNECTION_ID()",
+        )
+        .parse()
+        .unwrap();
+    s.send("PREPARE napping FROM 'CALL crash.nap()'; EXECUTE napping");
+    let mut watch = server.0.session();
+    for _ in 0..200 {
+        let sleeping = watch.query_row(&format!(
+            "SELECT COUNT(*) FROM performance_schema.threads WHERE THREAD_OS_ID = {tid} \
+             AND PROCESSLIST_STATE = 'User sleep'"
+        ));
+        if sleeping == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ns_pid = innermost_id(Path::new(&format!("/proc/{pid}"))).unwrap();
+    crash_server(pid, host_tid(pid, tid));
+    let error_log = dir.join("db/error.log");
+    let core = core_file_in(&dir.join("db/data"), ns_pid);
+    assert!(core.exists(), "no core at {}", core.display());
+
+    // The report without the server's filesystem: the host's mysqld is another binary, and it says so.
+    let run = myprobe()
+        .args(["stacks", "--resolve"])
+        .arg(&error_log)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("--root"), "{err}");
+
+    let run = myprobe()
+        .args(["stacks", "--resolve"])
+        .arg(&error_log)
+        .args(["--root", &root])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("MySQL crash report"), "{err}");
+    let summary = out.lines().next().unwrap_or_default();
+    for element in [
+        "SIGSEGV",
+        "prepared statement",
+        "stored routine depth 1",
+        "Item_func_sleep",
+        "query: SELECT SLEEP(60) INTO @slept",
+    ] {
+        assert!(
+            summary.contains(element),
+            "no {element} in: {summary}\n{out}"
+        );
+    }
+    for frame in [
+        "handle_fatal_signal",
+        "Item_func_sleep::val_int",
+        "sp_head::execute_procedure",
+        "dispatch_command",
+        "do_command",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == frame),
+            "no frame {frame}:\n{out}"
+        );
+    }
+    // The addresses libbacktrace could not name are placed in their binaries: none is left bare.
+    assert!(
+        !out.lines().skip(1).any(|l| l.trim().starts_with("0x")),
+        "{out}"
+    );
+    assert!(
+        out.contains("mysqld+0x") && out.contains("libc.so.6+0x"),
+        "{out}"
+    );
+
+    // The core: the same thread (as its namespace numbers it), unwound through the signal handler to the
+    // statement and the thread's start.
+    let json = dir.join("core.json");
+    let run = myprobe()
+        .args(["stacks", "--core"])
+        .arg(&core)
+        .args(["--root", &root, "-o"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("dumped on SIGSEGV (thread {tid})")),
+        "{err}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+    let threads: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let crashed: Vec<&str> = threads
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("no thread {tid}: {threads:?}"))["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    let at = |name: &str| {
+        crashed
+            .iter()
+            .position(|f| *f == name)
+            .unwrap_or_else(|| panic!("no {name} in {crashed:?}"))
+    };
+    assert!(at("handle_fatal_signal") < at("Item_func_sleep::val_int"));
+    assert!(at("Item_func_sleep::val_int") < at("sp_head::execute_procedure"));
+    assert!(at("sp_head::execute_procedure") < at("do_command"));
+    // Most threads wait in InnoDB or the server's own loops: named through the root's libraries.
+    let named_threads = threads
+        .iter()
+        .filter(|t| {
+            t["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == "do_command" || f == "fil_aio_wait")
+        })
+        .count();
+    assert!(named_threads >= 2, "{threads:?}");
+}

@@ -568,45 +568,13 @@ fn a_core_file_gives_the_frames_gdb_gives_and_the_deadlock() {
     }
 }
 
-/// The file the kernel writes a core to in `cwd`, by `kernel.core_pattern` (a plain name, `core` by default;
-/// with the PID appended when `kernel.core_uses_pid` says so).
-fn core_file_in(cwd: &std::path::Path, pid: u32) -> std::path::PathBuf {
-    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
-    let pattern = pattern.trim();
-    assert!(
-        !pattern.starts_with('|') && !pattern.contains('%') && !pattern.contains('/'),
-        "kernel.core_pattern is `{pattern}`: this test reads the core the kernel writes in the server's \
-         directory (`core`, the kernel's default)"
-    );
-    let uses_pid =
-        std::fs::read_to_string("/proc/sys/kernel/core_uses_pid").is_ok_and(|v| v.trim() == "1");
-    cwd.join(if uses_pid {
-        format!("{pattern}.{pid}")
-    } else {
-        pattern.to_string()
-    })
-}
-
 #[test]
 fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     let db = testdb();
     let dir = tempdir("stacks-crash");
     let server = db.start_another(&dir.join("db"), &["--core-file"]);
     let pid = server.0.pid;
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: prlimit with a valid pid and a limit to set, none to read.
-    let set = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_CORE,
-            &limit,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    allow_cores(pid);
 
     // A prepared statement calling a stored procedure that sleeps: the crash is in that thread.
     let mut s = server.0.session();
@@ -623,19 +591,7 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // SAFETY: tgkill of a thread of the throwaway server, which is what the test crashes.
-    let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSEGV) };
-    assert_eq!(sent, 0, "tgkill: {}", std::io::Error::last_os_error());
-    for _ in 0..600 {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-        "the server did not exit after SIGSEGV"
-    );
+    crash_server(pid, tid);
     let error_log = dir.join("db/error.log");
     let core = core_file_in(&dir.join("db/data"), pid);
     assert!(core.exists(), "no core at {}", core.display());

@@ -28,6 +28,10 @@ pub struct StacksArgs {
     /// build-id)
     #[arg(long, value_name = "PATH")]
     pub exe: Option<PathBuf>,
+    /// The filesystem the server of a core or a crash report ran in, where the files they name are: a
+    /// container's (its image unpacked, or /proc/PID/root of a container of the same image)
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
     /// List each thread on its own instead of merging identical stacks
     #[arg(long)]
     pub threads: bool,
@@ -84,7 +88,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
                 file.display().to_string(),
             )
         };
-        let r = stacks::resolve::resolve(&text, &name, a.exe.as_deref())?;
+        let r = stacks::resolve::resolve(&text, &name, a.exe.as_deref(), a.root.as_deref())?;
         for w in &r.warnings {
             say!("myprobe: warning: {w}");
         }
@@ -99,7 +103,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
         return write_output(&a, format, &r.threads);
     }
     if let Some(core) = &a.core {
-        let c = stacks::core::read(core, a.exe.as_deref(), a.any_process)?;
+        let c = stacks::core::read(core, a.exe.as_deref(), a.root.as_deref(), a.any_process)?;
         for w in &c.warnings {
             say!("myprobe: warning: {w}");
         }
@@ -130,6 +134,9 @@ pub fn run(a: StacksArgs) -> Result<()> {
             );
         }
         return write_output(&a, format, &named);
+    }
+    if a.root.is_some() {
+        bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
     }
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;

@@ -34,8 +34,14 @@ pub struct CoreThreads {
 }
 
 /// Reads the core at `path`. `exe` is the binary it was dumped from, when not at the path the core names;
-/// `any_process` reads the core of a program that is not a server.
-pub fn read(path: &Path, exe: Option<&Path>, any_process: bool) -> Result<CoreThreads> {
+/// `root`, the filesystem it ran in (a container's), where the files it names are; `any_process` reads the
+/// core of a program that is not a server.
+pub fn read(
+    path: &Path,
+    exe: Option<&Path>,
+    root: Option<&Path>,
+    any_process: bool,
+) -> Result<CoreThreads> {
     let core = Core::read(path)?;
     let core_exe = core
         .exe()
@@ -61,13 +67,13 @@ pub fn read(path: &Path, exe: Option<&Path>, any_process: bool) -> Result<CoreTh
             core_exe.display()
         );
     }
-    let mut warnings = check_build_ids(&core, &core_exe, exe)?;
     let open = |p: &Path| -> PathBuf {
         match exe {
             Some(exe) if p == core_exe => exe.to_path_buf(),
-            _ => p.to_path_buf(),
+            _ => super::file_under(root, p),
         }
     };
+    let mut warnings = check_build_ids(&core, &core_exe, exe, root, &open)?;
 
     let mut tables = ProcessTables::default();
     for m in core.code_mappings(&open) {
@@ -119,9 +125,15 @@ pub fn read(path: &Path, exe: Option<&Path>, any_process: bool) -> Result<CoreTh
 }
 
 /// Checks the binaries against the build-ids the core recorded: `--exe` must be the core's executable (an
-/// error otherwise); a file on this machine that is another build than the one mapped is a warning (its
-/// frames may be misnamed).
-fn check_build_ids(core: &Core, core_exe: &Path, exe: Option<&Path>) -> Result<Vec<String>> {
+/// error otherwise); a file on this machine (`open` says where) that is another build than the one mapped is a
+/// warning (its frames may be misnamed), once for each file.
+fn check_build_ids(
+    core: &Core,
+    core_exe: &Path,
+    exe: Option<&Path>,
+    root: Option<&Path>,
+    open: &impl Fn(&Path) -> PathBuf,
+) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     if let Some(exe) = exe {
         let ours = build_id_of(exe).with_context(|| format!("--exe {}", exe.display()))?;
@@ -147,7 +159,9 @@ fn check_build_ids(core: &Core, core_exe: &Path, exe: Option<&Path>) -> Result<V
         .filter(|f| f.offset == 0)
         .map(|f| f.path.as_path())
         .collect();
+    paths.sort();
     paths.dedup();
+    let (mut missing, mut other_builds) = (0, 0);
     for p in paths {
         if exe.is_some() && p == core_exe {
             continue;
@@ -155,36 +169,51 @@ fn check_build_ids(core: &Core, core_exe: &Path, exe: Option<&Path>) -> Result<V
         let Some(theirs) = core.build_id(p) else {
             continue;
         };
-        match build_id_of(p) {
-            Err(_) => warnings.push(format!(
-                "{} is not on this machine: its frames are unnamed{}",
-                p.display(),
-                if p == core_exe {
-                    " (give the binary with --exe)"
-                } else {
-                    ""
-                }
-            )),
-            Ok(Some(ours)) if ours != theirs => warnings.push(format!(
-                "{} on this machine is another build than the core's (build-id {}, the core's {}): its frames \
-                 may be misnamed{}",
-                p.display(),
-                hex(&ours),
-                hex(&theirs),
-                if p == core_exe {
-                    "; give the right binary with --exe"
-                } else {
-                    ""
-                }
-            )),
+        let here = open(p);
+        match build_id_of(&here) {
+            Err(_) => {
+                missing += 1;
+                warnings.push(format!(
+                    "{} is not on this machine: its frames are unnamed{}",
+                    here.display(),
+                    if p == core_exe {
+                        " (give the binary with --exe)"
+                    } else {
+                        ""
+                    }
+                ))
+            }
+            Ok(Some(ours)) if ours != theirs => {
+                other_builds += 1;
+                warnings.push(format!(
+                    "{} on this machine is another build than the core's (build-id {}, the core's {}): its \
+                     frames may be misnamed{}",
+                    here.display(),
+                    hex(&ours),
+                    hex(&theirs),
+                    if p == core_exe {
+                        "; give the right binary with --exe"
+                    } else {
+                        ""
+                    }
+                ))
+            }
             Ok(_) => {}
         }
+    }
+    // Most files missing or other builds: the server ran in a filesystem of its own.
+    if root.is_none() && missing + other_builds > 2 {
+        warnings.push(format!(
+            "{missing} of the core's files are not on this machine and {other_builds} are other builds: if the \
+             server ran in a container, give its filesystem with --root DIR (its image's, or /proc/PID/root of a \
+             container of the same image)"
+        ));
     }
     Ok(warnings)
 }
 
 /// The build-id of the ELF file at `path` (`None` if it has none).
-fn build_id_of(path: &Path) -> Result<Option<Vec<u8>>> {
+pub(super) fn build_id_of(path: &Path) -> Result<Option<Vec<u8>>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let cache = object::ReadCache::new(file);
     let obj = object::File::parse(&cache)
@@ -192,6 +221,6 @@ fn build_id_of(path: &Path) -> Result<Option<Vec<u8>>> {
     Ok(obj.build_id().ok().flatten().map(<[u8]>::to_vec))
 }
 
-fn hex(id: &[u8]) -> String {
+pub(super) fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -9,6 +9,7 @@ pub mod resolve;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fmt::Write as _,
+    path::{Path, PathBuf},
     rc::Rc,
 };
 
@@ -61,6 +62,15 @@ pub struct LockWait {
 
 /// Names every thread of a live process's snapshot: its frames, its syscall, the lock it waits on and who holds
 /// it.
+/// Where the file a core or a crash report names at `path` is on this machine: under `root` (`--root`, the
+/// filesystem a container's server ran in), else at that path.
+pub fn file_under(root: Option<&Path>, path: &Path) -> PathBuf {
+    match root {
+        Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+        None => path.to_path_buf(),
+    }
+}
+
 pub fn name_threads(pid: u32, records: &[ThreadRecord]) -> Vec<ThreadStack> {
     name_threads_with(
         Symbolizer::new(pid).ok(),

@@ -40,11 +40,19 @@ const SERVER_DIRS: [&str; 4] = [
 ];
 
 /// Parses `text` (named `name` in messages) and names its frames; `exe` is the server binary, when the text
-/// names it without a path or at another one.
-pub fn resolve(text: &str, name: &str, exe: Option<&Path>) -> Result<Resolved> {
+/// names it without a path or at another one; `root` the filesystem the server ran in (a container's).
+pub fn resolve(
+    text: &str,
+    name: &str,
+    exe: Option<&Path>,
+    root: Option<&Path>,
+) -> Result<Resolved> {
     let parsed = report::parse(text, name)?;
     let mut warnings = Vec::new();
-    let modules = Modules::place(&parsed.threads, exe, &mut warnings);
+    let mut modules = Modules::place(&parsed.threads, exe, root, &mut warnings);
+    if modules.placed.is_empty() {
+        modules = Modules::infer(&parsed, exe, root, &mut warnings);
+    }
     let mut symbolizer = Symbolizer::of_maps(modules.maps());
     let (mut named, mut disagree) = (0, Vec::new());
     let mut threads: Vec<ThreadStack> = parsed
@@ -168,6 +176,7 @@ impl Modules {
     fn place(
         threads: &[report::TextThread],
         exe: Option<&Path>,
+        root: Option<&Path>,
         warnings: &mut Vec<String>,
     ) -> Self {
         let mut bases: HashMap<&str, u64> = HashMap::new();
@@ -179,7 +188,7 @@ impl Modules {
         let mut placed = HashMap::new();
         let mut missing = Vec::new();
         for (module, base) in bases {
-            match find_module(module, exe) {
+            match find_module(module, exe, root) {
                 Some(path) => {
                     placed.insert(module.to_string(), (path, base));
                 }
@@ -192,6 +201,92 @@ impl Modules {
                 "not found on this machine, their raw addresses stay unnamed: {} (give the server binary with --exe)",
                 missing.join(", ")
             ));
+        }
+        Modules { placed }
+    }
+
+    /// Places the binaries of a text whose frames give absolute addresses and names but no module (MySQL's
+    /// libbacktrace report): the server binary (checked against the report's build-id) and the libraries it
+    /// needs, each where the addresses of the functions it defines fall inside them.
+    fn infer(
+        parsed: &report::ParsedText,
+        exe: Option<&Path>,
+        root: Option<&Path>,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        let mut placed = HashMap::new();
+        let frames: Vec<&TextFrame> = parsed
+            .threads
+            .iter()
+            .flat_map(|t| &t.frames)
+            .filter(|f| f.module.is_none() && f.addr.is_some())
+            .collect();
+        if !frames.iter().any(|f| f.function.is_some()) {
+            return Modules { placed };
+        }
+        let program = parsed.crash.program.as_deref().unwrap_or("mysqld");
+        let Some(server) = find_module(program, exe, root) else {
+            warnings.push(format!(
+                "{program} is not found on this machine{}: the raw addresses stay unnamed (give the server \
+                 binary with --exe, or the filesystem it ran in with --root)",
+                root.map(|r| format!(" under {}", r.display())).unwrap_or_default()
+            ));
+            return Modules { placed };
+        };
+        if let Some(theirs) = &parsed.crash.build_id {
+            let ours = super::core::build_id_of(&server)
+                .ok()
+                .flatten()
+                .map(|id| super::core::hex(&id));
+            if ours.as_deref() != Some(theirs.as_str()) {
+                warnings.push(format!(
+                    "{} is another build than the server that crashed (build-id {}, the report's {theirs}): the \
+                     raw addresses stay unnamed (give the server binary with --exe, or the filesystem it ran in \
+                     with --root)",
+                    server.display(),
+                    ours.as_deref().unwrap_or("none")
+                ));
+                return Modules { placed };
+            }
+        }
+        let mut files = vec![server.clone()];
+        if let Ok(data) = std::fs::read(&server) {
+            files.extend(needed_libraries(&data).iter().filter_map(|lib| {
+                LIBRARY_DIRS
+                    .iter()
+                    .map(|d| super::file_under(root, &Path::new(d).join(lib)))
+                    .find(|p| p.is_file())
+            }));
+        }
+        for file in files {
+            let Ok(data) = std::fs::read(&file) else {
+                continue;
+            };
+            let Ok(obj) = object::File::parse(&*data) else {
+                continue;
+            };
+            let functions = function_symbols(&obj);
+            let spans: Vec<(u64, u64, u64)> = frames
+                .iter()
+                .filter_map(|f| {
+                    let name = strip_symbol_version(f.function.as_deref()?);
+                    let &(start, size) = functions.get(name)?;
+                    Some((f.addr?, start, size))
+                })
+                .collect();
+            if spans.is_empty() {
+                continue;
+            }
+            match load_bias(&spans) {
+                Some(bias) => {
+                    placed.insert(file.display().to_string(), (file, bias));
+                }
+                None => warnings.push(format!(
+                    "the addresses of {}'s functions in the text do not fit one place it was loaded at: its \
+                     frames stay as the text names them",
+                    file.display()
+                )),
+            }
         }
         Modules { placed }
     }
@@ -242,9 +337,81 @@ impl Modules {
     }
 }
 
-/// The file of a module the text names: its path if it is one, the server binary (`--exe`, or where servers
-/// are installed) for a bare name.
-fn find_module(module: &str, exe: Option<&Path>) -> Option<PathBuf> {
+/// Where a server's libraries are installed (Debian's and Red Hat's).
+const LIBRARY_DIRS: [&str; 5] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+];
+
+/// The libraries an ELF file names as needed (`DT_NEEDED`).
+fn needed_libraries(data: &[u8]) -> Vec<String> {
+    use object::read::elf::{Dyn as _, FileHeader as _};
+    let needed = || -> Option<Vec<String>> {
+        let header = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        let sections = header.sections(endian, data).ok()?;
+        let (dynamic, link) = sections.dynamic(endian, data).ok()??;
+        let strings = sections.strings(endian, data, link).ok()?;
+        Some(
+            dynamic
+                .iter()
+                .filter(|d| d.tag32(endian) == Some(object::elf::DT_NEEDED))
+                .filter_map(|d| d.string(endian, strings).ok())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+        )
+    };
+    needed().unwrap_or_default()
+}
+
+/// Functions by their symbol name (mangled, as libbacktrace prints them): start and size.
+fn function_symbols<'a>(obj: &'a object::File<'a>) -> HashMap<&'a str, (u64, u64)> {
+    use object::{Object as _, ObjectSymbol as _};
+    obj.symbols()
+        .chain(obj.dynamic_symbols())
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0 && s.address() > 0)
+        .filter_map(|s| Some((s.name().ok()?, (s.address(), s.size()))))
+        .collect()
+}
+
+/// `pthread_cond_wait@@GLIBC_2.3.2` → `pthread_cond_wait`.
+fn strip_symbol_version(name: &str) -> &str {
+    name.split('@').next().unwrap_or(name)
+}
+
+/// The load bias (page-aligned, as the loader places a binary) that puts the most of `spans`' addresses inside
+/// their functions, each `(address, function start, function size)`; None when no bias fits two of them, or
+/// the only one, exactly.
+fn load_bias(spans: &[(u64, u64, u64)]) -> Option<u64> {
+    const PAGE: u64 = 0x1000;
+    let mut votes: HashMap<u64, usize> = HashMap::new();
+    for &(addr, start, size) in spans {
+        // addr - bias in [start, start + size): bias in (addr - start - size, addr - start].
+        let high = addr.checked_sub(start)?;
+        let low = high.saturating_sub(size - 1);
+        let mut bias = low.div_ceil(PAGE) * PAGE;
+        // A huge function leaves many pages: it tells nothing.
+        for _ in 0..64 {
+            if bias > high {
+                break;
+            }
+            *votes.entry(bias).or_default() += 1;
+            bias += PAGE;
+        }
+    }
+    let best = votes.values().copied().max()?;
+    let mut winners = votes.iter().filter(|(_, &v)| v == best);
+    let (&bias, _) = winners.next()?;
+    let unique = winners.next().is_none();
+    (unique && (best >= 2 || spans.len() == 1)).then_some(bias)
+}
+
+/// The file of a module the text names: its path if it is one (under `root`), the server binary (`--exe`, or
+/// where servers are installed) for a bare name.
+fn find_module(module: &str, exe: Option<&Path>, root: Option<&Path>) -> Option<PathBuf> {
     let path = Path::new(module);
     let file_name = path.file_name()?;
     if let Some(exe) = exe {
@@ -253,10 +420,40 @@ fn find_module(module: &str, exe: Option<&Path>) -> Option<PathBuf> {
         }
     }
     if path.is_absolute() {
-        return path.is_file().then(|| path.to_path_buf());
+        let path = super::file_under(root, path);
+        return path.is_file().then_some(path);
     }
     SERVER_DIRS
         .iter()
-        .map(|d| Path::new(d).join(file_name))
+        .map(|d| super::file_under(root, &Path::new(d).join(file_name)))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_bias;
+
+    #[test]
+    fn a_binary_is_placed_where_its_functions_hold_their_addresses() {
+        let bias = 0x557ff2e00000;
+        // (address, function start, size): three frames of one binary, and one that says nothing alone.
+        let spans = [
+            (bias + 0x17102cf, 0x1710280, 0x100),
+            (bias + 0x17105e2, 0x1710500, 0x200),
+            (bias + 0x131d3bc, 0x131d000, 0x500),
+            (bias + 0x5000000, 0x4ff0000, 0x200000),
+        ];
+        assert_eq!(load_bias(&spans), Some(bias));
+        // One frame alone: placed only when one page fits.
+        assert_eq!(load_bias(&spans[..1]), Some(bias));
+        assert_eq!(load_bias(&spans[3..]), None);
+        // Two frames that fit no common place: none.
+        let apart = [
+            (bias + 0x17102cf, 0x1710280, 0x100),
+            (bias + 0x17102cf + 0x5000, 0x1710280, 0x100),
+        ];
+        assert_eq!(load_bias(&apart), None);
+        // An address before its function's start: no bias at all.
+        assert_eq!(load_bias(&[(0x10, 0x20, 0x10)]), None);
+    }
 }

@@ -80,11 +80,19 @@ impl TestDb {
         binary: Option<&Path>,
         options: &[&str],
     ) -> OtherServer {
-        let mut testdb = Command::new(&self.testdb);
-        if let Some(binary) = binary {
-            testdb.env("MYPROBE_TESTDB_MARIADBD", binary);
-        }
-        let out = testdb
+        let binary = binary.map(|b| ("MYPROBE_TESTDB_MARIADBD", b.to_str().unwrap()));
+        self.start_another_with(dir, binary.as_slice(), options)
+    }
+
+    /// As [`TestDb::start_another`], with testdb's settings in `env` (`MYPROBE_TESTDB_SERVER`, …).
+    pub fn start_another_with(
+        &self,
+        dir: &Path,
+        env: &[(&str, &str)],
+        options: &[&str],
+    ) -> OtherServer {
+        let out = Command::new(&self.testdb)
+            .envs(env.iter().copied())
             .arg("start")
             .arg(dir)
             .args(options)
@@ -334,6 +342,57 @@ impl Drop for Session {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Lets the server dump a core of any size (`--core-file` asks it to).
+pub fn allow_cores(pid: u32) {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit with a valid pid and a limit to set, none to read.
+    let set = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_CORE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// Sends SIGSEGV to thread `tid` (the host's id) of the throwaway server `pid`, and waits for it to exit.
+pub fn crash_server(pid: u32, tid: u32) {
+    // SAFETY: tgkill of a thread of the throwaway server, which is what the test crashes.
+    let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSEGV) };
+    assert_eq!(sent, 0, "tgkill: {}", std::io::Error::last_os_error());
+    for _ in 0..600 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("the server did not exit after SIGSEGV");
+}
+
+/// The file the kernel writes a core to in `cwd`, by `kernel.core_pattern` (a plain name, `core` by default;
+/// with the PID appended when `kernel.core_uses_pid` says so).
+pub fn core_file_in(cwd: &Path, pid: u32) -> PathBuf {
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    let pattern = pattern.trim();
+    assert!(
+        !pattern.starts_with('|') && !pattern.contains('%') && !pattern.contains('/'),
+        "kernel.core_pattern is `{pattern}`: this test reads the core the kernel writes in the server's \
+         directory (`core`, the kernel's default)"
+    );
+    let uses_pid =
+        std::fs::read_to_string("/proc/sys/kernel/core_uses_pid").is_ok_and(|v| v.trim() == "1");
+    cwd.join(if uses_pid {
+        format!("{pattern}.{pid}")
+    } else {
+        pattern.to_string()
+    })
 }
 
 pub fn myprobe() -> Command {

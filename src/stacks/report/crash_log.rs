@@ -1,7 +1,9 @@
 //! The crash section of a MariaDB/MySQL error log: the facts the signal handler prints (signal, assertion,
 //! statement, connection, server version) and backtrace_symbols' frames, MariaDB's
 //! `mariadbd(handle_fatal_signal+0x1c7)[0x...]` and MySQL 8's demangled
-//! `/usr/sbin/mysqld(dispatch_command(THD*, COM_DATA const*, enum_server_command)+0x1a6f) [0x...]` alike.
+//! `/usr/sbin/mysqld(dispatch_command(THD*, COM_DATA const*, enum_server_command)+0x1a6f) [0x...]` alike; and
+//! the frames of MySQL builds with libbacktrace (Debian's 9.x): ` #8 0x557ff45105e2 _ZN15Item_func_sleep7val_intEv`,
+//! absolute addresses with no module, `<unknown>` for a function without a dynamic symbol.
 
 use super::{
     after, clean_function, is_signal_trampoline, is_source_location, leading_number, named,
@@ -63,6 +65,15 @@ fn signal_of(line: &str) -> Option<String> {
         return Some(format!("exception {code}"));
     }
     None
+}
+
+/// `... UTC - mysqld got signal 11 ;`, `[ERROR] mariadbd got signal 6 ;` → the program's name.
+fn program_of(line: &str) -> Option<String> {
+    let before = &line[..line
+        .find(" got signal ")
+        .or_else(|| line.find(" got exception "))?];
+    let name = before.rsplit([' ', '/']).next()?;
+    (!name.is_empty() && !name.ends_with(']')).then(|| name.to_string())
 }
 
 fn is_server_start(line: &str) -> bool {
@@ -133,6 +144,7 @@ const AFTER_QUERY: &[&str] = &[
 fn read_crash_info(lines: &[&str], section: &CrashSection, crash: &mut CrashInfo) {
     if let Some(h) = section.header {
         crash.signal = signal_of(lines[h]);
+        crash.program = program_of(lines[h]);
     }
     let start = section.header.unwrap_or(0);
     let mut fallback_query = None;
@@ -145,6 +157,10 @@ fn read_crash_info(lines: &[&str], section: &CrashSection, crash: &mut CrashInfo
         {
             let v = v.split(" source revision").next().unwrap_or(v).trim();
             crash.server_version = (!v.is_empty()).then(|| v.to_string());
+        } else if let Some(v) = line.strip_prefix("BuildID[sha1]=") {
+            let v = v.trim();
+            crash.build_id = (!v.is_empty() && v.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| v.to_ascii_lowercase());
         } else if let Some(v) = line.strip_prefix("Connection ID (thread ID): ") {
             crash.connection_id = v.trim().parse().ok();
         } else if let Some(v) = line.strip_prefix("Status: ") {
@@ -240,7 +256,38 @@ fn backtrace_frames(lines: &[&str]) -> Vec<TextFrame> {
         }
     }
     mark_backtrace_return_addresses(&mut frames);
+    if frames.is_empty() {
+        let from = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("#0 "))
+            .unwrap_or(lines.len());
+        frames = lines[from..]
+            .iter()
+            .map_while(|l| libbacktrace_frame(l.trim()))
+            // The unwinder's end mark, past the thread's first function.
+            .filter(|f| f.addr != Some(u64::MAX))
+            .collect();
+    }
     frames
+}
+
+/// libbacktrace's ` #7 0x557ff45102cf _ZN18Interruptible_wait4waitEP12mysql_cond_tP13mysql_mutex_t`, with
+/// ` at sql/item_func.cc:4305` when the build has line tables, and `<unknown>` for a function that is not in
+/// the dynamic symbols. libbacktrace has already taken 1 from return addresses: each is exact.
+fn libbacktrace_frame(line: &str) -> Option<TextFrame> {
+    let rest = line.strip_prefix('#')?;
+    let (index, rest) = rest.split_once(' ')?;
+    index.parse::<u32>().ok()?;
+    let (addr, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+    let mut frame = TextFrame::at(parse_hex(addr)?);
+    let (function, source) = match rest.rsplit_once(" at ") {
+        Some((f, at)) if is_source_location(at) => (f, Some(at)),
+        _ => (rest, None),
+    };
+    let function = function.trim();
+    frame.function = (function != "<unknown>").then(|| named(function)).flatten();
+    frame.source = source.map(str::to_string);
+    Some(frame)
 }
 
 /// `mariadbd(my_print_stacktrace+0x2e)[0x55..]`, `mariadbd(+0xd3a2be)[0x55..]`, `[0x55..]`,
@@ -493,6 +540,50 @@ mod tests {
             summary_line(&e, &crash, None),
             "query: SELECT 1 AS a, SLEEP(60) AS b FROM DUAL WHERE 'x' <> 'y z'"
         );
+    }
+
+    /// Debian's MySQL 9.7, built with libbacktrace: absolute addresses, dynamic symbols mangled, `<unknown>` for
+    /// the rest, no modules.
+    #[test]
+    fn mysql_9_7_libbacktrace_crash_report() {
+        let p = parse(MYSQL_9_7_PROCEDURE, "error.log").unwrap();
+        assert_eq!(p.crash.format, "MySQL crash report");
+        assert_eq!(p.crash.signal.as_deref(), Some("SIGSEGV"));
+        assert_eq!(p.crash.program.as_deref(), Some("mysqld"));
+        assert_eq!(
+            p.crash.build_id.as_deref(),
+            Some("cc8a18826385d7182761a4a8f41044748267244d")
+        );
+        assert_eq!(p.crash.connection_id, Some(10));
+        assert_eq!(
+            p.crash.query.as_deref(),
+            Some("SELECT SLEEP(60) INTO @slept")
+        );
+        let f = &p.threads[0].frames;
+        // #36, the unwinder's end mark (0xffffffffffffffff), is no frame.
+        assert_eq!(f.len(), 36);
+        assert_eq!(f[0], TextFrame::at(0x557ff42d5e84));
+        assert_eq!(
+            f[8],
+            TextFrame {
+                function: Some("_ZN15Item_func_sleep7val_intEv".into()),
+                ..TextFrame::at(0x557ff45105e2)
+            }
+        );
+        assert!(f.iter().all(|f| !f.is_return_address && f.module.is_none()));
+        let (e, site) = elements(&p.threads[0]);
+        assert_eq!(site.as_deref(), Some("??"));
+        assert_eq!(e.stored_routine_depth, 1);
+        assert!(e.prepared_statement);
+        assert_eq!(
+            summary_line(&e, &p.crash, None),
+            "SIGSEGV, stored routine depth 1, prepared statement, Item_func_sleep, Item_func_set_user_var, \
+             query: SELECT SLEEP(60) INTO @slept"
+        );
+        let with_source =
+            super::libbacktrace_frame("#3 0x55aa Foo::bar() at sql/foo.cc:12").unwrap();
+        assert_eq!(with_source.function.as_deref(), Some("Foo::bar()"));
+        assert_eq!(with_source.source.as_deref(), Some("sql/foo.cc:12"));
     }
 
     /// MariaDB 10.4's layout, from its sql/signal_handler.cc: `mysqld got signal`, the statement before the

@@ -112,6 +112,10 @@ pub struct CrashInfo {
     pub status: Option<String>,
     /// `Server version: 10.11.19-MariaDB-0+deb12u1` (without the source revision).
     pub server_version: Option<String>,
+    /// The program that crashed, as the `got signal` line names it (`mysqld`, `mariadbd`).
+    pub program: Option<String>,
+    /// MySQL's `BuildID[sha1]=...`: the build-id of the server binary that crashed.
+    pub build_id: Option<String>,
     /// Where the stack came from: "MariaDB crash report", "MySQL crash report", "gdb", "pstack",
     /// "eu-stack", "addresses".
     pub format: &'static str,

@@ -13,6 +13,7 @@ pub(super) const SEGV_SLEEP: &str = fixture!("mariadb-10.11-sigsegv-sleep-thread
 pub(super) const ABRT_PROCEDURE: &str = fixture!("mariadb-10.11-sigabrt-procedure-thread.log");
 pub(super) const SEGV_PREPARED: &str = fixture!("mariadb-10.11-sigsegv-prepared-thread.log");
 pub(super) const SEGV_MULTILINE: &str = fixture!("mariadb-10.11-sigsegv-multiline-query.log");
+pub(super) const MYSQL_9_7_PROCEDURE: &str = fixture!("mysql-9.7-sigsegv-procedure-thread.log");
 pub(super) const GDB_TWO_THREADS: &str = fixture!("gdb-twothreads.txt");
 pub(super) const GDB_IN_SIGNAL: &str = fixture!("gdb-insignal.txt");
 pub(super) const GDB_MARIADBD: &str = fixture!("gdb-mariadbd.txt");
