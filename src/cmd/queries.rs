@@ -340,18 +340,50 @@ impl Followed {
     }
 }
 
-/// The server's `dispatch_command`, for the TLS fallback; with `--uprobes`, an error when it has none.
-pub fn dispatch_function(a: &QueriesArgs, target: &Target) -> Result<Option<probes::Function>> {
-    let dispatch = probes::find_function(&target.binary, "dispatch_command(")?;
+/// The server's `dispatch_command`, for the TLS fallback, when its signature is the one its server's module
+/// reads; with `--uprobes`, an error when it has none.
+pub fn dispatch_function(a: &QueriesArgs, target: &Target) -> Result<Option<DispatchFunction>> {
+    let server = crate::server::of_target(target);
+    let expected = server.dispatch();
+    let found = probes::find_function(&target.binary, "dispatch_command(")?;
+    let dispatch = match found {
+        Some(f) if !f.demangled.starts_with(expected.signature) => {
+            let why = format!(
+                "{}'s dispatch_command is `{}`, not the `{}…` of {} whose arguments myprobe reads",
+                target.exe.display(),
+                f.demangled,
+                expected.signature,
+                server.name()
+            );
+            if a.uprobes {
+                bail!("{why}: --uprobes cannot be used");
+            }
+            say!("myprobe: warning: {why}: statements under TLS will not be followed");
+            return Ok(None);
+        }
+        found => found.map(|function| DispatchFunction {
+            function,
+            args: expected.args,
+        }),
+    };
     match &dispatch {
         None if a.uprobes => bail!(
             "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
             target.exe.display()
         ),
-        Some(f) if a.uprobes => say!("myprobe: following statements through uprobes on {}", f.demangled),
+        Some(d) if a.uprobes => say!(
+            "myprobe: following statements through uprobes on {}",
+            d.function.demangled
+        ),
         _ => {}
     }
     Ok(dispatch)
+}
+
+/// A server's `dispatch_command` found and checked ([`dispatch_function`]).
+pub struct DispatchFunction {
+    pub function: probes::Function,
+    pub args: crate::server::DispatchArgs,
 }
 
 /// Follows the statements of `target` as `a` says (its duration, wait sites, process list), with the TLS fallback
@@ -361,7 +393,7 @@ pub fn dispatch_function(a: &QueriesArgs, target: &Target) -> Result<Option<prob
 pub fn follow(
     a: &QueriesArgs,
     target: &Target,
-    dispatch: Option<probes::Function>,
+    dispatch: Option<DispatchFunction>,
     attached: impl FnOnce(),
     mut emit: impl FnMut(QueryRecord),
     mut on_lost: impl FnMut(collect::Lost),
@@ -389,9 +421,10 @@ pub fn follow(
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
-    let probe = dispatch.as_ref().map(|function| DispatchProbe {
+    let probe = dispatch.as_ref().map(|d| DispatchProbe {
         binary: &target.binary,
-        function,
+        function: &d.function,
+        args: d.args,
         wanted: &wanted,
     });
     let mut tracker = Tracker::new(a.raw_sql).for_server(crate::server::of_target(target));
@@ -440,9 +473,9 @@ pub fn follow(
                     Notice::Tls { .. } if !wanted.get() => {
                         wanted.set(true);
                         match &dispatch {
-                        Some(f) => say!(
+                        Some(d) => say!(
                             "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (--uprobes does from the start)",
-                            f.demangled
+                            d.function.demangled
                         ),
                         None => say!(
                             "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",

@@ -169,6 +169,7 @@ fn syscall_classes() -> [syscall_class; 512] {
 pub struct DispatchProbe<'a> {
     pub binary: &'a Path,
     pub function: &'a Function,
+    pub args: crate::server::DispatchArgs,
     pub wanted: &'a Cell<bool>,
 }
 
@@ -212,7 +213,10 @@ pub fn collect(
     rodata.runq_from_sched_info = runq_from_sched_info;
     open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
     if let Some(d) = &dispatch {
-        rodata.dispatch_abi = dispatch_abi_of(&d.function.demangled);
+        rodata.dispatch_abi = match d.args {
+            crate::server::DispatchArgs::Packet => dispatch_abi::DISPATCH_MARIADB,
+            crate::server::DispatchArgs::ComData => dispatch_abi::DISPATCH_MYSQL,
+        };
     }
     // Run once, when tracing ends.
     open.progs.in_flight.set_autoattach(false);
@@ -446,15 +450,6 @@ fn statement(
         in_flight,
         pipelined: false,
     })
-}
-
-/// Which argument layout a `dispatch_command` signature has.
-fn dispatch_abi_of(demangled: &str) -> dispatch_abi {
-    if demangled.starts_with("dispatch_command(THD") {
-        dispatch_abi::DISPATCH_MYSQL
-    } else {
-        dispatch_abi::DISPATCH_MARIADB
-    }
 }
 
 /// Decodes one `struct query_event` (sent without the unused part of its text), or a stack's definition (its

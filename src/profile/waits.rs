@@ -7,12 +7,13 @@ use std::{collections::HashMap, rc::Rc};
 
 use crate::{
     collect::RawStack,
+    server,
     symbolize::{unnamed_in_binary, Symbolizer},
 };
 
 /// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
-/// C++ library's, and the server's own wrappers and latches (MariaDB's `srw_mutex_impl`, `ssux_lock_impl`, the
-/// performance-schema wrappers, MDL's wait).
+/// C++ library's, and the wrappers every server has (the performance-schema wrappers, MDL's wait). Each
+/// server's own latches are its module's (`server::LockNames`).
 const PRIMITIVE_PREFIXES: &[&str] = &[
     "__",
     "pthread_",
@@ -21,12 +22,6 @@ const PRIMITIVE_PREFIXES: &[&str] = &[
     "sem_",
     "std::",
     "lll_",
-    "srw_mutex_impl",
-    "srw_lock_impl",
-    "ssux_lock_impl",
-    "ssux_lock",
-    "srw_lock",
-    "sux_lock",
     "inline_mysql_",
     "psi_",
     "my_cond_",
@@ -43,9 +38,18 @@ const PRIMITIVE_PREFIXES: &[&str] = &[
 /// Unnamed frames of the C and C++ libraries (`libc.so.6+0x…`) are primitives too.
 const LIBRARY_PREFIXES: &[&str] = &["libc.so", "libc-", "libpthread", "libstdc++", "ld-linux"];
 
+/// A server's own primitive that `frame` is, and the kind of wait it tells.
+fn server_primitive(frame: &str) -> Option<Option<WaitKind>> {
+    server::all_lock_names()
+        .flat_map(|names| names.primitives)
+        .find(|(prefix, _)| frame.starts_with(prefix))
+        .map(|&(_, kind)| kind)
+}
+
 fn is_primitive(frame: &str) -> bool {
     PRIMITIVE_PREFIXES.iter().any(|p| frame.starts_with(p))
         || LIBRARY_PREFIXES.iter().any(|p| frame.starts_with(p))
+        || server_primitive(frame).is_some()
 }
 
 /// A frame the symbolizer could not name: `mariadbd+0x8a1c00`, `[unknown]`.
@@ -68,28 +72,17 @@ pub fn site(frames: &[Rc<str>]) -> Option<String> {
     }
 }
 
-/// What the server waits for at sites whose name does not say it, by site (MariaDB 10.6 and later).
+/// What every server waits for at sites whose name does not say it; each server's own are its module's.
 const KNOWN_SITES: &[(&str, &str)] = &[
-    // THD::async_state: a commit's reply waits until the redo log write that another thread does is durable.
-    (
-        "net_real_write",
-        "the redo log to be written and synced before replying",
-    ),
-    ("group_commit_lock::acquire", "the redo log's group commit"),
     ("log_write_up_to", "the redo log's write and sync"),
-    ("lock_wait", "a row lock"),
     ("MDL_context::acquire_lock", "a metadata lock"),
-    ("tc_acquire_table", "the table cache"),
-    (
-        "tpool::thread_pool_generic::wait_for_tasks",
-        "work (an idle pool worker)",
-    ),
 ];
 
 /// What a site waits for, when its name does not say it: `net_real_write` → the redo log's write and sync.
 pub fn site_meaning(site: &str) -> Option<&'static str> {
     KNOWN_SITES
         .iter()
+        .chain(server::all_lock_names().flat_map(|names| names.sites))
         .find(|(name, _)| site == *name || site.ends_with(&format!(" in {name}")))
         .map(|(_, meaning)| *meaning)
 }
@@ -186,15 +179,13 @@ pub fn kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
 
 fn primitive_kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
     let primitives = || frames.iter().take_while(|f| is_primitive(f));
+    // The server's own lock, over the primitives it is built on (a metadata lock waits on a condition).
     for f in primitives() {
         if f.starts_with("MDL_wait::") {
             return WaitKind::MetadataLock;
         }
-        if f.starts_with("srw_mutex_impl") {
-            return WaitKind::Mutex;
-        }
-        if f.starts_with("ssux_lock") || f.starts_with("srw_lock") || f.starts_with("sux_lock") {
-            return WaitKind::RwLock;
+        if let Some(Some(kind)) = server_primitive(f) {
+            return kind;
         }
     }
     for f in primitives() {
@@ -282,6 +273,48 @@ mod tests {
 
     fn frames(names: &[&str]) -> Vec<Rc<str>> {
         names.iter().map(|&n| Rc::from(n)).collect()
+    }
+
+    #[test]
+    fn mysql_s_innodb_waits_are_named_by_their_latch() {
+        // A latch waits in the sync array on an event, itself a condition variable: the latch tells the kind.
+        let latch = frames(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_wait",
+            "os_event::wait_low",
+            "os_event_wait_low",
+            "sync_array_wait_event",
+            "TTASEventMutex<GenericPolicy>::wait",
+            "PolicyMutex<TTASEventMutex<GenericPolicy> >::enter",
+            "buf_page_get_gen",
+            "dispatch_command",
+        ]);
+        assert_eq!(kind(&latch, FutexOp::WaitBitset), WaitKind::Mutex);
+        assert_eq!(site(&latch).as_deref(), Some("buf_page_get_gen"));
+        let rw = frames(&[
+            "___pthread_cond_wait",
+            "os_event_wait_low",
+            "sync_array_wait_event",
+            "rw_lock_x_lock_func",
+            "btr_cur_search_to_nth_level",
+        ]);
+        assert_eq!(kind(&rw, FutexOp::WaitBitset), WaitKind::RwLock);
+        // A row lock: an event waited on in a statement, at a site that says what it is.
+        let row_lock = frames(&[
+            "___pthread_cond_timedwait",
+            "os_event::timed_wait",
+            "os_event_wait_time_low",
+            "lock_wait_suspend_thread",
+            "row_mysql_handle_errors",
+            "dispatch_command",
+        ]);
+        assert_eq!(
+            kind(&row_lock, FutexOp::WaitBitset),
+            WaitKind::StatementWait
+        );
+        let at = site(&row_lock).unwrap();
+        assert_eq!(at, "lock_wait_suspend_thread");
+        assert_eq!(site_meaning(&at), Some("a row lock"));
     }
 
     #[test]

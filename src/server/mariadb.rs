@@ -3,7 +3,11 @@
 //! (MySQL 5.7's columns) only when it is on, which is not MariaDB's default: otherwise they are found from the
 //! process list (`query::texts`).
 
-use super::{common_status_counters, counter, Server, StatusCounter};
+use super::{
+    common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
+    StatusCounter,
+};
+use crate::profile::waits::WaitKind;
 
 pub struct MariaDb;
 
@@ -48,5 +52,52 @@ impl Server for MariaDb {
     fn status_counters(&self) -> &'static [StatusCounter] {
         const COUNTERS: &[StatusCounter] = &common_status_counters!();
         COUNTERS
+    }
+
+    fn crash_report(&self) -> CrashReport {
+        // sql/signal_handler.cc: `[ERROR] mariadbd got signal 11 ;`, and a link to its bug reports. Older
+        // reports without either are taken for MariaDB's too.
+        CrashReport {
+            format: "MariaDB crash report",
+            signal_line_marks: &["[ERROR] mariadbd got signal"],
+            line_starts: &["To report this bug, see https://mariadb.com"],
+        }
+    }
+
+    fn lock_names(&self) -> &'static LockNames {
+        // InnoDB's latches from 10.6 (storage/innobase/include/srw_lock.h).
+        &LockNames {
+            primitives: &[
+                ("srw_mutex_impl", Some(WaitKind::Mutex)),
+                ("srw_lock_impl", Some(WaitKind::RwLock)),
+                ("ssux_lock", Some(WaitKind::RwLock)),
+                ("srw_lock", Some(WaitKind::RwLock)),
+                ("sux_lock", Some(WaitKind::RwLock)),
+            ],
+            sites: &[
+                // THD::async_state: a commit's reply waits until the redo log write that another thread does
+                // is durable.
+                (
+                    "net_real_write",
+                    "the redo log to be written and synced before replying",
+                ),
+                ("group_commit_lock::acquire", "the redo log's group commit"),
+                ("lock_wait", "a row lock"),
+                ("tc_acquire_table", "the table cache"),
+                (
+                    "tpool::thread_pool_generic::wait_for_tasks",
+                    "work (an idle pool worker)",
+                ),
+            ],
+        }
+    }
+
+    fn dispatch(&self) -> Dispatch {
+        // sql/sql_parse.cc, 10.x and 11.x (followed by `bool is_com_multi, bool is_next_command` in 10.2–10.5,
+        // `bool blocking` from 10.6).
+        Dispatch {
+            signature: "dispatch_command(enum_server_command, THD*, char*, unsigned int",
+            args: DispatchArgs::Packet,
+        }
     }
 }

@@ -4,6 +4,8 @@
 mod mariadb;
 mod mysql;
 
+use crate::profile::waits::WaitKind;
+
 pub use mariadb::MariaDb;
 pub use mysql::MySql;
 
@@ -38,6 +40,78 @@ pub trait Server: Sync {
 
     /// The counters of `SHOW GLOBAL STATUS` that `myprobe stat` shows, in its columns' order.
     fn status_counters(&self) -> &'static [StatusCounter];
+
+    /// How its crash reports are known.
+    fn crash_report(&self) -> CrashReport;
+
+    /// Its own locking primitives and the wait sites that need saying, as stacks name them.
+    fn lock_names(&self) -> &'static LockNames;
+
+    /// The `dispatch_command` it runs each request through, as the uprobe that follows statements under TLS
+    /// reads it.
+    fn dispatch(&self) -> Dispatch;
+}
+
+/// How a server's crash report (what its fatal signal handler writes to the error log) is told from another
+/// server's: text that only its reports hold, in the `got signal` line or at the start of a line of the report.
+#[derive(Clone, Copy, Debug)]
+pub struct CrashReport {
+    /// The format's name, as `stacks --resolve` says it.
+    pub format: &'static str,
+    pub signal_line_marks: &'static [&'static str],
+    pub line_starts: &'static [&'static str],
+}
+
+impl CrashReport {
+    /// Whether the report whose `got signal` line is `signal_line` and whose lines are `lines` is this one's.
+    pub fn is_of(&self, signal_line: Option<&str>, lines: &[&str]) -> bool {
+        signal_line.is_some_and(|l| self.signal_line_marks.iter().any(|m| l.contains(m)))
+            || lines
+                .iter()
+                .any(|l| self.line_starts.iter().any(|m| l.starts_with(m)))
+    }
+}
+
+/// Whose crash report a text is (its `got signal` line and its lines): the server whose marks it holds, else
+/// MariaDB's (older reports hold none).
+pub fn crash_report_of(signal_line: Option<&str>, lines: &[&str]) -> CrashReport {
+    ALL.iter()
+        .map(|s| s.crash_report())
+        .find(|r| r.is_of(signal_line, lines))
+        .unwrap_or(MariaDb.crash_report())
+}
+
+/// A server's locking primitives, as frames name them (by the start of their clean names), each with the kind
+/// of wait it is (None: it tells none by itself, as an event wraps a condition variable); and the sites whose
+/// name does not say what they wait for, with what they wait for.
+pub struct LockNames {
+    pub primitives: &'static [(&'static str, Option<WaitKind>)],
+    pub sites: &'static [(&'static str, &'static str)],
+}
+
+/// Every server's lock names: a stack is read without asking which server it came from (a core, a process
+/// given by PID), and their names do not collide.
+pub fn all_lock_names() -> impl Iterator<Item = &'static LockNames> {
+    ALL.into_iter().map(|s| s.lock_names())
+}
+
+/// A server's `dispatch_command`: its signature as its symbol demangles (checked against the running binary:
+/// another one is not read), and how it takes the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    /// The start of the demangled signature.
+    pub signature: &'static str,
+    pub args: DispatchArgs,
+}
+
+/// How `dispatch_command` takes the request it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DispatchArgs {
+    /// The command, then the packet's body and its length (arguments 0, 2 and 3): MariaDB's.
+    Packet,
+    /// `COM_DATA`, the union the server parsed the packet into (argument 1: a text's pointer at 0 and its
+    /// length at 8, a statement's id at 0), and the command (argument 2): MySQL's, from 5.7.
+    ComData,
 }
 
 /// A counter of `SHOW GLOBAL STATUS`, as `myprobe stat` shows it.

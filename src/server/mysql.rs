@@ -3,7 +3,11 @@
 //! performance_schema is on by default, and `prepared_statements_instances` holds every prepared statement's text
 //! by its connection's thread and the id the protocol gives it (`STATEMENT_ID`), cut at 1024 bytes.
 
-use super::{common_status_counters, counter, Server, StatusCounter};
+use super::{
+    common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
+    StatusCounter,
+};
+use crate::profile::waits::WaitKind;
 
 pub struct MySql;
 
@@ -58,5 +62,42 @@ impl Server for MySql {
         const COUNTERS: &[StatusCounter] =
             &common_status_counters!(counter("Innodb_os_log_fsyncs", "redofs"));
         COUNTERS
+    }
+
+    fn crash_report(&self) -> CrashReport {
+        // sql/signal_handler.cc: `2026-11-27T03:23:32Z UTC - mysqld got signal 11 ;`.
+        CrashReport {
+            format: "MySQL crash report",
+            signal_line_marks: &["UTC - "],
+            line_starts: &["Server Version: ", "Most likely, you have hit"],
+        }
+    }
+
+    fn lock_names(&self) -> &'static LockNames {
+        // InnoDB's latches wait in its sync array on an os_event (storage/innobase/sync/, os/os0event.cc).
+        &LockNames {
+            primitives: &[
+                ("os_event", None),
+                ("sync_array_wait_event", None),
+                ("TTASEventMutex", Some(WaitKind::Mutex)),
+                ("PolicyMutex", Some(WaitKind::Mutex)),
+                ("mutex_enter_inline", Some(WaitKind::Mutex)),
+                ("pfs_rw_lock_", Some(WaitKind::RwLock)),
+                ("rw_lock_", Some(WaitKind::RwLock)),
+            ],
+            sites: &[
+                ("lock_wait_suspend_thread", "a row lock"),
+                ("log_wait_for_flush", "the redo log's sync"),
+                ("log_wait_for_write", "the redo log's write"),
+            ],
+        }
+    }
+
+    fn dispatch(&self) -> Dispatch {
+        // sql/sql_parse.cc, 5.7 to 9.x; COM_DATA in include/mysql/com_data.h.
+        Dispatch {
+            signature: "dispatch_command(THD*, COM_DATA const*, enum_server_command)",
+            args: DispatchArgs::ComData,
+        }
     }
 }

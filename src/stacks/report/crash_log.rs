@@ -106,20 +106,13 @@ fn crash_section(lines: &[&str]) -> Option<CrashSection> {
     if header.is_none() && lines.is_empty() {
         return None;
     }
-    let mysql = header.is_some_and(|h| lines[h].contains("UTC - "))
-        || lines[start..end].iter().any(|l| {
-            l.starts_with("Server Version: ") || l.starts_with("Most likely, you have hit")
-        });
+    let report = crate::server::crash_report_of(header.map(|h| lines[h]), &lines[start..end]);
     Some(CrashSection {
         header,
         previous_end,
         stack_from,
         end,
-        format: if mysql {
-            "MySQL crash report"
-        } else {
-            "MariaDB crash report"
-        },
+        format: report.format,
     })
 }
 
