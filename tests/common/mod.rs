@@ -376,6 +376,48 @@ pub fn crash_server(pid: u32, tid: u32) {
     panic!("the server did not exit after SIGSEGV");
 }
 
+/// Starts, in `s`, the statement the crash tests crash: a prepared statement calling a stored procedure that
+/// sleeps.
+pub fn start_crashing_statement(s: &mut Session) {
+    s.exec("CREATE DATABASE crash; CREATE PROCEDURE crash.nap() SELECT SLEEP(60) INTO @slept");
+    s.send("PREPARE napping FROM 'CALL crash.nap()'; EXECUTE napping");
+}
+
+/// `stacks --resolve`'s output for the crash of [`start_crashing_statement`]: its first line names what
+/// identifies it, and the frames are named from the signal handler to the command loop. Returns stdout.
+pub fn assert_crash_resolved(run: &std::process::Output) -> String {
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    let summary = out.lines().next().unwrap_or_default();
+    for element in [
+        "SIGSEGV",
+        "prepared statement",
+        "stored routine depth 1",
+        "Item_func_sleep",
+        // The statement the procedure runs, as the report's Query line gives it.
+        "query: SELECT SLEEP(60) INTO @slept",
+    ] {
+        assert!(
+            summary.contains(element),
+            "no {element} in: {summary}\n{out}"
+        );
+    }
+    for frame in [
+        "handle_fatal_signal",
+        "Item_func_sleep::val_int",
+        "sp_head::execute_procedure",
+        "dispatch_command",
+        "do_command",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == frame),
+            "no frame {frame}:\n{out}"
+        );
+    }
+    out
+}
+
 /// The file the kernel writes a core to in `cwd`, by `kernel.core_pattern` (a plain name, `core` by default;
 /// with the PID appended when `kernel.core_uses_pid` says so).
 pub fn core_file_in(cwd: &Path, pid: u32) -> PathBuf {
