@@ -216,6 +216,44 @@ fn sampled_memleak_warns_when_a_burst_leaves_few_allocations_traced() {
 }
 
 #[test]
+fn sampled_memleak_warns_when_a_burst_is_missed_among_freed_allocations() {
+    // The burst of tests/fixtures/alloc/burst.c while another thread allocates and frees all the time: the
+    // periods probed see many allocations, nearly all freed, and the burst between them, or in one of them, is
+    // (nearly) nothing next to them. A reader of "~0 bytes" must not conclude that nothing leaks.
+    let dir = tempdir("memleak-burst-churn");
+    let exe = compile_fixture(&dir, "burst", &["alloc/burst.c"], &["-rdynamic"]);
+    let mut burst = Fixture::start(Command::new(&exe).arg("churn"));
+    let pid = burst.child.id().to_string();
+    let tracer = Background::start(
+        &["profile", "memleak", "--any-process", "-p", &pid, "-d", "2"],
+        "Ctrl-C ends early",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    burst.go();
+    let (_, stderr) = tracer.wait();
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("myprobe: warning: ") && l.contains("nearly all were freed again"))
+        .unwrap_or_else(|| panic!("no warning that the outstanding bytes say nothing:\n{stderr}"));
+    assert!(
+        warning.contains("one 100 ms period in 10")
+            && warning.contains("does not mean nothing leaks")
+            && warning.contains("--sample 1 traces every allocation, exactly"),
+        "{warning}"
+    );
+
+    // Every allocation traced: the burst exactly, the churn freed.
+    let mut burst = Fixture::start(Command::new(&exe).arg("churn"));
+    let (stacks, stderr) = burst.profile(&dir, "memleak", &["--sample", "1"], &[]);
+    assert_eq!(
+        value_with_frame(&stacks, |f| f == "burst_here"),
+        50_000,
+        "{stacks:?}\n{stderr}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+#[test]
 fn older_kernels_probes_give_the_same_exact_results() {
     // Without uprobe_multi links (before 6.6) and without uprobe sessions (before 6.13): a uprobe (and for
     // memleak a uretprobe) per function.

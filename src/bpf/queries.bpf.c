@@ -50,6 +50,10 @@ bool closing;
 const volatile enum syscall_class syscall_class[MAX_SYSCALL_NR] = {};
 /* on_sys_enter is loaded: a statement's time on a CPU inside syscalls goes to their class, or sys. */
 const volatile bool syscall_cpu = false;
+/* --min-ms: a statement shorter than this, whose record nothing later needs, is counted and not sent. */
+const volatile __u64 min_statement_ns = 0;
+/* Statements not sent for being shorter than min_statement_ns. */
+__u64 below_min_statements;
 
 #define MSG_PEEK 0x02
 #define COM_QUIT 0x01
@@ -60,6 +64,8 @@ const volatile bool syscall_cpu = false;
 #define COM_STMT_RESET 0x1a
 #define COM_STMT_SEND_LONG_DATA 0x18
 #define COM_STMT_CLOSE 0x19
+#define COM_PING 0x0e
+#define COM_STMT_FETCH 0x1c
 #define CLIENT_COMPRESS 0x20
 #define CLIENT_SSL 0x800
 /* MySQL's X protocol: another framing on another port, not followed. */
@@ -155,11 +161,6 @@ static __always_inline void submit_waking(struct query_event *e, bool now)
 	if (len >= MAX_TEXT)
 		size = sizeof(*e);
 	submit_event_waking(e, size, now);
-}
-
-static __always_inline void submit(struct query_event *e)
-{
-	submit_waking(e, false);
 }
 
 static __always_inline bool in_statement(struct query_thread *st)
@@ -364,10 +365,32 @@ static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long 
 	reply_ended(st, now);
 }
 
+/* Whether a statement's record is kept: not when it is shorter than --min-ms and says nothing that user space
+ * needs for later ones (a prepare's id, a change of database or user). */
+static __always_inline bool worth_sending(struct query_event *e)
+{
+	if (!min_statement_ns || e->end_ns - e->start_ns >= min_statement_ns)
+		return true;
+	__u8 cmd = e->text[0];
+	/* USE, as a query, changes the connection's database. */
+	bool use = e->text_len > 4 && (e->text[1] | 0x20) == 'u' && (e->text[2] | 0x20) == 's' &&
+		   (e->text[3] | 0x20) == 'e';
+	bool plain = cmd == COM_STMT_EXECUTE || cmd == COM_PING || cmd == COM_STMT_FETCH || (cmd == COM_QUERY && !use);
+	if (plain)
+		__sync_fetch_and_add(&below_min_statements, 1);
+	return !plain;
+}
+
+static __always_inline void submit_statement(struct query_thread *st, bool wake)
+{
+	if (worth_sending(&st->ev))
+		submit_waking(&st->ev, wake);
+}
+
 static __always_inline void finish_statement(struct query_thread *st)
 {
 	if (st->phase == PHASE_REPLIED)
-		submit(&st->ev);
+		submit_statement(st, false);
 	st->phase = PHASE_IDLE;
 }
 
@@ -807,7 +830,7 @@ int BPF_KRETPROBE(on_dispatch_return)
 	reply_ended(st, bpf_ktime_get_ns());
 	/* A prepare whose reply (with the statement's id) user space cannot read: it reads the server's table of
 	 * prepared statements as soon as it learns of it, while the statement is likely still there. */
-	submit_waking(&st->ev, st->ev.text[0] == COM_STMT_PREPARE);
+	submit_statement(st, st->ev.text[0] == COM_STMT_PREPARE);
 	st->phase = PHASE_IDLE;
 	return 0;
 }

@@ -165,12 +165,22 @@ impl QueriesArgs {
 /// Records written to stdout are flushed at most this often (CLOCK_MONOTONIC ns of their statements' ends).
 const FLUSH_NS: u64 = 200_000_000;
 
-pub fn run(a: QueriesArgs) -> Result<()> {
+pub fn run(mut a: QueriesArgs) -> Result<()> {
     anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
     anyhow::ensure!(
         a.min_ms >= 0.0 && a.min_ms.is_finite(),
         "--min-ms must be a number of milliseconds ≥ 0"
     );
+    // A threshold asks for the rare statement, which a sample would miss: every one is followed, and those
+    // shorter are dropped in the kernel.
+    if a.min_ms > 0.0 {
+        match a.sample_every {
+            SampleEvery::Auto | SampleEvery::Every(1) => a.sample_every = SampleEvery::Every(1),
+            _ => bail!(
+                "--min-ms follows every statement, so as to miss none of the slow ones: leave out --sample-every"
+            ),
+        }
+    }
     process::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
@@ -263,8 +273,16 @@ pub fn run(a: QueriesArgs) -> Result<()> {
         r => r.context("writing the records")?,
     }
     say!(
-        "myprobe: {} statements traced, {reported} reported",
-        followed.seen
+        "myprobe: {} statements traced, {reported} reported{}",
+        followed.seen,
+        if followed.below_min > 0 {
+            format!(
+                " ({} shorter than --min-ms left in the kernel)",
+                followed.below_min
+            )
+        } else {
+            String::new()
+        }
     );
     if followed.scale > 1.0 {
         say!(
@@ -291,6 +309,8 @@ pub fn run(a: QueriesArgs) -> Result<()> {
 pub struct Followed {
     /// Statements traced (myprobe's own reads of the process list left out).
     pub seen: u64,
+    /// Of them, those shorter than `--min-ms`, dropped in the kernel.
+    pub below_min: u64,
     pub lost: collect::Lost,
     /// Executions of statements prepared before tracing whose text stayed unknown.
     pub unknown_prepared: u64,
@@ -446,10 +466,14 @@ pub fn follow(
     }
     // What each statement traced stands for: its period's cycle (`Event::Cycle`).
     let mut stands_for = a.sample_every.duty().map_or(1, |d| d.every);
-    let (lost, scale) = collect::queries::collect(
+    let statements = collect::queries::StatementOptions {
+        wait_sites: !a.no_wait_sites,
+        syscall_cpu: a.syscall_cpu,
+        min_statement_ns: (a.min_ms * 1e6) as u64,
+    };
+    let traced = collect::queries::collect(
         &opts,
-        !a.no_wait_sites,
-        a.syscall_cpu,
+        statements,
         &want_results,
         probe,
         attached,
@@ -533,13 +557,14 @@ pub fn follow(
     }
     Ok(Followed {
         // myprobe's own reads of the process list are not the server's statements.
-        seen: seen.saturating_sub(texts.own_statements),
-        lost,
+        seen: (seen + traced.below_min).saturating_sub(texts.own_statements),
+        below_min: traced.below_min,
+        lost: traced.lost,
         unknown_prepared,
         forgotten_prepared: tracker.forgotten_prepared,
         forgotten_conns: tracker.forgotten_conns,
         compressed_unsaid: compressed.saturating_sub(COMPRESSED_SAID),
-        scale,
+        scale: traced.scale,
     })
 }
 

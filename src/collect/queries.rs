@@ -173,22 +173,31 @@ pub struct DispatchProbe<'a> {
     pub wanted: &'a Cell<bool>,
 }
 
+/// What the statement tracer takes and sends, besides what every collector is given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StatementOptions {
+    /// The stack of each statement's longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`).
+    pub wait_sites: bool,
+    /// Time on a CPU inside syscalls goes to their class (or `sys`) rather than `user`, for one more program
+    /// at every syscall entry of the host.
+    pub syscall_cpu: bool,
+    /// Statements shorter are counted and dropped in the kernel, but for those whose record a later one needs
+    /// (`--min-ms`; 0: none).
+    pub min_statement_ns: u64,
+}
+
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
-/// called once the probes are in place); returns what was lost. `wait_sites`: the stack of each statement's
-/// longest lock wait is taken (`Event::Stack`, `Counters::lock_stack`). `syscall_cpu`: time on a CPU inside
-/// syscalls goes to their class (or `sys`) rather than `user`, for one more program at every syscall entry of
-/// the host. `want_results`: executions' replies are kept long enough for their column definitions
-/// (`RawStatement::reply`), read at every poll. Sampled (`CollectOptions::duty`), the time traced over the time
-/// statements were followed comes with what was lost.
+/// called once the probes are in place); returns what was lost. `want_results`: executions' replies are kept
+/// long enough for their column definitions (`RawStatement::reply`), read at every poll. Sampled
+/// (`CollectOptions::duty`), the time traced over the time statements were followed comes with what was lost.
 pub fn collect(
     opts: &CollectOptions,
-    wait_sites: bool,
-    syscall_cpu: bool,
+    statements: StatementOptions,
     want_results: &Cell<bool>,
     dispatch: Option<DispatchProbe>,
     attached: impl FnOnce(),
     on_event: impl FnMut(Event),
-) -> Result<(Lost, f64)> {
+) -> Result<Traced> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
     set_common::<Skeleton>(&mut open, opts)?;
@@ -198,8 +207,14 @@ pub fn collect(
         .context("sizing the ring buffer")?;
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.syscall_class = syscall_classes();
+    let StatementOptions {
+        wait_sites,
+        syscall_cpu,
+        min_statement_ns,
+    } = statements;
     rodata.wait_sites = wait_sites;
     rodata.syscall_cpu = syscall_cpu;
+    rodata.min_statement_ns = min_statement_ns;
     open.progs.on_sys_enter.set_autoload(syscall_cpu);
     // The protocol is followed at the socket layer's tracepoints, which run for recvs and sends only; at every
     // syscall exit of the host where the kernel has none, or where each syscall is wanted anyway.
@@ -398,7 +413,24 @@ pub fn collect(
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
     }
-    Ok((Skeleton::lost(&skel), periods.map_or(1.0, |p| p.scale())))
+    Ok(Traced {
+        lost: Skeleton::lost(&skel),
+        scale: periods.map_or(1.0, |p| p.scale()),
+        below_min: skel
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(0, |b| b.below_min_statements),
+    })
+}
+
+/// What a trace of statements counted besides its events.
+pub struct Traced {
+    pub lost: Lost,
+    /// The time traced over the time statements were followed (1: all of it).
+    pub scale: f64,
+    /// Statements shorter than `min_statement_ns`, not sent.
+    pub below_min: u64,
 }
 
 /// An adaptive duty began or ended sampling.
