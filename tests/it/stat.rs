@@ -2,13 +2,12 @@
 //! server under sysbench), the server's QPS against its own Questions counter, and what it does without a
 //! server to ask.
 
-mod common;
 use std::{
     process::{Command, Stdio},
     time::Instant,
 };
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const LINES: usize = 7;

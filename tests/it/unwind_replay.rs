@@ -2,7 +2,6 @@
 //! core file of a fixture whose threads block at known stacks: frame for frame what eu-stack reads from the
 //! same core. No kernel tracing, no database.
 
-mod common;
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader},
@@ -11,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use common::tempdir;
+use crate::common::tempdir;
 use myprobe::{
     process::core::Core,
     unwind::{

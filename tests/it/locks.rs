@@ -1,13 +1,12 @@
 //! `profile locks` on a fixture with a known contended mutex, and on the throwaway MariaDB under load.
 
-mod common;
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn contended_mutex_is_named_with_its_waiters_and_wakers() {

@@ -1,14 +1,13 @@
 //! `myprobe stacks`: every thread read from BPF while the process runs on; a C fixture with threads in known
 //! states (and a deadlock), and a real server with waits of each kind.
 
-mod common;
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The fixture of tests/fixtures/stacks/states.c, started: its process and the thread ids it printed (holder,

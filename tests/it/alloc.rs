@@ -1,9 +1,8 @@
 //! `profile alloc` on a fixture with known allocations, and on the throwaway MariaDB under load.
 
-mod common;
 use std::{process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 /// tests/fixtures/alloc/leaky.c, running and waiting for its go (which makes its 100 leaks and 600
 /// short-lived allocations). `args`: e.g. `steady`, leaking at a known rate from the start; `sources`: more

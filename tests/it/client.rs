@@ -1,7 +1,6 @@
 //! The connection layer against the throwaway MariaDB: how it finds the server, whom it connects as, what it
 //! says when it cannot, and the process list it reads.
 
-mod common;
 
 use std::{
     path::{Path, PathBuf},
@@ -15,7 +14,7 @@ const USER: &str = "myprobe_conn";
 const PASSWORD: &str = "p#w \"q\" x";
 
 /// A user with a password and the PROCESS privilege (to see the other connections), made once.
-fn password_user(db: &common::TestDb) {
+fn password_user(db: &crate::common::TestDb) {
     let quoted = PASSWORD.replace('\\', "\\\\").replace('\'', "\\'");
     db.sql(&format!(
         "CREATE USER IF NOT EXISTS '{USER}'@'localhost' IDENTIFIED BY '{quoted}';
@@ -50,8 +49,8 @@ fn password_file(dir: &Path, password: &str) -> PathBuf {
 
 #[test]
 fn finds_the_servers_socket_and_connects_as_the_os_user() {
-    let db = common::testdb();
-    let home = common::tempdir("client-home");
+    let db = crate::common::testdb();
+    let home = crate::common::tempdir("client-home");
     let settings = ConnectArgs::default()
         .settings_in(&clean_env(&home), Some(db.pid))
         .unwrap();
@@ -91,9 +90,9 @@ fn finds_the_servers_socket_and_connects_as_the_os_user() {
 
 #[test]
 fn password_from_a_file_the_environment_or_an_option_file() {
-    let db = common::testdb();
+    let db = crate::common::testdb();
     password_user(&db);
-    let home = common::tempdir("client-home");
+    let home = crate::common::tempdir("client-home");
     let env = clean_env(&home);
     let expected = format!("{USER}@localhost");
 
@@ -169,9 +168,9 @@ fn password_from_a_file_the_environment_or_an_option_file() {
 
 #[test]
 fn a_wrong_password_says_what_was_tried_and_what_to_do() {
-    let db = common::testdb();
+    let db = crate::common::testdb();
     password_user(&db);
-    let home = common::tempdir("client-home");
+    let home = crate::common::tempdir("client-home");
     let args = ConnectArgs {
         user: Some(USER.into()),
         password_file: Some(password_file(&home, "wrong-secret")),
@@ -213,9 +212,9 @@ fn a_wrong_password_says_what_was_tried_and_what_to_do() {
 
 #[test]
 fn flags_win_over_the_option_file() {
-    let db = common::testdb();
+    let db = crate::common::testdb();
     password_user(&db);
-    let home = common::tempdir("client-home");
+    let home = crate::common::tempdir("client-home");
     std::fs::write(
         home.join(".my.cnf"),
         "[client]\nuser=no_such_user\npassword=wrong\nsocket=/nonexistent/mysqld.sock\n",
@@ -263,8 +262,8 @@ impl Drop for Stopped {
 
 #[test]
 fn a_server_that_does_not_answer_is_an_error_within_the_timeout() {
-    let db = common::testdb();
-    let home = common::tempdir("client-home");
+    let db = crate::common::testdb();
+    let home = crate::common::tempdir("client-home");
     let env = clean_env(&home);
     let args = ConnectArgs {
         connect_timeout: 1.0,
@@ -304,8 +303,8 @@ fn a_server_that_does_not_answer_is_an_error_within_the_timeout() {
 
 #[test]
 fn the_processlist_shows_another_connections_statement_and_its_thread() {
-    let db = common::testdb();
-    let home = common::tempdir("client-home");
+    let db = crate::common::testdb();
+    let home = crate::common::tempdir("client-home");
     let mut client = connect(&ConnectArgs::default(), &clean_env(&home), db.pid).unwrap();
     let mut session = db.session();
     let tid = session.server_tid();

@@ -2,10 +2,9 @@
 //! (tests/fixtures/trace/trace.c), and on the throwaway MariaDB under load: a function its vtables name, the
 //! rate guard, bad names.
 
-mod common;
 use std::{path::Path, process::Command};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The fixture, compiled into `dir` and waiting for its go; it writes its own measurement to `dir/measured`.

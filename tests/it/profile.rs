@@ -1,7 +1,6 @@
 //! `profile cpu` and `profile offcpu` against the throwaway MariaDB under sysbench load: real BPF, real server.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn cpu_profile_under_load_shows_the_command_loop() {

@@ -1,14 +1,13 @@
 //! Faults around a run: signals, a reader that goes away, a stderr that is closed. myprobe ends promptly and
 //! cleanly, writes what it found when it can, and leaves nothing in the kernel.
 
-mod common;
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 
 /// Waits up to `secs` for `child` to exit; kills it and fails if it does not.
 fn exits_within(child: &mut Child, secs: u64, what: &str) -> std::process::ExitStatus {

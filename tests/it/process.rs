@@ -1,10 +1,9 @@
 //! What myprobe learns of the process it traces, and how: nothing of the target is ever run (its name is
 //! chosen by whoever starts it), and a binary replaced or deleted since it started is still read and probed.
 
-mod common;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn the_version_comes_from_memory_and_nothing_of_the_target_runs_even_when_deleted() {

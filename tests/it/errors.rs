@@ -1,9 +1,8 @@
 //! Every target/environment error is one clear line on stderr and a non-zero exit, before anything is loaded.
 
-mod common;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// Runs a command expected to fail; returns its only stderr line.
 fn one_error_line(cmd: &mut Command) -> String {

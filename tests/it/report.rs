@@ -2,13 +2,12 @@
 //! headless Chromium): the page's DOM after its scripts ran, a search through the flame graphs' own script
 //! against the frames each SVG holds, and a screenshot kept as the test's artefact.
 
-mod common;
 use std::{
     path::{Path, PathBuf},
     process::Command,
 };
 
-use common::*;
+use crate::common::*;
 use regex::Regex;
 
 /// Headless Chromium as root in a container: no sandbox, no GPU, a profile of its own. `virtual-time-budget`

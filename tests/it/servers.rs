@@ -2,8 +2,7 @@
 //! Oracle MySQL 9.7 (Debian unstable's), each under its own root and in its own mount and PID namespace, as a
 //! container runtime runs them (scripts/testdb), under sysbench started before tracing.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 use std::{
     path::{Path, PathBuf},

@@ -1,7 +1,6 @@
 //! User stacks unwound in the kernel from .eh_frame: complete stacks on Debian's glibc and mariadbd, frame for
 //! frame what eu-stack (elfutils) reads from the same thread.
 
-mod common;
 use std::{
     collections::HashSet,
     io::{BufRead, BufReader},
@@ -9,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 /// The outermost frame of a thread created by glibc: stacks that reach it are complete.
 const ROOTS: [&str; 3] = ["__clone3", "clone3", "start_thread"];

@@ -2,7 +2,6 @@
 //! asked, through its HTTP API, for the rates of the statement-time series; `go tool pprof` pulls a CPU
 //! profile from it over HTTP; and a server restarted under it is attached again.
 
-mod common;
 use std::{
     net::TcpListener,
     path::Path,
@@ -10,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 
 /// Go's toolchain: on PATH, else where its release archive installs it (scripts/setup installs Debian's when
 /// there is neither).

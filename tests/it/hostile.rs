@@ -1,10 +1,9 @@
 //! What a client writes cannot forge, hide or garble a statement record. The framing cases run against a C
 //! fixture whose server thread reads as MariaDB does, so that every record expected is known exactly.
 
-mod common;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// `queries --raw-sql` of process `pid`, with `extra` options, started.

@@ -3,8 +3,7 @@
 //! without `DEBUGINFOD_URLS`; virtual methods without symbols named from vtables; the line that says how
 //! much is unnamed.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,10 +1,9 @@
 //! `profile syscalls` on a fixture making known syscalls from known functions, and on the throwaway MariaDB
 //! under load.
 
-mod common;
 use std::{process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 /// tests/fixtures/syscalls/known_calls.c, running and waiting for its go.
 fn start_known_calls(dir: &std::path::Path) -> Fixture {

@@ -1,13 +1,12 @@
 //! `myprobe queries` against the throwaway MariaDB: real clients, real statements, real BPF.
 
-mod common;
 use std::{
     io::{BufRead, BufReader, Write},
     process::{Command, Stdio},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const READY: &str = "tracing the statements";

@@ -2,10 +2,9 @@
 //! sysbench: the seed's experiment (innodb_flush_log_at_trx_commit 0 against 1), the settings put back exactly,
 //! and what is said when performance_schema or the server is not there.
 
-mod common;
 use std::{process::Stdio, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 /// Every instrument's and consumer's setting, one line each.
 fn settings(db: &TestDb) -> String {
