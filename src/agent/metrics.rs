@@ -366,7 +366,8 @@ impl Metrics {
             "myprobe_statement_sample_every",
             "gauge",
             "Statements are traced one second in this many now (myprobe_sample_every or more, as their rate asks); \
-             each counts for the cycle it was traced in.",
+             each counts for the cycle it was traced in. A statement that ran only between the seconds traced has \
+             no series: missing, not absent (--sample-every 1 traces every one).",
         );
         let _ = writeln!(
             out,

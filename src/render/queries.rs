@@ -95,7 +95,9 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     if let Some(by) = rows.first().and_then(|r| r.scaled_by) {
         let _ = writeln!(
             out,
-            "Estimated: counts and totals scaled ×{by:.1} from the time statements were followed (--sample-every)"
+            "Estimated: counts and totals scaled ×{by:.1} from the time statements were followed (--sample-every); \
+             a statement that came only between those times is missing, not absent: --min-ms N or \
+             --sample-every 1 follows every one"
         );
     }
     let grand = rows.iter().fold(0u64, |a, r| a.saturating_add(r.total_us));

@@ -1,7 +1,6 @@
 //! The connection layer against the throwaway MariaDB: how it finds the server, whom it connects as, what it
 //! says when it cannot, and the process list it reads.
 
-
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
