@@ -50,7 +50,7 @@ pub fn resolve(
     let parsed = report::parse(text, name)?;
     let mut warnings = Vec::new();
     let mut modules = Modules::place(&parsed.threads, exe, root, &mut warnings);
-    if modules.placed.is_empty() {
+    if modules.placed.is_empty() && parsed.crash.format.contains("crash report") {
         modules = Modules::infer(&parsed, exe, root, &mut warnings);
     }
     let mut symbolizer = Symbolizer::of_maps(modules.maps());
@@ -274,7 +274,9 @@ impl Modules {
                     Some((f.addr?, start, size))
                 })
                 .collect();
-            if spans.is_empty() {
+            // A library is not checked by build-id: this machine's own (no --root, which names the server's
+            // files) is placed only where two of its functions agree.
+            if spans.is_empty() || (file != server && root.is_none() && spans.len() < 2) {
                 continue;
             }
             match load_bias(&spans) {
