@@ -73,7 +73,7 @@ impl TidMap {
 }
 
 /// The ids of a /proc status file's `NSpid:` line, this namespace's first.
-fn ns_pids(status: &str) -> Option<Vec<u32>> {
+pub fn ns_pids(status: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
     let ids: Option<Vec<u32>> = line.split_whitespace().map(|id| id.parse().ok()).collect();
     ids.filter(|ids| !ids.is_empty())

@@ -269,7 +269,7 @@ impl Modules {
             let spans: Vec<(u64, u64, u64)> = frames
                 .iter()
                 .filter_map(|f| {
-                    let name = strip_symbol_version(f.function.as_deref()?);
+                    let name = report::strip_symbol_version(f.function.as_deref()?);
                     let &(start, size) = functions.get(name)?;
                     Some((f.addr?, start, size))
                 })
@@ -377,11 +377,6 @@ fn function_symbols<'a>(obj: &'a object::File<'a>) -> HashMap<&'a str, (u64, u64
         .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0 && s.address() > 0)
         .filter_map(|s| Some((s.name().ok()?, (s.address(), s.size()))))
         .collect()
-}
-
-/// `pthread_cond_wait@@GLIBC_2.3.2` → `pthread_cond_wait`.
-fn strip_symbol_version(name: &str) -> &str {
-    name.split('@').next().unwrap_or(name)
 }
 
 /// The load bias (page-aligned, as the loader places a binary) that puts the most of `spans`' addresses inside

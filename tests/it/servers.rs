@@ -10,19 +10,19 @@ use std::{
     time::Duration,
 };
 
+/// The ids of the process or thread of `/proc/…` directory `dir`, from this PID namespace's down to its own.
+fn ns_pids(dir: &Path) -> Vec<u32> {
+    let status = std::fs::read_to_string(dir.join("status")).unwrap();
+    myprobe::process::tids::ns_pids(&status).expect("an NSpid line")
+}
+
 /// The server's own PID namespace numbers its threads from 1: the ids it reports are not the host's.
 fn assert_in_own_pid_namespace(db: &TestDb) {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", db.pid)).unwrap();
-    let nspid: Vec<&str> = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .expect("an NSpid line")
-        .split_whitespace()
-        .collect();
+    let ids = ns_pids(Path::new(&format!("/proc/{}", db.pid)));
     assert_eq!(
-        nspid.len(),
+        ids.len(),
         2,
-        "the server is not in a PID namespace of its own: {nspid:?}"
+        "the server is not in a PID namespace of its own: {ids:?}"
     );
 }
 
@@ -441,31 +441,6 @@ fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
     }
 }
 
-/// The id that the innermost PID namespace gives the process or thread of `/proc/…` directory `dir`.
-fn innermost_id(dir: &Path) -> Option<u32> {
-    let status = std::fs::read_to_string(dir.join("status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
-
-/// The host's id of the thread that the server's own PID namespace numbers `ns_tid`.
-fn host_tid(pid: u32, ns_tid: u32) -> u32 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|t| {
-            let t = t.ok()?;
-            (innermost_id(&t.path()) == Some(ns_tid))
-                .then(|| t.file_name().to_str()?.parse().ok())?
-        })
-        .next()
-        .unwrap_or_else(|| panic!("no thread of {pid} is {ns_tid} in its namespace"))
-}
-
 /// A crash of MySQL 9.7 in its own root and PID namespace, under an init as `docker run --init` runs it (a
 /// server that is its namespace's PID 1 cannot dump a core: the kernel drops its own signal to itself). Its
 /// crash report (libbacktrace's frames: addresses and dynamic symbols, no modules) and its core, read with the
@@ -512,8 +487,11 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ns_pid = innermost_id(Path::new(&format!("/proc/{pid}"))).unwrap();
-    crash_server(pid, host_tid(pid, tid));
+    let ns_pid = *ns_pids(Path::new(&format!("/proc/{pid}"))).last().unwrap();
+    let host_tid = myprobe::process::tids::TidMap::new(pid)
+        .host(tid)
+        .unwrap_or_else(|| panic!("no thread of {pid} is {tid} in its namespace"));
+    crash_server(pid, host_tid);
     let error_log = dir.join("db/error.log");
     let core = core_file_in(&dir.join("db/data"), ns_pid);
     assert!(core.exists(), "no core at {}", core.display());

@@ -206,7 +206,7 @@ pub fn clean_function(raw: &str) -> Option<String> {
 }
 
 /// `pthread_cond_wait@@GLIBC_2.3.2` → `pthread_cond_wait` (eu-stack prints versioned dynamic symbols).
-fn strip_symbol_version(s: &str) -> &str {
+pub(crate) fn strip_symbol_version(s: &str) -> &str {
     match s.find('@') {
         Some(at) if at > 0 => {
             let version = s[at..].trim_start_matches('@');
