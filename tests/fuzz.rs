@@ -1533,7 +1533,13 @@ proptest! {
                         fds.insert(dispatch_fd(*tid));
                     }
                 }
-                Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => {}
+                Event::Stack { .. }
+                | Event::Lost(_)
+                | Event::Period(_)
+                | Event::Cycle(_)
+                | Event::Executed(_)
+                | Event::ExecuteProbe(_)
+            | Event::Tick => {}
                 Event::PacketOut { tid, fd, bytes } => {
                     fed.push(bytes.clone());
                     // A greeting opens the connection on its socket and on its thread.

@@ -66,6 +66,7 @@ __u64 below_min_statements;
 #define COM_STMT_CLOSE 0x19
 #define COM_PING 0x0e
 #define COM_STMT_FETCH 0x1c
+#define COM_STMT_BULK_EXECUTE 0xfa
 #define CLIENT_COMPRESS 0x20
 #define CLIENT_SSL 0x800
 /* MySQL's X protocol: another framing on another port, not followed. */
@@ -133,6 +134,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct query_event);
 } packets SEC(".maps");
+
+/* Executions' texts are built here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct executed_event);
+} executions SEC(".maps");
+
+/* Where the server's prepared statement object keeps its text (a pointer, then a 64-bit length), found by user
+ * space on statements of its own; 0 while unknown (the object's address is sent instead). */
+__u32 statement_text_offset;
 
 /* The state of `task`; with `create`, made if it has none. Making it fails only without memory, or when the
  * task storage is in use by a program interrupted on this CPU: that event is counted and not followed. */
@@ -832,6 +845,51 @@ int BPF_KRETPROBE(on_dispatch_return)
 	 * prepared statements as soon as it learns of it, while the statement is likely still there. */
 	submit_statement(st, st->ev.text[0] == COM_STMT_PREPARE);
 	st->phase = PHASE_IDLE;
+	return 0;
+}
+
+/* The texts of statements prepared before tracing: at the server's Prepared_statement::execute, attached by
+ * user space only while executions of a statement of unknown text come. `this` is the statement object, which
+ * keeps the text it was prepared with; sent only for a thread the socket path (or dispatch_command) sees
+ * executing a statement, with the statement's id from its request, for user space to join with that
+ * execution's record. */
+SEC("uprobe")
+int BPF_KPROBE(on_execute, __u64 object)
+{
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	if (!st || st->phase != PHASE_RUNNING || st->ev.text_len < 5 ||
+	    (st->ev.text[0] != COM_STMT_EXECUTE && st->ev.text[0] != COM_STMT_BULK_EXECUTE))
+		return 0;
+	__u32 zero = 0;
+	struct executed_event *e = bpf_map_lookup_elem(&executions, &zero);
+	if (!e)
+		return 0;
+	e->kind = EVENT_EXECUTED;
+	e->tid = tid;
+	__builtin_memcpy(&e->statement_id, &st->ev.text[1], 4);
+	e->object = object;
+	e->full_len = 0;
+	e->text_len = 0;
+	__u32 offset = statement_text_offset;
+	if (offset) {
+		__u64 text = 0;
+		if (bpf_probe_read_user(&text, sizeof(text), (void *)(object + offset)) ||
+		    bpf_probe_read_user(&e->full_len, sizeof(e->full_len), (void *)(object + offset + 8)))
+			return 0;
+		__u64 n = e->full_len;
+		if (n > MAX_TEXT)
+			n = MAX_TEXT;
+		if (n && text && !bpf_probe_read_user(e->text, n, (void *)text))
+			e->text_len = n;
+	}
+	__u64 size = EXECUTED_EVENT_HEADER_BYTES + (e->text_len & (MAX_TEXT - 1));
+	if (e->text_len >= MAX_TEXT)
+		size = sizeof(*e);
+	submit_event(e, size);
 	return 0;
 }
 

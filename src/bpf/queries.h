@@ -37,6 +37,7 @@ enum query_event_kind : __u32 {
 	EVENT_STATEMENT = 1,
 	EVENT_PACKET_IN = 2,   /* a client packet outside a statement (handshake response) */
 	EVENT_PACKET_OUT = 3,  /* a server send outside a statement (greeting, authentication) */
+	EVENT_EXECUTED = 4,    /* a prepared statement's execution began: its text, from the server's statement object */
 };
 
 /* Where a statement's time goes, each nanosecond in exactly one part (the response-time profile of Method R).
@@ -87,5 +88,22 @@ struct query_event {
 	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
 	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
 };
+
+/* Sent by the uprobe on the server's Prepared_statement::execute while the execution of a statement prepared
+ * before tracing is awaited (src/query/executed.rs). Until user space knows where the object keeps its text
+ * (statement_text_offset), the object's address instead, for user space to find it there on statements of its
+ * own. */
+struct executed_event {
+	__u32 not_a_stack;
+	enum query_event_kind kind;   /* EVENT_EXECUTED */
+	__u32 tid;
+	__u32 statement_id;           /* from the COM_STMT_EXECUTE the thread runs */
+	__u64 object;                 /* the Prepared_statement (`this`) */
+	__u64 full_len;               /* the text's length as the object gives it (text_len is at most MAX_TEXT) */
+	__u32 text_len;               /* 0 while the offset is unknown */
+	__u8 text[MAX_TEXT];
+};
+
+#define EXECUTED_EVENT_HEADER_BYTES ((unsigned long)&((struct executed_event *)0)->text)
 
 #define QUERY_EVENT_HEADER_BYTES ((unsigned long)&((struct query_event *)0)->text)

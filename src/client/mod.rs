@@ -541,6 +541,19 @@ impl Client {
         Ok(self.performance_schema == Some(true))
     }
 
+    /// Prepares `sql` (a statement without parameters) and executes it once, through the binary protocol; its id.
+    /// The statement stays prepared: the connection's statement cache holds it.
+    pub fn execute_own(&mut self, sql: &str) -> Result<u32> {
+        let failed = |e: mysql::Error| {
+            let timeout = trim_float(self.timeout.as_secs_f64());
+            let (reason, _) = explain(&e, &format!("{timeout} s"));
+            anyhow!("`{}` failed: {reason}", first_words(sql))
+        };
+        let statement = self.conn.prep(sql).map_err(failed)?;
+        self.conn.exec_drop(&statement, ()).map_err(failed)?;
+        Ok(statement.id())
+    }
+
     /// Every prepared statement of every connection, from performance_schema: the OS thread of its connection (the
     /// server's PID namespace's id), the id the protocol gives it, its text and whether the text may have been
     /// cut. An error says why there is none to read (a server that keeps none, performance_schema off).

@@ -15,7 +15,7 @@ use crate::{
     collect::{
         self,
         periods::Duty,
-        queries::{DispatchProbe, Event},
+        queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
         CollectOptions,
     },
     process::{self, probes, Target},
@@ -461,9 +461,23 @@ pub fn follow(
     let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
+    let execute_function = match a.no_sql {
+        true => None,
+        false => statement_execute_function(target),
+    };
     if !a.no_sql {
-        texts.start(&a.connect, target.pid);
+        texts.start(
+            &a.connect,
+            target.pid,
+            execute_function.as_ref().map(|f| f.demangled.clone()),
+        );
     }
+    let execute_wish = Cell::new(ExecuteWish::default());
+    let execute_probe = execute_function.as_ref().map(|function| ExecuteProbe {
+        binary: &target.binary,
+        function,
+        wish: &execute_wish,
+    });
     // What each statement traced stands for: its period's cycle (`Event::Cycle`).
     let mut stands_for = a.sample_every.duty().map_or(1, |d| d.every);
     let statements = collect::queries::StatementOptions {
@@ -476,8 +490,21 @@ pub fn follow(
         statements,
         &want_results,
         probe,
+        execute_probe,
         attached,
         |event| {
+            let event = match event {
+                Event::Executed(e) => {
+                    texts.executed(e);
+                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                }
+                Event::Tick => {
+                    texts.tick(&mut tracker, &mut emit);
+                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                }
+                Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
+                event => event,
+            };
             match &event {
                 Event::Stack { id, stack } => return sites.add(*id, stack),
                 Event::Lost(lost) => return on_lost(*lost),
@@ -538,22 +565,12 @@ pub fn follow(
                 ));
             }
             texts.add(&mut tracker, record, &mut emit);
+            execute_wish.set(texts.execute_wish(wanted.get()));
         },
     )?;
     texts.finish(&mut tracker, &mut emit);
-    if texts.finder.samples_joined > 0 || (texts.failed && texts.named == 0) {
-        say!(
-            "myprobe: {} statements prepared before tracing named from the server's process list ({} samples, {} of \
-             one statement)",
-            texts.named,
-            texts.finder.samples_joined,
-            texts.finder.samples_named
-        );
-    } else if texts.named > 0 {
-        say!(
-            "myprobe: {} statements prepared before tracing named from performance_schema.prepared_statements_instances",
-            texts.named
-        );
+    if let Some(line) = texts.summary() {
+        say!("myprobe: {line}");
     }
     Ok(Followed {
         // myprobe's own reads of the process list are not the server's statements.
@@ -574,6 +591,27 @@ fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::R
         out.write_all(b"\n")
     } else {
         writeln!(out, "{}", render::line(r))
+    }
+}
+
+/// The server's function that runs each execution of a prepared statement, where the texts of statements prepared
+/// before tracing are read when the server keeps no table of them; None, said, when the binary has none.
+fn statement_execute_function(target: &Target) -> Option<probes::Function> {
+    let signature = crate::server::of_target(target).statement_execute();
+    match probes::find_function(&target.binary, signature) {
+        Ok(Some(f)) => Some(f),
+        Ok(None) => {
+            say!(
+                "myprobe: note: {} has no `{signature}` symbol: the texts of statements prepared before tracing \
+                 are looked for in the server's tables only",
+                target.exe.display()
+            );
+            None
+        }
+        Err(e) => {
+            say!("myprobe: warning: {e:#}");
+            None
+        }
     }
 }
 

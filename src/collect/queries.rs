@@ -37,11 +37,17 @@ stack_skeleton!(Skeleton, QueriesSkelBuilder, OpenQueriesSkel, QueriesSkel);
 unsafe impl Plain for query_event {}
 // SAFETY: as above.
 unsafe impl Plain for query_thread {}
+// SAFETY: as above.
+unsafe impl Plain for executed_event {}
 
 /// Statements are sent whole, not once per stack: a larger ring buffer than the stack collectors'; about a
 /// second of sysbench's statements on two CPUs, where the reader drains it every 100 ms. Mapped into
 /// myprobe twice (the kernel's trick for records that wrap), so its RSS counts it twice.
 const RING_BUFFER_BYTES: u32 = 8 << 20;
+
+/// How long the execution probe stays attached once no longer wanted: statements of unknown text come in bursts
+/// (a pool's connections, one after another), and each attach costs the server a few milliseconds.
+const EXECUTE_PROBE_LINGER: Duration = Duration::from_secs(1);
 
 /// How often a period's end looks for statements still in flight: the programs stay attached until none is.
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
@@ -103,6 +109,25 @@ pub enum Event {
     /// Sampled: from now on a statement traced stands for this many (`SamplePeriods::every`: its period is one
     /// in that many), until the next `Cycle`. Said when it changes from the duty's `every`.
     Cycle(u32),
+    /// An execution of a prepared statement began, seen by the execution probe ([`ExecuteProbe`]).
+    Executed(Executed),
+    /// The execution probe was attached (true) or detached.
+    ExecuteProbe(bool),
+    /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
+    Tick,
+}
+
+/// An execution of a prepared statement, seen at the server's function that runs it: the statement object,
+/// and, once `ExecuteWish::text_offset` is set, the text it keeps there.
+#[derive(Clone, Debug)]
+pub struct Executed {
+    pub tid: u32,
+    /// The id of the statement the thread's request executes.
+    pub statement_id: u32,
+    pub object: u64,
+    /// The text's length as the object gives it; `text` holds at most `MAX_TEXT` bytes of it.
+    pub full_len: u64,
+    pub text: Vec<u8>,
 }
 
 /// Syscall number → class (`enum syscall_class` of src/bpf/queries.h), from this architecture's numbers.
@@ -173,6 +198,24 @@ pub struct DispatchProbe<'a> {
     pub wanted: &'a Cell<bool>,
 }
 
+/// The texts of statements prepared before tracing: a uprobe on the server's function that runs each execution
+/// (`Server::statement_execute`), attached while `wish` says it is wanted (and statements are followed), detached
+/// a second after it no longer is.
+pub struct ExecuteProbe<'a> {
+    pub binary: &'a Path,
+    pub function: &'a Function,
+    pub wish: &'a Cell<ExecuteWish>,
+}
+
+/// What user space asks of the execution probe, read at every poll.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecuteWish {
+    pub wanted: bool,
+    /// Where the statement object keeps its text (`statement_text_offset`); 0: unknown, the object's address is
+    /// sent instead.
+    pub text_offset: u32,
+}
+
 /// What the statement tracer takes and sends, besides what every collector is given.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StatementOptions {
@@ -195,6 +238,7 @@ pub fn collect(
     statements: StatementOptions,
     want_results: &Cell<bool>,
     dispatch: Option<DispatchProbe>,
+    execute: Option<ExecuteProbe>,
     attached: impl FnOnce(),
     on_event: impl FnMut(Event),
 ) -> Result<Traced> {
@@ -238,6 +282,7 @@ pub fn collect(
     // Attached by attach_dispatch, to the server's binary.
     open.progs.on_dispatch.set_autoattach(false);
     open.progs.on_dispatch_return.set_autoattach(false);
+    open.progs.on_execute.set_autoattach(false);
     super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
         .load()
@@ -261,28 +306,9 @@ pub fn collect(
             (&progs.on_dispatch_return, true),
             (&progs.on_dispatch, false),
         ] {
-            // By offset where it is known, so that libbpf does not read a symbol table of tens of MiB at each
-            // attach. Both on the same instruction, one the kernel emulates (the stack pointer a return probe
-            // hijacks is still the entry's there): one trap a call.
-            let (func_name, offset) = match d.function.entry {
-                Some(e) => (None, e.offset()),
-                None => (Some(d.function.mangled.clone()), 0),
-            };
-            let uprobe = UprobeOpts {
-                func_name,
-                retprobe,
-                ..Default::default()
-            };
-            links.push(
-                prog.attach_uprobe_with_opts(opts.pid as i32, d.binary, offset, uprobe)
-                    .with_context(|| {
-                        format!(
-                            "attaching a uprobe to {} in {}",
-                            d.function.demangled,
-                            d.binary.display()
-                        )
-                    })?,
-            );
+            links.push(attach_uprobe(
+                prog, retprobe, opts.pid, d.binary, d.function,
+            )?);
         }
         Ok(())
     };
@@ -305,8 +331,28 @@ pub fn collect(
     let mut periods = opts.duty.map(SamplePeriods::of);
     let mut cycle = opts.duty.map_or(1, |d| d.every);
     let (mut attached, mut draining) = (true, false);
+    // The execution probe, and since when it is no longer wanted.
+    let (mut execute_link, mut unwanted_since) = (None::<Link>, None::<Instant>);
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
+        if let Some(e) = &execute {
+            let wish = e.wish.get();
+            let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+            bss.statement_text_offset = wish.text_offset;
+            unwanted_since = match wish.wanted {
+                true => None,
+                false => unwanted_since.or(Some(Instant::now())),
+            };
+            let linger_over = unwanted_since.is_some_and(|t| t.elapsed() >= EXECUTE_PROBE_LINGER);
+            if execute_link.is_some() && (!attached || linger_over) {
+                execute_link = None;
+                (on_event.borrow_mut())(Event::ExecuteProbe(false));
+            } else if execute_link.is_none() && attached && wish.wanted {
+                let prog = &skel.progs.on_execute;
+                execute_link = Some(attach_uprobe(prog, false, opts.pid, e.binary, e.function)?);
+                (on_event.borrow_mut())(Event::ExecuteProbe(true));
+            }
+        }
         if let Some(p) = periods.as_mut() {
             p.count(statements.take());
             let sampled = p.every() > 1;
@@ -347,6 +393,7 @@ pub fn collect(
             lost_said = l;
             (on_event.borrow_mut())(Event::Lost(l));
         }
+        (on_event.borrow_mut())(Event::Tick);
         let secs = if opts.duration.as_secs() > 1 << 40 {
             String::new()
         } else {
@@ -381,6 +428,7 @@ pub fn collect(
     for link in dispatch_links.drain(..) {
         drop(link);
     }
+    drop(execute_link);
     drop(links);
     result?;
     reader.consume().context("reading the ring buffer")?;
@@ -422,6 +470,36 @@ pub fn collect(
             .as_deref()
             .map_or(0, |b| b.below_min_statements),
     })
+}
+
+/// Attaches `prog` to `function` of `binary` in process `pid`, as an entry or a return probe.
+fn attach_uprobe(
+    prog: &libbpf_rs::ProgramMut,
+    retprobe: bool,
+    pid: u32,
+    binary: &Path,
+    function: &Function,
+) -> Result<Link> {
+    // By offset where it is known, so that libbpf does not read a symbol table of tens of MiB at each attach. An
+    // entry and a return probe on the same instruction, one the kernel emulates (the stack pointer a return
+    // probe hijacks is still the entry's there): one trap a call.
+    let (func_name, offset) = match function.entry {
+        Some(e) => (None, e.offset()),
+        None => (Some(function.mangled.clone()), 0),
+    };
+    let uprobe = UprobeOpts {
+        func_name,
+        retprobe,
+        ..Default::default()
+    };
+    prog.attach_uprobe_with_opts(pid as i32, binary, offset, uprobe)
+        .with_context(|| {
+            format!(
+                "attaching a uprobe to {} in {}",
+                function.demangled,
+                binary.display()
+            )
+        })
 }
 
 /// What a trace of statements counted besides its events.
@@ -490,6 +568,16 @@ fn decode(data: &[u8]) -> Option<Event> {
     if data.get(..4)? != [0; 4] {
         let (_, id, stack) = decode_stack::<Skeleton>(data)?;
         return Some(Event::Stack { id, stack });
+    }
+    if data.get(4..8)? == query_event_kind::EVENT_EXECUTED.0.to_ne_bytes() {
+        let e: executed_event = read_prefix(data, std::mem::offset_of!(executed_event, text))?;
+        return Some(Event::Executed(Executed {
+            tid: e.tid,
+            statement_id: e.statement_id,
+            object: e.object,
+            full_len: e.full_len,
+            text: e.text.get(..e.text_len as usize)?.to_vec(),
+        }));
     }
     let e: query_event = read_prefix(data, std::mem::offset_of!(query_event, text))?;
     let text = e.text.get(..e.text_len as usize)?.to_vec();

@@ -27,11 +27,8 @@ pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
         .with_context(|| format!("{} is not an ELF file", binary.display()))?;
     // The plain identifier appears in the mangled name (as `16dispatch_command`), which avoids demangling
     // tens of thousands of symbols.
-    let ident = prefix
-        .trim_end_matches('(')
-        .rsplit("::")
-        .next()
-        .unwrap_or(prefix);
+    let name = prefix.split('(').next().unwrap_or(prefix);
+    let ident = name.rsplit("::").next().unwrap_or(name);
     let candidates = file.symbols().chain(file.dynamic_symbols());
     for sym in candidates {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {

@@ -2,6 +2,7 @@
 //! connections (id, user, database, prepared statements), with literals hidden unless asked for.
 
 pub mod digest;
+pub mod executed;
 pub mod fingerprint;
 pub mod protocol;
 pub mod texts;
@@ -321,7 +322,13 @@ impl Tracker {
     /// Feeds one event; returns a record for a statement.
     pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
         match event {
-            Event::Stack { .. } | Event::Lost(_) | Event::Period(_) | Event::Cycle(_) => None,
+            Event::Stack { .. }
+            | Event::Lost(_)
+            | Event::Period(_)
+            | Event::Cycle(_)
+            | Event::Executed(_)
+            | Event::ExecuteProbe(_)
+            | Event::Tick => None,
             Event::PacketOut { tid, fd, bytes } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
                 // thread, as statements seen at dispatch_command know it.

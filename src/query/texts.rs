@@ -17,16 +17,23 @@
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
         mpsc, Arc,
     },
     time::{Duration, Instant},
 };
 
-use super::{fingerprint::fingerprint, QueryRecord, Tracker};
+use super::{
+    executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
+    fingerprint::fingerprint,
+    QueryRecord, Tracker,
+};
 use crate::{
     client::{self, ConnectArgs},
-    collect,
+    collect::{
+        self,
+        queries::{ExecuteWish, Executed},
+    },
     process::tids::TidMap,
 };
 
@@ -324,15 +331,51 @@ const SLOW_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 const SLOW_AFTER: Duration = Duration::from_secs(5);
 /// How long a record waits for its statement's text before it is written without.
 const HOLD: Duration = Duration::from_secs(2);
+/// How long it waits for an execution probe that is not ready yet (attached, its offset known), at most: it
+/// fails within this time when it fails (`executed::CALIBRATION_WAIT`), and the text is then looked for elsewhere.
+const UNREADY_HOLD: Duration = Duration::from_secs(30);
+/// How long the execution probe is wanted after an execution of unknown text: its statement's next execution
+/// names it, unless it was closed meanwhile (a close is not followed), when the probe would cost for nothing.
+const EXECUTE_PROBE_FOR: Duration = Duration::from_secs(10);
+/// How often what the reader found is taken in, at most.
+const JOIN_INTERVAL: Duration = Duration::from_millis(50);
 /// Records held at most (a busy server runs tens of thousands of statements a second).
 const MAX_HELD: usize = 200_000;
 
 /// What the reader of the server's tables sends: a sample of the process list (MariaDB), or every prepared
 /// statement with its text (MySQL's performance_schema), by host thread and statement id.
 enum Found {
+    /// Where texts are looked for, and where if that fails: said once connected.
+    Source(TextSource, TextSource),
     Sample(Sample),
     Prepared(PreparedTable),
     Threads(ThreadsRead),
+    /// myprobe's own statements ran (`CALIBRATION_TEXTS`): their ids.
+    OwnStatements(Result<Vec<(u32, &'static str)>, String>),
+}
+
+/// Where the texts of statements prepared before tracing come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum TextSource {
+    /// The server's table of prepared statements (performance_schema on).
+    Table = 1,
+    /// The executions themselves, at the server's statement objects ([`ExecutedTexts`]).
+    Executions,
+    /// Samples of the process list, joined with the executions traced ([`TextFinder`]): the last resort.
+    ProcessList,
+}
+
+impl TextSource {
+    fn of(n: u8) -> Option<TextSource> {
+        [
+            TextSource::Table,
+            TextSource::Executions,
+            TextSource::ProcessList,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == n)
+    }
 }
 
 /// The whole process list, by host thread: what the server says of connections whose handshake went by unseen.
@@ -362,6 +405,18 @@ struct PreparedTable {
 pub struct PreparedTexts {
     pub finder: TextFinder,
     samples: Option<mpsc::Receiver<Result<Found, String>>>,
+    /// Where texts are looked for (a `TextSource`; 0 until the reader has connected), and where if the
+    /// executions fail.
+    source: Arc<AtomicU8>,
+    fallback: Option<TextSource>,
+    /// The server's function that runs executions, where texts are read (`Server::statement_execute`), if found.
+    execute_function: Option<String>,
+    /// The traced server.
+    pid: u32,
+    /// Texts read at the executions themselves, where that is the source.
+    executed: Option<ExecutedTexts>,
+    /// Set when the execution probe is first attached: the reader runs myprobe's own statements.
+    calibrate: Arc<AtomicBool>,
     /// The server's own table of prepared statements, where it has one, as last read.
     prepared: PreparedTable,
     /// When each thread last prepared a statement: an id it was given may stand for another statement in a table
@@ -382,6 +437,11 @@ pub struct PreparedTexts {
     /// The sampler's interval, µs; and when a statement was last newly wanted.
     interval_us: Arc<AtomicU64>,
     last_new: Instant,
+    /// When an execution of unknown text last came (the execution probe is wanted for a while after).
+    last_unknown: Option<Instant>,
+    /// Whether the execution probe is attached, and since when it is ready (attached, its offset known).
+    probe_attached: bool,
+    probe_ready: Option<Instant>,
     stop: Arc<AtomicBool>,
     sampler: Option<std::thread::JoinHandle<()>>,
     /// Per thread, the records waiting, from one whose text is looked for.
@@ -404,6 +464,12 @@ impl Default for PreparedTexts {
         PreparedTexts {
             finder: TextFinder::default(),
             samples: None,
+            source: Arc::new(AtomicU8::new(0)),
+            fallback: None,
+            execute_function: None,
+            pid: 0,
+            executed: None,
+            calibrate: Arc::new(AtomicBool::new(false)),
             prepared: PreparedTable::default(),
             last_prepare: HashMap::new(),
             wanted: Arc::new(AtomicBool::new(false)),
@@ -413,6 +479,9 @@ impl Default for PreparedTexts {
             paused: Arc::new(AtomicBool::new(false)),
             interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
             last_new: Instant::now(),
+            last_unknown: None,
+            probe_attached: false,
+            probe_ready: None,
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
             held: HashMap::new(),
@@ -425,6 +494,7 @@ impl Default for PreparedTexts {
                         .chain(s.prepared_statements_sql())
                 })
                 .chain([client::PERFORMANCE_SCHEMA_ON_SQL])
+                .chain(CALIBRATION_TEXTS)
                 .map(fingerprint)
                 .collect(),
             error: None,
@@ -437,10 +507,14 @@ impl Default for PreparedTexts {
 }
 
 impl PreparedTexts {
-    /// Starts reading the process list, through a connection of a thread of its own (whose failure is said
-    /// once: the texts then stay unknown).
-    pub fn start(&mut self, args: &ConnectArgs, pid: u32) {
+    /// Starts reading the server's tables, through a connection of a thread of its own (whose failure is said
+    /// once: the texts then stay unknown). `execute_function`: the server's function that runs executions, where
+    /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it.
+    pub fn start(&mut self, args: &ConnectArgs, pid: u32, execute_function: Option<String>) {
         let (tx, rx) = mpsc::channel();
+        self.pid = pid;
+        let can_execute = execute_function.is_some();
+        self.execute_function = execute_function;
         let (args, wanted, threads_wanted, table_wanted, paused, stop, interval_us) = (
             args.clone(),
             Arc::clone(&self.wanted),
@@ -450,6 +524,7 @@ impl PreparedTexts {
             Arc::clone(&self.stop),
             Arc::clone(&self.interval_us),
         );
+        let (source, calibrate) = (Arc::clone(&self.source), Arc::clone(&self.calibrate));
         let sampler = std::thread::Builder::new()
             .name("myprobe-processlist".into())
             .spawn(move || {
@@ -462,12 +537,26 @@ impl PreparedTexts {
                 };
                 // The server's ids of its threads, mapped to the host's (a server in a container).
                 let mut tids = TidMap::new(pid);
-                // The server's table of prepared statements where it keeps one; else (MariaDB's default)
-                // samples of its process list.
+                // The server's table of prepared statements where it keeps one (performance_schema on); else
+                // (MariaDB's default) the executions themselves, or, failing those, samples of its process
+                // list.
                 let server = client.server();
-                let from_table = server.prepared_statements_sql().is_some()
-                    && (!server.process_list_samples_texts()
-                        || client.performance_schema_on().unwrap_or(false));
+                let has_table = server.prepared_statements_sql().is_some()
+                    && client.performance_schema_on().unwrap_or(false);
+                let last_resort = match server.process_list_samples_texts() {
+                    true => TextSource::ProcessList,
+                    // Its error says what is missing.
+                    false => TextSource::Table,
+                };
+                let first = match (has_table, can_execute) {
+                    (true, _) => TextSource::Table,
+                    (false, true) => TextSource::Executions,
+                    (false, false) => last_resort,
+                };
+                source.store(first as u8, Ordering::Relaxed);
+                if tx.send(Ok(Found::Source(first, last_resort))).is_err() {
+                    return;
+                }
                 // Reads asked for (a connection's user, a prepare's statement) at most once an interval each:
                 // records keep asking while they wait.
                 let (mut last_threads, mut last_table) = (None::<Instant>, None::<Instant>);
@@ -475,6 +564,15 @@ impl PreparedTexts {
                     |last: Option<Instant>| last.is_none_or(|t| t.elapsed() >= ASKED_INTERVAL);
                 while !stop.load(Ordering::Relaxed) {
                     let mut found = Vec::new();
+                    let from = TextSource::of(source.load(Ordering::Relaxed));
+                    let from_table = from == Some(TextSource::Table);
+                    if calibrate.swap(false, Ordering::Relaxed) {
+                        let ran = CALIBRATION_TEXTS
+                            .iter()
+                            .map(|&text| Ok((client.execute_own(text)?, text)))
+                            .collect::<anyhow::Result<Vec<_>>>();
+                        found.push(Ok(Found::OwnStatements(ran.map_err(|e| format!("{e:#}")))));
+                    }
                     if threads_wanted.load(Ordering::Relaxed) && due(last_threads) {
                         threads_wanted.store(false, Ordering::Relaxed);
                         last_threads = Some(Instant::now());
@@ -485,8 +583,9 @@ impl PreparedTexts {
                         last_table = Some(Instant::now());
                         found.push(read_prepared(&mut client, &mut tids).map(Found::Prepared));
                     }
-                    let sampling =
-                        wanted.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed);
+                    let sampling = wanted.load(Ordering::Relaxed)
+                        && !paused.load(Ordering::Relaxed)
+                        && from != Some(TextSource::Executions);
                     if sampling {
                         found.push(if from_table {
                             last_table = Some(Instant::now());
@@ -574,6 +673,9 @@ impl PreparedTexts {
         if self.sampler.is_none() {
             return emit(record);
         }
+        // Named first: a tracer's own statements prepared before this one began are known by their texts.
+        self.name_from_table(tracker, &mut record);
+        self.name_from_execution(tracker, &mut record);
         if record
             .fingerprint
             .as_ref()
@@ -592,7 +694,6 @@ impl PreparedTexts {
                 self.wake_sampler();
             }
         }
-        self.name_from_table(tracker, &mut record);
         if let Some(key) = record.prepared {
             let e = Execution {
                 tid: record.tid,
@@ -623,6 +724,9 @@ impl PreparedTexts {
                 }
             }
         }
+        if awaits_text(&record) {
+            self.last_unknown = Some(Instant::now());
+        }
         let behind = self.held.get(&record.tid).is_some_and(|q| !q.is_empty());
         let awaits_user = self.awaits_user(&record);
         if awaits_user && !self.threads_wanted.swap(true, Ordering::Relaxed) {
@@ -637,7 +741,119 @@ impl PreparedTexts {
         } else {
             emit(record);
         }
-        if self.last_join.elapsed() >= Duration::from_millis(50) || self.held_count >= MAX_HELD {
+        if self.last_join.elapsed() >= JOIN_INTERVAL || self.held_count >= MAX_HELD {
+            self.last_join = Instant::now();
+            self.join(tracker, false);
+            self.release(false, emit);
+        }
+    }
+
+    /// What the execution probe is to do: be attached while executions of statements of unknown text come (or
+    /// `always`: statements are seen at dispatch_command, whose prepares' ids are in encrypted replies), and
+    /// read the texts where the calibration found them.
+    pub fn execute_wish(&self, always: bool) -> ExecuteWish {
+        match &self.executed {
+            Some(x) if !x.failed() => ExecuteWish {
+                // Not for ever: a statement closed before its next execution stays unknown.
+                wanted: always
+                    || (self.finder.wants_texts()
+                        && self
+                            .last_unknown
+                            .is_some_and(|t| t.elapsed() < EXECUTE_PROBE_FOR)),
+                text_offset: x.offset(),
+            },
+            _ => ExecuteWish::default(),
+        }
+    }
+
+    /// The execution probe was attached (or detached): the first time, myprobe's own statements are run for the
+    /// calibration.
+    pub fn execute_probe(&mut self, attached: bool) {
+        self.probe_attached = attached;
+        self.probe_ready = None;
+        let Some(executed) = self.executed.as_mut().filter(|_| attached) else {
+            return;
+        };
+        if executed.offset() != 0 {
+            self.probe_ready = Some(Instant::now());
+        } else if executed.attached() {
+            self.calibrate.store(true, Ordering::Relaxed);
+            self.wake_sampler();
+        }
+    }
+
+    /// An execution seen by the execution probe.
+    pub fn executed(&mut self, e: Executed) {
+        let calibrated = self.executed.as_mut().and_then(|x| x.event(e));
+        self.calibrated(calibrated);
+    }
+
+    /// The calibration's conclusion, if it came: said; on failure the texts are looked for where the server
+    /// offers them otherwise.
+    fn calibrated(&mut self, calibrated: Option<Calibrated>) {
+        let function = self.execute_function.as_deref().unwrap_or("?");
+        match calibrated {
+            None => {}
+            Some(Calibrated::Offset(offset)) => {
+                if self.probe_attached {
+                    self.probe_ready = Some(Instant::now());
+                }
+                say!(
+                    "myprobe: the texts of statements prepared before tracing are read at their executions, from \
+                     the statement objects of {function} (the text at +{offset:#x}, found on statements of myprobe's \
+                     own)"
+                )
+            }
+            Some(Calibrated::Failed(why)) => {
+                let fallback = self.fallback.unwrap_or(TextSource::ProcessList);
+                say!(
+                    "myprobe: warning: the texts of statements prepared before tracing cannot be read at {function}: \
+                     {why}; {}",
+                    match fallback {
+                        TextSource::ProcessList =>
+                            "they are looked for in the process list instead, which names only the executions it \
+                             catches running",
+                        _ => "they are looked for in performance_schema instead",
+                    }
+                );
+                self.source.store(fallback as u8, Ordering::Relaxed);
+                self.wake_sampler();
+            }
+        }
+    }
+
+    /// Names `r`, an execution, from the text its probe event gave, and every record held for the same statement.
+    fn name_from_execution(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+        let (Some(executed), Some(key)) = (self.executed.as_mut(), r.prepared) else {
+            return;
+        };
+        if !matches!(r.command, "Execute" | "Bulk_execute") {
+            return;
+        }
+        let Some((text, cut)) = executed.take(r.tid, key.1) else {
+            return;
+        };
+        if !awaits_text(r) {
+            return;
+        }
+        // Named once, whether or not it was wanted yet (its first execution is this one).
+        self.named += self.finder.text(&key).is_none() as u64;
+        self.finder.found_elsewhere(key, &text);
+        tracker.learn_prepared(key, &text);
+        tracker.name_execution(r, &text);
+        r.truncated |= cut;
+        for (held, _) in self.held.values_mut().flatten() {
+            if held.prepared == Some(key) && held.query.is_none() {
+                tracker.name_execution(held, &text);
+                held.truncated |= cut;
+            }
+        }
+    }
+
+    /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
+    /// whether or not statements come.
+    pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+        if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
             self.last_join = Instant::now();
             self.join(tracker, false);
             self.release(false, emit);
@@ -650,6 +866,19 @@ impl PreparedTexts {
         let found: Vec<_> = self.samples.iter().flat_map(|rx| rx.try_iter()).collect();
         for found in found {
             match found {
+                Ok(Found::Source(first, fallback)) => {
+                    self.fallback = Some(fallback);
+                    if first == TextSource::Executions {
+                        self.executed = Some(ExecutedTexts::new(self.pid));
+                    }
+                }
+                Ok(Found::OwnStatements(ran)) => {
+                    let calibrated = self
+                        .executed
+                        .as_mut()
+                        .and_then(|x| x.own_statements_ran(ran));
+                    self.calibrated(calibrated);
+                }
                 Ok(Found::Sample(s)) => self.finder.sample(s),
                 // Each table names what it holds: a later one may no longer (the connection closed).
                 Ok(Found::Prepared(table)) => {
@@ -684,6 +913,8 @@ impl PreparedTexts {
                 self.error = Some(e);
             }
         }
+        let overdue = self.executed.as_mut().and_then(ExecutedTexts::overdue);
+        self.calibrated(overdue);
         for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
             self.named += 1;
             tracker.learn_prepared(key, &text);
@@ -723,10 +954,20 @@ impl PreparedTexts {
     /// them when done, or when too many wait).
     fn release(&mut self, done: bool, emit: &mut impl FnMut(QueryRecord)) {
         let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
+        // Read at the executions, a text comes with the statement's next execution once the probe is ready: a
+        // record waits for that, however long the probe took to attach and find its offset.
+        let probe = self.executed.as_ref().is_some_and(|x| !x.failed());
         for queue in self.held.values_mut() {
             while let Some((r, since)) = queue.front() {
                 let awaits_user = r.user.is_none() && r.start_ns > self.threads_read_ns;
-                if looking && (awaits_text(r) || awaits_user) && since.elapsed() < HOLD {
+                let text_due = match (probe, self.probe_ready) {
+                    (true, Some(ready)) => (*since).max(ready).elapsed() >= HOLD,
+                    (true, None) => since.elapsed() >= UNREADY_HOLD,
+                    (false, _) => since.elapsed() >= HOLD,
+                };
+                let waits =
+                    (awaits_text(r) && !text_due) || (awaits_user && since.elapsed() < HOLD);
+                if looking && waits {
                     break;
                 }
                 if let Some((r, _)) = queue.pop_front() {
@@ -736,6 +977,37 @@ impl PreparedTexts {
             }
         }
         self.held.retain(|_, queue| !queue.is_empty());
+    }
+
+    /// How many statements prepared before tracing were named, and from where, if any was or the source failed.
+    pub fn summary(&self) -> Option<String> {
+        let named = self.named;
+        let execute_failed = self.executed.as_ref().is_some_and(ExecutedTexts::failed);
+        let implausible = self.executed.as_ref().map_or(0, |x| x.implausible);
+        if implausible > 0 {
+            say!(
+                "myprobe: warning: {implausible} texts read at executions had an impossible length, and were not \
+                 used: the server's statement object is not laid out as calibrated"
+            );
+        }
+        if self.finder.samples_joined > 0 || (self.failed && named == 0) {
+            Some(format!(
+                "{named} statements prepared before tracing named from the server's process list ({} samples, {} of \
+                 one statement)",
+                self.finder.samples_joined, self.finder.samples_named
+            ))
+        } else if named == 0 {
+            None
+        } else if self.executed.is_some() && !execute_failed {
+            Some(format!(
+                "{named} statements prepared before tracing named at their executions ({})",
+                self.execute_function.as_deref().unwrap_or("?")
+            ))
+        } else {
+            Some(format!(
+                "{named} statements prepared before tracing named from performance_schema.prepared_statements_instances"
+            ))
+        }
     }
 
     /// Tracing ended: the last samples are joined, the sampler stopped, every record written.

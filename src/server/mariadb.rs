@@ -100,4 +100,9 @@ impl Server for MariaDb {
             args: DispatchArgs::Packet,
         }
     }
+
+    fn statement_execute(&self) -> &'static str {
+        // sql/sql_prepare.cc, 10.x and 11.x; called by execute_loop and execute_bulk_loop.
+        "Prepared_statement::execute(String*, bool)"
+    }
 }

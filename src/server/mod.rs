@@ -50,6 +50,10 @@ pub trait Server: Sync {
     /// The `dispatch_command` it runs each request through, as the uprobe that follows statements under TLS
     /// reads it.
     fn dispatch(&self) -> Dispatch;
+    /// The demangled signature of the member function that runs each execution of a prepared statement, with the
+    /// statement object as `this` (which keeps the text it was prepared with): where `query::executed` reads the
+    /// texts of statements prepared before tracing.
+    fn statement_execute(&self) -> &'static str;
 }
 
 /// How a server's crash report (what its fatal signal handler writes to the error log) is told from another

@@ -100,4 +100,9 @@ impl Server for MySql {
             args: DispatchArgs::ComData,
         }
     }
+
+    fn statement_execute(&self) -> &'static str {
+        // sql/sql_prepare.cc, 8.0 to 9.x; called by execute_loop.
+        "Prepared_statement::execute(THD*, String*, bool)"
+    }
 }

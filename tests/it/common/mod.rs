@@ -591,6 +591,19 @@ impl Background {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Waits until the run has written `text` on stderr (a minute at most, then fails).
+    pub fn wait_for_stderr(&self, text: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !self.stderr_so_far().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "myprobe did not say `{text}`; stderr:\n{}",
+                self.stderr_so_far()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The PID of the myprobe run.
     pub fn pid(&self) -> u32 {
         self.child.id()
