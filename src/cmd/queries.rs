@@ -503,6 +503,7 @@ pub fn follow(
                     return execute_wish.set(texts.execute_wish(wanted.get()));
                 }
                 Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
+                Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
                 event => event,
             };
             match &event {

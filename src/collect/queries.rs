@@ -113,6 +113,8 @@ pub enum Event {
     Executed(Executed),
     /// The execution probe was attached (true) or detached.
     ExecuteProbe(bool),
+    /// The execution probe could not be attached (why): it is not tried again.
+    ExecuteProbeFailed(String),
     /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
     Tick,
 }
@@ -331,8 +333,9 @@ pub fn collect(
     let mut periods = opts.duty.map(SamplePeriods::of);
     let mut cycle = opts.duty.map_or(1, |d| d.every);
     let (mut attached, mut draining) = (true, false);
-    // The execution probe, and since when it is no longer wanted.
+    // The execution probe, since when it is no longer wanted, and whether attaching it failed.
     let (mut execute_link, mut unwanted_since) = (None::<Link>, None::<Instant>);
+    let mut execute_failed = false;
     let result = ring::poll(&reader, opts.duration, |elapsed| {
         attach_dispatch(&skel.progs, &mut dispatch_links)?;
         if let Some(e) = &execute {
@@ -347,10 +350,19 @@ pub fn collect(
             if execute_link.is_some() && (!attached || linger_over) {
                 execute_link = None;
                 (on_event.borrow_mut())(Event::ExecuteProbe(false));
-            } else if execute_link.is_none() && attached && wish.wanted {
+            } else if execute_link.is_none() && attached && wish.wanted && !execute_failed {
+                // Not fatal: a server that just exited, or a binary replaced under its path.
                 let prog = &skel.progs.on_execute;
-                execute_link = Some(attach_uprobe(prog, false, opts.pid, e.binary, e.function)?);
-                (on_event.borrow_mut())(Event::ExecuteProbe(true));
+                match attach_uprobe(prog, false, opts.pid, e.binary, e.function) {
+                    Ok(link) => {
+                        execute_link = Some(link);
+                        (on_event.borrow_mut())(Event::ExecuteProbe(true));
+                    }
+                    Err(err) => {
+                        execute_failed = true;
+                        (on_event.borrow_mut())(Event::ExecuteProbeFailed(format!("{err:#}")));
+                    }
+                }
             }
         }
         if let Some(p) = periods.as_mut() {

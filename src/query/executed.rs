@@ -182,7 +182,8 @@ impl ExecutedTexts {
         }
     }
 
-    fn fail(&mut self, why: String) -> Calibrated {
+    /// Gives up, for `why`.
+    pub fn fail(&mut self, why: String) -> Calibrated {
         self.calibration = Calibration::Failed;
         self.objects.clear();
         Calibrated::Failed(why)

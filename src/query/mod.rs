@@ -328,6 +328,7 @@ impl Tracker {
             | Event::Cycle(_)
             | Event::Executed(_)
             | Event::ExecuteProbe(_)
+            | Event::ExecuteProbeFailed(_)
             | Event::Tick => None,
             Event::PacketOut { tid, fd, bytes } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its

@@ -1,4 +1,7 @@
-//! The texts of statements prepared before tracing, from the server's own process list. While a prepared
+//! The texts of statements prepared before tracing, and the users of connections opened before it, from what the
+//! server says of them. Where performance_schema is on, its table of prepared statements names each exactly;
+//! where it is off, the executions themselves do (`executed.rs`, read from the server's statement objects).
+//! Failing those, the process list does, sampled ([`TextFinder`]), as follows. While a prepared
 //! statement executes, `information_schema.PROCESSLIST` shows its text (with its placeholders) on the row of
 //! the OS thread running it (`TID`, command `Execute`). A sample of the list, read between two monotonic
 //! instants, is joined with the executions the tracer saw on the same thread in that window: when one statement
@@ -442,6 +445,8 @@ pub struct PreparedTexts {
     /// Whether the execution probe is attached, and since when it is ready (attached, its offset known).
     probe_attached: bool,
     probe_ready: Option<Instant>,
+    /// The calibration's line, said at the next tick.
+    found_offset: Option<String>,
     stop: Arc<AtomicBool>,
     sampler: Option<std::thread::JoinHandle<()>>,
     /// Per thread, the records waiting, from one whose text is looked for.
@@ -482,6 +487,7 @@ impl Default for PreparedTexts {
             last_unknown: None,
             probe_attached: false,
             probe_ready: None,
+            found_offset: None,
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
             held: HashMap::new(),
@@ -782,6 +788,15 @@ impl PreparedTexts {
         }
     }
 
+    /// The execution probe could not be attached: the texts are looked for elsewhere.
+    pub fn execute_probe_failed(&mut self, why: &str) {
+        let failed = self
+            .executed
+            .as_mut()
+            .map(|x| x.fail(format!("its uprobe could not be attached: {why}")));
+        self.calibrated(failed);
+    }
+
     /// An execution seen by the execution probe.
     pub fn executed(&mut self, e: Executed) {
         let calibrated = self.executed.as_mut().and_then(|x| x.event(e));
@@ -794,15 +809,14 @@ impl PreparedTexts {
         let function = self.execute_function.as_deref().unwrap_or("?");
         match calibrated {
             None => {}
+            // Said, and the probe ready, at the next tick: the probe reads the texts once the tick has given it
+            // the offset.
             Some(Calibrated::Offset(offset)) => {
-                if self.probe_attached {
-                    self.probe_ready = Some(Instant::now());
-                }
-                say!(
+                self.found_offset = Some(format!(
                     "myprobe: the texts of statements prepared before tracing are read at their executions, from \
                      the statement objects of {function} (the text at +{offset:#x}, found on statements of myprobe's \
                      own)"
-                )
+                ))
             }
             Some(Calibrated::Failed(why)) => {
                 let fallback = self.fallback.unwrap_or(TextSource::ProcessList);
@@ -853,6 +867,12 @@ impl PreparedTexts {
     /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
     /// whether or not statements come.
     pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+        if let Some(line) = self.found_offset.take() {
+            say!("{line}");
+            if self.probe_attached {
+                self.probe_ready = Some(Instant::now());
+            }
+        }
         if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
             self.last_join = Instant::now();
             self.join(tracker, false);

@@ -416,6 +416,12 @@ fn statement_prepared_before_tracing_is_labelled_by_its_result_set() {
     let select =
         client.prepare("SELECT s.c, s.pad, s.id + 1 AS next FROM sbtest1 s WHERE s.id = 1");
     let update = client.prepare("UPDATE sbtest1 SET k = k WHERE id = 1");
+    // Its records by its thread: other tests run statements prepared before tracing on the same server.
+    let tid = db.sql(&format!(
+        "SELECT TID FROM information_schema.PROCESSLIST WHERE ID = {}",
+        client.id
+    ));
+    let tid: u64 = tid.trim().parse().expect("the raw client's thread");
     let tracer = raw_sql_tracer(db.pid, &["--json", "--no-sql"]);
     // COM_STMT_EXECUTE: the id, no cursor, one iteration (the statements have no parameters).
     let execute = |id: u32| [&id.to_le_bytes()[..], &[0, 1, 0, 0, 0]].concat();
@@ -431,7 +437,10 @@ fn statement_prepared_before_tracing_is_labelled_by_its_result_set() {
     drop(client);
     let (out, err) = tracer.stop();
     let all = json_lines(&out);
-    let executes: Vec<_> = all.iter().filter(|r| r["command"] == "Execute").collect();
+    let executes: Vec<_> = all
+        .iter()
+        .filter(|r| r["command"] == "Execute" && r["tid"] == tid)
+        .collect();
     assert_eq!(executes.len(), 7, "{all:?}\nstderr:\n{err}");
     for r in &executes {
         assert!(
