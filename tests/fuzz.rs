@@ -1539,6 +1539,7 @@ proptest! {
                 | Event::Cycle(_)
                 | Event::Executed(_)
                 | Event::ExecuteProbe(_)
+            | Event::DispatchProbe
             | Event::ExecuteProbeFailed(_)
             | Event::Tick => {}
                 Event::PacketOut { tid, fd, bytes } => {

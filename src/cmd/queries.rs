@@ -503,6 +503,16 @@ pub fn follow(
                     return execute_wish.set(texts.execute_wish(wanted.get()));
                 }
                 Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
+                Event::DispatchProbe => {
+                    if let Some(d) = &dispatch {
+                        say!(
+                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them \
+                             through uprobes on {} from now on (--uprobes does from the start)",
+                            d.function.demangled
+                        );
+                    }
+                    return;
+                }
                 Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
                 event => event,
             };
@@ -522,18 +532,16 @@ pub fn follow(
             want_results.set(tracker.wants_results());
             for n in tracker.notices.drain(..) {
                 match n {
+                    // Said once the uprobes are attached (`Event::DispatchProbe`).
                     Notice::Tls { .. } if !wanted.get() => {
                         wanted.set(true);
-                        match &dispatch {
-                        Some(d) => say!(
-                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them through uprobes on {} (--uprobes does from the start)",
-                            d.function.demangled
-                        ),
-                        None => say!(
-                            "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its statements are not traced",
-                            target.exe.display()
-                        ),
-                    }
+                        if dispatch.is_none() {
+                            say!(
+                                "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
+                                 statements are not traced",
+                                target.exe.display()
+                            );
+                        }
                     }
                     Notice::Tls { .. } => {}
                     Notice::Compressed { conn, user } => {

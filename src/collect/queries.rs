@@ -111,6 +111,8 @@ pub enum Event {
     Cycle(u32),
     /// An execution of a prepared statement began, seen by the execution probe ([`ExecuteProbe`]).
     Executed(Executed),
+    /// The TLS fallback's uprobes were attached while tracing (not from the start).
+    DispatchProbe,
     /// The execution probe was attached (true) or detached.
     ExecuteProbe(bool),
     /// The execution probe could not be attached (why): it is not tried again.
@@ -337,7 +339,12 @@ pub fn collect(
     let (mut execute_link, mut unwanted_since) = (None::<Link>, None::<Instant>);
     let mut execute_failed = false;
     let result = ring::poll(&reader, opts.duration, |elapsed| {
-        attach_dispatch(&skel.progs, &mut dispatch_links)?;
+        if dispatch_links.is_empty() {
+            attach_dispatch(&skel.progs, &mut dispatch_links)?;
+            if !dispatch_links.is_empty() {
+                (on_event.borrow_mut())(Event::DispatchProbe);
+            }
+        }
         if let Some(e) = &execute {
             let wish = e.wish.get();
             let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;

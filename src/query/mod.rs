@@ -328,6 +328,7 @@ impl Tracker {
             | Event::Cycle(_)
             | Event::Executed(_)
             | Event::ExecuteProbe(_)
+            | Event::DispatchProbe
             | Event::ExecuteProbeFailed(_)
             | Event::Tick => None,
             Event::PacketOut { tid, fd, bytes } => {

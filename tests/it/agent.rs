@@ -187,6 +187,7 @@ const PARTS: &str =
 
 #[test]
 fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
+    crate::common::servers_alone();
     let _alone = one_at_a_time();
     let db = testdb();
     let dir = tempdir("agent");
@@ -222,7 +223,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let questions = || db.questions();
     let mut attempts = Vec::new();
     let top = loop {
-        let mut load = db.load(30);
+        let mut load = db.load(600);
         let started = Instant::now();
         let before = questions();
         while questions() < before + 1000 {
@@ -292,7 +293,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     .unwrap();
     assert_eq!(status, 404);
 
-    let mut load = db.load(30);
+    let mut load = db.load(600);
     let load_started = Instant::now();
     // Scrapes with statements for longer than rate()'s range: each series' rate is then extrapolated over the
     // same time (a younger series is extrapolated less far back, the closer it started at zero). Prometheus
@@ -391,6 +392,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 
 #[test]
 fn sampled_statements_are_scaled_to_the_servers_count() {
+    crate::common::servers_alone();
     // Statements are traced one second in N or more: as many as keep those traced within --max-statements a
     // second, chosen after each second traced, and each counts for the cycle it was traced in. Over whole cycles
     // the agent's count is the server's own (Questions), within what the load's rate varies from second to
@@ -409,8 +411,7 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    let mut load = db.load(75);
-    std::thread::sleep(Duration::from_secs(1));
+    let mut load = db.running_load();
     let (before, at) = (questions(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
     let rate = (questions() - before) as f64 / at.elapsed().as_secs_f64();
@@ -464,8 +465,9 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
 
 #[test]
 fn a_restarted_server_is_attached_again() {
-    let _alone = one_at_a_time();
+    // The servers first, then the agents' turn: the order every agent test takes them in.
     let db = testdb();
+    let _alone = one_at_a_time();
     let dir = tempdir("agent-restart");
     let server = db.start_another(&dir.join("db"), &[]);
     let port = free_port();

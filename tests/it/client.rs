@@ -261,6 +261,7 @@ impl Drop for Stopped {
 
 #[test]
 fn a_server_that_does_not_answer_is_an_error_within_the_timeout() {
+    crate::common::servers_alone();
     let db = crate::common::testdb();
     let home = crate::common::tempdir("client-home");
     let env = clean_env(&home);
@@ -308,9 +309,9 @@ fn the_processlist_shows_another_connections_statement_and_its_thread() {
     let mut session = db.session();
     let tid = session.server_tid();
     let id: u64 = session.query_row("SELECT CONNECTION_ID()").parse().unwrap();
-    session.send("SELECT SLEEP(2)");
+    session.send("SELECT SLEEP(60)");
 
-    let deadline = Instant::now() + Duration::from_millis(1500);
+    let deadline = Instant::now() + Duration::from_secs(50);
     let (list, before, after) = loop {
         let before = myprobe::collect::monotonic_ns();
         let list = client.processlist().unwrap();
@@ -318,7 +319,7 @@ fn the_processlist_shows_another_connections_statement_and_its_thread() {
         let running = list
             .rows
             .iter()
-            .any(|r| r.id == id && r.info.as_deref() == Some("SELECT SLEEP(2)"));
+            .any(|r| r.id == id && r.info.as_deref() == Some("SELECT SLEEP(60)"));
         if running {
             break (list, before, after);
         }
@@ -337,15 +338,16 @@ fn the_processlist_shows_another_connections_statement_and_its_thread() {
         "TID {tid} is not a thread of the server"
     );
     assert_eq!((row.user.as_str(), row.command.as_str()), ("root", "Query"));
-    assert!(row.time_ms >= 0.0 && row.time_ms < 2500.0, "{row:?}");
+    assert!(row.time_ms >= 0.0 && row.time_ms < 60_000.0, "{row:?}");
     assert!(
         list.rows.iter().all(|r| r.id != client.connection_id()),
         "its own connection is left out"
     );
-    // Every thread named is one of the server's.
+    // Every thread named is one of the server's (that of a connection that ended since may be gone).
     for r in list.rows.iter().filter(|r| r.tid.is_some()) {
         let path = format!("/proc/{}/task/{}", db.pid, r.tid.unwrap());
-        assert!(Path::new(&path).exists(), "{r:?}");
+        assert!(Path::new(&path).exists() || r.id != id, "{r:?}");
     }
-    assert_eq!(session.read_line(), "0");
+    db.sql(&format!("KILL QUERY {id}"));
+    assert_eq!(session.read_line(), "1");
 }

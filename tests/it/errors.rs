@@ -30,12 +30,14 @@ fn fake_server_binary(dir: &std::path::Path) -> std::path::PathBuf {
     fake
 }
 
-/// Runs myprobe in a fresh PID namespace, where only the processes `setup` starts are visible.
-fn in_pid_namespace(setup: &str, args: &str) -> Command {
+/// Runs myprobe in a fresh PID namespace, where only the processes `setup` starts are visible: once `servers`
+/// of them are named mariadbd (the shells it forks have exec'd).
+fn in_pid_namespace(setup: &str, servers: usize, args: &str) -> Command {
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
         .arg(format!(
-            "{setup} sleep 0.3; exec {} {args}",
+            "{setup} while [ $(cat /proc/[0-9]*/comm 2>/dev/null | grep -cx mariadbd) -lt {servers} ]; do \
+             sleep 0.05; done; exec {} {args}",
             env!("CARGO_BIN_EXE_myprobe")
         ));
     cmd
@@ -43,7 +45,7 @@ fn in_pid_namespace(setup: &str, args: &str) -> Command {
 
 #[test]
 fn no_server_running() {
-    let line = one_error_line(&mut in_pid_namespace("", "profile cpu -d 1"));
+    let line = one_error_line(&mut in_pid_namespace("", 0, "profile cpu -d 1"));
     assert!(line.contains("no MySQL or MariaDB server"), "{line}");
     assert!(line.contains("-p PID"), "the error says what to do: {line}");
 }
@@ -55,6 +57,7 @@ fn several_servers_running() {
     let f = fake.display();
     let line = one_error_line(&mut in_pid_namespace(
         &format!("{f} 30 & {f} 30 &"),
+        2,
         "profile offcpu -d 1",
     ));
     assert!(line.contains("2 servers are running"), "{line}");
@@ -155,7 +158,7 @@ fn a_pfs_duration_that_is_no_number_of_seconds() {
 
 #[test]
 fn queries_without_a_server() {
-    let line = one_error_line(&mut in_pid_namespace("", "queries -d 1"));
+    let line = one_error_line(&mut in_pid_namespace("", 0, "queries -d 1"));
     assert!(line.contains("no MySQL or MariaDB server"), "{line}");
 }
 

@@ -70,7 +70,7 @@ fn a_reader_that_goes_away_ends_tracing() {
     assert!(header.starts_with("TIME"), "{header}");
     // `| head -1`: the reader exits.
     drop(out);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while tracer.try_wait().unwrap().is_none() && Instant::now() < deadline {
         db.sql("SELECT 'nobody reads this'");
         std::thread::sleep(Duration::from_millis(300));
@@ -99,7 +99,7 @@ fn a_closed_stderr_is_no_crash() {
         .unwrap();
     assert!(compressed.status.success());
     db.sql("SELECT 2");
-    let status = exits_within(&mut tracer, 10, "its duration");
+    let status = exits_within(&mut tracer, 60, "its duration");
     assert!(status.success(), "{status}");
 }
 
@@ -174,13 +174,13 @@ fn a_server_that_exits_ends_tracing_with_results() {
     other.sql("SELECT 'before the restart'");
     // A restart begins with the old server's exit.
     other.stop();
-    let (digest, err) = queries.wait_within(5, "the server exited");
+    let (digest, err) = queries.wait_within(60, "the server exited");
     assert!(err.contains("exited (a restart?)"), "{err}");
     assert!(
         digest.contains("select ?"),
         "the digest is written:\n{digest}\n{err}"
     );
-    let (folded, err) = profile.wait_within(5, "the server exited");
+    let (folded, err) = profile.wait_within(60, "the server exited");
     assert!(err.contains("exited (a restart?)"), "{err}");
     assert!(!folded.trim().is_empty(), "the profile is written:\n{err}");
 }

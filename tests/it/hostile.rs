@@ -153,6 +153,7 @@ fn load_data_local_of_forged_packets_is_one_statement() {
 
 #[test]
 fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
+    crate::common::servers_alone();
     let db = testdb();
     let pid = db.pid.to_string();
     let tracer = Background::start(&["queries", "--json", "-p", &pid], "tracing the statements");
@@ -426,9 +427,9 @@ fn statement_prepared_before_tracing_is_labelled_by_its_result_set() {
     // COM_STMT_EXECUTE: the id, no cursor, one iteration (the statements have no parameters).
     let execute = |id: u32| [&id.to_le_bytes()[..], &[0, 1, 0, 0, 0]].concat();
     // The first reply tells that this client gets column definitions: the next ones are kept (the kernel side
-    // is told within 100 ms).
+    // is told at the tracer's next poll, every 100 ms; a busy host's may come later).
     assert_eq!(client.command(0x17, &execute(select)), [3]);
-    std::thread::sleep(std::time::Duration::from_millis(400));
+    std::thread::sleep(std::time::Duration::from_millis(2000));
     for _ in 0..3 {
         let head = client.command(0x17, &execute(select));
         assert_eq!(head, [3], "a result set of three columns");
@@ -659,6 +660,7 @@ fn raw_clients_over_three_transports_at_once_are_followed_exactly() {
 
 #[test]
 fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_terminal() {
+    crate::common::servers_alone();
     let db = testdb();
     create_hostile_users(&db);
     // The table, not JSON: what root reads in a terminal.
@@ -724,6 +726,8 @@ fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_termin
 
 #[test]
 fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
+    // Every record on the server is looked at: no other test's.
+    crate::common::servers_alone();
     let db = testdb();
     let tracer = raw_sql_tracer(db.pid, &["--json"]);
     // 4. The compressed protocol: reported, and no record of it (its bytes are not the classic framing).
@@ -745,6 +749,11 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
         ])
         .spawn()
         .unwrap();
+    // Killed half a second after its UPDATE blocked, however long it took to get there.
+    db.wait_for(
+        "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p \
+         ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.INFO LIKE '%victim%'",
+    );
     std::thread::sleep(std::time::Duration::from_millis(700));
     victim.kill().unwrap();
     victim.wait().unwrap();
@@ -768,6 +777,7 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
     // Nothing but what the clients sent: the mariadb client's own statements, the UPDATEs, the SELECTs.
     let strange: Vec<_> = records
         .iter()
+        .filter(|r| r.get("lost").is_none())
         .filter(|r| r["command"] != json!("Query") && r["command"] != json!("Init DB"))
         .collect();
     assert!(strange.is_empty(), "records of no statement: {strange:?}");

@@ -3,7 +3,6 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::Duration,
 };
 
 use crate::common::*;
@@ -97,8 +96,7 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
 fn server_lock_waits_under_load() {
     let db = testdb();
     let dir = tempdir("locks-server");
-    let load = db.load(5);
-    std::thread::sleep(Duration::from_millis(1000));
+    let load = db.running_load();
     let folded = dir.join("locks.folded");
     let svg = dir.join("locks.svg");
     let pid = db.pid.to_string();
@@ -107,7 +105,7 @@ fn server_lock_waits_under_load() {
             .args(["profile", "locks", "-p", &pid, "-d", "3", "-o"])
             .arg(&folded),
     );
-    load.wait();
+    load.finish();
     run_ok(
         myprobe()
             .args(["flame"])

@@ -168,7 +168,7 @@ fn profile(dir: &Path, exe: &Path, env: &[(&str, &str)]) -> (Vec<(Vec<String>, u
         all_env.retain(|(name, _)| name != k);
         all_env.push((k, v));
     }
-    fixture.profile(dir, "cpu", &["-F", "199"], &all_env)
+    fixture.profile_until_done(dir, "cpu", &["-F", "199"], &all_env)
 }
 
 /// The line on stderr that says how much has no function name.

@@ -63,6 +63,7 @@ fn diff(before: &std::path::Path, after: &std::path::Path, out: &std::path::Path
 
 #[test]
 fn commits_that_flush_the_redo_log_grow_the_commit_stage() {
+    crate::common::servers_alone();
     let db = testdb();
     let dir = tempdir("pfs-flush");
     let server = db.start_another(&dir.join("db"), &["--performance-schema=ON"]);
@@ -74,13 +75,12 @@ fn commits_that_flush_the_redo_log_grow_the_commit_stage() {
         pfs_db.sql(&format!(
             "SET GLOBAL innodb_flush_log_at_trx_commit = {flush}"
         ));
-        let load = pfs_db.load_workload(12, "oltp_write_only");
-        std::thread::sleep(Duration::from_secs(1));
+        let load = pfs_db.running_workload("oltp_write_only");
         let stages = dir.join(format!("stages-{flush}.folded"));
         pfs(pfs_db, &["stages", "-d", "4"], &stages);
         let nested = dir.join(format!("nested-{flush}.folded"));
         let err = pfs(pfs_db, &["stages", "--nest", "-d", "4"], &nested);
-        load.wait();
+        load.finish();
         profiles.push((stages, nested, err));
     }
     // What flush=1 adds is the commit's log flush: the Commit stage grows (red in the diff).

@@ -56,8 +56,7 @@ fn report_of_a_loaded_server_in_chromium() {
     let db = testdb();
     let dir = tempdir("report");
     let page = dir.join("report.html");
-    let load = db.load(16);
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    let load = db.running_load();
     let stderr = run_ok(myprobe().args([
         "report",
         "-p",
@@ -67,7 +66,7 @@ fn report_of_a_loaded_server_in_chromium() {
         "-o",
         page.to_str().unwrap(),
     ]));
-    load.wait();
+    load.finish();
     assert!(
         stderr.contains("with 4 of 4 collectors"),
         "every collector traces: {stderr}"

@@ -109,8 +109,7 @@ fn stacks_show_statements(db: &TestDb) -> String {
 /// then `own`, the server's own checks, still under load.
 fn every_command(db: &TestDb, counting: &[&str], own: impl FnOnce()) -> Vec<serde_json::Value> {
     assert_in_own_pid_namespace(db);
-    let load = db.load(40);
-    std::thread::sleep(Duration::from_secs(2));
+    let load = db.running_load();
 
     let cpu = profile(db, "cpu", "1");
     assert!(
@@ -182,7 +181,7 @@ fn every_command(db: &TestDb, counting: &[&str], own: impl FnOnce()) -> Vec<serd
     agent_exports_the_load(db);
 
     own();
-    load.end();
+    load.finish();
     records
 }
 
@@ -299,6 +298,7 @@ fn mysql_9_7() {
 /// grows when every commit flushes it (innodb_flush_log_at_trx_commit 0, then 1), and the diff shows it.
 #[test]
 fn mysql_9_7_redo_log_waits_grow_when_commits_flush() {
+    crate::common::servers_alone();
     let Some(db) = server_or_skip("mysql-9.7") else {
         return;
     };
@@ -308,15 +308,14 @@ fn mysql_9_7_redo_log_waits_grow_when_commits_flush() {
         db.sql(&format!(
             "SET GLOBAL innodb_flush_log_at_trx_commit = {flush}"
         ));
-        let load = db.load_workload(4, "oltp_write_only");
-        std::thread::sleep(Duration::from_secs(1));
+        let load = db.running_workload("oltp_write_only");
         let folded = dir.join(format!("waits-{flush}.folded"));
         run_ok(
             myprobe()
                 .args(["pfs", "waits", "-p", &db.pid.to_string(), "-d", "2", "-o"])
                 .arg(&folded),
         );
-        load.wait();
+        load.finish();
         let log_file = value_with_frame(&read_folded(&folded), |f| f == "innodb_log_file");
         redo.push((folded, log_file));
     }

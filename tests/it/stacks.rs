@@ -291,6 +291,7 @@ fn bad_input_is_one_clear_line() {
 
 #[test]
 fn gdb_text_is_named_and_merged_like_pt_pmp() {
+    crate::common::servers_alone();
     // gdb's `thread apply all bt` of the fixture, through stdin: its threads merged by stack, named as gdb named
     // them without arguments, offsets or inlined-frame duplicates of gdb's own.
     let dir = tempdir("stacks-gdb-text");

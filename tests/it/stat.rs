@@ -41,9 +41,9 @@ fn near(ours: f64, theirs: f64, rel: f64, abs: f64, what: &str) {
 
 #[test]
 fn columns_agree_with_vmstat_and_iostat_under_load() {
+    crate::common::servers_alone();
     let db = testdb();
-    let load = db.load(LINES as u32 + 8);
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    let load = db.running_load();
     let questions = |db: &TestDb| -> f64 {
         let out = db.sql("SHOW GLOBAL STATUS LIKE 'Questions'");
         out.split_whitespace().nth(1).unwrap().parse().unwrap()
@@ -85,7 +85,7 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     let (vmstat, vmstat_secs) = vmstat.join().unwrap();
     let vmstat = String::from_utf8_lossy(&vmstat.stdout).into_owned();
     let iostat = String::from_utf8_lossy(&iostat.wait_with_output().unwrap().stdout).into_owned();
-    load.wait();
+    load.finish();
     assert!(
         ours.status.success(),
         "{}",
@@ -106,8 +106,9 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     // Each tool's mean rate over its span: ours from its lines' own seconds.
     let our_secs = sum("seconds");
     let mean = |key: &str| counted(&lines, |l| l[key].as_f64().unwrap()) / our_secs;
+    // At least a second each; a busy host's timer comes late.
     assert!(
-        (LINES as f64 - 0.1..LINES as f64 + 1.0).contains(&our_secs),
+        (LINES as f64 - 0.1..2.0 * LINES as f64).contains(&our_secs),
         "{LINES} lines of 1 s took {our_secs:.2} s"
     );
     near(

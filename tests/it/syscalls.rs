@@ -1,7 +1,7 @@
 //! `profile syscalls` on a fixture making known syscalls from known functions, and on the throwaway MariaDB
 //! under load.
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
 use crate::common::*;
 
@@ -126,8 +126,7 @@ fn an_unknown_syscall_name_is_a_clear_error() {
 #[test]
 fn mariadb_under_load_spends_its_syscall_time_in_known_places() {
     let db = testdb();
-    let load = db.load(5);
-    std::thread::sleep(Duration::from_millis(1000));
+    let load = db.running_load();
     let dir = tempdir("syscalls-mariadb");
     let folded = dir.join("syscalls.folded");
     let pid = db.pid.to_string();
@@ -136,7 +135,7 @@ fn mariadb_under_load_spends_its_syscall_time_in_known_places() {
             .args(["profile", "syscalls", "-p", &pid, "-d", "3", "-o"])
             .arg(&folded),
     );
-    load.wait();
+    load.finish();
     let stacks = read_folded(&folded);
     // The clients' statements arrive and their results leave through the socket syscalls, from the server's
     // network layer.

@@ -44,8 +44,7 @@ fn root_share(stacks: &[(Vec<String>, u64)], tids: &HashSet<u32>) -> (f64, u64) 
 fn connection_thread_stacks_reach_the_thread_root_under_load() {
     let db = testdb();
     let dir = tempdir("unwind-load");
-    let load = db.load(9);
-    std::thread::sleep(Duration::from_millis(1500));
+    let load = db.running_load();
     let tids: HashSet<u32> = db
         .sql("SELECT TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
         .lines()
@@ -84,7 +83,7 @@ fn connection_thread_stacks_reach_the_thread_root_under_load() {
             ])
             .arg(&cpu),
     );
-    load.wait();
+    load.finish();
     let (share, total) = root_share(&read_folded(&off), &tids);
     assert!(
         total > 100_000,
@@ -237,6 +236,7 @@ fn fixture_frames_equal_eu_stack() {
 
 #[test]
 fn server_thread_frames_equal_eu_stack() {
+    crate::common::servers_alone();
     let db = testdb();
     let dir = tempdir("unwind-server");
     let mut s = db.session();

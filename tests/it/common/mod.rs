@@ -15,7 +15,55 @@ pub struct TestDb {
     testdb: PathBuf,
 }
 
+/// Tests run two at a time (scripts/run-tests) against the same servers. Those that use a server take it shared;
+/// those that need it to themselves (they stop it, change a global setting, or measure what every connection
+/// moves) take it alone, and wait for the others to end. Held until the test's thread ends.
+static SERVERS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+enum Hold {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Hold>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Takes the servers shared (or `alone`) for the rest of the calling test, once. libtest runs each test on a
+/// thread of its own when it runs several at once (the guard goes with the thread); on one thread, in turn,
+/// there is nothing to hold.
+fn hold_servers(alone: bool) {
+    if std::thread::current().name() == Some("main") {
+        return;
+    }
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        match (&*held, alone) {
+            (Some(Hold::Alone(_)), _) | (Some(Hold::Shared(_)), false) => {}
+            (Some(Hold::Shared(_)), true) => {
+                panic!("a test takes the servers alone before it uses them (servers_alone first)")
+            }
+            (None, false) => {
+                *held = Some(Hold::Shared(
+                    SERVERS.read().unwrap_or_else(|e| e.into_inner()),
+                ))
+            }
+            (None, true) => {
+                *held = Some(Hold::Alone(
+                    SERVERS.write().unwrap_or_else(|e| e.into_inner()),
+                ))
+            }
+        }
+    });
+}
+
+/// The calling test has the test servers to itself (see `SERVERS`): call it first.
+pub fn servers_alone() {
+    hold_servers(true);
+}
+
 pub fn testdb() -> TestDb {
+    hold_servers(false);
     let var = |name: &str| {
         std::env::var(name).unwrap_or_else(|_| {
             panic!("{name} is not set: run the tests with `make test`, which starts a throwaway MariaDB for them")
@@ -35,6 +83,7 @@ pub fn testdb() -> TestDb {
 /// `mariadb-11.8`, `mysql-9.7`. None when the run was asked to start none of that kind; a panic when the
 /// variable is not set at all.
 pub fn other_server(kind: &str) -> Option<TestDb> {
+    hold_servers(false);
     let servers = std::env::var("MYPROBE_TEST_SERVERS").unwrap_or_else(|_| {
         panic!("MYPROBE_TEST_SERVERS is not set: run the tests with `make test`, which starts the other servers")
     });
@@ -135,6 +184,28 @@ impl TestDb {
         self.load_workload(secs, "oltp_read_write")
     }
 
+    /// Starts sysbench oltp_read_write for as long as the test needs (`Load::finish` ends it), and waits until
+    /// it runs: however slow the host, its load covers what the test measures.
+    pub fn running_load(&self) -> Load {
+        self.running_workload("oltp_read_write")
+    }
+
+    /// The same with the sysbench test `workload`.
+    pub fn running_workload(&self, workload: &str) -> Load {
+        let mut load = self.load_workload(600, workload);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let running = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'sbtest' AND COMMAND = 'Execute'";
+        while self.sql(running).trim() == "0" {
+            assert!(
+                load.running() && std::time::Instant::now() < deadline,
+                "sysbench did not start: {}",
+                load.end()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        load
+    }
+
     /// Starts the sysbench test `workload` (`oltp_write_only`, …) for `secs` seconds, in the background.
     pub fn load_workload(&self, secs: u32, workload: &str) -> Load {
         let child = Command::new(&self.testdb)
@@ -174,6 +245,27 @@ impl TestDb {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Waits until `count_sql` (a `SELECT COUNT(*) …`) counts at least one row: a session's statement begun,
+    /// blocked where the test wants it. A minute at most, then fails.
+    pub fn wait_for(&self, count_sql: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.sql(count_sql).trim() == "0" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never true: {count_sql}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the server's thread `tid` runs its statement in `state` (`User sleep`, `Waiting for table
+    /// metadata lock`, …).
+    pub fn wait_for_state(&self, tid: u32, state: &str) {
+        self.wait_for(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE TID = {tid} AND STATE = '{state}'"
+        ));
     }
 
     /// The statements the server has been sent (`Questions`, its clients' and myprobe's own).
@@ -252,7 +344,7 @@ impl Load {
     pub fn end(mut self) -> String {
         let mut child = self.0.take().unwrap();
         let running = matches!(child.try_wait(), Ok(None));
-        let _ = child.kill();
+        stop_load(&child);
         let out = child.wait_with_output().unwrap();
         format!(
             "sysbench {}:\n{}{}",
@@ -266,6 +358,16 @@ impl Load {
         )
     }
 
+    /// Ends a load started by `running_load`, which must still be running: it covered the whole test.
+    pub fn finish(mut self) {
+        assert!(
+            self.running(),
+            "the load ended before the test did: {}",
+            self.end()
+        );
+        self.end();
+    }
+
     pub fn wait(mut self) {
         let out = self.0.take().unwrap().wait_with_output().unwrap();
         assert!(
@@ -277,10 +379,17 @@ impl Load {
     }
 }
 
+/// SIGTERM, which `timeout` (what `testdb load` execs) passes on to sysbench: a SIGKILL would leave sysbench
+/// running without it.
+fn stop_load(child: &Child) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
 impl Drop for Load {
     fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
+            stop_load(&c);
             let _ = c.wait();
         }
     }
@@ -314,6 +423,13 @@ impl Session {
                 "the client exited while running: {sql}"
             );
         }
+    }
+
+    /// Its connection's id (`CONNECTION_ID()`), for KILL.
+    pub fn connection_id(&mut self) -> u64 {
+        self.query_row("SELECT CONNECTION_ID()")
+            .parse()
+            .expect("CONNECTION_ID() is a number")
     }
 
     /// Sends statements without waiting for their answer.
@@ -568,7 +684,8 @@ impl Background {
             stderr,
             stderr_thread: Some(stderr_thread),
         };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // Only a guard against a hang: loading a server's unwind tables on a busy host takes its time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
@@ -716,6 +833,29 @@ impl Fixture {
         extra: &[&str],
         tracer_env: &[(&str, &str)],
     ) -> (Vec<(Vec<String>, u64)>, String) {
+        self.profile_while(dir, what, extra, tracer_env, false)
+    }
+
+    /// The same, ended (as by Ctrl-C) once the fixture has done its work rather than after 3 s: however long a
+    /// busy host makes it take, the profile covers it.
+    pub fn profile_until_done(
+        &mut self,
+        dir: &Path,
+        what: &str,
+        extra: &[&str],
+        tracer_env: &[(&str, &str)],
+    ) -> (Vec<(Vec<String>, u64)>, String) {
+        self.profile_while(dir, what, extra, tracer_env, true)
+    }
+
+    fn profile_while(
+        &mut self,
+        dir: &Path,
+        what: &str,
+        extra: &[&str],
+        tracer_env: &[(&str, &str)],
+        until_done: bool,
+    ) -> (Vec<(Vec<String>, u64)>, String) {
         let folded = dir.join(format!("{what}.folded"));
         let pid = self.child.id().to_string();
         let mut tracer = myprobe()
@@ -727,7 +867,7 @@ impl Fixture {
                 "-p",
                 &pid,
                 "-d",
-                "3",
+                if until_done { "600" } else { "3" },
                 "-o",
             ])
             .arg(&folded)
@@ -755,6 +895,10 @@ impl Fixture {
             .is_ok();
         if in_place {
             self.go();
+            if until_done {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+            }
         }
         let status = tracer.wait().unwrap();
         let stderr = reader.join().unwrap();
