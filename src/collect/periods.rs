@@ -48,7 +48,7 @@ pub struct SamplePeriods {
 impl SamplePeriods {
     /// Periods of `length`, one in `every` (1: always attached), the first from now.
     pub fn new(length: Duration, every: u64) -> Self {
-        let now = Instant::now();
+        let now = now();
         let every = every.clamp(1, u32::MAX as u64) as u32;
         SamplePeriods {
             length,
@@ -103,7 +103,7 @@ impl SamplePeriods {
 
     /// Whether now is within a period probed.
     fn in_period(&self) -> bool {
-        self.phase(Instant::now()) < self.length.as_nanos()
+        self.phase(now()) < self.length.as_nanos()
     }
 
     /// Where `now` falls in the cycle, in ns from its start (`in_period` and `next_change` read the same).
@@ -121,7 +121,7 @@ impl SamplePeriods {
             return None;
         }
         if let Some(max_rate) = self.max_rate.filter(|_| self.open_since.is_some()) {
-            let probed = self.period_began.elapsed();
+            let probed = now().saturating_duration_since(self.period_began);
             if probed < self.length {
                 return None;
             }
@@ -131,7 +131,7 @@ impl SamplePeriods {
                 .ceil()
                 .clamp(self.floor.clamp(1, MAX_EVERY) as f64, MAX_EVERY as f64)
                 as u32;
-            let now = Instant::now();
+            let now = now();
             (self.period_began, self.counted) = (now, 0);
             if self.every > 1 {
                 return Some(false);
@@ -146,7 +146,7 @@ impl SamplePeriods {
         let open = self.in_period();
         if open && self.max_rate.is_some() {
             // The cycle under way ended: the one chosen since begins.
-            (self.every, self.cycle_began) = (self.next_every, Instant::now());
+            (self.every, self.cycle_began) = (self.next_every, now());
         }
         (open != self.open_since.is_some()).then_some(open)
     }
@@ -164,7 +164,7 @@ impl SamplePeriods {
             return None;
         }
         let length = self.length.as_nanos();
-        let now = Instant::now();
+        let now = now();
         let phase = self.phase(now);
         let left = if phase < length {
             length - phase
@@ -181,7 +181,7 @@ impl SamplePeriods {
 
     /// The probes are attached (`open`) or detached, from now.
     pub fn set(&mut self, open: bool) {
-        let now = Instant::now();
+        let now = now();
         self.close(now);
         if open {
             self.open_since = Some(now);
@@ -197,7 +197,7 @@ impl SamplePeriods {
 
     /// Tracing ended (the probes are detached).
     pub fn end(&mut self) {
-        let now = Instant::now();
+        let now = now();
         self.close(now);
         self.ended.get_or_insert(now);
     }
@@ -225,23 +225,44 @@ impl SamplePeriods {
     }
 }
 
+/// The clock: the real one, or in unit tests one each test moves itself (`tests::advance`), so that what they
+/// assert does not turn on how promptly a busy host runs them.
+fn now() -> Instant {
+    #[cfg(test)]
+    if let Some(t) = tests::FAKE_NOW.with(std::cell::Cell::get) {
+        return t;
+    }
+    Instant::now()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// This test's clock, once it has set one.
+        pub(super) static FAKE_NOW: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Moves this test's clock on (setting it first).
+    fn advance(by: Duration) {
+        FAKE_NOW.with(|c| c.set(Some(c.get().unwrap_or_else(Instant::now) + by)));
+    }
+
     #[test]
     fn one_period_in_every_is_due_open_then_closed() {
+        advance(Duration::ZERO);
         let mut p = SamplePeriods::new(Duration::from_millis(40), 3);
         assert_eq!(
             p.due(),
             None,
             "attached from the start, in the first period"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        advance(Duration::from_millis(50));
         assert_eq!(p.due(), Some(false));
         p.set(false);
         assert_eq!(p.due(), None);
-        std::thread::sleep(Duration::from_millis(80));
+        advance(Duration::from_millis(80));
         assert_eq!(p.due(), Some(true), "the next cycle's period");
         p.set(true);
         p.end();
@@ -256,18 +277,19 @@ mod tests {
 
     #[test]
     fn the_next_change_is_where_due_says_it() {
+        advance(Duration::ZERO);
         let ms = Duration::from_millis;
         let mut p = SamplePeriods::new(ms(200), 4);
         let end = p.next_change().expect("sampled");
-        assert!(end <= Instant::now() + ms(200));
-        std::thread::sleep(end.saturating_duration_since(Instant::now()) + ms(5));
+        assert!(end <= now() + ms(200));
+        advance(end.saturating_duration_since(now()) + ms(5));
         assert_eq!(p.due(), Some(false), "the period ended at its next change");
         p.set(false);
         let start = p.next_change().expect("sampled");
-        let left = start.saturating_duration_since(Instant::now());
+        let left = start.saturating_duration_since(now());
         assert!(left <= ms(600), "the next cycle's period in {left:?}");
         assert_eq!(p.due(), None, "not yet");
-        std::thread::sleep(left + ms(5));
+        advance(left + ms(5));
         assert_eq!(
             p.due(),
             Some(true),
@@ -277,6 +299,7 @@ mod tests {
 
     #[test]
     fn an_adaptive_duty_chooses_its_next_cycle_from_the_rate_of_each_period() {
+        advance(Duration::ZERO);
         let ms = Duration::from_millis;
         let mut p = SamplePeriods::of(Duty {
             length: ms(100),
@@ -285,20 +308,20 @@ mod tests {
         });
         p.count(10);
         assert_eq!(p.due(), None, "within the first period");
-        std::thread::sleep(ms(120));
+        advance(ms(120));
         // 10 in 120 ms: 83/s, less than thrice the rate wanted (more than twice, unless the clock is late). A
         // cycle of one period ended: the next begins at once, attached.
         assert_eq!(p.due(), None);
         let every = p.every();
         assert!((2..=3).contains(&every), "{every}");
-        std::thread::sleep(ms(120));
+        advance(ms(120));
         // Nothing counted in this one: the cycle after next is of one period, this one goes on detached.
         assert_eq!(p.due(), Some(false));
         p.set(false);
         assert_eq!(p.every(), every, "the cycle under way");
-        std::thread::sleep(ms(50));
+        advance(ms(50));
         assert_eq!(p.due(), None, "detached until the next cycle's period");
-        std::thread::sleep(ms(100) * (every - 1) - ms(25));
+        advance(ms(100) * (every - 1) - ms(25));
         assert_eq!(p.due(), Some(true));
         p.set(true);
         assert_eq!(p.every(), 1, "the cycle chosen began");
@@ -308,6 +331,7 @@ mod tests {
 
     #[test]
     fn an_adaptive_duty_keeps_to_its_fewest_periods() {
+        advance(Duration::ZERO);
         let ms = Duration::from_millis;
         let mut p = SamplePeriods::of(Duty {
             length: ms(50),
@@ -315,7 +339,7 @@ mod tests {
             max_rate: Some(1000),
         });
         p.count(5);
-        std::thread::sleep(ms(60));
+        advance(ms(60));
         assert_eq!(
             p.due(),
             Some(false),
@@ -323,12 +347,12 @@ mod tests {
         );
         p.set(false);
         assert_eq!(p.every(), 3);
-        std::thread::sleep(ms(110));
+        advance(ms(110));
         assert_eq!(p.due(), Some(true));
         p.set(true);
         assert_eq!(p.every(), 3, "at least 3, however few were counted");
         p.count(1000);
-        std::thread::sleep(ms(60));
+        advance(ms(60));
         // 1,000 in 60 ms: 16,667/s, over the rate of 1,000/s wanted.
         assert_eq!(p.due(), Some(false));
         p.set(false);
@@ -337,7 +361,7 @@ mod tests {
             3,
             "what this period found stands for its own cycle"
         );
-        std::thread::sleep(ms(110));
+        advance(ms(110));
         assert_eq!(p.due(), Some(true));
         assert!((16..=17).contains(&p.every()), "{}", p.every());
     }

@@ -186,7 +186,13 @@ fn a_server_s_waits_are_shown_with_their_statements() {
     row_waiter.send("UPDATE sbtest.stackrow SET v = v + 1 WHERE id = 1; SELECT 'updated'");
     mdl_holder.exec("LOCK TABLES sbtest.stackmdl WRITE");
     mdl_waiter.send("SELECT COUNT(*) FROM sbtest.stackmdl");
-    std::thread::sleep(Duration::from_millis(500));
+    // Each where the test wants it, however long it took to get there.
+    db.wait_for_state(sleep_tid, "User sleep");
+    db.wait_for_state(mdl_tid, "Waiting for table metadata lock");
+    db.wait_for(&format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST p JOIN information_schema.INNODB_TRX t \
+         ON t.trx_mysql_thread_id = p.ID WHERE p.TID = {row_tid} AND t.trx_state = 'LOCK WAIT'"
+    ));
 
     let pid = db.pid.to_string();
     let socket = db.socket.to_str().unwrap().to_string();

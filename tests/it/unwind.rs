@@ -241,35 +241,31 @@ fn server_thread_frames_equal_eu_stack() {
     let dir = tempdir("unwind-server");
     let mut s = db.session();
     let tid = s.server_tid();
+    let conn = s.connection_id();
     let folded = dir.join("server.folded");
-    let tracer = myprobe()
-        .args([
+    let pid = db.pid.to_string();
+    let tracer = Background::start(
+        &[
             "profile",
             "offcpu",
             "-p",
-            &db.pid.to_string(),
+            &pid,
             "-d",
-            "2",
+            "600",
             "--per-thread",
             "--addresses",
             "-o",
-        ])
-        .arg(&folded)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    // The thread waits inside SLEEP() for the whole time eu-stack looks at it and the tracer ends.
-    s.send("SELECT SLEEP(2.5)");
-    std::thread::sleep(Duration::from_millis(700));
-    let eu = eu_stack(db.pid, tid);
-    let out = tracer.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            folded.to_str().unwrap(),
+        ],
+        "Ctrl-C ends early",
     );
-    assert_eq!(s.read_line(), "0");
+    // The thread waits inside SLEEP() from before eu-stack looks at it until the tracer has ended.
+    s.send("SELECT SLEEP(60)");
+    db.wait_for_state(tid, "User sleep");
+    let eu = eu_stack(db.pid, tid);
+    tracer.stop();
+    db.sql(&format!("KILL QUERY {conn}"));
+    assert_eq!(s.read_line(), "1");
     let ours = traced_stack(&read_folded(&folded), tid);
     assert_same_frames(&ours, &eu, "mariadbd connection thread in SLEEP()");
     assert!(
