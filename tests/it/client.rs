@@ -349,6 +349,6 @@ fn the_processlist_shows_another_connections_statement_and_its_thread() {
         let path = format!("/proc/{}/task/{}", db.pid, r.tid.unwrap());
         assert!(Path::new(&path).exists() || r.id != id, "{r:?}");
     }
+    // Interrupted (the client, in batch mode, then exits on the error).
     db.sql(&format!("KILL QUERY {id}"));
-    assert_eq!(session.read_line(), "1");
 }

@@ -783,7 +783,11 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
     assert!(strange.is_empty(), "records of no statement: {strange:?}");
     let victim = records
         .iter()
-        .find(|r| r["query"].as_str().is_some_and(|q| q.contains("victim")))
+        .find(|r| {
+            r["query"]
+                .as_str()
+                .is_some_and(|q| q.starts_with("UPDATE") && q.contains("victim"))
+        })
         .unwrap_or_else(|| panic!("no record of the killed client's UPDATE: {queries:?}\n{err}"));
     assert!(
         victim["lock_us"].as_u64().unwrap() >= 500_000,

@@ -180,9 +180,9 @@ fn offcpu_profile_shows_a_thread_blocked_throughout() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // Interrupted: SLEEP returns 1.
+    // Interrupted (the client, in batch mode, then exits on the error).
     db.sql(&format!("KILL QUERY {conn}"));
-    assert_eq!(sleeper.join().unwrap(), "1");
+    let _ = sleeper.join();
     let stacks = read_folded(&folded);
     let thread_prefix = format!("thread {tid}");
     let mine: Vec<_> = stacks

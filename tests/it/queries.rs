@@ -136,9 +136,8 @@ fn statement_still_running_at_the_end_is_reported_in_flight() {
     db.wait_for_state(tid, "User sleep");
     std::thread::sleep(Duration::from_millis(800));
     let (out, err) = tracer.stop();
-    // Interrupted: SLEEP returns 1.
+    // Interrupted (the client, in batch mode, then exits on the error).
     db.sql(&format!("KILL QUERY {conn}"));
-    assert_eq!(s.read_line(), "1");
     let all = json_lines(&out);
     let sleeps = query_is(&of_thread(&all, tid), "SELECT SLEEP(?)");
     assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");

@@ -45,12 +45,14 @@ fn connection_thread_stacks_reach_the_thread_root_under_load() {
     let db = testdb();
     let dir = tempdir("unwind-load");
     let load = db.running_load();
-    let tids: HashSet<u32> = db
-        .sql("SELECT TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
-    assert!(!tids.is_empty(), "no sysbench connection threads");
+    // Read again at the end, when this test's load surely runs (another test's may have been the one seen).
+    let sysbench = || -> HashSet<u32> {
+        db.sql("SELECT TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    };
+    let mut tids = sysbench();
     let pid = db.pid.to_string();
     let (off, cpu) = (dir.join("off.folded"), dir.join("cpu.folded"));
     let off_err = run_ok(
@@ -83,7 +85,9 @@ fn connection_thread_stacks_reach_the_thread_root_under_load() {
             ])
             .arg(&cpu),
     );
+    tids.extend(sysbench());
     load.finish();
+    assert!(!tids.is_empty(), "no sysbench connection threads");
     let (share, total) = root_share(&read_folded(&off), &tids);
     assert!(
         total > 100_000,
@@ -264,8 +268,8 @@ fn server_thread_frames_equal_eu_stack() {
     db.wait_for_state(tid, "User sleep");
     let eu = eu_stack(db.pid, tid);
     tracer.stop();
+    // Interrupted (the client, in batch mode, then exits on the error).
     db.sql(&format!("KILL QUERY {conn}"));
-    assert_eq!(s.read_line(), "1");
     let ours = traced_stack(&read_folded(&folded), tid);
     assert_same_frames(&ours, &eu, "mariadbd connection thread in SLEEP()");
     assert!(
