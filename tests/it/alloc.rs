@@ -60,8 +60,7 @@ fn memleak_reports_exactly_the_known_leak() {
     // The final table's (an interval's report may have come while the fixture was still leaking).
     let line = stderr
         .lines()
-        .filter(|l| l.contains(" allocations from") && l.contains("leak_here"))
-        .last()
+        .rfind(|l| l.contains(" allocations from") && l.contains("leak_here"))
         .unwrap_or_else(|| panic!("no table line for leak_here:\n{stderr}"));
     assert!(
         line.trim_start()
