@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 /// `queries --raw-sql` of process `pid`, with `extra` options, started.
 fn raw_sql_tracer(pid: u32, extra: &[&str]) -> Background {
     let pid = pid.to_string();
-    let mut args = vec!["queries", "--raw-sql", "-p", &pid];
+    // Every statement followed, whatever the rate: these tests look for each.
+    let mut args = vec!["queries", "--raw-sql", "--sample-every", "1", "-p", &pid];
     args.extend_from_slice(extra);
     Background::start(&args, "tracing the statements")
 }
@@ -708,9 +709,11 @@ fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_termin
             "control characters {bad:?} reach the terminal on {name}:\n{text}"
         );
     }
+    // (Unless a busy host's reader fell so far behind the 10,000 handshakes that the ring buffer was full when it
+    // came: then the loss is said.)
     assert!(
-        out.contains("\\x1b[2J"),
-        "the statement is shown, escaped:\n{out}"
+        out.contains("\\x1b[2J") || err.contains("ring buffer full"),
+        "the statement is shown, escaped:\n{out}\nstderr:\n{err}"
     );
     assert!(err.contains("compressed protocol"), "{err}");
     assert!(

@@ -125,7 +125,9 @@ fn calls_errors_and_times_are_exact_and_inside_counts_only_what_happens_inside()
         .sum();
     assert_eq!(nanosleeps, 20, "{inside:#?}");
     assert!(count("locked", "lock_wait", None) >= 5, "{inside:#?}");
-    assert!(count("sleepy", "off_cpu", None) >= 20, "{inside:#?}");
+    // Each nanosleep blocks, unless its timer fired while its thread was preempted on the way in (a busy host):
+    // that switch was a preemption, and the thread goes on without blocking.
+    assert!(count("sleepy", "off_cpu", None) >= 15, "{inside:#?}");
 }
 
 #[test]
