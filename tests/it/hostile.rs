@@ -753,10 +753,7 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
         .spawn()
         .unwrap();
     // Killed half a second after its UPDATE blocked, however long it took to get there.
-    db.wait_for(
-        "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p \
-         ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.INFO LIKE '%victim%'",
-    );
+    db.wait_for_row_lock_wait("'victim'");
     std::thread::sleep(std::time::Duration::from_millis(700));
     victim.kill().unwrap();
     victim.wait().unwrap();

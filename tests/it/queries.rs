@@ -158,15 +158,19 @@ fn record_of_a_wait(
     let mut holder = db.session();
     let mut waiter = db.session();
     let tid = waiter.server_tid();
+    let connection = waiter.connection_id();
     let tracer = trace(db, options);
     holder.exec(hold);
     waiter.send(wait);
     // Half a second from the moment it blocks, however long it took to get there.
-    db.wait_for(&format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST p LEFT JOIN information_schema.INNODB_TRX t \
-         ON t.trx_mysql_thread_id = p.ID WHERE p.TID = {tid} \
-         AND (t.trx_state = 'LOCK WAIT' OR p.STATE = 'Waiting for table metadata lock')"
-    ));
+    let mdl_wait = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE TID = {tid} \
+         AND STATE = 'Waiting for table metadata lock'"
+    );
+    let row_lock_wait = format!("thread id {connection},");
+    db.wait_until("a lock wait", || {
+        db.sql(&mdl_wait).trim() != "0" || db.waits_for_row_lock(&row_lock_wait)
+    });
     std::thread::sleep(Duration::from_millis(500));
     holder.exec(release);
     assert_eq!(waiter.read_line(), answer);

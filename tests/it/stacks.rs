@@ -181,6 +181,7 @@ fn a_server_s_waits_are_shown_with_their_statements() {
         row_waiter.server_tid(),
         mdl_waiter.server_tid(),
     );
+    let row_connection = row_waiter.connection_id();
     sleeper.send("SELECT SLEEP(30)");
     row_holder.exec("BEGIN; SELECT v FROM sbtest.stackrow WHERE id = 1 FOR UPDATE");
     row_waiter.send("UPDATE sbtest.stackrow SET v = v + 1 WHERE id = 1; SELECT 'updated'");
@@ -189,10 +190,7 @@ fn a_server_s_waits_are_shown_with_their_statements() {
     // Each where the test wants it, however long it took to get there.
     db.wait_for_state(sleep_tid, "User sleep");
     db.wait_for_state(mdl_tid, "Waiting for table metadata lock");
-    db.wait_for(&format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST p JOIN information_schema.INNODB_TRX t \
-         ON t.trx_mysql_thread_id = p.ID WHERE p.TID = {row_tid} AND t.trx_state = 'LOCK WAIT'"
-    ));
+    db.wait_for_row_lock_wait(&format!("thread id {row_connection},"));
 
     let pid = db.pid.to_string();
     let socket = db.socket.to_str().unwrap().to_string();

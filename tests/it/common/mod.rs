@@ -250,14 +250,33 @@ impl TestDb {
     /// Waits until `count_sql` (a `SELECT COUNT(*) …`) counts at least one row: a session's statement begun,
     /// blocked where the test wants it. A minute at most, then fails.
     pub fn wait_for(&self, count_sql: &str) {
+        self.wait_until(count_sql, || self.sql(count_sql).trim() != "0");
+    }
+
+    /// Waits until `check` holds, polling. A minute at most, then fails, saying `what` never held.
+    pub fn wait_until(&self, what: &str, check: impl Fn() -> bool) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while self.sql(count_sql).trim() == "0" {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never true: {count_sql}"
-            );
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "never true: {what}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// Whether a transaction waits for a row lock, its block in `SHOW ENGINE INNODB STATUS` holding `needle`
+    /// (`thread id 12,`, or a word of its statement). Not INNODB_TRX: it is a cache refreshed only when no one
+    /// read it for 0.1 s, so that polled it can show the same stale rows for ever.
+    pub fn waits_for_row_lock(&self, needle: &str) -> bool {
+        self.sql("SHOW ENGINE INNODB STATUS")
+            .replace("\\n", "\n")
+            .split("---TRANSACTION")
+            .any(|trx| trx.contains("\nLOCK WAIT ") && trx.contains(needle))
+    }
+
+    /// Waits until a transaction that `needle` picks out waits for a row lock (see `waits_for_row_lock`).
+    pub fn wait_for_row_lock_wait(&self, needle: &str) {
+        self.wait_until(&format!("a row lock wait of {needle:?}"), || {
+            self.waits_for_row_lock(needle)
+        });
     }
 
     /// Waits until the server's thread `tid` runs its statement in `state` (`User sleep`, `Waiting for table
