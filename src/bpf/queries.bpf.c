@@ -111,7 +111,7 @@ struct query_thread {
 	__u64 lock_block_addr;  /* its futex word */
 	__u64 lock_block_stack; /* and its stack's id */
 	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
-	__u64 ignored_sk;       /* the socket of the connection not followed, when known */
+	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -329,19 +329,32 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 		send_packet(EVENT_PACKET_IN, tid, st->fd, st->header_len, 0, buf, n, now);
 }
 
+/* A connection's socket by its inode number, which the kernel counts up for each new socket: its `struct sock`
+ * is freed with the connection, and the next connection's is often made at the same address. */
+static __always_inline __u64 socket_ino(__u64 sk)
+{
+	return sk ? BPF_CORE_READ((struct sock *)sk, sk_socket, file, f_inode, i_ino) : 0;
+}
+
 /* A connection not followed (compressed, or the X protocol's): its bytes are not the classic framing. */
 static __always_inline void ignore_connection(struct query_thread *st, __s32 fd)
 {
 	st->ignoring = 1;
 	st->ignored_fd = fd;
-	st->ignored_sk = st->call_sk;
+	st->ignored_ino = socket_ino(st->call_sk);
 }
 
-/* Where the socket is known, a descriptor reused by another connection is not that one (no close is seen
- * without the syscalls). */
+/* Where the socket is known, a descriptor reused by another connection on the same thread (a thread cache's) is
+ * not that one, and the connection not followed is over (no close is seen without the syscalls). */
 static __always_inline bool ignored(struct query_thread *st, __s32 fd)
 {
-	return st->ignoring && fd == st->ignored_fd && (!st->call_sk || st->call_sk == st->ignored_sk);
+	if (!st->ignoring || fd != st->ignored_fd)
+		return false;
+	if (st->call_sk && st->ignored_ino && socket_ino(st->call_sk) != st->ignored_ino) {
+		st->ignoring = 0;
+		return false;
+	}
+	return true;
 }
 
 /* The record as of now is what will be sent. */
