@@ -213,6 +213,23 @@ struct Conn {
     compressed: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
+    /// The id of the statement it prepared last, which MariaDB's executions name by [`LAST_PREPARED`].
+    last_prepared: Option<u32>,
+}
+
+/// The statement id by which a MariaDB client executes the statement it prepared last, without waiting for the
+/// prepare's reply (Connector/J's and node's pipelined prepare and execute, Connector/C's execute_direct and
+/// bulk executions).
+pub const LAST_PREPARED: u32 = u32::MAX;
+
+impl Conn {
+    /// The statement an execution's id stands for.
+    fn statement_id(&self, id: u32) -> u32 {
+        match (id, self.last_prepared) {
+            (LAST_PREPARED, Some(last)) => last,
+            _ => id,
+        }
+    }
 }
 
 /// What the executions of a prepared statement are shown as: worked out once, as a busy connection executes
@@ -455,15 +472,20 @@ impl Tracker {
             protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
                 Some(String::from_utf8_lossy(args).into_owned())
             }
-            protocol::COM_STMT_EXECUTE => {
-                if let Some(id) = protocol::stmt_execute_id(&s.request) {
+            protocol::COM_STMT_EXECUTE | protocol::COM_STMT_BULK_EXECUTE => {
+                if let Some(id) =
+                    protocol::stmt_execute_id(&s.request).map(|id| conn.statement_id(id))
+                {
                     prepared = Some((socket, id));
                     execution = conn.prepared.get(&id).cloned();
                     if execution.is_none() {
                         unknown_statement = Some(id);
                         // Prepared before tracing: its result set's columns, if the server sent them, say
                         // what it reads, and stand for it until its text is found.
-                        if let Some(columns) = protocol::result_columns(&s.reply) {
+                        // (Not for LAST_PREPARED, which stands for another statement at each prepare.)
+                        if let Some(columns) =
+                            protocol::result_columns(&s.reply).filter(|_| id != LAST_PREPARED)
+                        {
                             let p = Prepared {
                                 fingerprint: format!("{} #{id}", columns.label()),
                                 query: None,
@@ -504,8 +526,12 @@ impl Tracker {
                     let text = text.as_deref().unwrap_or_default();
                     conn.prepared
                         .insert(*statement_id, Prepared::of(text, raw_sql));
+                    conn.last_prepared = Some(*statement_id);
                 }
-                (protocol::COM_RESET_CONNECTION, _) => conn.prepared.clear(),
+                (protocol::COM_RESET_CONNECTION, _) => {
+                    conn.prepared.clear();
+                    conn.last_prepared = None;
+                }
                 (protocol::COM_CHANGE_USER, _) => {
                     // Another user, maybe another database, and a fresh session: no prepared statements.
                     let caps = conn.capabilities.unwrap_or(
@@ -516,6 +542,7 @@ impl Tracker {
                         conn.db = h.database;
                     }
                     conn.prepared.clear();
+                    conn.last_prepared = None;
                 }
                 _ => {}
             }
@@ -594,6 +621,9 @@ impl Tracker {
 
     /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.
     pub fn learn_prepared(&mut self, (fd, id): texts::StatementKey, text: &str) {
+        if id == LAST_PREPARED {
+            return; // the statement prepared last then, not at the next execution by this id
+        }
         let raw_sql = self.raw_sql;
         let conn = self.conn_entry(fd);
         let forgot = make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
@@ -703,6 +733,40 @@ mod tests {
         reply.extend(id.to_le_bytes());
         reply.extend([0; 7]);
         statement(1, 5, b"\x16SELECT ?", reply)
+    }
+
+    #[test]
+    fn executions_of_the_statement_prepared_last_are_named_by_it() {
+        let mut t = Tracker::new(true);
+        let execute = |cmd: u8, id: u32| {
+            let mut request = vec![cmd];
+            request.extend(id.to_le_bytes());
+            request.extend([0; 5]);
+            statement(1, 5, &request, vec![7, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0])
+        };
+        // Before any prepare is seen, the id alone; then MariaDB's -1 is the statement prepared last.
+        let r = t
+            .handle(execute(protocol::COM_STMT_EXECUTE, LAST_PREPARED))
+            .unwrap();
+        assert_eq!(r.query, None);
+        t.handle(prepared(7));
+        for cmd in [protocol::COM_STMT_EXECUTE, protocol::COM_STMT_BULK_EXECUTE] {
+            let r = t.handle(execute(cmd, LAST_PREPARED)).unwrap();
+            assert_eq!(r.query.as_deref(), Some("SELECT ?"));
+            assert_eq!(r.prepared, Some((5, 7)));
+        }
+        // A session reset forgets it, and a text learned for -1 is not kept for the next one.
+        t.handle(statement(
+            1,
+            5,
+            &[protocol::COM_RESET_CONNECTION],
+            vec![7, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0],
+        ));
+        t.learn_prepared((5, LAST_PREPARED), "SELECT 'stale'");
+        let r = t
+            .handle(execute(protocol::COM_STMT_EXECUTE, LAST_PREPARED))
+            .unwrap();
+        assert_eq!(r.query, None);
     }
 
     #[test]

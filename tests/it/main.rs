@@ -8,6 +8,7 @@ mod common;
 mod agent;
 mod alloc;
 mod client;
+mod clients;
 mod diff;
 mod errors;
 mod faults;
