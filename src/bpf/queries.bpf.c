@@ -68,6 +68,7 @@ __u64 below_min_statements;
 #define COM_STMT_FETCH 0x1c
 #define COM_STMT_BULK_EXECUTE 0xfa
 #define CLIENT_COMPRESS 0x20
+#define CLIENT_ZSTD_COMPRESSION 0x4000000 /* MySQL's: the compressed protocol with zstd */
 #define CLIENT_SSL 0x800
 /* MySQL's X protocol: another framing on another port, not followed. */
 #define X_PROTOCOL_PORT 33060
@@ -90,6 +91,15 @@ enum thread_place : __u8 {
 	PLACE_BLOCKED,
 };
 
+/* The compressed protocol: asked for in the handshake response, it begins with the first command (the
+ * authentication's packets are classic), and frames each packet with 7 bytes: its length, its sequence, and its
+ * length inflated (0: sent as is, not deflated). */
+enum compression : __u8 {
+	COMPRESSION_NONE = 0,
+	COMPRESSION_ASKED,
+	COMPRESSION_ON,
+};
+
 struct query_thread {
 	enum phase phase;
 	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
@@ -98,7 +108,9 @@ struct query_thread {
 	enum time_part part;    /* the part the time since `since` goes to */
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
 	__u8 ignoring;          /* ignored_fd is set */
-	__u8 hdr[4];
+	__u8 hdr[8];            /* 4 bytes, 7 on a compressed connection (then the length inflated, 0: not deflated) */
+	__u8 compression;       /* of compressed_fd's connection: COMPRESSION_* */
+	__u8 packet_compressed; /* the packet being read is framed compressed */
 	__u32 period;           /* attach_period when it was last followed */
 	__s32 hdr_fd;           /* the socket the header pieces came from, or the skipped body's */
 	__u32 skip;             /* bytes of a read-ahead packet's body still to come in later reads */
@@ -112,6 +124,9 @@ struct query_thread {
 	__u64 lock_block_stack; /* and its stack's id */
 	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
 	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
+	__s32 compressed_fd;    /* a connection that asked for the compressed protocol */
+	__u32 inflated_len;     /* the packet being read: its length inflated, if deflated */
+	__u64 compressed_ino;   /* its socket's inode, when known */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -279,6 +294,8 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 	e->fd = fd;
 	e->packet_len = packet_len;
 	e->seq = seq;
+	e->compressed = 0;
+	e->inflated_len = 0;
 	e->start_ns = now;
 	e->end_ns = now;
 	e->reply_len = 0;
@@ -316,6 +333,8 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->ev.end_ns = 0;
 	st->ev.reply_len = 0;
 	st->ev.result_len = 0;
+	st->ev.compressed = 0;
+	st->ev.inflated_len = 0;
 	/* The packet only: what follows in the same read is the next packet. */
 	if (n > st->header_len)
 		n = st->header_len;
@@ -357,6 +376,19 @@ static __always_inline bool ignored(struct query_thread *st, __s32 fd)
 	return true;
 }
 
+/* Whether connection fd on this thread uses (or asked for) the compressed protocol: the one that asked, on the same
+ * socket. */
+static __always_inline enum compression compression_of(struct query_thread *st, __s32 fd)
+{
+	if (st->compression == COMPRESSION_NONE || fd != st->compressed_fd)
+		return COMPRESSION_NONE;
+	if (st->call_sk && st->compressed_ino && socket_ino(st->call_sk) != st->compressed_ino) {
+		st->compression = COMPRESSION_NONE;
+		return COMPRESSION_NONE;
+	}
+	return st->compression;
+}
+
 /* The record as of now is what will be sent. */
 static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 {
@@ -368,23 +400,36 @@ static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 /* The reply (or more of it) went out: the record as of now is what will be sent. */
 static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long n, __u64 now)
 {
-	if (want_results && st->phase == PHASE_RUNNING && st->ev.text[0] == COM_STMT_EXECUTE &&
-	    st->ev.text_len <= MAX_TEXT - RESULT_HEAD) {
-		__u32 off = st->ev.text_len;
-		long m = n > RESULT_HEAD ? RESULT_HEAD : n;
-		if (off > MAX_TEXT - RESULT_HEAD || m <= 0 || bpf_probe_read_user(&st->ev.text[off], m, (void *)buf))
-			m = 0;
-		st->ev.result_len = m;
-		st->phase = PHASE_REPLIED;
-	} else if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
+	if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
 		long m = n > REPLY_HEAD ? REPLY_HEAD : n;
 		if (m <= 0 || bpf_probe_read_user(st->ev.reply, m, (void *)buf))
 			m = 0;
 		st->ev.reply_len = m;
-		/* A query's first reply packet starting with 0xfb asks for a LOAD DATA LOCAL file: not the end. */
-		if (st->phase == PHASE_RUNNING && st->ev.text[0] == COM_QUERY && m > 4 && st->ev.reply[4] == 0xfb) {
+		/* A query's first reply packet starting with 0xfb asks for a LOAD DATA LOCAL file: not the end. On a
+		 * compressed connection, the packet is inside one sent as is (a deflated request's command is not
+		 * known here). */
+		__u8 *r = st->ev.reply;
+		__u8 cmd = st->ev.text[0];
+		bool infile = st->ev.compressed ? m > 11 && !(r[4] | r[5] | r[6]) && r[11] == 0xfb &&
+							(st->ev.inflated_len || cmd == COM_QUERY)
+						: cmd == COM_QUERY && m > 4 && r[4] == 0xfb;
+		if (st->phase == PHASE_RUNNING && infile) {
 			st->phase = PHASE_INFILE;
 			return;
+		}
+		/* Longer, after the request: an execution's reply, for its result set's column definitions; on a
+		 * compressed connection, a prepare's (or a deflated request's), whose OK with the statement's id is
+		 * deflated with the parameters' definitions. */
+		bool keep = st->phase == PHASE_RUNNING &&
+			    ((want_results && cmd == COM_STMT_EXECUTE) ||
+			     (st->ev.compressed && (cmd == COM_STMT_PREPARE || st->ev.inflated_len)));
+		__u32 off = st->ev.text_len;
+		if (keep && off <= MAX_TEXT - RESULT_HEAD) {
+			long k = n > RESULT_HEAD ? RESULT_HEAD : n;
+			if (k > 0 && !bpf_probe_read_user(&st->ev.text[off], k, (void *)buf)) {
+				st->ev.result_len = k;
+				st->ev.reply_len = 0;
+			}
 		}
 		st->phase = PHASE_REPLIED;
 	}
@@ -465,14 +510,20 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 	if (n > st->header_len)
 		n = st->header_len;
 	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
-	/* A handshake response asking for compression: what follows is compressed, and so not followed (user
-	 * space says so once). A TLS request (the response cut at its 32 bytes): what follows is encrypted, and
-	 * followed at dispatch_command; read as packets, its records would start statements that hide the
-	 * dispatched ones. Its first bytes are the client's capabilities. */
-	__u16 caps = 0;
-	if (st->header_seq == 1 && n >= 4 && !bpf_probe_read_user(&caps, sizeof(caps), (void *)buf) &&
-	    ((caps & CLIENT_COMPRESS) || (st->header_len == 32 && (caps & CLIENT_SSL))))
+	/* A TLS request (the response cut at its 32 bytes): what follows is encrypted, and followed at
+	 * dispatch_command; read as packets, its records would start statements that hide the dispatched ones. A
+	 * handshake response asking for compression: the commands that follow are framed compressed. Its first
+	 * bytes are the client's capabilities. */
+	__u32 caps = 0;
+	if (st->header_seq != 1 || n < 4 || bpf_probe_read_user(&caps, sizeof(caps), (void *)buf))
+		return;
+	if (st->header_len == 32 && (caps & CLIENT_SSL)) {
 		ignore_connection(st, fd);
+	} else if (caps & (CLIENT_COMPRESS | CLIENT_ZSTD_COMPRESSION)) {
+		st->compression = COMPRESSION_ASKED;
+		st->compressed_fd = fd;
+		st->compressed_ino = socket_ino(st->call_sk);
+	}
 }
 
 struct read_ahead_args {
@@ -528,7 +579,9 @@ __noinline int read_ahead(struct query_thread *st, struct read_ahead_args *a)
 static __always_inline void packet_read(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long end, long n,
 					__u64 now)
 {
-	if (end < n) {
+	if (end < n && st->packet_compressed) {
+		count_lost(state); /* compressed packets read ahead: not parsed */
+	} else if (end < n) {
 		struct read_ahead_args a = { .buf = buf, .now = now, .off = end, .n = n, .tid = tid, .fd = fd };
 		read_ahead(st, &a);
 	} else if (!in_statement(st)) {
@@ -568,8 +621,9 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 		if (used == n)
 			return -1;
 	}
-	/* A packet header: 3 bytes length, 1 byte sequence; a client can send it in pieces, and each piece is
-	 * then read alone. */
+	/* A packet header: 3 bytes length, 1 byte sequence, and with compression 3 bytes of length inflated; a client
+	 * can send it in pieces, and each piece is then read alone. */
+	enum compression comp = compression_of(st, fd);
 	if (!st->hdr_have && n - used >= 4) {
 		/* The usual case, in one read of the 4 bytes. */
 		if (bpf_probe_read_user(st->hdr, 4, (void *)(buf + used)))
@@ -577,17 +631,24 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 		st->hdr_have = 4;
 		used += 4;
 	}
-	for (int i = 0; i < 4; i++) {
-		if (st->hdr_have >= 4 || used >= n)
+	long need = 4;
+	for (int i = 0; i < 8; i++) {
+		/* The first command of a connection that asked for compression is framed compressed. */
+		if (comp == COMPRESSION_ASKED && st->hdr_have >= 4 && st->hdr[3] == 0) {
+			comp = COMPRESSION_ON;
+			st->compression = COMPRESSION_ON;
+		}
+		need = comp == COMPRESSION_ON ? 7 : 4;
+		if (st->hdr_have >= need || used >= n)
 			break;
-		if (bpf_probe_read_user(&st->hdr[st->hdr_have & 3], 1, (void *)(buf + used))) {
+		if (bpf_probe_read_user(&st->hdr[st->hdr_have & 7], 1, (void *)(buf + used))) {
 			st->hdr_have = 0;
 			return -1;
 		}
 		st->hdr_have++;
 		used++;
 	}
-	if (st->hdr_have < 4) {
+	if (st->hdr_have < need) {
 		st->hdr_fd = fd;
 		return -1;
 	}
@@ -595,6 +656,8 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 	st->fd = fd;
 	st->header_len = st->hdr[0] | (st->hdr[1] << 8) | (st->hdr[2] << 16);
 	st->header_seq = st->hdr[3];
+	st->packet_compressed = comp == COMPRESSION_ON;
+	st->inflated_len = st->packet_compressed ? st->hdr[4] | (st->hdr[5] << 8) | (st->hdr[6] << 16) : 0;
 	st->header_ts = now;
 	if (st->header_len == 0)
 		return used; /* an empty packet: no body (the server answers it as an unknown command) */
@@ -605,21 +668,49 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 	return used; /* header and body in one read */
 }
 
+/* A compressed packet's payload, n bytes of it at buf. At sequence 0 a command: sent as is, it holds a classic
+ * packet, followed as any; deflated, its bytes are kept for user space to inflate (its command is not known
+ * here, and it is taken as one the server answers). Past sequence 0, data of a statement gone by. */
+static __always_inline void compressed_request(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
+{
+	if (st->header_seq != 0) {
+		st->phase = PHASE_IDLE;
+		return;
+	}
+	__u32 inflated = st->inflated_len;
+	if (!inflated) {
+		__u8 inner[4];
+		if (n < 4 || bpf_probe_read_user(inner, sizeof(inner), (void *)buf)) {
+			st->phase = PHASE_IDLE;
+			return;
+		}
+		st->header_len = inner[0] | (inner[1] << 8) | (inner[2] << 16);
+		buf += 4;
+		n -= 4;
+	}
+	start_statement(st, tid, buf, n, now);
+	st->ev.compressed = 1;
+	st->ev.inflated_len = inflated;
+}
+
 /* A recv on a socket returned n > 0 bytes at buf. */
 static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
 {
 	long body = packet_start(st, fd, buf, n, now);
 	if (body < 0 || body > n)
 		return;
+	long end = body + st->header_len;
 	if (st->header_len && body < n) {
-		if (st->header_seq == 0) {
+		if (st->packet_compressed) {
+			compressed_request(st, tid, buf + body, n - body, now);
+		} else if (st->header_seq == 0) {
 			start_statement(st, tid, buf + body, n - body, now);
 		} else {
 			client_packet(st, tid, fd, buf + body, n - body, now);
 			st->phase = PHASE_IDLE;
 		}
 	}
-	packet_read(st, tid, fd, buf, body + st->header_len, n, now);
+	packet_read(st, tid, fd, buf, end, n, now);
 }
 
 /* The data of a recvmsg/sendmsg that returned `ret` bytes: its first iovec, as (buffer, length). */
@@ -654,17 +745,17 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 {
 	bool recv = is_recv(cls);
 	bool counted = in_statement(st);
-	/* The next request's read (on its socket, or on another: the thread serves another connection): the
-	 * statement ended with its last send. */
-	if (counted && recv && st->phase == PHASE_REPLIED) {
-		finish_statement(st);
-		counted = false;
-	}
 	long n = ret;
 	/* The bytes: the buffer argument, or a msghdr's first iovec. */
 	if (cls == SYSCALL_NET_RECVMSG || cls == SYSCALL_NET_SENDMSG) {
 		if (ret <= 0 || !msghdr_data(buf, ret, &buf, &n))
 			n = 0;
+	}
+	/* The next request's read (on its socket, or on another: the thread serves another connection): the
+	 * statement ended with its last send. */
+	if (counted && recv && st->phase == PHASE_REPLIED) {
+		finish_statement(st);
+		counted = false;
 	}
 	/* Outside a statement nothing read or sent (a read that found nothing yet) needs the time: the clock
 	 * is read only past here. */

@@ -81,10 +81,12 @@ struct query_event {
 	__u64 start_ns;       /* CLOCK_MONOTONIC */
 	__u64 end_ns;
 	struct query_counters c;
+	__u32 inflated_len;       /* a compressed request deflated: its length inflated (text[] holds the deflated bytes) */
 	__u16 text_len;
 	__u8 reply_len;
 	__u8 seq;
 	__u16 result_len;         /* an execution's reply kept in text[] after the request (reply_len is 0 then) */
+	__u8 compressed;          /* the connection uses the compressed protocol: the reply kept is its framing */
 	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
 	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
 };

@@ -334,7 +334,7 @@ impl Followed {
         }
         if self.compressed_unsaid > 0 {
             say!(
-                "myprobe: warning: {} more connections use the compressed protocol: their statements are not traced",
+                "myprobe: warning: {} more connections use the compressed protocol with zstd: their statements are not traced",
                 self.compressed_unsaid
             );
         }
@@ -551,7 +551,7 @@ pub fn follow(
                                 .map(|c| format!("connection {c}"))
                                 .unwrap_or_else(|| "a connection".into());
                             say!(
-                            "myprobe: warning: {conn} (user {}) uses the compressed protocol: its statements are not traced",
+                            "myprobe: warning: {conn} (user {}) uses the compressed protocol with zstd, which myprobe does not inflate: its statements are not traced",
                             crate::render::terminal_safe(&user)
                         );
                         }

@@ -27,6 +27,7 @@ use super::{
     CollectOptions, Lost, RawStack,
 };
 use crate::process::probes::Function;
+use crate::query::protocol;
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/queries.skel.rs"));
@@ -561,18 +562,34 @@ fn statement(
     end_ns: u64,
     in_flight: bool,
 ) -> Option<RawStatement> {
+    let mut request = e.text.get(..e.text_len as usize)?.to_vec();
+    let mut packet_len = e.packet_len;
+    // A deflated request: its packet, inflated as far as the bytes kept go (nothing where they do not inflate),
+    // and kept as long as the text of a request sent as is.
+    if e.inflated_len > 0 {
+        let keep = (e.inflated_len as usize).min(4 + e.text.len());
+        let inflated = protocol::inflate_prefix(&request, keep);
+        match inflated.as_deref().and_then(protocol::split_packet) {
+            Some((len, _, payload)) => (packet_len, request) = (len, payload.to_vec()),
+            None => request.clear(),
+        }
+    }
+    // An execution's reply is kept after its request, longer: its result set's column definitions.
+    let mut reply = if e.result_len > 0 {
+        let start = e.text_len as usize;
+        e.text.get(start..start + e.result_len as usize)?.to_vec()
+    } else {
+        e.reply.get(..e.reply_len as usize)?.to_vec()
+    };
+    if e.compressed != 0 {
+        reply = protocol::uncompressed_stream(&reply);
+    }
     Some(RawStatement {
         tid: e.tid,
         fd: e.fd,
-        packet_len: e.packet_len,
-        request: e.text.get(..e.text_len as usize)?.to_vec(),
-        // An execution's reply is kept after its request, longer: its result set's column definitions.
-        reply: if e.result_len > 0 {
-            let start = e.text_len as usize;
-            e.text.get(start..start + e.result_len as usize)?.to_vec()
-        } else {
-            e.reply.get(..e.reply_len as usize)?.to_vec()
-        },
+        packet_len,
+        request,
+        reply,
         start_ns: e.start_ns,
         end_ns,
         counters,

@@ -208,8 +208,8 @@ struct Conn {
     db: Option<String>,
     /// Statement id → what its executions are shown as.
     prepared: HashMap<u32, Prepared>,
-    /// It uses the compressed protocol: reported once, and its statements are not recorded (the kernel side
-    /// does not follow it; what might still come through would be misread).
+    /// It uses the compressed protocol with zstd, whose texts are not inflated: reported once, and its statements
+    /// are not recorded (zlib's are).
     compressed: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
@@ -283,7 +283,7 @@ fn make_room<K: std::hash::Hash + Eq + Copy, V>(
 pub enum Notice {
     /// A client asked for TLS: its statements cannot be read from the socket.
     Tls { conn: Option<u32> },
-    /// A client uses the compressed protocol, which this tracer does not decode.
+    /// A client uses the compressed protocol with zstd, which this tracer does not inflate.
     Compressed { conn: Option<u32>, user: String },
 }
 
@@ -402,7 +402,8 @@ impl Tracker {
                             conn.user = Some(h.user.clone());
                             conn.db = h.database.clone();
                             conn.capabilities = Some(h.capabilities);
-                            if h.capabilities & protocol::CLIENT_COMPRESS != 0 && !conn.compressed {
+                            let zstd = protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
+                            if h.capabilities & zstd != 0 && !conn.compressed {
                                 conn.compressed = true;
                                 let id = conn.id;
                                 self.notices.push(Notice::Compressed {
@@ -839,11 +840,11 @@ mod tests {
         assert!(dispatch_fd(9) < -1 && dispatch_fd(u32::MAX) < 0);
     }
 
-    /// A handshake response of `user` asking for the compressed protocol, on socket `fd`.
+    /// A handshake response of `user` asking for the compressed protocol with zstd, on socket `fd`.
     fn compressed_handshake(fd: i32, user: &str) -> Event {
         let caps = protocol::CLIENT_PROTOCOL_41
             | protocol::CLIENT_SECURE_CONNECTION
-            | protocol::CLIENT_COMPRESS;
+            | protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
         let mut payload = caps.to_le_bytes().to_vec();
         payload.extend(0x0100_0000u32.to_le_bytes());
         payload.push(0x2d);
@@ -861,7 +862,7 @@ mod tests {
     }
 
     #[test]
-    fn a_compressed_connection_is_reported_once_and_remembered_within_bounds() {
+    fn a_zstd_compressed_connection_is_reported_once_and_remembered_within_bounds() {
         let mut t = Tracker::new(false);
         for _ in 0..3 {
             t.handle(compressed_handshake(7, "alice"));

@@ -445,6 +445,10 @@ pub struct PreparedTexts {
     /// Whether the execution probe is attached, and since when it is ready (attached, its offset known).
     probe_attached: bool,
     probe_ready: Option<Instant>,
+    /// The same, on the kernel's clock (CLOCK_MONOTONIC ns), to compare with the statements' times.
+    probe_ready_ns: u64,
+    /// The latest start of a statement read: how far the records read have come, whatever the reader's lag.
+    events_ns: u64,
     /// The calibration's line, said at the next tick.
     found_offset: Option<String>,
     stop: Arc<AtomicBool>,
@@ -487,6 +491,8 @@ impl Default for PreparedTexts {
             last_unknown: None,
             probe_attached: false,
             probe_ready: None,
+            probe_ready_ns: 0,
+            events_ns: 0,
             found_offset: None,
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
@@ -641,7 +647,7 @@ impl PreparedTexts {
     pub fn pause(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
         self.paused.store(true, Ordering::Relaxed);
         self.join(tracker, true);
-        self.release(true, emit);
+        self.release(true, true, emit);
     }
 
     pub fn resume(&mut self) {
@@ -730,6 +736,7 @@ impl PreparedTexts {
                 }
             }
         }
+        self.events_ns = self.events_ns.max(record.start_ns);
         if awaits_text(&record) {
             self.last_unknown = Some(Instant::now());
         }
@@ -750,7 +757,7 @@ impl PreparedTexts {
         if self.last_join.elapsed() >= JOIN_INTERVAL || self.held_count >= MAX_HELD {
             self.last_join = Instant::now();
             self.join(tracker, false);
-            self.release(false, emit);
+            self.release(false, false, emit);
         }
     }
 
@@ -782,6 +789,7 @@ impl PreparedTexts {
         };
         if executed.offset() != 0 {
             self.probe_ready = Some(Instant::now());
+            self.probe_ready_ns = collect::monotonic_ns();
         } else if executed.attached() {
             self.calibrate.store(true, Ordering::Relaxed);
             self.wake_sampler();
@@ -871,12 +879,14 @@ impl PreparedTexts {
             say!("{line}");
             if self.probe_attached {
                 self.probe_ready = Some(Instant::now());
+                self.probe_ready_ns = collect::monotonic_ns();
+                self.probe_ready_ns = collect::monotonic_ns();
             }
         }
         if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
             self.last_join = Instant::now();
             self.join(tracker, false);
-            self.release(false, emit);
+            self.release(false, true, emit);
         }
     }
 
@@ -971,19 +981,26 @@ impl PreparedTexts {
     }
 
     /// Writes, thread by thread, the records at the front that have their text or waited long enough (all of
-    /// them when done, or when too many wait).
-    fn release(&mut self, done: bool, emit: &mut impl FnMut(QueryRecord)) {
+    /// them when done, or when too many wait). A wait is counted in the statements' own time as the records read
+    /// show it, so that a reader behind a busy server does not give up on the texts still to be read; and, when
+    /// `caught_up` (nothing is left to read), in the reader's time too, for a server that went quiet.
+    fn release(&mut self, done: bool, caught_up: bool, emit: &mut impl FnMut(QueryRecord)) {
         let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
         // Read at the executions, a text comes with the statement's next execution once the probe is ready: a
         // record waits for that, however long the probe took to attach and find its offset.
         let probe = self.executed.as_ref().is_some_and(|x| !x.failed());
+        let (events_ns, ready_ns) = (self.events_ns, self.probe_ready_ns);
+        let hold_ns = HOLD.as_nanos() as u64;
+        let waited = |from_ns: u64, from: Instant| {
+            events_ns.saturating_sub(from_ns) >= hold_ns || (caught_up && from.elapsed() >= HOLD)
+        };
         for queue in self.held.values_mut() {
             while let Some((r, since)) = queue.front() {
                 let awaits_user = r.user.is_none() && r.start_ns > self.threads_read_ns;
                 let text_due = match (probe, self.probe_ready) {
-                    (true, Some(ready)) => (*since).max(ready).elapsed() >= HOLD,
+                    (true, Some(ready)) => waited(r.start_ns.max(ready_ns), (*since).max(ready)),
                     (true, None) => since.elapsed() >= UNREADY_HOLD,
-                    (false, _) => since.elapsed() >= HOLD,
+                    (false, _) => waited(r.start_ns, *since),
                 };
                 let waits =
                     (awaits_text(r) && !text_due) || (awaits_user && since.elapsed() < HOLD);
@@ -1038,7 +1055,7 @@ impl PreparedTexts {
             let _ = sampler.join();
         }
         self.join(tracker, true);
-        self.release(true, emit);
+        self.release(true, true, emit);
     }
 }
 
