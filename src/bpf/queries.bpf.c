@@ -126,6 +126,7 @@ struct query_thread {
 	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
 	__s32 compressed_fd;    /* a connection that asked for the compressed protocol */
 	__u32 inflated_len;     /* the packet being read: its length inflated, if deflated */
+	__u32 text_more;        /* bytes of the statement's request still to come in later reads, for its text */
 	__u64 compressed_ino;   /* its socket's inode, when known */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
@@ -339,6 +340,12 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	if (n > st->header_len)
 		n = st->header_len;
 	capture_text(&st->ev, buf, n);
+	/* The rest of the request, in later reads, up to what the text keeps. */
+	st->text_more = 0;
+	if (buf && n > 0 && st->ev.text_len == n && n < st->header_len) {
+		long want = st->header_len < MAX_TEXT ? st->header_len : MAX_TEXT;
+		st->text_more = want > n ? want - n : 0;
+	}
 	/* Commands the server does not answer: no record (the socket may even be reused before a send). */
 	__u8 cmd = st->ev.text[0];
 	if (st->ev.text_len == 0 || cmd == COM_QUIT || cmd == COM_STMT_SEND_LONG_DATA || cmd == COM_STMT_CLOSE)
@@ -693,9 +700,53 @@ static __always_inline void compressed_request(struct query_thread *st, __u32 ti
 	st->ev.inflated_len = inflated;
 }
 
+#define TEXT_CHUNK 64
+
+/* More of the running statement's request, n bytes at buf (a client that writes it in pieces, a network's
+ * segments): its text goes on from where the last read left it, up to what is kept. Read in chunks whose offset
+ * and length the verifier bounds, and the last few bytes one by one. */
+static __always_inline void request_continues(struct query_thread *st, __u64 buf, long n)
+{
+	long off = st->ev.text_len;
+	long left = st->text_more < n ? st->text_more : n;
+	bool failed = false;
+	for (int i = 0; i < MAX_TEXT / TEXT_CHUNK; i++) {
+		if (left <= 0 || off > MAX_TEXT - TEXT_CHUNK)
+			break;
+		long k = left < TEXT_CHUNK ? left : TEXT_CHUNK;
+		if (bpf_probe_read_user(&st->ev.text[off], k, (void *)buf)) {
+			failed = true;
+			break;
+		}
+		off += k;
+		buf += k;
+		left -= k;
+	}
+	for (int i = 0; i < TEXT_CHUNK && !failed; i++) {
+		if (left <= 0 || off >= MAX_TEXT)
+			break;
+		__u32 at = off & (MAX_TEXT - 1);
+		barrier_var(at); /* the mask kept: the verifier follows it, not the loop's sums */
+		if (bpf_probe_read_user(&st->ev.text[at], 1, (void *)buf)) {
+			failed = true;
+			break;
+		}
+		off++;
+		buf++;
+		left--;
+	}
+	__u32 got = off - st->ev.text_len;
+	st->ev.text_len = off;
+	st->text_more = failed || got >= st->text_more ? 0 : st->text_more - got;
+}
+
 /* A recv on a socket returned n > 0 bytes at buf. */
 static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
 {
+	if (st->text_more && st->phase == PHASE_RUNNING && fd == st->fd) {
+		request_continues(st, buf, n);
+		return;
+	}
 	long body = packet_start(st, fd, buf, n, now);
 	if (body < 0 || body > n)
 		return;

@@ -530,6 +530,18 @@ fn hostile_client(
     c.write(&p[4..]);
     assert_eq!(c.reply().first(), Some(&2), "{sql}: two columns");
     expect(sql, "hostile", "hostiledb");
+    // 1b. A body in three writes, as a client that writes in pieces or a network's segments deliver it: the server
+    // reads it in pieces, and its text is whole.
+    let sql = format!("SELECT '{tag}', 'a body in pieces'");
+    let mut payload = vec![0x03];
+    payload.extend(sql.as_bytes());
+    let p = wire::packet(0, &payload);
+    for piece in [&p[..9], &p[9..20], &p[20..]] {
+        c.write(piece);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(c.reply().first(), Some(&2), "{sql}: two columns");
+    expect(sql, "hostile", "hostiledb");
     // 2. An empty packet: answered with an error, and no statement.
     c.write(&wire::packet(0, &[]));
     assert_eq!(c.reply().first(), Some(&0xff));
@@ -801,5 +813,147 @@ fn a_compressed_client_and_a_client_killed_mid_update_forge_nothing() {
             1,
             "{q}: {queries:?}"
         );
+    }
+}
+
+/// A network namespace of the test's own, joined to the host's by a veth pair with the usual MTU of 1,500 bytes,
+/// the client's side rate-limited so that a statement of some kilobytes reaches the server in several reads.
+/// Removed on drop.
+struct SlowNetwork {
+    namespace: String,
+    host_side: String,
+    server_ip: String,
+}
+
+impl SlowNetwork {
+    fn new() -> SlowNetwork {
+        let id = std::process::id();
+        let net = SlowNetwork {
+            namespace: format!("myprobe-mtu-{id}"),
+            host_side: format!("mpv{id}h"),
+            server_ip: format!("10.213.{}.1", id % 250),
+        };
+        let client_side = format!("mpv{id}c");
+        let client_ip = format!("10.213.{}.2/30", id % 250);
+        let ns = net.namespace.as_str();
+        for args in [
+            vec!["netns", "add", ns],
+            vec![
+                "link",
+                "add",
+                &net.host_side,
+                "mtu",
+                "1500",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &client_side,
+            ],
+            vec!["link", "set", &client_side, "netns", ns],
+            vec![
+                "addr",
+                "add",
+                &format!("{}/30", net.server_ip),
+                "dev",
+                &net.host_side,
+            ],
+            vec!["link", "set", &net.host_side, "up"],
+            vec!["-n", ns, "addr", "add", &client_ip, "dev", &client_side],
+            vec!["-n", ns, "link", "set", &client_side, "mtu", "1500", "up"],
+            vec!["-n", ns, "link", "set", "lo", "up"],
+        ] {
+            run_ok(Command::new("ip").args(&args));
+        }
+        // 20 Mbit/s: a 10 KB statement takes 4 ms to go out, in segments of 1,448 bytes.
+        run_ok(
+            Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    &client_side,
+                ])
+                .args([
+                    "root", "tbf", "rate", "20mbit", "burst", "4kb", "latency", "100ms",
+                ]),
+        );
+        net
+    }
+}
+
+impl Drop for SlowNetwork {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_side])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.namespace])
+            .status();
+    }
+}
+
+/// Statements of 10 KB from a client across a 1,500-byte MTU come in segments, and the server reads each in
+/// several pieces: the text of each is whole up to what myprobe keeps (1,023 bytes after the command), marked
+/// truncated.
+#[test]
+fn statements_of_10_kb_over_a_1500_byte_mtu_are_whole_to_the_capture_limit() {
+    let db = testdb();
+    let net = SlowNetwork::new();
+    let dir = tempdir("mtu");
+    let server = db.start_another(
+        &dir.join("db"),
+        &[
+            &format!("--bind-address={}", net.server_ip),
+            "--skip-name-resolve",
+        ],
+    );
+    server
+        .0
+        .sql("CREATE USER 'mtu'@'%'; GRANT ALL ON *.* TO 'mtu'@'%'");
+    let port = std::fs::read_to_string(dir.join("db/env"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MYPROBE_TEST_PORT=").map(String::from))
+        .unwrap();
+    let tracer = raw_sql_tracer(server.0.pid, &["--json"]);
+    // Each different all along, so that a piece out of place would show.
+    let statements: Vec<String> = (0..5)
+        .map(|i| {
+            let words: String = (0..1300).map(|w| format!("w{i}_{w:04} ")).collect();
+            format!("SELECT {i}, LENGTH('{words}')")
+        })
+        .collect();
+    let client = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.namespace,
+            "mariadb",
+            "--no-defaults",
+            "--skip-ssl",
+        ])
+        .args(["-h", &net.server_ip, "-P", &port, "-u", "mtu", "-e"])
+        .arg(statements.join(";\n"))
+        .output()
+        .unwrap();
+    assert!(client.status.success(), "{client:?}");
+    let (out, err) = tracer.stop();
+    let records = json_lines(&out);
+    for (i, sent) in statements.iter().enumerate() {
+        assert!(sent.len() > 10_000);
+        let prefix = format!("SELECT {i}, ");
+        let seen: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["query"].as_str().is_some_and(|q| q.starts_with(&prefix)))
+            .collect();
+        assert_eq!(seen.len(), 1, "statement {i}: {seen:?}\n{err}");
+        let query = seen[0]["query"].as_str().unwrap();
+        assert_eq!(seen[0]["truncated"], json!(true), "{}", seen[0]);
+        assert_eq!(query, &sent[..1023], "statement {i}, as kept:\n{query}");
     }
 }
