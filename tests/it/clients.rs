@@ -80,25 +80,6 @@ fn parse_run(configuration: &str, stdout: &str) -> Run {
     run
 }
 
-/// The server's port, from its env file.
-fn port(db: &TestDb) -> String {
-    std::fs::read_to_string(db.dir.join("env"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("MYPROBE_TEST_PORT="))
-        .expect("a port in the server's env")
-        .to_string()
-}
-
-fn server_root(db: &TestDb) -> String {
-    std::fs::read_to_string(db.dir.join("env"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("MYPROBE_TEST_ROOT="))
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The record's text matches what was sent: the same, or, marked truncated, its beginning (a character cut by
 /// the capture limit shows as U+FFFD).
 fn text_matches(record: &Value, sent: &Sent) -> bool {
@@ -266,7 +247,7 @@ fn suite(language: &str, db: &TestDb) {
         let out = Command::new(&run)
             .arg(configuration)
             .env("MYPROBE_CLIENT_HOST", "127.0.0.1")
-            .env("MYPROBE_CLIENT_PORT", port(db))
+            .env("MYPROBE_CLIENT_PORT", db.port())
             .env("MYPROBE_CLIENT_USER", "sbtest")
             .env("MYPROBE_CLIENT_PASSWORD", "sbtest")
             .env("MYPROBE_CLIENT_USER2", "sbtest2")
@@ -275,7 +256,10 @@ fn suite(language: &str, db: &TestDb) {
             .env("MYPROBE_CLIENT_SERVER", server)
             .env("MYPROBE_CLIENT_TAG", &tag)
             .env("MYPROBE_CLIENT_INFILE", &infile)
-            .env("MYPROBE_CLIENT_ROOT", server_root(db))
+            .env(
+                "MYPROBE_CLIENT_ROOT",
+                db.env("MYPROBE_TEST_ROOT").unwrap_or_default(),
+            )
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -915,11 +915,7 @@ fn statements_of_10_kb_over_a_1500_byte_mtu_are_whole_to_the_capture_limit() {
     server
         .0
         .sql("CREATE USER 'mtu'@'%'; GRANT ALL ON *.* TO 'mtu'@'%'");
-    let port = std::fs::read_to_string(dir.join("db/env"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("MYPROBE_TEST_PORT=").map(String::from))
-        .unwrap();
+    let port = server.0.port();
     let tracer = raw_sql_tracer(server.0.pid, &["--json"]);
     // Each different all along, so that a piece out of place would show.
     let statements: Vec<String> = (0..5)

@@ -354,14 +354,6 @@ fn python() -> PathBuf {
     python
 }
 
-fn port(db: &TestDb) -> String {
-    let env = std::fs::read_to_string(db.dir.join("env")).unwrap();
-    env.lines()
-        .find_map(|l| l.strip_prefix("MYPROBE_TEST_PORT="))
-        .expect("a port")
-        .to_string()
-}
-
 /// Real client libraries over TLS on TCP, connected while tracing (tests/fixtures/servers/tls_clients.py): every
 /// statement once, with its exact text and its connection's user; the executions of its prepared statements by
 /// their text where the server's numbering of them is known (`executions_named`), else by their id, never by
@@ -386,7 +378,7 @@ fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/servers/tls_clients.py");
     let out = Command::new(python())
         .arg(&fixture)
-        .arg(port(db))
+        .arg(db.port())
         .arg(&tag)
         .output()
         .unwrap();
@@ -448,12 +440,9 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
     let Some(db) = server_or_skip("mysql-9.7") else {
         return;
     };
-    let env = std::fs::read_to_string(db.dir.join("env")).unwrap();
-    let root = env
-        .lines()
-        .find_map(|l| l.strip_prefix("MYPROBE_TEST_ROOT="))
-        .expect("MYPROBE_TEST_ROOT in the server's env")
-        .to_string();
+    let root = db
+        .env("MYPROBE_TEST_ROOT")
+        .expect("MYPROBE_TEST_ROOT in the server's env");
     let dir = tempdir("servers-crash");
     let server = db.start_another_with(
         &dir.join("db"),

@@ -247,6 +247,21 @@ impl TestDb {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// A line of the env file `testdb start` wrote for this server (`MYPROBE_TEST_PORT`, `MYPROBE_TEST_ROOT`, …).
+    pub fn env(&self, name: &str) -> Option<String> {
+        let env = std::fs::read_to_string(self.dir.join("env")).ok()?;
+        let value = env
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='));
+        value.map(String::from)
+    }
+
+    /// The server's TCP port.
+    pub fn port(&self) -> String {
+        self.env("MYPROBE_TEST_PORT")
+            .unwrap_or_else(|| panic!("{}/env has no MYPROBE_TEST_PORT", self.dir.display()))
+    }
+
     /// Waits until `count_sql` (a `SELECT COUNT(*) …`) counts at least one row: a session's statement begun,
     /// blocked where the test wants it. A minute at most, then fails.
     pub fn wait_for(&self, count_sql: &str) {
