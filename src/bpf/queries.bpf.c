@@ -370,29 +370,30 @@ static __always_inline void ignore_connection(struct query_thread *st, __s32 fd)
 	st->ignored_ino = socket_ino(st->call_sk);
 }
 
-/* Where the socket is known, a descriptor reused by another connection on the same thread (a thread cache's) is
- * not that one, and the connection not followed is over (no close is seen without the syscalls). */
+/* Whether the call on descriptor fd is on the connection a thread remembered (its descriptor and, where the socket
+ * is known, its socket's inode): a descriptor reused by another connection on the same thread (a thread cache's) is
+ * not that one, and that connection is over (no close is seen without the syscalls). */
+static __always_inline bool same_connection(struct query_thread *st, __s32 fd, __s32 its_fd, __u64 its_ino)
+{
+	return fd == its_fd && (!st->call_sk || !its_ino || socket_ino(st->call_sk) == its_ino);
+}
+
 static __always_inline bool ignored(struct query_thread *st, __s32 fd)
 {
 	if (!st->ignoring || fd != st->ignored_fd)
 		return false;
-	if (st->call_sk && st->ignored_ino && socket_ino(st->call_sk) != st->ignored_ino) {
+	if (!same_connection(st, fd, st->ignored_fd, st->ignored_ino))
 		st->ignoring = 0;
-		return false;
-	}
-	return true;
+	return st->ignoring;
 }
 
-/* Whether connection fd on this thread uses (or asked for) the compressed protocol: the one that asked, on the same
- * socket. */
+/* Whether connection fd on this thread uses (or asked for) the compressed protocol: the one that asked. */
 static __always_inline enum compression compression_of(struct query_thread *st, __s32 fd)
 {
 	if (st->compression == COMPRESSION_NONE || fd != st->compressed_fd)
 		return COMPRESSION_NONE;
-	if (st->call_sk && st->compressed_ino && socket_ino(st->call_sk) != st->compressed_ino) {
+	if (!same_connection(st, fd, st->compressed_fd, st->compressed_ino))
 		st->compression = COMPRESSION_NONE;
-		return COMPRESSION_NONE;
-	}
 	return st->compression;
 }
 
