@@ -1540,6 +1540,7 @@ proptest! {
                 | Event::Executed(_)
                 | Event::ExecuteProbe(_)
             | Event::DispatchProbe
+            | Event::TlsProbe(_)
             | Event::ExecuteProbeFailed(_)
             | Event::Tick => {}
                 Event::PacketOut { tid, fd, bytes } => {

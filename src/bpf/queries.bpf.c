@@ -100,6 +100,21 @@ enum compression : __u8 {
 	COMPRESSION_ON,
 };
 
+/* Why a connection's bytes on its socket are not parsed: another framing (the X protocol's), or TLS (its plaintext
+ * is followed at the server's SSL_read and SSL_write where they are probed). */
+enum ignore_reason : __u8 {
+	IGNORE_NONE = 0,
+	IGNORE_FRAMING,
+	IGNORE_CIPHERTEXT,
+};
+
+/* The server's TLS call a thread is in, entered while traced. */
+enum tls_call : __u8 {
+	TLS_NONE = 0,
+	TLS_READ,
+	TLS_WRITE,
+};
+
 struct query_thread {
 	enum phase phase;
 	__u8 via_dispatch;      /* started by the dispatch_command uprobe, ends at its return */
@@ -107,7 +122,7 @@ struct query_thread {
 	enum thread_place place; /* while a statement is in flight */
 	enum time_part part;    /* the part the time since `since` goes to */
 	__u8 hdr_have;          /* bytes of a packet header read so far (a header can come in pieces) */
-	__u8 ignoring;          /* ignored_fd is set */
+	__u8 ignoring;          /* ignored_fd is set: IGNORE_* */
 	__u8 hdr[8];            /* 4 bytes, 7 on a compressed connection (then the length inflated, 0: not deflated) */
 	__u8 compression;       /* of compressed_fd's connection: COMPRESSION_* */
 	__u8 packet_compressed; /* the packet being read is framed compressed */
@@ -128,6 +143,13 @@ struct query_thread {
 	__u32 inflated_len;     /* the packet being read: its length inflated, if deflated */
 	__u32 text_more;        /* bytes of the statement's request still to come in later reads, for its text */
 	__u64 compressed_ino;   /* its socket's inode, when known */
+	enum tls_call tls_call; /* in SSL_read or SSL_write (and their _ex) */
+	__u8 tls_requested;     /* a TLS request was read: the next client packet is the handshake response */
+	__s32 tls_fd;           /* the socket of the thread's TLS connection (its SSL request's, or its calls') */
+	__u64 tls_buf;          /* the call's plaintext */
+	__u64 tls_count;        /* _ex: where it writes the count of bytes (else its return value is the count) */
+	__u64 tls_sp;           /* its stack pointer at entry: a call deeper is nested in it */
+	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -179,6 +201,7 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 		st->skip = 0;
 		st->lock_block_ts = 0;
 		st->via_dispatch = 0;
+		st->tls_call = TLS_NONE;
 	}
 	return st;
 }
@@ -362,10 +385,10 @@ static __always_inline __u64 socket_ino(__u64 sk)
 	return sk ? BPF_CORE_READ((struct sock *)sk, sk_socket, file, f_inode, i_ino) : 0;
 }
 
-/* A connection not followed (compressed, or the X protocol's): its bytes are not the classic framing. */
-static __always_inline void ignore_connection(struct query_thread *st, __s32 fd)
+/* A connection whose bytes on the socket are not followed: the X protocol's, or TLS. */
+static __always_inline void ignore_connection(struct query_thread *st, __s32 fd, enum ignore_reason why)
 {
-	st->ignoring = 1;
+	st->ignoring = why;
 	st->ignored_fd = fd;
 	st->ignored_ino = socket_ino(st->call_sk);
 }
@@ -518,19 +541,27 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 	if (n > st->header_len)
 		n = st->header_len;
 	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
-	/* A TLS request (the response cut at its 32 bytes): what follows is encrypted, and followed at
-	 * dispatch_command; read as packets, its records would start statements that hide the dispatched ones. A
-	 * handshake response asking for compression: the commands that follow are framed compressed. Its first
-	 * bytes are the client's capabilities. */
+	/* A TLS request (the response cut at its 32 bytes): what follows on the socket is encrypted, its plaintext
+	 * followed at SSL_read and SSL_write (or at dispatch_command); read as packets, the ciphertext would start
+	 * statements that hide the real ones. A handshake response (at sequence 1, or 2 after a TLS request) asking
+	 * for compression: the commands that follow are framed compressed. Its first bytes are the client's
+	 * capabilities. */
 	__u32 caps = 0;
-	if (st->header_seq != 1 || n < 4 || bpf_probe_read_user(&caps, sizeof(caps), (void *)buf))
+	/* At sequence 2 otherwise: the authentication of a COM_CHANGE_USER. */
+	bool response = st->header_seq == 1 || (st->header_seq == 2 && st->tls_requested);
+	st->tls_requested = 0;
+	if (!response || n < 4 || bpf_probe_read_user(&caps, sizeof(caps), (void *)buf))
 		return;
-	if (st->header_len == 32 && (caps & CLIENT_SSL)) {
-		ignore_connection(st, fd);
+	if (st->header_seq == 1 && st->header_len == 32 && (caps & CLIENT_SSL)) {
+		ignore_connection(st, fd, IGNORE_CIPHERTEXT);
+		st->tls_fd = fd;
+		st->tls_requested = 1;
 	} else if (caps & (CLIENT_COMPRESS | CLIENT_ZSTD_COMPRESSION)) {
 		st->compression = COMPRESSION_ASKED;
 		st->compressed_fd = fd;
 		st->compressed_ino = socket_ino(st->call_sk);
+	} else if (fd == st->compressed_fd) {
+		st->compression = COMPRESSION_NONE; /* a new connection on the descriptor of a compressed one */
 	}
 }
 
@@ -600,20 +631,21 @@ static __always_inline void packet_read(struct query_thread *st, __u32 tid, __s3
 	}
 }
 
-/* Where a recv's bytes are: the offset of the first byte of a packet's body in it, or none to handle. */
-static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u64 buf, long n, __u64 now)
+/* Where a recv's bytes are (`tls`: the plaintext of an SSL_read): the offset of the first byte of a packet's body
+ * in it, or none to handle. */
+static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u64 buf, long n, __u64 now, bool tls)
 {
 	if (st->phase == PHASE_BODY && fd == st->fd)
 		return 0;
 	if (in_statement(st))
 		return -1; /* data the statement itself reads from the client (LOAD DATA LOCAL) */
-	if (ignored(st, fd))
+	if (ignored(st, fd) && !(tls && st->ignoring == IGNORE_CIPHERTEXT))
 		return -1;
 	if (fd != st->port_checked_fd) {
 		st->port_checked_fd = fd;
 		struct sock *sk = (struct sock *)st->call_sk;
 		if ((sk ? BPF_CORE_READ(sk, __sk_common.skc_num) : local_port(fd)) == X_PROTOCOL_PORT) {
-			ignore_connection(st, fd);
+			ignore_connection(st, fd, IGNORE_FRAMING);
 			return -1;
 		}
 	}
@@ -741,14 +773,15 @@ static __always_inline void request_continues(struct query_thread *st, __u64 buf
 	st->text_more = failed || got >= st->text_more ? 0 : st->text_more - got;
 }
 
-/* A recv on a socket returned n > 0 bytes at buf. */
-static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now)
+/* A recv on a socket returned n > 0 bytes at buf (`tls`: an SSL_read, its plaintext). */
+static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now,
+				    bool tls)
 {
 	if (st->text_more && st->phase == PHASE_RUNNING && fd == st->fd) {
 		request_continues(st, buf, n);
 		return;
 	}
-	long body = packet_start(st, fd, buf, n, now);
+	long body = packet_start(st, fd, buf, n, now, tls);
 	if (body < 0 || body > n)
 		return;
 	long end = body + st->header_len;
@@ -816,7 +849,7 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 	__u64 now = bpf_ktime_get_ns();
 
 	if (recv && n > 0)
-		on_recv(st, tid, fd, buf, n, now);
+		on_recv(st, tid, fd, buf, n, now, false);
 	else if (!recv && n > 0 && !counted && !ignored(st, fd))
 		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
 
@@ -835,9 +868,24 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 	}
 }
 
+/* A syscall on socket fd (`sk` if known) inside the server's TLS call returned `ret`: its bytes are the ciphertext,
+ * and its descriptor the connection's, whose plaintext the call's return gives. */
+static __always_inline void tls_socket_call(struct query_thread *st, __s32 fd, __u64 sk, long ret, bool each_syscall)
+{
+	st->tls_fd = fd;
+	st->tls_sk = sk;
+	if (!in_statement(st))
+		return;
+	charge(st, bpf_ktime_get_ns(), PART_USER);
+	if (each_syscall)
+		st->c.syscalls++;
+	if (ret > 0)
+		st->c.net_bytes += ret;
+}
+
 /* The kernel's socket tracepoints: run at the end of each recv and send on a socket of the host (not at every
  * syscall), inside the syscall, whose registers name the descriptor and the bytes (not io_uring's, nor readv's:
- * only the calls of socket_call's classes are followed). */
+ * only the calls of socket_call's classes are followed, and read and write within the server's TLS calls). */
 static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 {
 	__u32 tid;
@@ -846,10 +894,20 @@ static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 	struct task_struct *task = bpf_get_current_task_btf();
 	enum syscall_class cls;
 	__u64 fd, buf;
-	if (!in_syscall(task, &cls, &fd, &buf) || (recv ? !is_recv(cls) : !is_send(cls)))
+	if (!in_syscall(task, &cls, &fd, &buf))
 		return 0;
-	struct query_thread *st = thread_state(task, true);
+	bool followed = recv ? is_recv(cls) : is_send(cls);
+	/* OpenSSL's socket calls are read and write. */
+	if (!followed && cls != (recv ? SYSCALL_READ : SYSCALL_WRITE))
+		return 0;
+	struct query_thread *st = thread_state(task, followed);
 	if (!st)
+		return 0;
+	if (st->tls_call) {
+		tls_socket_call(st, (__s32)fd, (__u64)sk, ret, false);
+		return 0;
+	}
+	if (!followed)
 		return 0;
 	st->call_sk = (__u64)sk;
 	socket_call(st, tid, cls, (__s32)fd, buf, ret, false);
@@ -895,9 +953,13 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (!st)
 		return 0;
 	bool counted = in_statement(st);
+	__s32 fd = (__s32)PT_REGS_PARM1_SYSCALL(regs);
+	if (st->tls_call && (net || cls == SYSCALL_READ || cls == SYSCALL_WRITE)) {
+		tls_socket_call(st, fd, 0, ret, true);
+		return 0;
+	}
 	if (!counted && !net && cls != SYSCALL_CLOSE)
 		return 0;
-	__s32 fd = (__s32)PT_REGS_PARM1_SYSCALL(regs);
 	__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
 	st->call_sk = 0;
 	if (net) {
@@ -1004,6 +1066,97 @@ int BPF_KRETPROBE(on_dispatch_return)
 	return 0;
 }
 
+/* TLS: the plaintext of a connection is followed at the server's calls of OpenSSL's SSL_read and SSL_write (and
+ * their _ex forms), attached by user space to the library the server maps, as the socket's bytes are. Entered,
+ * the call's buffer is kept; the socket calls inside it (read and write, on ciphertext) name the connection; its
+ * return gives the bytes. The next request's read ends a statement whose reply went out. */
+static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __u64 buf, __u64 count)
+{
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), true);
+	if (!st)
+		return 0;
+	__u64 sp = PT_REGS_SP(ctx);
+	/* A call within the one entered (one form implemented by the other) is that one; a call not deeper is a new
+	 * one, the one before having returned unseen. */
+	if (st->tls_call && sp < st->tls_sp)
+		return 0;
+	st->tls_call = call;
+	st->tls_buf = buf;
+	st->tls_count = count;
+	st->tls_sp = sp;
+	st->tls_sk = 0;
+	if (call == TLS_READ && st->phase == PHASE_REPLIED)
+		finish_statement(st);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_read, __u64 ssl, __u64 buf)
+{
+	(void)ssl;
+	return tls_enter(ctx, TLS_READ, buf, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_read_ex, __u64 ssl, __u64 buf, __u64 num, __u64 readbytes)
+{
+	(void)ssl;
+	(void)num;
+	return tls_enter(ctx, TLS_READ, buf, readbytes);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_write, __u64 ssl, __u64 buf)
+{
+	(void)ssl;
+	return tls_enter(ctx, TLS_WRITE, buf, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_write_ex, __u64 ssl, __u64 buf, __u64 num, __u64 written)
+{
+	(void)ssl;
+	(void)num;
+	return tls_enter(ctx, TLS_WRITE, buf, written);
+}
+
+/* The return of any of the four: the plaintext read or written, handled as a recv's or a send's bytes are. */
+SEC("uretprobe")
+int BPF_KRETPROBE(on_ssl_return, long ret)
+{
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u32 tid;
+	if (!current_is_target(&tid))
+		return 0;
+	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	if (!st || !st->tls_call)
+		return 0;
+	enum tls_call call = st->tls_call;
+	st->tls_call = TLS_NONE;
+	long n = (int)ret;
+	if (st->tls_count) {
+		__u64 count = 0;
+		if (n != 1 || bpf_probe_read_user(&count, sizeof(count), (void *)st->tls_count))
+			return 0;
+		n = count;
+	}
+	__s32 fd = st->tls_fd;
+	if (n <= 0 || fd < 0)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	st->call_sk = st->tls_sk;
+	if (call == TLS_READ)
+		on_recv(st, tid, fd, st->tls_buf, n, now, true);
+	else if (!in_statement(st))
+		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, st->tls_buf, n, now);
+	else if (fd == st->fd)
+		reply_sent(st, st->tls_buf, n, now);
+	return 0;
+}
+
 /* The texts of statements prepared before tracing: at the server's Prepared_statement::execute, attached by
  * user space only while executions of a statement of unknown text come. `this` is the statement object, which
  * keeps the text it was prepared with; sent only for a thread the socket path (or dispatch_command) sees
@@ -1068,6 +1221,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 				enum time_part part = PART_OTHER;
 				if (in_syscall(prev, &cls, &arg0, &arg1))
 					part = syscall_part(cls, arg1, false);
+				/* OpenSSL's read and write: the connection's. */
+				if (st->tls_call && (part == PART_READ || part == PART_WRITE))
+					part = PART_NET;
 				if (part == PART_LOCK && !st->lock_block_ts) {
 					/* Where it waits: its registers are still those it entered the kernel with. */
 					st->lock_block_ts = now;

@@ -316,8 +316,6 @@ pub struct Followed {
     pub unknown_prepared: u64,
     pub forgotten_prepared: u64,
     pub forgotten_conns: u64,
-    /// Connections with the compressed protocol, past those named as they came.
-    pub compressed_unsaid: u64,
     /// The time traced over the time statements were followed (1: all of it; `--sample-every`).
     pub scale: f64,
 }
@@ -330,12 +328,6 @@ impl Followed {
                  (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
                  their result set's columns); statements prepared while tracing are shown in full",
                 self.unknown_prepared
-            );
-        }
-        if self.compressed_unsaid > 0 {
-            say!(
-                "myprobe: warning: {} more connections use the compressed protocol with zstd: their statements are not traced",
-                self.compressed_unsaid
             );
         }
         if self.forgotten_prepared > 0 {
@@ -441,6 +433,10 @@ pub fn follow(
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
+    // TLS connections' plaintext at the server's OpenSSL; where that cannot be, at dispatch_command.
+    let tls = collect::queries::TlsProbe::of_process(target.pid);
+    let tls_followed = Cell::new(false);
+    let mut tls_said = false;
     let probe = dispatch.as_ref().map(|d| DispatchProbe {
         binary: &target.binary,
         function: &d.function,
@@ -454,10 +450,6 @@ pub fn follow(
         unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
         emit(record);
     };
-    // Connections with the compressed protocol: the first few are named, the rest counted (a client can open
-    // thousands).
-    let mut compressed = 0u64;
-    const COMPRESSED_SAID: u64 = 20;
     let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
@@ -489,8 +481,11 @@ pub fn follow(
         &opts,
         statements,
         &want_results,
-        probe,
-        execute_probe,
+        collect::queries::ServerProbes {
+            dispatch: probe,
+            tls,
+            execute: execute_probe,
+        },
         attached,
         |event| {
             let event = match event {
@@ -514,6 +509,13 @@ pub fn follow(
                     return;
                 }
                 Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
+                Event::TlsProbe(Ok(())) => return tls_followed.set(true),
+                Event::TlsProbe(Err(why)) => {
+                    return say!(
+                        "myprobe: warning: TLS connections will be followed at dispatch_command, not at the \
+                         server's OpenSSL: {why}"
+                    )
+                }
                 event => event,
             };
             match &event {
@@ -532,6 +534,14 @@ pub fn follow(
             want_results.set(tracker.wants_results());
             for n in tracker.notices.drain(..) {
                 match n {
+                    Notice::Tls { .. } if tls_followed.get() => {
+                        if !std::mem::replace(&mut tls_said, true) {
+                            say!(
+                                "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
+                                 server's SSL_read and SSL_write"
+                            );
+                        }
+                    }
                     // Said once the uprobes are attached (`Event::DispatchProbe`).
                     Notice::Tls { .. } if !wanted.get() => {
                         wanted.set(true);
@@ -544,18 +554,6 @@ pub fn follow(
                         }
                     }
                     Notice::Tls { .. } => {}
-                    Notice::Compressed { conn, user } => {
-                        compressed += 1;
-                        if compressed <= COMPRESSED_SAID {
-                            let conn = conn
-                                .map(|c| format!("connection {c}"))
-                                .unwrap_or_else(|| "a connection".into());
-                            say!(
-                            "myprobe: warning: {conn} (user {}) uses the compressed protocol with zstd, which myprobe does not inflate: its statements are not traced",
-                            crate::render::terminal_safe(&user)
-                        );
-                        }
-                    }
                 }
             }
             let Some(mut record) = record else { return };
@@ -589,7 +587,6 @@ pub fn follow(
         unknown_prepared,
         forgotten_prepared: tracker.forgotten_prepared,
         forgotten_conns: tracker.forgotten_conns,
-        compressed_unsaid: compressed.saturating_sub(COMPRESSED_SAID),
         scale: traced.scale,
     })
 }

@@ -5,7 +5,7 @@
 use std::{
     cell::Cell,
     mem::MaybeUninit,
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -114,6 +114,9 @@ pub enum Event {
     Executed(Executed),
     /// The TLS fallback's uprobes were attached while tracing (not from the start).
     DispatchProbe,
+    /// The uprobes on the server's TLS library ([`TlsProbe`]) were attached (Ok) or could not be (why): said
+    /// once, before tracing begins.
+    TlsProbe(Result<(), String>),
     /// The execution probe was attached (true) or detached.
     ExecuteProbe(bool),
     /// The execution probe could not be attached (why): it is not tried again.
@@ -203,6 +206,85 @@ pub struct DispatchProbe<'a> {
     pub wanted: &'a Cell<bool>,
 }
 
+/// TLS connections' plaintext: uprobes on the OpenSSL the server maps, at its `SSL_read` and `SSL_write` (and their
+/// `_ex` forms where the library has them), attached for the whole trace.
+pub struct TlsProbe {
+    /// The library, as the server's maps name it, through the server's root.
+    pub library: PathBuf,
+}
+
+/// The calls whose plaintext is followed, with the entry program of each.
+const TLS_CALLS: [&str; 4] = ["SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"];
+
+impl TlsProbe {
+    /// The OpenSSL library process `pid` maps (`libssl.so.*`), if any: a server built with another TLS library,
+    /// or linked statically, has none, and its TLS connections are followed at dispatch_command.
+    pub fn of_process(pid: u32) -> Option<TlsProbe> {
+        let maps = crate::process::maps::ProcMaps::read(pid).ok()?;
+        (0..maps.file_count())
+            .map(|i| maps.file(i))
+            .find(|f| f.basename.starts_with("libssl.so"))
+            .map(|f| TlsProbe {
+                library: f.open_path.clone(),
+            })
+    }
+
+    /// The calls of [`TLS_CALLS`] the library exports (the `_ex` forms are OpenSSL 1.1.1's and later).
+    fn exported(&self) -> Result<Vec<&'static str>> {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(&self.library)
+            .with_context(|| format!("reading {}", self.library.display()))?;
+        let file = object::File::parse(&*data)
+            .with_context(|| format!("{} is not an ELF file", self.library.display()))?;
+        let names: std::collections::HashSet<&str> = file
+            .dynamic_symbols()
+            .filter(|s| s.is_definition())
+            .filter_map(|s| s.name().ok())
+            .collect();
+        let found: Vec<_> = TLS_CALLS
+            .into_iter()
+            .filter(|c| names.contains(c))
+            .collect();
+        anyhow::ensure!(
+            found.contains(&"SSL_read") && found.contains(&"SSL_write"),
+            "{} exports no SSL_read or SSL_write",
+            self.library.display()
+        );
+        Ok(found)
+    }
+
+    /// Attaches the return probe of each call, then its entry probe: an entry without its return would leave its
+    /// thread in the call.
+    fn attach(&self, progs: &skel::QueriesProgs, pid: u32) -> Result<Vec<Link>> {
+        let calls = self.exported()?;
+        let mut links = Vec::new();
+        for retprobe in [true, false] {
+            for &call in &calls {
+                let prog = match (retprobe, call) {
+                    (true, _) => &progs.on_ssl_return,
+                    (false, "SSL_read") => &progs.on_ssl_read,
+                    (false, "SSL_read_ex") => &progs.on_ssl_read_ex,
+                    (false, "SSL_write") => &progs.on_ssl_write,
+                    (false, _) => &progs.on_ssl_write_ex,
+                };
+                let function = Function {
+                    mangled: call.into(),
+                    demangled: call.into(),
+                    entry: None,
+                };
+                links.push(attach_uprobe(
+                    prog,
+                    retprobe,
+                    pid,
+                    &self.library,
+                    &function,
+                )?);
+            }
+        }
+        Ok(links)
+    }
+}
+
 /// The texts of statements prepared before tracing: a uprobe on the server's function that runs each execution
 /// (`Server::statement_execute`), attached while `wish` says it is wanted (and statements are followed), detached
 /// a second after it no longer is.
@@ -219,6 +301,14 @@ pub struct ExecuteWish {
     /// Where the statement object keeps its text (`statement_text_offset`); 0: unknown, the object's address is
     /// sent instead.
     pub text_offset: u32,
+}
+
+/// The uprobes on the server, each where it has what it needs.
+#[derive(Default)]
+pub struct ServerProbes<'a> {
+    pub dispatch: Option<DispatchProbe<'a>>,
+    pub tls: Option<TlsProbe>,
+    pub execute: Option<ExecuteProbe<'a>>,
 }
 
 /// What the statement tracer takes and sends, besides what every collector is given.
@@ -242,10 +332,9 @@ pub fn collect(
     opts: &CollectOptions,
     statements: StatementOptions,
     want_results: &Cell<bool>,
-    dispatch: Option<DispatchProbe>,
-    execute: Option<ExecuteProbe>,
+    probes: ServerProbes,
     attached: impl FnOnce(),
-    on_event: impl FnMut(Event),
+    mut on_event: impl FnMut(Event),
 ) -> Result<Traced> {
     let mut object = MaybeUninit::uninit();
     let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
@@ -276,6 +365,11 @@ pub fn collect(
     let runq_from_sched_info = opts.features().sched_info;
     rodata.runq_from_sched_info = runq_from_sched_info;
     open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
+    let ServerProbes {
+        dispatch,
+        tls,
+        execute,
+    } = probes;
     if let Some(d) = &dispatch {
         rodata.dispatch_abi = match d.args {
             crate::server::DispatchArgs::Packet => dispatch_abi::DISPATCH_MARIADB,
@@ -288,6 +382,16 @@ pub fn collect(
     open.progs.on_dispatch.set_autoattach(false);
     open.progs.on_dispatch_return.set_autoattach(false);
     open.progs.on_execute.set_autoattach(false);
+    // Attached by TlsProbe::attach, to the server's OpenSSL.
+    for prog in [
+        &mut open.progs.on_ssl_read,
+        &mut open.progs.on_ssl_read_ex,
+        &mut open.progs.on_ssl_write,
+        &mut open.progs.on_ssl_write_ex,
+        &mut open.progs.on_ssl_return,
+    ] {
+        prog.set_autoattach(false);
+    }
     super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
     let mut skel = open
         .load()
@@ -316,6 +420,20 @@ pub fn collect(
             )?);
         }
         Ok(())
+    };
+    // For the whole trace (a sampled one's closed periods too): each attach costs the server a few milliseconds.
+    let tls_links = match &tls {
+        Some(t) => match t.attach(&skel.progs, opts.pid) {
+            Ok(links) => {
+                on_event(Event::TlsProbe(Ok(())));
+                links
+            }
+            Err(e) => {
+                on_event(Event::TlsProbe(Err(format!("{e:#}"))));
+                Vec::new()
+            }
+        },
+        None => Vec::new(),
     };
     attach_dispatch(&skel.progs, &mut dispatch_links)?;
     attached();
@@ -446,6 +564,10 @@ pub fn collect(
     // Return probe first, as it was attached first; then the tracepoints, so that nothing is sent after the
     // last read of the ring buffer and the threads' state is still when read.
     for link in dispatch_links.drain(..) {
+        drop(link);
+    }
+    // Entry probes first, as they were attached last.
+    for link in tls_links.into_iter().rev() {
         drop(link);
     }
     drop(execute_link);

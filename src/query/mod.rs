@@ -208,13 +208,12 @@ struct Conn {
     db: Option<String>,
     /// Statement id → what its executions are shown as.
     prepared: HashMap<u32, Prepared>,
-    /// It uses the compressed protocol with zstd, whose texts are not inflated: reported once, and its statements
-    /// are not recorded (zlib's are).
-    compressed: bool,
     /// The client's capabilities from its handshake (how COM_CHANGE_USER is laid out), if seen.
     capabilities: Option<u32>,
     /// The id of the statement it prepared last, which MariaDB's executions name by [`LAST_PREPARED`].
     last_prepared: Option<u32>,
+    /// It asked for TLS: its next packet, at sequence 2, is its handshake response (read in its plaintext).
+    tls_requested: bool,
 }
 
 /// The statement id by which a MariaDB client executes the statement it prepared last, without waiting for the
@@ -283,8 +282,6 @@ fn make_room<K: std::hash::Hash + Eq + Copy, V>(
 pub enum Notice {
     /// A client asked for TLS: its statements cannot be read from the socket.
     Tls { conn: Option<u32> },
-    /// A client uses the compressed protocol with zstd, which this tracer does not inflate.
-    Compressed { conn: Option<u32>, user: String },
 }
 
 /// Turns the collector's events into records: follows handshakes, `USE`/COM_INIT_DB and prepared statements.
@@ -346,6 +343,7 @@ impl Tracker {
             | Event::Executed(_)
             | Event::ExecuteProbe(_)
             | Event::DispatchProbe
+            | Event::TlsProbe(_)
             | Event::ExecuteProbeFailed(_)
             | Event::Tick => None,
             Event::PacketOut { tid, fd, bytes } => {
@@ -380,7 +378,7 @@ impl Tracker {
                     }
                 } else if seq == 0 && command.is_some_and(protocol::command_is_answered) {
                     // A command read ahead: a statement of its own, within the time of the one before it.
-                    return self.statement(RawStatement {
+                    return Some(self.record(RawStatement {
                         tid,
                         fd,
                         packet_len,
@@ -391,38 +389,35 @@ impl Tracker {
                         counters: Counters::default(),
                         in_flight: false,
                         pipelined: true,
-                    });
-                } else if seq == 1 {
-                    if let Some(h) = protocol::parse_handshake_response(&payload) {
+                    }));
+                } else if seq == 1 || seq == 2 {
+                    // At sequence 2: the handshake response that follows a TLS request, read in its plaintext
+                    // (otherwise, a COM_CHANGE_USER's authentication).
+                    let after_tls_request = seq == 2
+                        && self
+                            .conns
+                            .get_mut(&fd)
+                            .is_some_and(|c| std::mem::take(&mut c.tls_requested));
+                    if let Some(h) = (seq == 1 || after_tls_request)
+                        .then(|| protocol::parse_handshake_response(&payload))
+                        .flatten()
+                    {
                         let conn = self.conn_entry(fd);
-                        if h.ssl_request {
+                        if h.ssl_request && seq == 1 {
+                            conn.tls_requested = true;
                             let id = conn.id;
                             self.notices.push(Notice::Tls { conn: id });
                         } else {
                             conn.user = Some(h.user.clone());
                             conn.db = h.database.clone();
                             conn.capabilities = Some(h.capabilities);
-                            let zstd = protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
-                            if h.capabilities & zstd != 0 && !conn.compressed {
-                                conn.compressed = true;
-                                let id = conn.id;
-                                self.notices.push(Notice::Compressed {
-                                    conn: id,
-                                    user: h.user,
-                                });
-                            }
                         }
                     }
                 }
                 None
             }
-            Event::Statement(s) => self.statement(s),
+            Event::Statement(s) => Some(self.record(s)),
         }
-    }
-
-    fn statement(&mut self, s: RawStatement) -> Option<QueryRecord> {
-        let compressed = self.conns.get(&s.fd).is_some_and(|c| c.compressed);
-        (!compressed).then(|| self.record(s))
     }
 
     /// The connections remembered and the most prepared statements remembered on one of them: what
@@ -862,28 +857,16 @@ mod tests {
     }
 
     #[test]
-    fn a_zstd_compressed_connection_is_reported_once_and_remembered_within_bounds() {
+    fn a_zstd_compressed_connection_is_followed_and_remembered_within_bounds() {
         let mut t = Tracker::new(false);
-        for _ in 0..3 {
-            t.handle(compressed_handshake(7, "alice"));
-        }
-        assert_eq!(
-            t.notices,
-            [Notice::Compressed {
-                conn: None,
-                user: "alice".into()
-            }]
-        );
-        // What comes through of it is not recorded: it would be misread.
+        t.handle(compressed_handshake(7, "alice"));
+        assert!(t.notices.is_empty());
         let Event::Statement(mut s) = prepared(1) else {
             unreachable!()
         };
         s.fd = 7;
-        assert!(t.handle(Event::Statement(s)).is_none());
-        assert!(
-            t.handle(prepared(1)).is_some(),
-            "socket 5 is not compressed"
-        );
+        let r = t.handle(Event::Statement(s)).unwrap();
+        assert_eq!(r.user.as_deref(), Some("alice"));
         for fd in 0..(MAX_CONNS as i32 + 100) {
             t.handle(compressed_handshake(fd, "mallory"));
         }

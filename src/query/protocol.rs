@@ -147,9 +147,20 @@ pub fn split_packet(buf: &[u8]) -> Option<(u32, u8, &[u8])> {
 /// payload is sent as is).
 pub const COMPRESSED_HEADER: usize = 7;
 
-/// A deflated payload's beginning inflated (zlib, the compressed protocol's default), as far as its bytes go and at
-/// most `inflated_len` bytes; `None` if it is not zlib (MySQL's zstd) or its first bytes do not inflate.
+/// A zstd frame's first bytes.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// The largest zstd window a frame may ask for: a packet is at most 16 MiB.
+const ZSTD_MAX_WINDOW: u64 = 1 << 24;
+
+/// A compressed payload's beginning inflated, as far as its bytes go and at most `inflated_len` bytes: zlib (the
+/// compressed protocol's default) or a zstd frame (MySQL's other algorithm), told apart by their first bytes. zlib
+/// inflates byte by byte; zstd by blocks, so that a frame cut within its first block gives nothing. `None` if its
+/// first bytes do not inflate.
 pub fn inflate_prefix(deflated: &[u8], inflated_len: usize) -> Option<Vec<u8>> {
+    if deflated.starts_with(&ZSTD_MAGIC) {
+        return zstd_prefix(deflated, inflated_len);
+    }
     let mut z = flate2::Decompress::new(true);
     let mut out = Vec::with_capacity(inflated_len.min(1 << 20));
     let mut input = deflated;
@@ -166,6 +177,18 @@ pub fn inflate_prefix(deflated: &[u8], inflated_len: usize) -> Option<Vec<u8>> {
         }
     }
     out.truncate(inflated_len);
+    (!out.is_empty()).then_some(out)
+}
+
+fn zstd_prefix(frame: &[u8], inflated_len: usize) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut input = frame;
+    let decoder =
+        ruzstd::decoding::StreamingDecoder::new_with_max_window_size(&mut input, ZSTD_MAX_WINDOW)
+            .ok()?;
+    let mut out = Vec::with_capacity(inflated_len.min(1 << 20));
+    // A frame cut short ends in an error, after the blocks that came whole.
+    let _ = decoder.take(inflated_len as u64).read_to_end(&mut out);
     (!out.is_empty()).then_some(out)
 }
 
@@ -826,7 +849,17 @@ mod tests {
             cut.len()
         );
         assert_eq!(inflate_prefix(&deflated, 10).unwrap(), long[..10]);
-        // Not zlib (zstd's magic): nothing.
+        // zstd (MySQL's other algorithm): told by its magic; a frame cut within its block gives nothing.
+        let zstd = ruzstd::encoding::compress_to_vec(
+            &long[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        assert_eq!(inflate_prefix(&zstd, long.len()).unwrap(), long);
+        assert_eq!(inflate_prefix(&zstd, 10).unwrap(), long[..10]);
+        let mut zstd_stream = compressed(&short, 0);
+        zstd_stream.extend(compressed(&zstd, long.len()));
+        assert_eq!(uncompressed_stream(&zstd_stream), both);
+        assert_eq!(inflate_prefix(&zstd[..zstd.len() - 1], 100), None);
         assert_eq!(inflate_prefix(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0], 100), None);
     }
 

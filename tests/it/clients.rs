@@ -236,8 +236,6 @@ fn suite(language: &str, db: &TestDb) {
             "--raw-sql",
             "--sample-every",
             "1",
-            // TLS connections from their first statement (see tests/clients/known-failures).
-            "--uprobes",
         ],
         "myprobe: tracing the statements",
     );

@@ -236,7 +236,7 @@ mod wire {
 
     pub const CLIENT_LONG_PASSWORD: u32 = 1;
     pub const CLIENT_CONNECT_WITH_DB: u32 = 8;
-    /// MySQL's compressed protocol with zstd, which myprobe names on stderr (with the user) and does not follow.
+    /// MySQL's compressed protocol with zstd (a handshake that asks for it; MariaDB does not offer it).
     pub const CLIENT_ZSTD_COMPRESSION: u32 = 0x400_0000;
     pub const CLIENT_PROTOCOL_41: u32 = 0x200;
     pub const CLIENT_SECURE_CONNECTION: u32 = 0x8000;
@@ -687,7 +687,7 @@ fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_termin
             std::thread::spawn(move || {
                 for i in 0..5000 {
                     let mut c = wire::Client::connect(&t);
-                    // One in ten asks for zstd compression, which myprobe reports with the user's name.
+                    // One in ten asks for zstd compression: its framing is never taken up.
                     let caps = if i % 10 == 0 {
                         wire::CLIENT_ZSTD_COMPRESSION
                     } else {
@@ -727,14 +727,6 @@ fn ten_thousand_unauthenticated_handshakes_with_terminal_escapes_reach_no_termin
     assert!(
         out.contains("\\x1b[2J") || err.contains("ring buffer full"),
         "the statement is shown, escaped:\n{out}\nstderr:\n{err}"
-    );
-    assert!(err.contains("compressed protocol"), "{err}");
-    assert!(
-        err.lines()
-            .filter(|l| l.contains("compressed protocol"))
-            .count()
-            <= 21,
-        "a line per compressed connection:\n{err}"
     );
     // 10,000 connections leave no trace in memory (peak RSS of a run that saw one statement is ~40 MiB).
     assert!(rss_kib < 100 * 1024, "peak RSS {rss_kib} KiB");

@@ -256,7 +256,7 @@ fn mariadb_11_8_in_its_own_pid_namespace() {
         assert!(!out.status.success());
         assert!(stderr.contains("performance_schema is OFF"), "{stderr}");
     });
-    tls_clients_are_followed(&db, false);
+    tls_clients_are_followed(&db);
     // Texts from its process list, whose thread ids are its namespace's: joined through NSpid.
     let (executions, named) = prepared_named(&records);
     assert!(
@@ -284,7 +284,7 @@ fn mysql_9_7() {
             "{stdout}"
         );
     });
-    tls_clients_are_followed(&db, true);
+    tls_clients_are_followed(&db);
     // Texts from performance_schema.prepared_statements_instances: exact, not sampled.
     let (executions, named) = prepared_named(&records);
     assert!(executions > 100, "too few executions: {executions}");
@@ -355,10 +355,9 @@ fn python() -> PathBuf {
 }
 
 /// Real client libraries over TLS on TCP, connected while tracing (tests/fixtures/servers/tls_clients.py): every
-/// statement once, with its exact text and its connection's user; the executions of its prepared statements by
-/// their text where the server's numbering of them is known (`executions_named`), else by their id, never by
-/// another text.
-fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
+/// statement once, with its exact text and its connection's user, the executions of its prepared statements by
+/// their text: followed in their plaintext, at the server's OpenSSL.
+fn tls_clients_are_followed(db: &TestDb) {
     let tag = format!("tls{}", std::process::id());
     let pid = db.pid.to_string();
     let tracer = Background::start(
@@ -368,7 +367,6 @@ fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
             &pid,
             "--json",
             "--raw-sql",
-            "--uprobes",
             "--sample-every",
             "1",
         ],
@@ -420,14 +418,7 @@ fn tls_clients_are_followed(db: &TestDb, executions_named: bool) {
     assert_eq!(on_its_thread.len(), prepared.len(), "{context}");
     for e in &on_its_thread {
         assert_eq!(e["user"], "sbtest", "{context}");
-        if executions_named || !e["query"].is_null() {
-            assert_eq!(e["query"], statement, "{context}");
-        } else {
-            assert!(
-                e["fingerprint"].as_str().is_some_and(|f| f.contains('#')),
-                "{context}"
-            );
-        }
+        assert_eq!(e["query"], statement, "{context}");
     }
 }
 
