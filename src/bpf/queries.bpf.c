@@ -142,6 +142,8 @@ struct query_thread {
 	__s32 compressed_fd;    /* a connection that asked for the compressed protocol */
 	__u32 inflated_len;     /* the packet being read: its length inflated, if deflated */
 	__u32 text_more;        /* bytes of the statement's request still to come in later reads, for its text */
+	__u32 classic_pending;  /* a packet whose header came alone in a compressed packet: its length (its body is in
+				 * the next compressed packet) */
 	__u64 compressed_ino;   /* its socket's inode, when known */
 	enum tls_call tls_call; /* in SSL_read or SSL_write (and their _ex) */
 	__u8 tls_requested;     /* a TLS request was read: the next client packet is the handshake response */
@@ -202,6 +204,7 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 		st->lock_block_ts = 0;
 		st->via_dispatch = 0;
 		st->tls_call = TLS_NONE;
+		st->classic_pending = 0;
 	}
 	return st;
 }
@@ -710,21 +713,37 @@ static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u6
 
 /* A compressed packet's payload, n bytes of it at buf. At sequence 0 a command: sent as is, it holds a classic
  * packet, followed as any; deflated, its bytes are kept for user space to inflate (its command is not known
- * here, and it is taken as one the server answers). Past sequence 0, data of a statement gone by. */
+ * here, and it is taken as one the server answers). A classic header sent alone (mysql2 frames a packet of 16 MB
+ * so) has its body in the packet at sequence 1. Past that, data of a statement gone by. */
 static __always_inline void compressed_request(struct query_thread *st, __u32 tid, __u64 buf, long n, __u64 now)
 {
+	__u32 inflated = st->inflated_len;
+	__u32 body_of = st->classic_pending;
+	st->classic_pending = 0;
+	if (st->header_seq == 1 && body_of) {
+		start_statement(st, tid, buf, n, now);
+		st->ev.compressed = COMPRESSED_BODY;
+		st->ev.inflated_len = inflated;
+		st->ev.packet_len = body_of;
+		return;
+	}
 	if (st->header_seq != 0) {
 		st->phase = PHASE_IDLE;
 		return;
 	}
-	__u32 inflated = st->inflated_len;
 	if (!inflated) {
 		__u8 inner[4];
 		if (n < 4 || bpf_probe_read_user(inner, sizeof(inner), (void *)buf)) {
 			st->phase = PHASE_IDLE;
 			return;
 		}
+		__u32 whole = st->header_len;
 		st->header_len = inner[0] | (inner[1] << 8) | (inner[2] << 16);
+		if (whole == 4 && st->header_len) {
+			st->classic_pending = st->header_len;
+			st->phase = PHASE_IDLE;
+			return;
+		}
 		buf += 4;
 		n -= 4;
 	}

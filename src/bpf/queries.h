@@ -4,6 +4,8 @@
 #include "vmlinux.h"
 
 #define MAX_SYSCALL_NR 512
+/* query_event.compressed: the request kept is a packet's body, its header sent alone in the compressed packet before */
+#define COMPRESSED_BODY 2
 #define MAX_TEXT 1024         /* request bytes kept per statement: the SQL text, truncated (power of 2) */
 _Static_assert(!(MAX_TEXT & (MAX_TEXT - 1)), "text lengths are masked with MAX_TEXT - 1");
 #define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */
@@ -86,7 +88,8 @@ struct query_event {
 	__u8 reply_len;
 	__u8 seq;
 	__u16 result_len;         /* an execution's reply kept in text[] after the request (reply_len is 0 then) */
-	__u8 compressed;          /* the connection uses the compressed protocol: the reply kept is its framing */
+	__u8 compressed;          /* the connection uses the compressed protocol: the reply kept is its framing;
+				   * COMPRESSED_BODY: the request kept is a packet's body, its header sent alone before */
 	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
 	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
 };

@@ -41,6 +41,9 @@ unsafe impl Plain for query_thread {}
 // SAFETY: as above.
 unsafe impl Plain for executed_event {}
 
+/// `query_event::compressed`: the request kept is a packet's body, its header sent alone before (queries.h).
+const COMPRESSED_BODY: u8 = 2;
+
 /// Statements are sent whole, not once per stack: a larger ring buffer than the stack collectors'; about a
 /// second of sysbench's statements on two CPUs, where the reader drains it every 100 ms. Mapped into
 /// myprobe twice (the kernel's trick for records that wrap), so its RSS counts it twice.
@@ -688,7 +691,11 @@ fn statement(
     let mut packet_len = e.packet_len;
     // A deflated request: its packet, inflated as far as the bytes kept go (nothing where they do not inflate),
     // and kept as long as the text of a request sent as is.
-    if e.inflated_len > 0 {
+    if e.inflated_len > 0 && e.compressed == COMPRESSED_BODY {
+        // The packet's body alone (its header came in the compressed packet before).
+        let keep = (e.inflated_len as usize).min(e.text.len());
+        request = protocol::inflate_prefix(&request, keep).unwrap_or_default();
+    } else if e.inflated_len > 0 {
         let keep = (e.inflated_len as usize).min(4 + e.text.len());
         let inflated = protocol::inflate_prefix(&request, keep);
         match inflated.as_deref().and_then(protocol::split_packet) {

@@ -238,13 +238,16 @@ struct Prepared {
     fingerprint: String,
     /// The text (normalized unless raw SQL is asked for); none when only its result set is known.
     query: Option<String>,
+    /// The prepare's request was longer than what the tracer keeps: `query` is its beginning.
+    truncated: bool,
 }
 
 impl Prepared {
-    fn of(text: &str, raw_sql: bool) -> Self {
+    fn of(text: &str, raw_sql: bool, truncated: bool) -> Self {
         Prepared {
             fingerprint: fingerprint::fingerprint(text),
             query: Some(shown_text(text.to_string(), raw_sql)),
+            truncated,
         }
     }
 }
@@ -485,6 +488,7 @@ impl Tracker {
                             let p = Prepared {
                                 fingerprint: format!("{} #{id}", columns.label()),
                                 query: None,
+                                truncated: false,
                             };
                             forgot_prepared +=
                                 make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
@@ -514,14 +518,12 @@ impl Tracker {
                         conn.db = Some(db);
                     }
                 }
-                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. })
-                    if !truncated =>
-                {
+                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) => {
                     forgot_prepared +=
                         make_room(&mut conn.prepared, statement_id, MAX_PREPARED_PER_CONN);
                     let text = text.as_deref().unwrap_or_default();
                     conn.prepared
-                        .insert(*statement_id, Prepared::of(text, raw_sql));
+                        .insert(*statement_id, Prepared::of(text, raw_sql, truncated));
                     conn.last_prepared = Some(*statement_id);
                 }
                 (protocol::COM_RESET_CONNECTION, _) => {
@@ -553,6 +555,8 @@ impl Tracker {
             self.results_wanted_at = Some(Instant::now());
         }
 
+        // An execution's text is its prepare's, cut as that was.
+        let truncated = truncated || execution.as_ref().is_some_and(|p| p.truncated);
         let (fingerprint, query) = match (text, execution) {
             (Some(t), _) => (
                 Some(fingerprint::fingerprint(&t)),
@@ -623,7 +627,7 @@ impl Tracker {
         let raw_sql = self.raw_sql;
         let conn = self.conn_entry(fd);
         let forgot = make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
-        conn.prepared.insert(id, Prepared::of(text, raw_sql));
+        conn.prepared.insert(id, Prepared::of(text, raw_sql, false));
         self.forgotten_prepared += forgot;
     }
 
