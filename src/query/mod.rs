@@ -861,6 +861,38 @@ mod tests {
     }
 
     #[test]
+    fn after_a_tls_request_the_handshake_response_comes_at_sequence_2() {
+        let mut t = Tracker::new(false);
+        let packet = |seq: u8, payload: Vec<u8>| Event::PacketIn {
+            tid: 1,
+            fd: 5,
+            seq,
+            packet_len: payload.len() as u32,
+            payload,
+            ts_ns: 0,
+        };
+        let caps = protocol::CLIENT_PROTOCOL_41
+            | protocol::CLIENT_SECURE_CONNECTION
+            | protocol::CLIENT_SSL;
+        let mut ssl_request = caps.to_le_bytes().to_vec();
+        ssl_request.extend(0x0100_0000u32.to_le_bytes());
+        ssl_request.push(0x2d);
+        ssl_request.extend([0; 23]);
+        let mut response = ssl_request.clone();
+        response.extend(b"alice\0\0");
+        t.handle(packet(1, ssl_request));
+        assert_eq!(t.notices, [Notice::Tls { conn: None }]);
+        t.handle(packet(2, response));
+        // A COM_CHANGE_USER's authentication, also at sequence 2, is no handshake response.
+        let mut auth = caps.to_le_bytes().to_vec();
+        auth.extend([0x61; 28]);
+        t.handle(packet(2, auth));
+        let r = t.handle(prepared(1)).unwrap();
+        assert_eq!(r.user.as_deref(), Some("alice"));
+        assert_eq!(t.notices.len(), 1);
+    }
+
+    #[test]
     fn a_zstd_compressed_connection_is_followed_and_remembered_within_bounds() {
         let mut t = Tracker::new(false);
         t.handle(compressed_handshake(7, "alice"));
