@@ -101,7 +101,7 @@ enum compression : __u8 {
 };
 
 /* Why a connection's bytes on its socket are not parsed: another framing (the X protocol's), or TLS (its plaintext
- * is followed at the server's SSL_read and SSL_write where they are probed). */
+ * is followed at the server's vio_ssl_read and vio_ssl_write where they are probed). */
 enum ignore_reason : __u8 {
 	IGNORE_NONE = 0,
 	IGNORE_FRAMING,
@@ -145,11 +145,10 @@ struct query_thread {
 	__u32 classic_pending;  /* a packet whose header came alone in a compressed packet: its length (its body is in
 				 * the next compressed packet) */
 	__u64 compressed_ino;   /* its socket's inode, when known */
-	enum tls_call tls_call; /* in SSL_read or SSL_write (and their _ex) */
+	enum tls_call tls_call; /* in vio_ssl_read or vio_ssl_write */
 	__u8 tls_requested;     /* a TLS request was read: the next client packet is the handshake response */
 	__s32 tls_fd;           /* the socket of the thread's TLS connection (its SSL request's, or its calls') */
 	__u64 tls_buf;          /* the call's plaintext */
-	__u64 tls_count;        /* _ex: where it writes the count of bytes (else its return value is the count) */
 	__u64 tls_sp;           /* its stack pointer at entry: a call deeper is nested in it */
 	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
@@ -545,7 +544,7 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 		n = st->header_len;
 	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
 	/* A TLS request (the response cut at its 32 bytes): what follows on the socket is encrypted, its plaintext
-	 * followed at SSL_read and SSL_write (or at dispatch_command); read as packets, the ciphertext would start
+	 * followed at vio_ssl_read and vio_ssl_write (or at dispatch_command); read as packets, the ciphertext would start
 	 * statements that hide the real ones. A handshake response (at sequence 1, or 2 after a TLS request) asking
 	 * for compression: the commands that follow are framed compressed. Its first bytes are the client's
 	 * capabilities. */
@@ -634,7 +633,7 @@ static __always_inline void packet_read(struct query_thread *st, __u32 tid, __s3
 	}
 }
 
-/* Where a recv's bytes are (`tls`: the plaintext of an SSL_read): the offset of the first byte of a packet's body
+/* Where a recv's bytes are (`tls`: the plaintext of a TLS read): the offset of the first byte of a packet's body
  * in it, or none to handle. */
 static __always_inline long packet_start(struct query_thread *st, __s32 fd, __u64 buf, long n, __u64 now, bool tls)
 {
@@ -792,7 +791,7 @@ static __always_inline void request_continues(struct query_thread *st, __u64 buf
 	st->text_more = failed || got >= st->text_more ? 0 : st->text_more - got;
 }
 
-/* A recv on a socket returned n > 0 bytes at buf (`tls`: an SSL_read, its plaintext). */
+/* A recv on a socket returned n > 0 bytes at buf (`tls`: a TLS read, its plaintext). */
 static __always_inline void on_recv(struct query_thread *st, __u32 tid, __s32 fd, __u64 buf, long n, __u64 now,
 				    bool tls)
 {
@@ -1085,11 +1084,12 @@ int BPF_KRETPROBE(on_dispatch_return)
 	return 0;
 }
 
-/* TLS: the plaintext of a connection is followed at the server's calls of OpenSSL's SSL_read and SSL_write (and
- * their _ex forms), attached by user space to the library the server maps, as the socket's bytes are. Entered,
- * the call's buffer is kept; the socket calls inside it (read and write, on ciphertext) name the connection; its
- * return gives the bytes. The next request's read ends a statement whose reply went out. */
-static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __u64 buf, __u64 count)
+/* TLS: the plaintext of a connection is followed at the server's own vio_ssl_read and vio_ssl_write (MariaDB's
+ * and MySQL's one layer above OpenSSL, whose entries the kernel emulates: OpenSSL's SSL_read is single-stepped, ten
+ * times dearer), as the socket's bytes are. Entered, the call's buffer is kept; the socket calls inside it (read
+ * and write, on ciphertext) name the connection; its return gives the bytes. The next request's read ends a
+ * statement whose reply went out. */
+static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __u64 buf)
 {
 	__u32 tid;
 	if (!current_is_target(&tid))
@@ -1104,7 +1104,6 @@ static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __
 		return 0;
 	st->tls_call = call;
 	st->tls_buf = buf;
-	st->tls_count = count;
 	st->tls_sp = sp;
 	st->tls_sk = 0;
 	if (call == TLS_READ && st->phase == PHASE_REPLIED)
@@ -1112,39 +1111,24 @@ static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __
 	return 0;
 }
 
+/* vio_ssl_read(Vio *, uchar *buf, size_t size) and vio_ssl_write(Vio *, const uchar *buf, size_t size) */
 SEC("uprobe")
-int BPF_KPROBE(on_ssl_read, __u64 ssl, __u64 buf)
+int BPF_KPROBE(on_tls_read, __u64 vio, __u64 buf)
 {
-	(void)ssl;
-	return tls_enter(ctx, TLS_READ, buf, 0);
+	(void)vio;
+	return tls_enter(ctx, TLS_READ, buf);
 }
 
 SEC("uprobe")
-int BPF_KPROBE(on_ssl_read_ex, __u64 ssl, __u64 buf, __u64 num, __u64 readbytes)
+int BPF_KPROBE(on_tls_write, __u64 vio, __u64 buf)
 {
-	(void)ssl;
-	(void)num;
-	return tls_enter(ctx, TLS_READ, buf, readbytes);
+	(void)vio;
+	return tls_enter(ctx, TLS_WRITE, buf);
 }
 
-SEC("uprobe")
-int BPF_KPROBE(on_ssl_write, __u64 ssl, __u64 buf)
-{
-	(void)ssl;
-	return tls_enter(ctx, TLS_WRITE, buf, 0);
-}
-
-SEC("uprobe")
-int BPF_KPROBE(on_ssl_write_ex, __u64 ssl, __u64 buf, __u64 num, __u64 written)
-{
-	(void)ssl;
-	(void)num;
-	return tls_enter(ctx, TLS_WRITE, buf, written);
-}
-
-/* The return of any of the four: the plaintext read or written, handled as a recv's or a send's bytes are. */
+/* The return of either: the bytes read or written (-1: an error), handled as a recv's or a send's are. */
 SEC("uretprobe")
-int BPF_KRETPROBE(on_ssl_return, long ret)
+int BPF_KRETPROBE(on_tls_return, long ret)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid;
@@ -1155,13 +1139,7 @@ int BPF_KRETPROBE(on_ssl_return, long ret)
 		return 0;
 	enum tls_call call = st->tls_call;
 	st->tls_call = TLS_NONE;
-	long n = (int)ret;
-	if (st->tls_count) {
-		__u64 count = 0;
-		if (n != 1 || bpf_probe_read_user(&count, sizeof(count), (void *)st->tls_count))
-			return 0;
-		n = count;
-	}
+	long n = ret;
 	__s32 fd = st->tls_fd;
 	if (n <= 0 || fd < 0)
 		return 0;

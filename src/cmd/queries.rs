@@ -433,8 +433,8 @@ pub fn follow(
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
-    // TLS connections' plaintext at the server's OpenSSL; where that cannot be, at dispatch_command.
-    let tls = collect::queries::TlsProbe::of_process(target.pid);
+    // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
+    let tls = collect::queries::TlsProbe::of_binary(&target.binary)?;
     let tls_followed = Cell::new(false);
     let mut tls_said = false;
     let probe = dispatch.as_ref().map(|d| DispatchProbe {
@@ -513,7 +513,7 @@ pub fn follow(
                 Event::TlsProbe(Err(why)) => {
                     return say!(
                         "myprobe: warning: TLS connections will be followed at dispatch_command, not at the \
-                         server's OpenSSL: {why}"
+                         server's vio_ssl_read and vio_ssl_write: {why}"
                     )
                 }
                 event => event,
@@ -538,7 +538,7 @@ pub fn follow(
                         if !std::mem::replace(&mut tls_said, true) {
                             say!(
                                 "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
-                                 server's SSL_read and SSL_write"
+                                 server's vio_ssl_read and vio_ssl_write"
                             );
                         }
                     }

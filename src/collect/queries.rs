@@ -5,7 +5,7 @@
 use std::{
     cell::Cell,
     mem::MaybeUninit,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -117,8 +117,8 @@ pub enum Event {
     Executed(Executed),
     /// The TLS fallback's uprobes were attached while tracing (not from the start).
     DispatchProbe,
-    /// The uprobes on the server's TLS library ([`TlsProbe`]) were attached (Ok) or could not be (why): said
-    /// once, before tracing begins.
+    /// The uprobes on the server's TLS read and write ([`TlsProbe`]) were attached (Ok) or could not be (why):
+    /// said once, before tracing begins.
     TlsProbe(Result<(), String>),
     /// The execution probe was attached (true) or detached.
     ExecuteProbe(bool),
@@ -209,80 +209,41 @@ pub struct DispatchProbe<'a> {
     pub wanted: &'a Cell<bool>,
 }
 
-/// TLS connections' plaintext: uprobes on the OpenSSL the server maps, at its `SSL_read` and `SSL_write` (and their
-/// `_ex` forms where the library has them), attached for the whole trace.
-pub struct TlsProbe {
-    /// The library, as the server's maps name it, through the server's root.
-    pub library: PathBuf,
+/// TLS connections' plaintext: uprobes on the server's own `vio_ssl_read` and `vio_ssl_write` (MariaDB's and MySQL's
+/// layer above OpenSSL: their entries are instructions the kernel emulates, where OpenSSL's `SSL_read` is
+/// single-stepped at ten times the cost), attached for the whole trace.
+pub struct TlsProbe<'a> {
+    pub binary: &'a Path,
+    pub read: Function,
+    pub write: Function,
 }
 
-/// The calls whose plaintext is followed, with the entry program of each.
-const TLS_CALLS: [&str; 4] = ["SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"];
-
-impl TlsProbe {
-    /// The OpenSSL library process `pid` maps (`libssl.so.*`), if any: a server built with another TLS library,
-    /// or linked statically, has none, and its TLS connections are followed at dispatch_command.
-    pub fn of_process(pid: u32) -> Option<TlsProbe> {
-        let maps = crate::process::maps::ProcMaps::read(pid).ok()?;
-        (0..maps.file_count())
-            .map(|i| maps.file(i))
-            .find(|f| f.basename.starts_with("libssl.so"))
-            .map(|f| TlsProbe {
-                library: f.open_path.clone(),
-            })
-    }
-
-    /// The calls of [`TLS_CALLS`] the library exports (the `_ex` forms are OpenSSL 1.1.1's and later).
-    fn exported(&self) -> Result<Vec<&'static str>> {
-        use object::{Object, ObjectSymbol};
-        let data = std::fs::read(&self.library)
-            .with_context(|| format!("reading {}", self.library.display()))?;
-        let file = object::File::parse(&*data)
-            .with_context(|| format!("{} is not an ELF file", self.library.display()))?;
-        let names: std::collections::HashSet<&str> = file
-            .dynamic_symbols()
-            .filter(|s| s.is_definition())
-            .filter_map(|s| s.name().ok())
-            .collect();
-        let found: Vec<_> = TLS_CALLS
-            .into_iter()
-            .filter(|c| names.contains(c))
-            .collect();
-        anyhow::ensure!(
-            found.contains(&"SSL_read") && found.contains(&"SSL_write"),
-            "{} exports no SSL_read or SSL_write",
-            self.library.display()
-        );
-        Ok(found)
+impl<'a> TlsProbe<'a> {
+    /// The server's TLS read and write, if its binary names them (not stripped): else its TLS connections are
+    /// followed at dispatch_command.
+    pub fn of_binary(binary: &'a Path) -> Result<Option<TlsProbe<'a>>> {
+        let find = |name| crate::process::probes::find_named_function(binary, name);
+        Ok(match (find("vio_ssl_read")?, find("vio_ssl_write")?) {
+            (Some(read), Some(write)) => Some(TlsProbe {
+                binary,
+                read,
+                write,
+            }),
+            _ => None,
+        })
     }
 
     /// Attaches the return probe of each call, then its entry probe: an entry without its return would leave its
     /// thread in the call.
     fn attach(&self, progs: &skel::QueriesProgs, pid: u32) -> Result<Vec<Link>> {
-        let calls = self.exported()?;
         let mut links = Vec::new();
-        for retprobe in [true, false] {
-            for &call in &calls {
-                let prog = match (retprobe, call) {
-                    (true, _) => &progs.on_ssl_return,
-                    (false, "SSL_read") => &progs.on_ssl_read,
-                    (false, "SSL_read_ex") => &progs.on_ssl_read_ex,
-                    (false, "SSL_write") => &progs.on_ssl_write,
-                    (false, _) => &progs.on_ssl_write_ex,
-                };
-                let function = Function {
-                    mangled: call.into(),
-                    demangled: call.into(),
-                    entry: None,
-                };
-                links.push(attach_uprobe(
-                    prog,
-                    retprobe,
-                    pid,
-                    &self.library,
-                    &function,
-                )?);
-            }
+        for (prog, retprobe, function) in [
+            (&progs.on_tls_return, true, &self.read),
+            (&progs.on_tls_return, true, &self.write),
+            (&progs.on_tls_read, false, &self.read),
+            (&progs.on_tls_write, false, &self.write),
+        ] {
+            links.push(attach_uprobe(prog, retprobe, pid, self.binary, function)?);
         }
         Ok(links)
     }
@@ -310,7 +271,7 @@ pub struct ExecuteWish {
 #[derive(Default)]
 pub struct ServerProbes<'a> {
     pub dispatch: Option<DispatchProbe<'a>>,
-    pub tls: Option<TlsProbe>,
+    pub tls: Option<TlsProbe<'a>>,
     pub execute: Option<ExecuteProbe<'a>>,
 }
 
@@ -385,13 +346,11 @@ pub fn collect(
     open.progs.on_dispatch.set_autoattach(false);
     open.progs.on_dispatch_return.set_autoattach(false);
     open.progs.on_execute.set_autoattach(false);
-    // Attached by TlsProbe::attach, to the server's OpenSSL.
+    // Attached by TlsProbe::attach, to the server's binary.
     for prog in [
-        &mut open.progs.on_ssl_read,
-        &mut open.progs.on_ssl_read_ex,
-        &mut open.progs.on_ssl_write,
-        &mut open.progs.on_ssl_write_ex,
-        &mut open.progs.on_ssl_return,
+        &mut open.progs.on_tls_read,
+        &mut open.progs.on_tls_write,
+        &mut open.progs.on_tls_return,
     ] {
         prog.set_autoattach(false);
     }

@@ -22,15 +22,32 @@ pub struct Function {
 /// The first function of `binary` whose demangled name starts with `prefix` (e.g. `dispatch_command(`),
 /// from `.symtab` or `.dynsym`; `None` if the binary has no such symbol (stripped, or another version).
 pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
+    let name = prefix.split('(').next().unwrap_or(prefix);
+    let ident = name.rsplit("::").next().unwrap_or(name);
+    first_function(binary, ident, |demangled| demangled.starts_with(prefix))
+}
+
+/// The function of `binary` named `name`, as C names it or C++ with any arguments (`vio_ssl_read` is both, by
+/// server); `None` if the binary has none.
+pub fn find_named_function(binary: &Path, name: &str) -> Result<Option<Function>> {
+    let with_args = format!("{name}(");
+    first_function(binary, name, |demangled| {
+        demangled == name || demangled.starts_with(&with_args)
+    })
+}
+
+/// The first function of `binary` whose mangled name holds `ident` and whose demangled name is `wanted`.
+fn first_function(
+    binary: &Path,
+    ident: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Option<Function>> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", binary.display()))?;
     // The plain identifier appears in the mangled name (as `16dispatch_command`), which avoids demangling
     // tens of thousands of symbols.
-    let name = prefix.split('(').next().unwrap_or(prefix);
-    let ident = name.rsplit("::").next().unwrap_or(name);
-    let candidates = file.symbols().chain(file.dynamic_symbols());
-    for sym in candidates {
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {
             continue;
         }
@@ -39,7 +56,7 @@ pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
             continue;
         }
         let demangled = demangle(name);
-        if demangled.starts_with(prefix) {
+        if wanted(&demangled) {
             return Ok(Some(Function {
                 mangled: name.to_string(),
                 demangled,
