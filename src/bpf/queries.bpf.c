@@ -147,6 +147,9 @@ struct query_thread {
 	__u64 compressed_ino;   /* its socket's inode, when known */
 	enum tls_call tls_call; /* in vio_ssl_read or vio_ssl_write */
 	__u8 tls_requested;     /* a TLS request was read: the next client packet is the handshake response */
+	__u8 tls_synced;        /* the TLS reads' bytes begin where a request does: its connection began while traced,
+				 * or a reply went out since (a read entered before the probes went by unseen, and the
+				 * next is not a header) */
 	__s32 tls_fd;           /* the socket of the thread's TLS connection (its SSL request's, or its calls') */
 	__u64 tls_buf;          /* the call's plaintext */
 	__u64 tls_sp;           /* its stack pointer at entry: a call deeper is nested in it */
@@ -195,7 +198,9 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 	if (!st && create)
 		count_lost(state);
 	if (st && st->period != attach_period) {
-		/* Left by an earlier sampled period: what it read or was in since is unknown. */
+		/* Left by an earlier sampled period: what it read or was in since is unknown (the TLS probes stay
+		 * attached: their stream is known where it was between requests). */
+		st->tls_synced = st->tls_synced && st->phase == PHASE_IDLE && !st->hdr_have && !st->skip;
 		st->period = attach_period;
 		st->phase = PHASE_IDLE;
 		st->hdr_have = 0;
@@ -558,6 +563,7 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 		ignore_connection(st, fd, IGNORE_CIPHERTEXT);
 		st->tls_fd = fd;
 		st->tls_requested = 1;
+		st->tls_synced = 1;
 	} else if (caps & (CLIENT_COMPRESS | CLIENT_ZSTD_COMPRESSION)) {
 		st->compression = COMPRESSION_ASKED;
 		st->compressed_fd = fd;
@@ -1145,9 +1151,13 @@ int BPF_KRETPROBE(on_tls_return, long ret)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	st->call_sk = st->tls_sk;
-	if (call == TLS_READ)
-		on_recv(st, tid, fd, st->tls_buf, n, now, true);
-	else if (!in_statement(st))
+	if (call == TLS_READ) {
+		if (st->tls_synced)
+			on_recv(st, tid, fd, st->tls_buf, n, now, true);
+		return 0;
+	}
+	st->tls_synced = 1; /* the next read begins a request */
+	if (!in_statement(st))
 		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, st->tls_buf, n, now);
 	else if (fd == st->fd)
 		reply_sent(st, st->tls_buf, n, now);
