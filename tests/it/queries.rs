@@ -650,6 +650,8 @@ fn failed_statement_has_its_error_code_and_literals_stay_hidden() {
 
 #[test]
 fn json_records_under_load_have_every_field() {
+    // Every execution is to carry its text: no other test's load, prepared before this trace began, is seen.
+    crate::common::servers_alone();
     let db = testdb();
     let (all, err) = records_under_load(&db, &[]);
     assert!(
