@@ -494,6 +494,8 @@ pub fn follow(
                     return execute_wish.set(texts.execute_wish(wanted.get()));
                 }
                 Event::Tick => {
+                    // Read by the collector at its next poll; asked here, not at each record (a clock read).
+                    want_results.set(tracker.wants_results());
                     texts.tick(&mut tracker, &mut emit);
                     return execute_wish.set(texts.execute_wish(wanted.get()));
                 }
@@ -531,7 +533,6 @@ pub fn follow(
                 _ => {}
             }
             let record = tracker.handle(event);
-            want_results.set(tracker.wants_results());
             for n in tracker.notices.drain(..) {
                 match n {
                     Notice::Tls { .. } if tls_followed.get() => {

@@ -145,16 +145,29 @@ impl Shares {
 
 impl Digest {
     pub fn add(&mut self, r: &QueryRecord) {
-        let key = r
-            .fingerprint
-            .clone()
-            .unwrap_or_else(|| format!("({})", r.command.to_lowercase()));
-        let key = if self.entries.len() >= MAX_FINGERPRINTS && !self.entries.contains_key(&key) {
-            OTHER.to_string()
-        } else {
-            key
+        let unnamed;
+        let key = match &r.fingerprint {
+            Some(f) => f.as_str(),
+            None => {
+                unnamed = format!("({})", r.command.to_lowercase());
+                unnamed.as_str()
+            }
         };
-        let e = self.entries.entry(key).or_insert_with(Entry::new);
+        // Looked up before any key is made: the fingerprint is not copied for each statement.
+        if !self.entries.contains_key(key) {
+            let key = if self.entries.len() >= MAX_FINGERPRINTS {
+                OTHER
+            } else {
+                key
+            };
+            self.entries
+                .entry(key.to_string())
+                .or_insert_with(Entry::new);
+        }
+        let e = match self.entries.get_mut(key) {
+            Some(e) => e,
+            None => self.entries.get_mut(OTHER).expect("made above"),
+        };
         e.count += 1;
         e.errors += r.error.is_some() as u64;
         e.latency_us.saturating_record(r.duration_us.max(1));

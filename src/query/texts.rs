@@ -880,7 +880,6 @@ impl PreparedTexts {
             if self.probe_attached {
                 self.probe_ready = Some(Instant::now());
                 self.probe_ready_ns = collect::monotonic_ns();
-                self.probe_ready_ns = collect::monotonic_ns();
             }
         }
         if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
