@@ -55,17 +55,23 @@ bpf_snapshot() {
 }
 
 # measure_tracing PID SECONDS OUT: while myprobe (PID) traces, the in-kernel cost of its programs and its own
-# CPU over SECONDS, and its peak RSS; writes "ns_per_run runs_per_s bpf_cpu_pct myprobe_cpu_pct rss_mib" to OUT
+# CPU over SECONDS, and its peak RSS; writes "ns_per_run runs_per_s bpf_cpu_pct myprobe_cpu_pct rss_mib" to OUT,
+# and each program's "name ns_per_run runs_per_s" to OUT with .programs for .cost
 measure_tracing() {
-    local p=$1 window=$2 out=$3 t0 t1 c0 c1 hz
+    local p=$1 window=$2 out=$3 t0 t1 c0 c1 hz before after
     hz=$(getconf CLK_TCK)
     # PID is timeout's: myprobe is its child.
     p=$(pgrep -n -P "$p" || echo "$p")
+    before=$(bpf_programs "$p")
     read -r t0 n0 < <(bpf_snapshot "$p")
     c0=$(cpu_ticks "$p")
     sleep "$window"
+    after=$(bpf_programs "$p")
     read -r t1 n1 < <(bpf_snapshot "$p")
     c1=$(cpu_ticks "$p")
+    awk -v w="$window" 'NR == FNR { t[$1] = $3; n[$1] = $4; next }
+        { dn = $4 - n[$1]; printf "%s %s %.0f\n", $2, (dn > 0 ? sprintf("%.0f", ($3 - t[$1]) / dn) : "n/a"), dn / w }' \
+        <(printf '%s\n' "$before") <(printf '%s\n' "$after") >"${out%.cost}.programs"
     rss=$(awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$p/status" 2>/dev/null || echo n/a)
     awk -v t="$((t1 - t0))" -v n="$((n1 - n0))" -v c="$((c1 - c0))" -v hz="$hz" -v w="$window" -v rss="$rss" \
         'BEGIN { printf "%s %.0f %.3f %.2f %s\n", (n > 0 ? sprintf("%.0f", t / n) : "n/a"), n / w, t / w / 1e7,
