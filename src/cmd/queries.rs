@@ -572,8 +572,12 @@ pub fn follow(
                     record.lock_site.as_deref(),
                 ));
             }
+            // What the execution probe is to do changes with an execution of unknown text (else at a tick).
+            let unknown_execution = record.prepared.is_some() && record.query.is_none();
             texts.add(&mut tracker, record, &mut emit);
-            execute_wish.set(texts.execute_wish(wanted.get()));
+            if unknown_execution {
+                execute_wish.set(texts.execute_wish(wanted.get()));
+            }
         },
     )?;
     texts.finish(&mut tracker, &mut emit);

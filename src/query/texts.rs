@@ -461,6 +461,9 @@ pub struct PreparedTexts {
     /// Why the sampler stopped, said once texts are wanted.
     error: Option<String>,
     last_join: Instant,
+    /// The same, in the statements' time (CLOCK_MONOTONIC ns): records are joined every JOIN_INTERVAL of their
+    /// own time, with no read of the clock for each.
+    last_join_ns: u64,
     /// Statements named, and whether the process list could not be read.
     pub named: u64,
     pub failed: bool,
@@ -511,6 +514,7 @@ impl Default for PreparedTexts {
                 .collect(),
             error: None,
             last_join: Instant::now(),
+            last_join_ns: 0,
             named: 0,
             failed: false,
             own_statements: 0,
@@ -715,16 +719,12 @@ impl PreparedTexts {
             };
             let known = record.query.as_ref().and(record.fingerprint.as_deref());
             if self.finder.execution(e, known) {
+                // Sampled often from now on; slowly again once none is new for SLOW_AFTER (at a tick).
                 self.last_new = Instant::now();
+                self.interval_us
+                    .store(SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
                 self.wake_sampler();
             }
-            let interval = if self.last_new.elapsed() < SLOW_AFTER {
-                SAMPLE_INTERVAL
-            } else {
-                SLOW_SAMPLE_INTERVAL
-            };
-            self.interval_us
-                .store(interval.as_micros() as u64, Ordering::Relaxed);
             let wanted = self.finder.wants_texts();
             let was_wanted = self.wanted.swap(wanted, Ordering::Relaxed);
             if wanted && !was_wanted {
@@ -754,8 +754,12 @@ impl PreparedTexts {
         } else {
             emit(record);
         }
-        if self.last_join.elapsed() >= JOIN_INTERVAL || self.held_count >= MAX_HELD {
+        let join_ns = JOIN_INTERVAL.as_nanos() as u64;
+        if self.events_ns.saturating_sub(self.last_join_ns) >= join_ns
+            || self.held_count >= MAX_HELD
+        {
             self.last_join = Instant::now();
+            self.last_join_ns = self.events_ns;
             self.join(tracker, false);
             self.release(false, false, emit);
         }
@@ -882,8 +886,13 @@ impl PreparedTexts {
                 self.probe_ready_ns = collect::monotonic_ns();
             }
         }
+        if self.last_new.elapsed() >= SLOW_AFTER {
+            self.interval_us
+                .store(SLOW_SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
+        }
         if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
             self.last_join = Instant::now();
+            self.last_join_ns = self.events_ns;
             self.join(tracker, false);
             self.release(false, true, emit);
         }
