@@ -152,7 +152,6 @@ struct query_thread {
 				 * next is not a header) */
 	__s32 tls_fd;           /* the socket of the thread's TLS connection (its SSL request's, or its calls') */
 	__u64 tls_buf;          /* the call's plaintext */
-	__u64 tls_sp;           /* its stack pointer at entry: a call deeper is nested in it */
 	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
@@ -211,6 +210,14 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 		st->classic_pending = 0;
 	}
 	return st;
+}
+
+/* The state of the current thread if it is the server's (its id in *tid); with `create`, made if it has none. */
+static __always_inline struct query_thread *current_state(__u32 *tid, bool create)
+{
+	if (!current_is_target(tid))
+		return NULL;
+	return thread_state(bpf_get_current_task_btf(), create);
 }
 
 static __always_inline void submit_waking(struct query_event *e, bool now)
@@ -846,6 +853,16 @@ static __always_inline bool connection_failed(long ret)
 	return ret < 0 && ret != -EAGAIN && ret != -EINTR;
 }
 
+/* A statement's socket call (`each_syscall`: seen at the syscall's exit, and counted as one) returned `ret`. */
+static __always_inline void count_net_call(struct query_thread *st, __u64 now, long ret, bool each_syscall)
+{
+	charge(st, now, PART_USER);
+	if (each_syscall)
+		st->c.syscalls++;
+	if (ret > 0)
+		st->c.net_bytes += ret;
+}
+
 /* A recv or send of the server's thread on socket fd returned `ret` (class `cls`, its bytes at `buf` or in the
  * msghdr there). With `each_syscall` (the sys_exit program) the statement also counts it as a syscall. The
  * statement's record as of now is ready after its reply's send. */
@@ -879,11 +896,7 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 
 	if (!counted)
 		return;
-	charge(st, now, PART_USER);
-	if (each_syscall)
-		st->c.syscalls++;
-	if (ret > 0)
-		st->c.net_bytes += ret;
+	count_net_call(st, now, ret, each_syscall);
 	if (!recv && fd == st->fd) {
 		if (n > 0)
 			reply_sent(st, buf, n, now);
@@ -898,13 +911,8 @@ static __always_inline void tls_socket_call(struct query_thread *st, __s32 fd, _
 {
 	st->tls_fd = fd;
 	st->tls_sk = sk;
-	if (!in_statement(st))
-		return;
-	charge(st, bpf_ktime_get_ns(), PART_USER);
-	if (each_syscall)
-		st->c.syscalls++;
-	if (ret > 0)
-		st->c.net_bytes += ret;
+	if (in_statement(st))
+		count_net_call(st, bpf_ktime_get_ns(), ret, each_syscall);
 }
 
 /* The kernel's socket tracepoints: run at the end of each recv and send on a socket of the host (not at every
@@ -1018,9 +1026,7 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid;
-	if (!current_is_target(&tid))
-		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), true);
+	struct query_thread *st = current_state(&tid, true);
 	if (!st || (in_statement(st) && !st->via_dispatch))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
@@ -1095,22 +1101,15 @@ int BPF_KRETPROBE(on_dispatch_return)
  * times dearer), as the socket's bytes are. Entered, the call's buffer is kept; the socket calls inside it (read
  * and write, on ciphertext) name the connection; its return gives the bytes. The next request's read ends a
  * statement whose reply went out. */
-static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __u64 buf)
+static __always_inline int tls_enter(enum tls_call call, __u64 buf)
 {
 	__u32 tid;
-	if (!current_is_target(&tid))
-		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), true);
+	struct query_thread *st = current_state(&tid, true);
 	if (!st)
 		return 0;
-	__u64 sp = PT_REGS_SP(ctx);
-	/* A call within the one entered (one form implemented by the other) is that one; a call not deeper is a new
-	 * one, the one before having returned unseen. */
-	if (st->tls_call && sp < st->tls_sp)
-		return 0;
+	/* The two do not call each other: a call entered is a new one (one before it that returned unseen is over). */
 	st->tls_call = call;
 	st->tls_buf = buf;
-	st->tls_sp = sp;
 	st->tls_sk = 0;
 	if (call == TLS_READ && st->phase == PHASE_REPLIED)
 		finish_statement(st);
@@ -1121,15 +1120,17 @@ static __always_inline int tls_enter(struct pt_regs *ctx, enum tls_call call, __
 SEC("uprobe")
 int BPF_KPROBE(on_tls_read, __u64 vio, __u64 buf)
 {
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	(void)vio;
-	return tls_enter(ctx, TLS_READ, buf);
+	return tls_enter(TLS_READ, buf);
 }
 
 SEC("uprobe")
 int BPF_KPROBE(on_tls_write, __u64 vio, __u64 buf)
 {
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	(void)vio;
-	return tls_enter(ctx, TLS_WRITE, buf);
+	return tls_enter(TLS_WRITE, buf);
 }
 
 /* The return of either: the bytes read or written (-1: an error), handled as a recv's or a send's are. */
@@ -1138,9 +1139,7 @@ int BPF_KRETPROBE(on_tls_return, long ret)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid;
-	if (!current_is_target(&tid))
-		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	struct query_thread *st = current_state(&tid, false);
 	if (!st || !st->tls_call)
 		return 0;
 	enum tls_call call = st->tls_call;
@@ -1174,9 +1173,7 @@ int BPF_KPROBE(on_execute, __u64 object)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid;
-	if (!current_is_target(&tid))
-		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	struct query_thread *st = current_state(&tid, false);
 	if (!st || st->phase != PHASE_RUNNING || st->ev.text_len < 5 ||
 	    (st->ev.text[0] != COM_STMT_EXECUTE && st->ev.text[0] != COM_STMT_BULK_EXECUTE))
 		return 0;

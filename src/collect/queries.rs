@@ -222,9 +222,12 @@ impl<'a> TlsProbe<'a> {
     /// The server's TLS read and write, if its binary names them (not stripped): else its TLS connections are
     /// followed at dispatch_command.
     pub fn of_binary(binary: &'a Path) -> Result<Option<TlsProbe<'a>>> {
-        let find = |name| crate::process::probes::find_named_function(binary, name);
-        Ok(match (find("vio_ssl_read")?, find("vio_ssl_write")?) {
-            (Some(read), Some(write)) => Some(TlsProbe {
+        let found = crate::process::probes::find_named_functions(
+            binary,
+            &["vio_ssl_read", "vio_ssl_write"],
+        )?;
+        Ok(match <[_; 2]>::try_from(found).ok() {
+            Some([Some(read), Some(write)]) => Some(TlsProbe {
                 binary,
                 read,
                 write,

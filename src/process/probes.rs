@@ -22,49 +22,79 @@ pub struct Function {
 /// The first function of `binary` whose demangled name starts with `prefix` (e.g. `dispatch_command(`),
 /// from `.symtab` or `.dynsym`; `None` if the binary has no such symbol (stripped, or another version).
 pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
-    let name = prefix.split('(').next().unwrap_or(prefix);
-    let ident = name.rsplit("::").next().unwrap_or(name);
-    first_function(binary, ident, |demangled| demangled.starts_with(prefix))
+    Ok(first_functions(binary, &[Wanted::Prefix(prefix)])?
+        .pop()
+        .flatten())
 }
 
-/// The function of `binary` named `name`, as C names it or C++ with any arguments (`vio_ssl_read` is both, by
-/// server); `None` if the binary has none.
-pub fn find_named_function(binary: &Path, name: &str) -> Result<Option<Function>> {
-    let with_args = format!("{name}(");
-    first_function(binary, name, |demangled| {
-        demangled == name || demangled.starts_with(&with_args)
-    })
+/// The functions of `binary` named `names`, as C names them or C++ with any arguments (`vio_ssl_read` is both, by
+/// server), in one read of the binary; `None` for a name it has none of.
+pub fn find_named_functions(binary: &Path, names: &[&str]) -> Result<Vec<Option<Function>>> {
+    let wanted: Vec<Wanted> = names.iter().map(|n| Wanted::Named(n)).collect();
+    first_functions(binary, &wanted)
 }
 
-/// The first function of `binary` whose mangled name holds `ident` and whose demangled name is `wanted`.
-fn first_function(
-    binary: &Path,
-    ident: &str,
-    wanted: impl Fn(&str) -> bool,
-) -> Result<Option<Function>> {
+/// A function looked for by its demangled name.
+enum Wanted<'a> {
+    /// The name begins so (`dispatch_command(`).
+    Prefix(&'a str),
+    /// The name is this one, alone or with its arguments.
+    Named(&'a str),
+}
+
+impl Wanted<'_> {
+    /// The plain identifier, which the mangled name holds (as `16dispatch_command`): looking for it avoids
+    /// demangling tens of thousands of symbols.
+    fn ident(&self) -> &str {
+        match *self {
+            Wanted::Prefix(prefix) => {
+                let name = prefix.split('(').next().unwrap_or(prefix);
+                name.rsplit("::").next().unwrap_or(name)
+            }
+            Wanted::Named(name) => name,
+        }
+    }
+
+    fn matches(&self, demangled: &str) -> bool {
+        match *self {
+            Wanted::Prefix(prefix) => demangled.starts_with(prefix),
+            Wanted::Named(name) => demangled
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('(')),
+        }
+    }
+}
+
+/// For each of `wanted`, the first function of `binary` it matches.
+fn first_functions(binary: &Path, wanted: &[Wanted]) -> Result<Vec<Option<Function>>> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", binary.display()))?;
-    // The plain identifier appears in the mangled name (as `16dispatch_command`), which avoids demangling
-    // tens of thousands of symbols.
+    let mut found: Vec<Option<Function>> = wanted.iter().map(|_| None).collect();
+    let idents: Vec<&str> = wanted.iter().map(Wanted::ident).collect();
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        if !name.contains(ident) {
-            continue;
+        for ((w, ident), slot) in wanted.iter().zip(&idents).zip(found.iter_mut()) {
+            if slot.is_some() || !name.contains(ident) {
+                continue;
+            }
+            let demangled = demangle(name);
+            if w.matches(&demangled) {
+                *slot = Some(Function {
+                    mangled: name.to_string(),
+                    demangled,
+                    entry: entry_probe_at(&file, sym.address(), sym.size()),
+                });
+            }
         }
-        let demangled = demangle(name);
-        if wanted(&demangled) {
-            return Ok(Some(Function {
-                mangled: name.to_string(),
-                demangled,
-                entry: entry_probe_at(&file, sym.address(), sym.size()),
-            }));
+        if found.iter().all(Option::is_some) {
+            break;
         }
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// Where to put a uprobe on a function's entry: `file_offset` (as the uprobe attach takes it) of the
@@ -259,6 +289,18 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(find_function(Path::new("/nonexistent"), "x").is_err());
+    }
+
+    #[test]
+    fn a_named_function_is_the_c_name_or_the_cpp_name_with_its_arguments() {
+        let named = Wanted::Named("vio_ssl_read");
+        assert!(named.matches("vio_ssl_read"));
+        assert!(named.matches("vio_ssl_read(Vio*, unsigned char*, unsigned long)"));
+        assert!(!named.matches("vio_ssl_read_more"));
+        assert_eq!(
+            Wanted::Prefix("ns::dispatch_command(").ident(),
+            "dispatch_command"
+        );
     }
 
     #[test]

@@ -841,54 +841,51 @@ mod tests {
         assert!(dispatch_fd(9) < -1 && dispatch_fd(u32::MAX) < 0);
     }
 
-    /// A handshake response of `user` asking for the compressed protocol with zstd, on socket `fd`.
-    fn compressed_handshake(fd: i32, user: &str) -> Event {
-        let caps = protocol::CLIENT_PROTOCOL_41
-            | protocol::CLIENT_SECURE_CONNECTION
-            | protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
-        let mut payload = caps.to_le_bytes().to_vec();
-        payload.extend(0x0100_0000u32.to_le_bytes());
-        payload.push(0x2d);
-        payload.extend([0; 23]);
-        payload.extend(user.as_bytes());
-        payload.extend([0, 0]); // the end of the name, no auth data
+    /// A client packet of sequence `seq` on socket `fd`, outside any statement.
+    fn client_packet(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
         Event::PacketIn {
             tid: 1,
             fd,
-            seq: 1,
+            seq,
             packet_len: payload.len() as u32,
             payload,
             ts_ns: 0,
         }
     }
 
+    /// A HandshakeResponse41 with `caps` (protocol 4.1 added): of `user` (no auth data), or without one, the SSL
+    /// request.
+    fn handshake_response(caps: u32, user: Option<&str>) -> Vec<u8> {
+        let caps = caps | protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION;
+        let mut payload = caps.to_le_bytes().to_vec();
+        payload.extend(0x0100_0000u32.to_le_bytes());
+        payload.push(0x2d);
+        payload.extend([0; 23]);
+        if let Some(user) = user {
+            payload.extend(user.as_bytes());
+            payload.extend([0, 0]); // the end of the name, no auth data
+        }
+        payload
+    }
+
+    /// A handshake response of `user` asking for the compressed protocol with zstd, on socket `fd`.
+    fn compressed_handshake(fd: i32, user: &str) -> Event {
+        let caps = protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
+        client_packet(fd, 1, handshake_response(caps, Some(user)))
+    }
+
     #[test]
     fn after_a_tls_request_the_handshake_response_comes_at_sequence_2() {
         let mut t = Tracker::new(false);
-        let packet = |seq: u8, payload: Vec<u8>| Event::PacketIn {
-            tid: 1,
-            fd: 5,
-            seq,
-            packet_len: payload.len() as u32,
-            payload,
-            ts_ns: 0,
-        };
-        let caps = protocol::CLIENT_PROTOCOL_41
-            | protocol::CLIENT_SECURE_CONNECTION
-            | protocol::CLIENT_SSL;
-        let mut ssl_request = caps.to_le_bytes().to_vec();
-        ssl_request.extend(0x0100_0000u32.to_le_bytes());
-        ssl_request.push(0x2d);
-        ssl_request.extend([0; 23]);
-        let mut response = ssl_request.clone();
-        response.extend(b"alice\0\0");
-        t.handle(packet(1, ssl_request));
+        let caps = protocol::CLIENT_SSL;
+        t.handle(client_packet(5, 1, handshake_response(caps, None)));
         assert_eq!(t.notices, [Notice::Tls { conn: None }]);
-        t.handle(packet(2, response));
+        t.handle(client_packet(5, 2, handshake_response(caps, Some("alice"))));
         // A COM_CHANGE_USER's authentication, also at sequence 2, is no handshake response.
-        let mut auth = caps.to_le_bytes().to_vec();
+        let all_caps = caps | protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION;
+        let mut auth = all_caps.to_le_bytes().to_vec();
         auth.extend([0x61; 28]);
-        t.handle(packet(2, auth));
+        t.handle(client_packet(5, 2, auth));
         let r = t.handle(prepared(1)).unwrap();
         assert_eq!(r.user.as_deref(), Some("alice"));
         assert_eq!(t.notices.len(), 1);

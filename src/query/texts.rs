@@ -758,11 +758,22 @@ impl PreparedTexts {
         if self.events_ns.saturating_sub(self.last_join_ns) >= join_ns
             || self.held_count >= MAX_HELD
         {
-            self.last_join = Instant::now();
-            self.last_join_ns = self.events_ns;
-            self.join(tracker, false);
-            self.release(false, false, emit);
+            self.join_and_release(tracker, false, emit);
         }
+    }
+
+    /// Takes in what the reader found and writes the records that no longer wait (`caught_up`: at a tick, when
+    /// the reader's clock may end a wait).
+    fn join_and_release(
+        &mut self,
+        tracker: &mut Tracker,
+        caught_up: bool,
+        emit: &mut impl FnMut(QueryRecord),
+    ) {
+        self.last_join = Instant::now();
+        self.last_join_ns = self.events_ns;
+        self.join(tracker, false);
+        self.release(false, caught_up, emit);
     }
 
     /// What the execution probe is to do: be attached while executions of statements of unknown text come (or
@@ -891,10 +902,7 @@ impl PreparedTexts {
                 .store(SLOW_SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
         }
         if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
-            self.last_join = Instant::now();
-            self.last_join_ns = self.events_ns;
-            self.join(tracker, false);
-            self.release(false, true, emit);
+            self.join_and_release(tracker, true, emit);
         }
     }
 

@@ -356,7 +356,7 @@ fn python() -> PathBuf {
 
 /// Real client libraries over TLS on TCP, connected while tracing (tests/fixtures/servers/tls_clients.py): every
 /// statement once, with its exact text and its connection's user, the executions of its prepared statements by
-/// their text: followed in their plaintext, at the server's OpenSSL.
+/// their text: followed in their plaintext, at the server's vio_ssl_read and vio_ssl_write.
 fn tls_clients_are_followed(db: &TestDb) {
     let tag = format!("tls{}", std::process::id());
     let pid = db.pid.to_string();
