@@ -1566,7 +1566,7 @@ proptest! {
 
             prop_assert_eq!(r.is_some(), n.is_some());
             let (Some(r), Some(n)) = (r, n) else { continue };
-            prop_assert_eq!(n.query.clone(), r.query.as_deref().map(normalize));
+            prop_assert_eq!(n.query.as_deref().map(str::to_string), r.query.as_deref().map(normalize));
             prop_assert_eq!(&n.fingerprint, &r.fingerprint);
             prop_assert_eq!((&n.user, &n.db, n.conn, n.error), (&r.user, &r.db, r.conn, r.error));
             if let Some(q) = &r.query {
@@ -1574,7 +1574,7 @@ proptest! {
                 let text = if r.command == "Init DB" {
                     q.strip_prefix("USE `").and_then(|q| q.strip_suffix('`'))
                 } else {
-                    Some(q.as_str())
+                    Some(&**q)
                 };
                 prop_assert!(
                     text.is_some_and(|t| statements.iter().any(|s| s.contains(t))),

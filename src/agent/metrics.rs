@@ -11,7 +11,7 @@
 
 use std::{collections::HashMap, fmt::Write};
 
-use crate::{collect::Lost, query::QueryRecord, query::TimeParts};
+use crate::{collect::Lost, query::QueryRecord, query::Text, query::TimeParts};
 
 /// Upper bounds of the latency histogram's buckets, seconds.
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -63,8 +63,8 @@ impl Series {
 /// A fingerprint in a database (a statement without one: its command, as `(execute)`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Key {
-    db: String,
-    fingerprint: String,
+    db: Text,
+    fingerprint: Text,
 }
 
 /// Lock waits summed per lock and site.
@@ -127,7 +127,7 @@ impl Metrics {
             fingerprint: r
                 .fingerprint
                 .take()
-                .unwrap_or_else(|| format!("({})", r.command.to_lowercase())),
+                .unwrap_or_else(|| format!("({})", r.command.to_lowercase()).into()),
         };
         let scale = u64::from(r.stands_for.max(1));
         self.statements_every = scale;
@@ -204,8 +204,8 @@ impl Metrics {
         let mut rows: Vec<(&Key, &Series)> = self.exposed.iter().collect();
         rows.sort_by(|a, b| a.0.cmp(b.0));
         let other = Key {
-            db: String::new(),
-            fingerprint: OTHER.to_string(),
+            db: "".into(),
+            fingerprint: OTHER.into(),
         };
         if self.other.count > 0 {
             rows.push((&other, &self.other));
@@ -413,7 +413,7 @@ impl Metrics {
     }
 
     fn statement_labels(&self, k: &Key) -> String {
-        let summary = if k.fingerprint == OTHER {
+        let summary = if *k.fingerprint == *OTHER {
             OTHER.to_string()
         } else {
             summary(&k.fingerprint)

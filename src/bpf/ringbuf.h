@@ -18,9 +18,11 @@ struct {
  * counted in lost.ringbuf when the ring buffer is full. */
 static __always_inline void submit_event_waking(void *data, __u64 size, bool now)
 {
-	__u64 flags = now || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
-												 : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&events, data, size, flags))
+	/* Woken once as the batch fills past the mark, not at every event after it: each wakeup interrupts a CPU
+	 * (an IPI, a VM exit in a guest), and the reader, once woken, takes all there is. */
+	__u64 before = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bool crossing = before < RINGBUF_WAKE_BYTES && before + size >= RINGBUF_WAKE_BYTES;
+	if (bpf_ringbuf_output(&events, data, size, now || crossing ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP))
 		count_lost(ringbuf);
 }
 

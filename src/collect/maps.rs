@@ -27,6 +27,18 @@ pub fn read_prefix<T: Plain>(bytes: &[u8], min_len: usize) -> Option<T> {
     Some(value)
 }
 
+/// As [`read_prefix`], into `value`: for a large `T` read at every event, whose bytes past `bytes`' end are left
+/// as they were (not zeroed each time); the caller reads nothing of it past `bytes.len()`.
+pub fn read_prefix_into<T: Plain>(bytes: &[u8], min_len: usize, value: &mut T) -> Option<()> {
+    if bytes.len() < min_len {
+        return None;
+    }
+    let n = bytes.len().min(std::mem::size_of::<T>());
+    // SAFETY: T is Plain (any bytes are a valid T); at most size_of::<T>() bytes are copied into it.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (value as *mut T).cast::<u8>(), n) };
+    Some(())
+}
+
 /// `T` from exactly `size_of::<T>()` bytes.
 pub fn read_exact<T: Plain>(bytes: &[u8]) -> Option<T> {
     if bytes.len() != std::mem::size_of::<T>() {

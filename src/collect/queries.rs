@@ -16,7 +16,7 @@ use libbpf_rs::{
 };
 
 use super::{
-    maps::{read_exact, read_prefix, Plain},
+    maps::{read_exact, read_prefix, read_prefix_into, Plain},
     open_object,
     periods::SamplePeriods,
     ring,
@@ -706,24 +706,39 @@ fn decode(data: &[u8]) -> Option<Event> {
             text: e.text.get(..e.text_len as usize)?.to_vec(),
         }));
     }
-    let e: query_event = read_prefix(data, std::mem::offset_of!(query_event, text))?;
-    let text = e.text.get(..e.text_len as usize)?.to_vec();
+    thread_local! {
+        // One event, reused: most of it is the text kept, which an event fills only as far as its own.
+        static EVENT: std::cell::RefCell<Box<query_event>> = std::cell::RefCell::new(Box::default());
+    }
+    EVENT.with_borrow_mut(|e| {
+        let head = std::mem::offset_of!(query_event, text);
+        read_prefix_into(data, head, &mut **e)?;
+        // Nothing read past what was sent (the rest is an earlier event's).
+        if head + e.text_len as usize + e.result_len as usize > data.len() {
+            return None;
+        }
+        event_of(e)
+    })
+}
+
+fn event_of(e: &query_event) -> Option<Event> {
+    let text = || e.text.get(..e.text_len as usize).map(<[u8]>::to_vec);
     match e.kind {
         query_event_kind::EVENT_STATEMENT => {
-            statement(&e, e.c, e.end_ns, false).map(Event::Statement)
+            statement(e, e.c, e.end_ns, false).map(Event::Statement)
         }
         query_event_kind::EVENT_PACKET_IN => Some(Event::PacketIn {
             tid: e.tid,
             fd: e.fd,
             seq: e.seq,
             packet_len: e.packet_len,
-            payload: text,
+            payload: text()?,
             ts_ns: e.start_ns,
         }),
         query_event_kind::EVENT_PACKET_OUT => Some(Event::PacketOut {
             tid: e.tid,
             fd: e.fd,
-            bytes: text,
+            bytes: text()?,
         }),
         _ => None,
     }

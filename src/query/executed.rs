@@ -12,11 +12,13 @@
 //! by it.
 
 use std::{
-    collections::{BTreeSet, HashMap, VecDeque},
+    collections::{BTreeSet, VecDeque},
     fs::File,
     os::unix::fs::FileExt,
     time::{Duration, Instant},
 };
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::collect::queries::Executed;
 
@@ -79,7 +81,7 @@ impl ExecutedTexts {
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
             calibration: Calibration::NotStarted,
             objects: VecDeque::new(),
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             implausible: 0,
         }
     }

@@ -18,18 +18,22 @@ use serde::Serialize;
 use crate::collect::queries::{Counters, Event, RawStatement, TimePart};
 use protocol::Reply;
 
+/// A text records share (a connection's user, a statement's fingerprint): cloned without copying, as a busy
+/// server runs the same statements thousands of times a second.
+pub type Text = std::sync::Arc<str>;
+
 /// One statement, as `myprobe queries --json` prints it (see ARCHITECTURE.md, "Query records").
 /// Times in microseconds.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct QueryRecord {
-    pub ts: String,
+    pub ts: Timestamp,
     pub tid: u32,
     pub conn: Option<u32>,
-    pub user: Option<String>,
-    pub db: Option<String>,
+    pub user: Option<Text>,
+    pub db: Option<Text>,
     pub command: &'static str,
-    pub query: Option<String>,
-    pub fingerprint: Option<String>,
+    pub query: Option<Text>,
+    pub fingerprint: Option<Text>,
     pub duration_us: u64,
     /// `duration_us`, partitioned.
     #[serde(flatten)]
@@ -172,6 +176,7 @@ impl TimeParts {
 
 /// `values` divided by `unit` and rounded so that they add up to `target` (which is their sum divided by
 /// `unit`, rounded): the largest remainders are rounded up (Hamilton's method), so parts add up exactly.
+#[inline] // with its unit known where it is called, no division is made
 pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u64) -> [u64; N] {
     let mut out = values.map(|v| v / unit);
     let floor = out.iter().fold(0u64, |a, &v| a.saturating_add(v));
@@ -205,8 +210,8 @@ pub const MAX_CONNS: usize = 65536;
 #[derive(Default)]
 struct Conn {
     id: Option<u32>,
-    user: Option<String>,
-    db: Option<String>,
+    user: Option<Text>,
+    db: Option<Text>,
     /// Statement id → what its executions are shown as. (The integer-keyed maps hash with FxHash: their keys are
     /// the kernel's and the server's numbers, not a client's choice, and SipHash was 7% of myprobe's time.)
     prepared: FxHashMap<u32, Prepared>,
@@ -237,9 +242,9 @@ impl Conn {
 /// the same statements thousands of times a second.
 #[derive(Clone)]
 struct Prepared {
-    fingerprint: String,
+    fingerprint: Text,
     /// The text (normalized unless raw SQL is asked for); none when only its result set is known.
-    query: Option<String>,
+    query: Option<Text>,
     /// The prepare's request was longer than what the tracer keeps: `query` is its beginning.
     truncated: bool,
 }
@@ -247,8 +252,8 @@ struct Prepared {
 impl Prepared {
     fn of(text: &str, raw_sql: bool, truncated: bool) -> Self {
         Prepared {
-            fingerprint: fingerprint::fingerprint(text),
-            query: Some(shown_text(text.to_string(), raw_sql)),
+            fingerprint: fingerprint::fingerprint(text).into(),
+            query: Some(shown_text(text.to_string(), raw_sql).into()),
             truncated,
         }
     }
@@ -413,8 +418,8 @@ impl Tracker {
                             let id = conn.id;
                             self.notices.push(Notice::Tls { conn: id });
                         } else {
-                            conn.user = Some(h.user.clone());
-                            conn.db = h.database.clone();
+                            conn.user = Some(h.user.as_str().into());
+                            conn.db = h.database.as_deref().map(Text::from);
                             conn.capabilities = Some(h.capabilities);
                         }
                     }
@@ -488,7 +493,7 @@ impl Tracker {
                             protocol::result_columns(&s.reply).filter(|_| id != LAST_PREPARED)
                         {
                             let p = Prepared {
-                                fingerprint: format!("{} #{id}", columns.label()),
+                                fingerprint: format!("{} #{id}", columns.label()).into(),
                                 query: None,
                                 truncated: false,
                             };
@@ -513,11 +518,13 @@ impl Tracker {
         if ok {
             match (cmd, &reply) {
                 (protocol::COM_INIT_DB, _) => {
-                    conn.db = protocol::init_db_name(&s.request).or(conn.db.take())
+                    conn.db = protocol::init_db_name(&s.request)
+                        .map(Text::from)
+                        .or(conn.db.take())
                 }
                 (protocol::COM_QUERY, _) => {
                     if let Some(db) = text.as_deref().and_then(protocol::use_statement_db) {
-                        conn.db = Some(db);
+                        conn.db = Some(db.into());
                     }
                 }
                 (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) => {
@@ -538,8 +545,8 @@ impl Tracker {
                         protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION,
                     );
                     if let Some(h) = protocol::parse_change_user(&s.request, caps) {
-                        conn.user = Some(h.user);
-                        conn.db = h.database;
+                        conn.user = Some(h.user.into());
+                        conn.db = h.database.map(Text::from);
                     }
                     conn.prepared.clear();
                     conn.last_prepared = None;
@@ -561,14 +568,14 @@ impl Tracker {
         let truncated = truncated || execution.as_ref().is_some_and(|p| p.truncated);
         let (fingerprint, query) = match (text, execution) {
             (Some(t), _) => (
-                Some(fingerprint::fingerprint(&t)),
-                Some(shown_text(t, raw_sql)),
+                Some(fingerprint::fingerprint(&t).into()),
+                Some(shown_text(t, raw_sql).into()),
             ),
             (None, Some(p)) => (Some(p.fingerprint), p.query),
             // Prepared before tracing: its text went by unseen; the server's statement id still tells the
             // statements apart.
             (None, None) => (
-                unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}")),
+                unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}").into()),
                 None,
             ),
         };
@@ -577,7 +584,7 @@ impl Tracker {
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
         let (time, duration_us) = TimeParts::of(s.end_ns.saturating_sub(s.start_ns), &c.part_ns);
         QueryRecord {
-            ts: format_ts(s.start_ns as i128 + self.realtime_offset_ns),
+            ts: Timestamp(s.start_ns as i128 + self.realtime_offset_ns),
             tid: s.tid,
             conn: id,
             user,
@@ -617,8 +624,8 @@ impl Tracker {
     pub fn learn_connection(&mut self, socket: i32, id: u32, user: &str, db: Option<&str>) {
         let conn = self.conn_entry(socket);
         conn.id = conn.id.or(Some(id));
-        conn.user = Some(user.to_string());
-        conn.db = db.map(str::to_string);
+        conn.user = Some(user.into());
+        conn.db = db.map(Text::from);
     }
 
     /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.
@@ -635,8 +642,8 @@ impl Tracker {
 
     /// Gives `r`, an execution of a statement prepared before tracing, the text learned for it.
     pub fn name_execution(&self, r: &mut QueryRecord, text: &str) {
-        r.fingerprint = Some(fingerprint::fingerprint(text));
-        r.query = Some(shown_text(text.to_string(), self.raw_sql));
+        r.fingerprint = Some(fingerprint::fingerprint(text).into());
+        r.query = Some(shown_text(text.to_string(), self.raw_sql).into());
     }
 }
 
@@ -645,6 +652,23 @@ fn realtime_offset_ns() -> i128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     now.as_nanos() as i128 - crate::collect::monotonic_ns() as i128
+}
+
+/// When a statement began, in ns since the epoch: written as [`format_ts`] only where a record is shown (most
+/// are only summed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timestamp(pub i128);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format_ts(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_ts(self.0))
+    }
 }
 
 /// `2026-11-22T10:30:01.123456Z` (UTC, microseconds) from nanoseconds since the epoch. Called for every

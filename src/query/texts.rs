@@ -17,8 +17,9 @@
 //! A thread runs one statement at a time and its executions arrive in order, so a sample is joined only once
 //! an execution of its thread that began after the sample has arrived: everything that overlapped it is in.
 
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::VecDeque,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
         mpsc, Arc,
@@ -29,7 +30,7 @@ use std::{
 use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
     fingerprint::fingerprint,
-    QueryRecord, Tracker,
+    QueryRecord, Text, Tracker,
 };
 use crate::{
     client::{self, ConnectArgs},
@@ -92,8 +93,9 @@ pub struct TextFinder {
     /// Statements whose executions were seen without their text, and not found yet.
     wanted: HashSet<StatementKey>,
     found: HashMap<StatementKey, String>,
-    /// The fingerprint of each statement whose text is known (traced, or found).
-    fingerprints: HashMap<StatementKey, String>,
+    /// The fingerprint of each statement whose text is known (traced, or found): the record's own (the same
+    /// `Arc` at each execution, so that it is compared by address).
+    fingerprints: HashMap<StatementKey, Text>,
     /// Samples joined, and those that named one statement.
     pub samples_joined: u64,
     pub samples_named: u64,
@@ -102,11 +104,16 @@ pub struct TextFinder {
 impl TextFinder {
     /// An execution traced, with its fingerprint when its text is known; true if it is of a statement newly
     /// wanted.
-    pub fn execution(&mut self, e: Execution, known: Option<&str>) -> bool {
+    pub fn execution(&mut self, e: Execution, known: Option<&Text>) -> bool {
         let mut new = false;
         match known {
-            Some(fp) if self.fingerprints.get(&e.key).is_none_or(|f| f != fp) => {
-                self.fingerprints.insert(e.key, fp.to_string());
+            Some(fp)
+                if self
+                    .fingerprints
+                    .get(&e.key)
+                    .is_none_or(|f| !Arc::ptr_eq(f, fp)) =>
+            {
+                self.fingerprints.insert(e.key, fp.clone());
             }
             None if !self.found.contains_key(&e.key) => {
                 new = self.wanted.insert(e.key);
@@ -148,7 +155,7 @@ impl TextFinder {
         let wanted = self.wanted.remove(&key);
         if let std::collections::hash_map::Entry::Vacant(e) = self.found.entry(key) {
             e.insert(text.to_string());
-            self.fingerprints.insert(key, fingerprint(text));
+            self.fingerprints.insert(key, fingerprint(text).into());
         }
         wanted
     }
@@ -192,7 +199,7 @@ impl TextFinder {
                     continue;
                 };
                 let may_be_shown =
-                    |k: &StatementKey| self.fingerprints.get(k).is_none_or(|fp| *fp == shown);
+                    |k: &StatementKey| self.fingerprints.get(k).is_none_or(|fp| **fp == *shown);
                 let key = match instant {
                     // The latest execution of the thread that began by the row's start.
                     Some(instant) => {
@@ -224,7 +231,7 @@ impl TextFinder {
                 self.samples_named += 1;
                 if self.wanted.remove(&key) {
                     self.found.insert(key, text.clone());
-                    self.fingerprints.insert(key, shown.clone());
+                    self.fingerprints.insert(key, shown.as_str().into());
                     named.push((key, text.clone()));
                 }
             }
@@ -483,7 +490,7 @@ impl Default for PreparedTexts {
             executed: None,
             calibrate: Arc::new(AtomicBool::new(false)),
             prepared: PreparedTable::default(),
-            last_prepare: HashMap::new(),
+            last_prepare: HashMap::default(),
             wanted: Arc::new(AtomicBool::new(false)),
             threads_wanted: Arc::new(AtomicBool::new(false)),
             table_wanted: Arc::new(AtomicBool::new(false)),
@@ -499,7 +506,7 @@ impl Default for PreparedTexts {
             found_offset: None,
             stop: Arc::new(AtomicBool::new(false)),
             sampler: None,
-            held: HashMap::new(),
+            held: HashMap::default(),
             held_count: 0,
             own_fingerprints: crate::server::ALL
                 .iter()
@@ -695,7 +702,7 @@ impl PreparedTexts {
         if record
             .fingerprint
             .as_ref()
-            .is_some_and(|f| self.own_fingerprints.contains(f))
+            .is_some_and(|f| self.own_fingerprints.iter().any(|o| **o == **f))
         {
             self.finder.own_statement(record.tid, record.start_ns);
             self.own_statements += 1;
@@ -717,7 +724,7 @@ impl PreparedTexts {
                 end_ns: record.end_ns,
                 key,
             };
-            let known = record.query.as_ref().and(record.fingerprint.as_deref());
+            let known = record.query.as_ref().and(record.fingerprint.as_ref());
             if self.finder.execution(e, known) {
                 // Sampled often from now on; slowly again once none is new for SLOW_AFTER (at a tick).
                 self.last_new = Instant::now();
@@ -944,8 +951,8 @@ impl PreparedTexts {
                         };
                         tracker.learn_connection(r.socket, row.id, &row.user, row.db.as_deref());
                         r.conn = r.conn.or(Some(row.id));
-                        r.user = Some(row.user.clone());
-                        r.db = row.db.clone();
+                        r.user = Some(row.user.as_str().into());
+                        r.db = row.db.as_deref().map(Text::from);
                     }
                 }
                 Err(e) => error = Some(e),
@@ -1151,8 +1158,8 @@ mod tests {
         assert_eq!(f.samples_named, 0);
         // Nor one whose text is known already.
         let insert = "INSERT INTO t VALUES (?)";
-        f.execution(exec(2, 100, 200, 8), Some(&fingerprint(insert)));
-        f.execution(exec(2, 300, 400, 8), Some(&fingerprint(insert)));
+        f.execution(exec(2, 100, 200, 8), Some(&fingerprint(insert).into()));
+        f.execution(exec(2, 300, 400, 8), Some(&fingerprint(insert).into()));
         f.sample(sample(150, 160, &[(2, insert)]));
         assert!(f.join(1000, false).is_empty());
         assert!(f.text(&(7, 8)).is_none());
@@ -1162,7 +1169,7 @@ mod tests {
     fn a_statement_known_by_another_text_is_not_the_one_shown() {
         // 5 (unknown) and 6 (known: an UPDATE) both ran in the window, and the list shows a DELETE: it is 5.
         let mut f = TextFinder::default();
-        let update = fingerprint("UPDATE t SET v = ?");
+        let update: Text = fingerprint("UPDATE t SET v = ?").into();
         f.execution(exec(1, 100, 200, 5), None);
         f.execution(exec(1, 210, 300, 6), Some(&update));
         f.execution(exec(1, 400, 500, 6), Some(&update));

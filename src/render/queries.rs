@@ -24,7 +24,8 @@ pub const LINE_HEADER: &str =
 
 /// One statement on one line; `-` where nothing is known or nothing was spent.
 pub fn line(r: &QueryRecord) -> String {
-    let time = r.ts.get(11..26).unwrap_or(&r.ts);
+    let ts = r.ts.to_string();
+    let time = ts.get(11..26).unwrap_or(&ts);
     let opt = |v: u64| if v == 0 { "-".to_string() } else { human_us(v) };
     let text = match (&r.query, &r.fingerprint) {
         (Some(q), _) => terminal_safe(q).into_owned(),
