@@ -363,7 +363,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         m.sample_every = sample_every.into();
         m.statements_every = queries_args
             .sample_every
-            .duty()
+            .duty(queries_args.max_cpu)
             .map_or(1, |d| d.every.into());
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::ALL {

@@ -120,6 +120,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
             length: Duration::from_secs(1),
             every: a.sample_every,
             max_rate: None,
+            budget: None,
         }),
         queries: QueriesArgs {
             sample_every: match (a.sample_every, a.max_statements) {

@@ -14,7 +14,7 @@ use crate::{
     client::ConnectArgs,
     collect::{
         self,
-        periods::Duty,
+        periods::{CpuBudget, Duty},
         queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
         CollectOptions,
     },
@@ -82,12 +82,16 @@ pub struct QueriesArgs {
     /// process list
     #[arg(long)]
     pub no_sql: bool,
-    /// Follow statements one second in N (1: every statement), or `auto`: every statement while the server
-    /// runs fewer than 3,000 a second, and above that one second in as many as keep myprobe near 2% of a CPU
-    /// (each statement followed costs 3.5–7 µs of CPU, in the kernel and here), chosen again after each second
-    /// traced. Sampled, the digest's counts and times are scaled up (and said to be); latencies stay as measured
+    /// Follow statements one second in N (1: every statement), or `auto`: every statement while tracing them costs
+    /// within --max-cpu (in the kernel and here together, about 2.2 µs a statement: every one of some 13,000 a
+    /// second), and above that one second in as many as keep it so, chosen again after each second traced from
+    /// what a statement was measured to cost. Sampled, the digest's counts and times are scaled up (and said to
+    /// be); latencies stay as measured
     #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = SampleEvery::parse)]
     pub sample_every: SampleEvery,
+    /// With `--sample-every auto`: the share of one CPU, in percent, that tracing statements may take
+    #[arg(long, value_name = "PERCENT", default_value_t = AUTO_CPU_PER_MILLE as f64 / 10.0, value_parser = parse_cpu_percent)]
+    pub max_cpu: f64,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -104,10 +108,31 @@ pub enum SampleEvery {
     },
 }
 
-/// Statements a second that `--sample-every auto` follows in full at most. Each costs 3.5 µs of CPU when all are
-/// followed, in the kernel and in myprobe together, and 5–7 µs sampled (each period's start and end, and the
-/// process list read again, are shared by fewer; bench/README.md): 3,000 a second are about 2% of a CPU.
-pub const AUTO_MAX_RATE: u64 = 3_000;
+/// What `--sample-every auto` lets tracing cost by default, in the kernel and in myprobe together: 3% of one CPU
+/// (`--max-cpu`).
+pub const AUTO_CPU_PER_MILLE: u32 = 30;
+
+fn parse_cpu_percent(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.1..=100.0).contains(&p) => Ok(p),
+        _ => Err("expected a percentage of one CPU between 0.1 and 100".into()),
+    }
+}
+
+/// The in-kernel cost of a statement followed: bench/overhead's `kernel_ns_per_statement` on the CPU-bound server
+/// (bench/README.md). myprobe's own cost is measured as it runs.
+pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
+
+/// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
+const OWN_NS_PER_STATEMENT: u64 = 400;
+
+/// `--sample-every auto`'s budget, `max_cpu_pct` of one CPU.
+pub fn auto_budget(max_cpu_pct: f64) -> CpuBudget {
+    CpuBudget {
+        per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
+        kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
+    }
+}
 
 impl SampleEvery {
     fn parse(s: &str) -> Result<Self, String> {
@@ -120,18 +145,24 @@ impl SampleEvery {
         }
     }
 
-    /// The duty of the statement tracing: none when every statement is followed.
-    pub fn duty(self) -> Option<Duty> {
+    /// The duty of the statement tracing: none when every statement is followed; `auto` within `max_cpu_pct` of
+    /// one CPU.
+    pub fn duty(self, max_cpu_pct: f64) -> Option<Duty> {
+        let budget = auto_budget(max_cpu_pct);
         let (every, max_rate) = match self {
             SampleEvery::Every(1) => return None,
             SampleEvery::Every(n) => (n, None),
-            SampleEvery::Auto => (1, Some(AUTO_MAX_RATE)),
+            SampleEvery::Auto => (
+                1,
+                Some(budget.max_rate((KERNEL_NS_PER_STATEMENT + OWN_NS_PER_STATEMENT) as f64)),
+            ),
             SampleEvery::AtLeast { every, max_rate } => (every.max(1), Some(max_rate)),
         };
         Some(Duty {
             length: Duration::from_secs(1),
             every,
             max_rate,
+            budget: (self == SampleEvery::Auto).then_some(budget),
         })
     }
 }
@@ -157,6 +188,7 @@ impl QueriesArgs {
             syscall_cpu: false,
             no_sql: false,
             sample_every: SampleEvery::Every(1),
+            max_cpu: AUTO_CPU_PER_MILLE as f64 / 10.0,
             connect,
         }
     }
@@ -429,7 +461,7 @@ pub fn follow(
         announce: String::new(),
         attached: None,
         slices: None,
-        duty: a.sample_every.duty(),
+        duty: a.sample_every.duty(a.max_cpu),
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
@@ -471,7 +503,7 @@ pub fn follow(
         wish: &execute_wish,
     });
     // What each statement traced stands for: its period's cycle (`Event::Cycle`).
-    let mut stands_for = a.sample_every.duty().map_or(1, |d| d.every);
+    let mut stands_for = a.sample_every.duty(a.max_cpu).map_or(1, |d| d.every);
     let statements = collect::queries::StatementOptions {
         wait_sites: !a.no_wait_sites,
         syscall_cpu: a.syscall_cpu,

@@ -17,6 +17,37 @@ pub struct Duty {
     /// Adaptive: `every` is where the cycle starts and the fewest it chooses, then chosen at the end of each
     /// period so that at most this many events a second (`SamplePeriods::count`) would have been traced.
     pub max_rate: Option<u64>,
+    /// Adaptive by cost: `max_rate` (the first guess) is chosen again at the end of each period as the rate that
+    /// keeps tracing within this budget, at the cost an event was measured to have.
+    pub budget: Option<CpuBudget>,
+}
+
+/// What tracing may cost, all in: a share of one CPU, each event traced costing `kernel_ns_per_event` in the
+/// kernel (bench/overhead's figure; its own programs' cost is not measured while tracing, as that would turn on
+/// the kernel's BPF statistics for every program of the host) and what this process spends on it (its CPU time,
+/// measured over each cycle: reading, joining, and the period's start and end, which sampling adds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuBudget {
+    pub per_mille_of_cpu: u32,
+    pub kernel_ns_per_event: u64,
+}
+
+impl CpuBudget {
+    /// Events a second that stay within the budget when each costs `ns`.
+    pub fn max_rate(&self, ns: f64) -> u64 {
+        (self.per_mille_of_cpu as f64 * 1e6 / ns.max(1.0)).max(1.0) as u64
+    }
+}
+
+/// This process's CPU time so far (user and system, all its threads).
+fn own_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// The longest cycle an adaptive duty chooses, in periods.
@@ -27,6 +58,9 @@ pub struct SamplePeriods {
     length: Duration,
     every: u32,
     max_rate: Option<u64>,
+    budget: Option<CpuBudget>,
+    /// This process's CPU time when the last period ended (or the probes were attached).
+    cpu_mark: Duration,
     /// Adaptive duties: the fewest periods a cycle has, and the cycle chosen at the end of the last period, from
     /// the next cycle on.
     floor: u32,
@@ -54,6 +88,8 @@ impl SamplePeriods {
             length,
             every,
             max_rate: None,
+            budget: None,
+            cpu_mark: Duration::ZERO,
             floor: every,
             next_every: every,
             counted: 0,
@@ -71,6 +107,8 @@ impl SamplePeriods {
     pub fn of(duty: Duty) -> Self {
         SamplePeriods {
             max_rate: duty.max_rate,
+            budget: duty.budget,
+            cpu_mark: own_cpu_time(),
             ..SamplePeriods::new(duty.length, duty.every.into())
         }
     }
@@ -79,6 +117,8 @@ impl SamplePeriods {
     pub fn restart(&mut self) {
         *self = SamplePeriods {
             max_rate: self.max_rate,
+            budget: self.budget,
+            cpu_mark: own_cpu_time(),
             floor: self.floor,
             ..SamplePeriods::new(self.length, self.every.into())
         };
@@ -125,8 +165,19 @@ impl SamplePeriods {
             if probed < self.length {
                 return None;
             }
-            // A period ended: as many in the next cycle as bring its rate within max_rate.
+            // A period ended: as many in the next cycle as bring its rate within max_rate, itself from the cost of
+            // an event over the cycle that ended, where a budget is set.
             self.rate = self.counted as f64 / probed.as_secs_f64();
+            if let Some(budget) = self.budget {
+                let cpu = own_cpu_time();
+                let spent = cpu.saturating_sub(self.cpu_mark).as_nanos() as f64;
+                self.cpu_mark = cpu;
+                if self.counted > 0 {
+                    let per_event = budget.kernel_ns_per_event as f64 + spent / self.counted as f64;
+                    self.max_rate = Some(budget.max_rate(per_event));
+                }
+            }
+            let max_rate = self.max_rate.unwrap_or(max_rate);
             self.next_every = (self.rate / max_rate.max(1) as f64)
                 .ceil()
                 .clamp(self.floor.clamp(1, MAX_EVERY) as f64, MAX_EVERY as f64)
@@ -305,6 +356,7 @@ mod tests {
             length: ms(100),
             every: 1,
             max_rate: Some(30),
+            budget: None,
         });
         p.count(10);
         assert_eq!(p.due(), None, "within the first period");
@@ -337,6 +389,7 @@ mod tests {
             length: ms(50),
             every: 3,
             max_rate: Some(1000),
+            budget: None,
         });
         p.count(5);
         advance(ms(60));
@@ -364,5 +417,35 @@ mod tests {
         advance(ms(110));
         assert_eq!(p.due(), Some(true));
         assert!((16..=17).contains(&p.every()), "{}", p.every());
+    }
+
+    #[test]
+    fn a_budget_sets_the_rate_from_the_cost_of_an_event() {
+        let budget = CpuBudget {
+            per_mille_of_cpu: 30,
+            kernel_ns_per_event: 2_000,
+        };
+        // 3% of a CPU at 3 µs an event: 10,000 a second.
+        assert_eq!(budget.max_rate(3_000.0), 10_000);
+        advance(Duration::ZERO);
+        let ms = Duration::from_millis;
+        let mut p = SamplePeriods::of(Duty {
+            length: ms(100),
+            every: 1,
+            max_rate: Some(u64::MAX),
+            budget: Some(budget),
+        });
+        // This process's own CPU (other tests' included) adds to the kernel's 2 µs an event: 3% of a CPU allows
+        // 15,000 a second at most.
+        p.count(1_000);
+        advance(ms(120));
+        assert_eq!(p.due(), None, "a cycle of one period goes on at once");
+        let rate = p.max_rate.expect("chosen");
+        assert!(rate <= 15_000, "{rate}");
+        p.count(100_000);
+        advance(ms(120));
+        p.due();
+        // 833,000 a second at 2 µs or more each: 1.67 CPUs, within 3% one second in 56 or more.
+        assert!(p.next_every >= 56, "{}", p.next_every);
     }
 }

@@ -623,7 +623,7 @@ fn say_sampling(p: &SamplePeriods) {
     if p.every() > 1 {
         say!(
             "myprobe: {:.0} statements a second: following them one second in {} from now on, to keep tracing's \
-             cost low (--sample-every 1 follows every one)",
+             cost within its budget (--max-cpu; --sample-every 1 follows every one)",
             p.rate(),
             p.every()
         );

@@ -132,24 +132,35 @@ fn every_command(db: &TestDb, counting: &[&str], own: impl FnOnce()) -> Vec<serd
     let stacks = stacks_show_statements(db);
     assert!(stacks.contains("do_command"), "{stacks}");
 
-    let out = myprobe()
-        .args(["stat", "-p", &db.pid.to_string(), "-c", "2", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stat: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    for counter in counting {
+    // Each counter must be seen moving; on a starved host a server may do no fsync in two seconds, so stat runs
+    // again (up to three times) for those not seen yet.
+    let mut unseen: Vec<&str> = counting.to_vec();
+    let mut seen_lines = Vec::new();
+    for _ in 0..3 {
+        let out = myprobe()
+            .args(["stat", "-p", &db.pid.to_string(), "-c", "2", "--json"])
+            .output()
+            .unwrap();
         assert!(
-            lines
-                .iter()
-                .any(|l| l["status"][counter].as_f64() > Some(0.0)),
-            "stat's {counter} did not move: {lines:?}"
+            out.status.success(),
+            "stat: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+        unseen.retain(|counter| {
+            !lines
+                .iter()
+                .any(|l| l["status"][*counter].as_f64() > Some(0.0))
+        });
+        seen_lines.extend(lines);
+        if unseen.is_empty() {
+            break;
+        }
     }
+    assert!(
+        unseen.is_empty(),
+        "stat's {unseen:?} did not move: {seen_lines:?}"
+    );
 
     let out = myprobe()
         .args(pid_args(
