@@ -212,12 +212,21 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
 	return st;
 }
 
+/* The current thread if it is the server's (its id in *tid), else NULL. Its task is needed anyway, and its ids are
+ * read from it: one helper call fewer than bpf_get_current_pid_tgid's, and each call costs its return's
+ * mitigation (AMD's Safe RET, retpolines) on top of its work. */
+static __always_inline struct task_struct *current_target(__u32 *tid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	*tid = task->pid;
+	return (__u32)task->tgid == target_tgid ? task : NULL;
+}
+
 /* The state of the current thread if it is the server's (its id in *tid); with `create`, made if it has none. */
 static __always_inline struct query_thread *current_state(__u32 *tid, bool create)
 {
-	if (!current_is_target(tid))
-		return NULL;
-	return thread_state(bpf_get_current_task_btf(), create);
+	struct task_struct *task = current_target(tid);
+	return task ? thread_state(task, create) : NULL;
 }
 
 static __always_inline void submit_waking(struct query_event *e, bool now)
@@ -526,9 +535,10 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u32 tid;
-	if (!current_is_target(&tid) || (__u64)id >= MAX_SYSCALL_NR)
+	struct task_struct *task = current_target(&tid);
+	if (!task || (__u64)id >= MAX_SYSCALL_NR)
 		return 0;
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	struct query_thread *st = thread_state(task, false);
 	if (st && in_statement(st))
 		charge(st, bpf_ktime_get_ns(), syscall_part(syscall_class[id], PT_REGS_PARM2_SYSCALL(regs), true));
 	return 0;
@@ -921,9 +931,23 @@ static __always_inline void tls_socket_call(struct query_thread *st, __s32 fd, _
 static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 {
 	__u32 tid;
-	if (!current_is_target(&tid))
+	struct task_struct *task = current_target(&tid);
+	if (!task)
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
+	/* A recv that found nothing (the next request not there yet: MariaDB's read before it polls) can only end a
+	 * statement whose reply went out, or add to one's time: its registers are not read (TLS's calls aside). */
+	if (recv && ret <= 0) {
+		struct query_thread *st = thread_state(task, false);
+		if (!st)
+			return 0;
+		if (!st->tls_call) {
+			if (st->phase == PHASE_REPLIED)
+				finish_statement(st);
+			else if (in_statement(st))
+				count_net_call(st, bpf_ktime_get_ns(), ret, false);
+			return 0;
+		}
+	}
 	enum syscall_class cls;
 	__u64 fd, buf;
 	if (!in_syscall(task, &cls, &fd, &buf))
@@ -972,7 +996,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	/* Every syscall of the host comes here, half of them other processes' under load: the first
 	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
-	if (!current_is_target(&tid))
+	struct task_struct *task = current_target(&tid);
+	if (!task)
 		return 0;
 	long id = regs->orig_ax;
 	if (id < 0 || id >= MAX_SYSCALL_NR)
@@ -981,7 +1006,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	bool net = is_recv(cls) || is_send(cls);
 	/* A thread's state is made at its first socket syscall: one that was in a recv when tracing began (a
 	 * connection waiting for its next request) is followed from what that recv read. */
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), net);
+	struct query_thread *st = thread_state(task, net);
 	if (!st)
 		return 0;
 	bool counted = in_statement(st);
