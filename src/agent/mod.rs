@@ -24,7 +24,6 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cmd::queries::{self, QueriesArgs},
     collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
     process::{self, Flavor, Target},
     profile::{
@@ -32,6 +31,7 @@ use crate::{
         stacks::{self, StackNamer, StackOptions},
         waits, Profile,
     },
+    query::follow::{self, FollowOptions},
     render::{pprof, RenderOptions},
     symbolize::{data::DataSymbolizer, Symbolizer},
     unwind::ProcessTables,
@@ -67,9 +67,11 @@ pub struct Options {
     pub top: usize,
     /// Off-CPU and lock tracing attached one second in N (`None`: all the time).
     pub duty: Option<Duty>,
-    /// The statements' tracing: one second in N or more (`sample_every`), its connection to the server,
-    /// `--raw-sql`, `--no-sql`, `--btf`, memory.
-    pub queries: QueriesArgs,
+    /// A process that is not mariadbd/mysqld may be traced.
+    pub any_process: bool,
+    /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
+    /// `--no-sql`), `--raw-sql`, `--btf`, memory.
+    pub queries: FollowOptions,
 }
 
 /// The profiles served and kept.
@@ -259,7 +261,7 @@ pub fn run(o: Options) -> Result<()> {
                 }
             };
         }
-        let target = match process::resolve(pid, o.queries.any_process) {
+        let target = match process::resolve(pid, o.any_process) {
             Ok(t) => t,
             Err(e) => {
                 if o.pid.is_some() && same.is_none() && failures == 0 {
@@ -337,10 +339,8 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
     symbolizer.preload(false);
     let mut lock_names =
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
-    let mut queries_args = o.queries.clone();
-    queries_args.pid = Some(target.pid);
     let sample_every = o.duty.map_or(1, |d| d.every);
-    let dispatch = queries::dispatch_function(&queries_args, target)?;
+    let dispatch = follow::dispatch_function(o.queries.uprobes, target)?;
     let (slices, sliced) = mpsc::channel();
     let options = |duty: Option<Duty>| CollectOptions {
         pid: target.pid,
@@ -348,7 +348,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         kernel_stacks: false,
         btf: o.queries.btf.clone(),
         unwind: tables.clone().map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem.saturating_mul(1 << 20),
+        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
         announce: String::new(),
         attached: None,
         slices: Some(Slices {
@@ -361,9 +361,10 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         let mut m = shared.metrics();
         m.attaches += 1;
         m.sample_every = sample_every.into();
-        m.statements_every = queries_args
-            .sample_every
-            .duty(queries_args.max_cpu)
+        m.statements_every = o
+            .queries
+            .sampling
+            .duty(o.queries.max_cpu_pct)
             .map_or(1, |d| d.every.into());
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::ALL {
@@ -416,10 +417,10 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
                 s.spawn(move || collect::locks::collect(&locks_opts)),
             ),
         ];
-        let queries_args = &queries_args;
+        let follow_options = &o.queries;
         let statements = s.spawn(move || {
-            queries::follow(
-                queries_args,
+            follow::follow(
+                follow_options,
                 target,
                 dispatch,
                 || {},

@@ -8,8 +8,8 @@ use clap::Args;
 use crate::{
     agent,
     client::ConnectArgs,
-    cmd::queries::{QueriesArgs, SampleEvery},
     collect::periods::Duty,
+    query::follow::{FollowOptions, SampleEvery},
 };
 
 /// `--max-statements`: 1,000 statements a second traced cost about 0.5% of a CPU (bench/README.md).
@@ -122,19 +122,18 @@ pub fn run(a: AgentArgs) -> Result<()> {
             max_rate: None,
             budget: None,
         }),
-        queries: QueriesArgs {
-            sample_every: match (a.sample_every, a.max_statements) {
+        any_process: a.any_process,
+        queries: FollowOptions {
+            sampling: match (a.sample_every, a.max_statements) {
                 (every, max_rate) if every > 1 && max_rate > 0 => {
                     SampleEvery::AtLeast { every, max_rate }
                 }
                 (every, _) => SampleEvery::Every(every),
             },
             raw_sql: a.raw_sql,
-            any_process: a.any_process,
             btf: a.btf,
-            max_kernel_mem: a.max_kernel_mem,
-            no_sql: a.no_sql,
-            ..QueriesArgs::summary(a.pid, a.top, a.connect)
+            max_kernel_mem_mib: a.max_kernel_mem,
+            ..FollowOptions::new((!a.no_sql).then_some(a.connect))
         },
     })
 }

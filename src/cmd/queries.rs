@@ -1,7 +1,6 @@
 //! `myprobe queries`: one record per statement with its time broken down, as lines, JSON, or a digest.
 
 use std::{
-    cell::Cell,
     io::{BufWriter, Write},
     sync::atomic::Ordering,
     time::Duration,
@@ -12,18 +11,13 @@ use clap::Args;
 
 use crate::{
     client::ConnectArgs,
-    collect::{
-        self,
-        periods::{CpuBudget, Duty},
-        queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
-        CollectOptions,
+    collect, process,
+    query::{
+        digest::Digest,
+        follow::{self, FollowOptions, SampleEvery, AUTO_CPU_PER_MILLE},
+        QueryRecord,
     },
-    process::{self, probes, Target},
-    profile::waits,
-    query::{digest::Digest, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
     render::queries as render,
-    symbolize::data::DataSymbolizer,
-    unwind::ProcessTables,
 };
 
 #[derive(Args, Clone)]
@@ -96,22 +90,6 @@ pub struct QueriesArgs {
     pub connect: ConnectArgs,
 }
 
-/// `--sample-every`: statements followed one second in N, or in as many as the rate of statements asks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SampleEvery {
-    Auto,
-    Every(u32),
-    /// One second in N or more: as many as keep the statements traced within `max_rate` a second (the agent's).
-    AtLeast {
-        every: u32,
-        max_rate: u64,
-    },
-}
-
-/// What `--sample-every auto` lets tracing cost by default, in the kernel and in myprobe together: 3% of one CPU
-/// (`--max-cpu`).
-pub const AUTO_CPU_PER_MILLE: u32 = 30;
-
 fn parse_cpu_percent(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(p) if (0.1..=100.0).contains(&p) => Ok(p),
@@ -119,77 +97,22 @@ fn parse_cpu_percent(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The in-kernel cost of a statement followed: bench/overhead's `kernel_ns_per_statement` on the CPU-bound server
-/// (bench/README.md). myprobe's own cost is measured as it runs.
-pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
-
-/// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
-const OWN_NS_PER_STATEMENT: u64 = 400;
-
-/// `--sample-every auto`'s budget, `max_cpu_pct` of one CPU.
-pub fn auto_budget(max_cpu_pct: f64) -> CpuBudget {
-    CpuBudget {
-        per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
-        kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
-    }
-}
-
-impl SampleEvery {
-    fn parse(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            return Ok(SampleEvery::Auto);
-        }
-        match s.parse::<u32>() {
-            Ok(n) if (1..=3600).contains(&n) => Ok(SampleEvery::Every(n)),
-            _ => Err("expected `auto` or a number between 1 and 3600".into()),
-        }
-    }
-
-    /// The duty of the statement tracing: none when every statement is followed; `auto` within `max_cpu_pct` of
-    /// one CPU.
-    pub fn duty(self, max_cpu_pct: f64) -> Option<Duty> {
-        let budget = auto_budget(max_cpu_pct);
-        let (every, max_rate) = match self {
-            SampleEvery::Every(1) => return None,
-            SampleEvery::Every(n) => (n, None),
-            SampleEvery::Auto => (
-                1,
-                Some(budget.max_rate((KERNEL_NS_PER_STATEMENT + OWN_NS_PER_STATEMENT) as f64)),
-            ),
-            SampleEvery::AtLeast { every, max_rate } => (every.max(1), Some(max_rate)),
-        };
-        Some(Duty {
-            length: Duration::from_secs(1),
-            every,
-            max_rate,
-            budget: (self == SampleEvery::Auto).then_some(budget),
-        })
-    }
-}
-
 impl QueriesArgs {
-    /// The options of a statement summary traced for another command (report, agent): every other option at its
-    /// default.
-    pub fn summary(pid: Option<u32>, top: usize, connect: ConnectArgs) -> Self {
-        QueriesArgs {
-            pid,
-            duration: None,
-            min_ms: 0.0,
-            json: false,
-            summary: true,
-            top,
-            raw_sql: false,
-            uprobes: false,
-            any_process: false,
-            btf: None,
-            max_kernel_mem: crate::collect::budget::DEFAULT_MIB,
-            frame_pointers: false,
-            no_wait_sites: false,
-            syscall_cpu: false,
-            no_sql: false,
-            sample_every: SampleEvery::Every(1),
-            max_cpu: AUTO_CPU_PER_MILLE as f64 / 10.0,
-            connect,
+    /// What following the statements takes from the command line.
+    fn follow_options(&self) -> FollowOptions {
+        FollowOptions {
+            duration: self.duration.map(Duration::from_secs),
+            min_statement_ns: (self.min_ms * 1e6) as u64,
+            raw_sql: self.raw_sql,
+            uprobes: self.uprobes,
+            btf: self.btf.clone(),
+            max_kernel_mem_mib: self.max_kernel_mem,
+            frame_pointers: self.frame_pointers,
+            wait_sites: !self.no_wait_sites,
+            syscall_cpu: self.syscall_cpu,
+            connect: (!self.no_sql).then(|| self.connect.clone()),
+            sampling: self.sample_every,
+            max_cpu_pct: self.max_cpu,
         }
     }
 }
@@ -217,7 +140,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
     // Looked up before the header: nothing goes to stdout on its error.
-    let dispatch = dispatch_function(&a, &target)?;
+    let dispatch = follow::dispatch_function(a.uprobes, &target)?;
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
@@ -257,7 +180,14 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             }
         }
     };
-    let followed = follow(&a, &target, dispatch, attached, emit, |_| {})?;
+    let followed = follow::follow(
+        &a.follow_options(),
+        &target,
+        dispatch,
+        attached,
+        emit,
+        |_| {},
+    )?;
     let ended = collect::tracing_ended();
     if a.summary {
         let mut rows = digest.rows();
@@ -337,324 +267,12 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     Ok(())
 }
 
-/// What following the statements counted besides the records, said on stderr by [`Followed::say_notes`].
-pub struct Followed {
-    /// Statements traced (myprobe's own reads of the process list left out).
-    pub seen: u64,
-    /// Of them, those shorter than `--min-ms`, dropped in the kernel.
-    pub below_min: u64,
-    pub lost: collect::Lost,
-    /// Executions of statements prepared before tracing whose text stayed unknown.
-    pub unknown_prepared: u64,
-    pub forgotten_prepared: u64,
-    pub forgotten_conns: u64,
-    /// The time traced over the time statements were followed (1: all of it; `--sample-every`).
-    pub scale: f64,
-}
-
-impl Followed {
-    pub fn say_notes(&self) {
-        if self.unknown_prepared > 0 {
-            say!(
-                "myprobe: note: {} executions of statements prepared before tracing began: their text is unknown \
-                 (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
-                 their result set's columns); statements prepared while tracing are shown in full",
-                self.unknown_prepared
-            );
-        }
-        if self.forgotten_prepared > 0 {
-            say!(
-                "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
-                 executions show as `{UNKNOWN_PREPARED} #ID`",
-                self.forgotten_prepared,
-                crate::query::MAX_PREPARED_PER_CONN
-            );
-        }
-        if self.forgotten_conns > 0 {
-            say!(
-                "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
-                 no user or database",
-                self.forgotten_conns,
-                crate::query::MAX_CONNS
-            );
-        }
-        for line in self.lost.report(self.seen) {
-            say!("myprobe: warning: {line}");
-        }
-    }
-}
-
-/// The server's `dispatch_command`, for the TLS fallback, when its signature is the one its server's module
-/// reads; with `--uprobes`, an error when it has none.
-pub fn dispatch_function(a: &QueriesArgs, target: &Target) -> Result<Option<DispatchFunction>> {
-    let server = crate::server::of_target(target);
-    let expected = server.dispatch();
-    let found = probes::find_function(&target.binary, "dispatch_command(")?;
-    let dispatch = match found {
-        Some(f) if !f.demangled.starts_with(expected.signature) => {
-            let why = format!(
-                "{}'s dispatch_command is `{}`, not the `{}…` of {} whose arguments myprobe reads",
-                target.exe.display(),
-                f.demangled,
-                expected.signature,
-                server.name()
-            );
-            if a.uprobes {
-                bail!("{why}: --uprobes cannot be used");
-            }
-            say!("myprobe: warning: {why}: statements under TLS will not be followed");
-            return Ok(None);
-        }
-        found => found.map(|function| DispatchFunction {
-            function,
-            args: expected.args,
-        }),
-    };
-    match &dispatch {
-        None if a.uprobes => bail!(
-            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
-            target.exe.display()
-        ),
-        Some(d) if a.uprobes => say!(
-            "myprobe: following statements through uprobes on {}",
-            d.function.demangled
-        ),
-        _ => {}
-    }
-    Ok(dispatch)
-}
-
-/// A server's `dispatch_command` found and checked ([`dispatch_function`]).
-pub struct DispatchFunction {
-    pub function: probes::Function,
-    pub args: crate::server::DispatchArgs,
-}
-
-/// Follows the statements of `target` as `a` says (its duration, wait sites, process list), with the TLS fallback
-/// on `dispatch` ([`dispatch_function`]),
-/// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
-/// once the probes are in place. `myprobe queries` and `myprobe report` both trace through here.
-pub fn follow(
-    a: &QueriesArgs,
-    target: &Target,
-    dispatch: Option<DispatchFunction>,
-    attached: impl FnOnce(),
-    mut emit: impl FnMut(QueryRecord),
-    mut on_lost: impl FnMut(collect::Lost),
-) -> Result<Followed> {
-    // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
-    let unwind = if a.no_wait_sites {
-        None
-    } else {
-        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
-            say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
-            None
-        })
-    };
-    let opts = CollectOptions {
-        pid: target.pid,
-        duration: a.duration.map(Duration::from_secs).unwrap_or(Duration::MAX),
-        kernel_stacks: false,
-        btf: a.btf.clone(),
-        unwind,
-        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: None,
-        slices: None,
-        duty: a.sample_every.duty(a.max_cpu),
-    };
-    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let wanted = Cell::new(a.uprobes);
-    // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
-    let tls = collect::queries::TlsProbe::of_binary(&target.binary)?;
-    let tls_followed = Cell::new(false);
-    let mut tls_said = false;
-    let probe = dispatch.as_ref().map(|d| DispatchProbe {
-        binary: &target.binary,
-        function: &d.function,
-        args: d.args,
-        wanted: &wanted,
-    });
-    let mut tracker = Tracker::new(a.raw_sql).for_server(crate::server::of_target(target));
-    let mut sites = waits::SiteNames::new(target.pid);
-    let (mut seen, mut unknown_prepared) = (0u64, 0u64);
-    let mut emit = |record: QueryRecord| {
-        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
-        emit(record);
-    };
-    let want_results = Cell::new(false);
-    // Connected before tracing, read only when texts are wanted.
-    let mut texts = PreparedTexts::default();
-    let execute_function = match a.no_sql {
-        true => None,
-        false => statement_execute_function(target),
-    };
-    if !a.no_sql {
-        texts.start(
-            &a.connect,
-            target.pid,
-            execute_function.as_ref().map(|f| f.demangled.clone()),
-        );
-    }
-    let execute_wish = Cell::new(ExecuteWish::default());
-    let execute_probe = execute_function.as_ref().map(|function| ExecuteProbe {
-        binary: &target.binary,
-        function,
-        wish: &execute_wish,
-    });
-    // What each statement traced stands for: its period's cycle (`Event::Cycle`).
-    let mut stands_for = a.sample_every.duty(a.max_cpu).map_or(1, |d| d.every);
-    let statements = collect::queries::StatementOptions {
-        wait_sites: !a.no_wait_sites,
-        syscall_cpu: a.syscall_cpu,
-        min_statement_ns: (a.min_ms * 1e6) as u64,
-    };
-    let traced = collect::queries::collect(
-        &opts,
-        statements,
-        &want_results,
-        collect::queries::ServerProbes {
-            dispatch: probe,
-            tls,
-            execute: execute_probe,
-        },
-        attached,
-        |event| {
-            let event = match event {
-                Event::Executed(e) => {
-                    texts.executed(e);
-                    return execute_wish.set(texts.execute_wish(wanted.get()));
-                }
-                Event::Tick => {
-                    // Read by the collector at its next poll; asked here, not at each record (a clock read).
-                    want_results.set(tracker.wants_results());
-                    texts.tick(&mut tracker, &mut emit);
-                    return execute_wish.set(texts.execute_wish(wanted.get()));
-                }
-                Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
-                Event::DispatchProbe => {
-                    if let Some(d) = &dispatch {
-                        say!(
-                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them \
-                             through uprobes on {} from now on (--uprobes does from the start)",
-                            d.function.demangled
-                        );
-                    }
-                    return;
-                }
-                Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
-                Event::TlsProbe(Ok(())) => return tls_followed.set(true),
-                Event::TlsProbe(Err(why)) => {
-                    return say!(
-                        "myprobe: warning: TLS connections will be followed at dispatch_command, not at the \
-                         server's vio_ssl_read and vio_ssl_write: {why}"
-                    )
-                }
-                event => event,
-            };
-            match &event {
-                Event::Stack { id, stack } => return sites.add(*id, stack),
-                Event::Lost(lost) => return on_lost(*lost),
-                // Between sampled periods no statement is traced: the process list is not read either.
-                Event::Period(true) => return texts.resume(),
-                Event::Period(false) => return texts.pause(&mut tracker, &mut emit),
-                Event::Cycle(every) => {
-                    stands_for = *every;
-                    return;
-                }
-                _ => {}
-            }
-            let record = tracker.handle(event);
-            for n in tracker.notices.drain(..) {
-                match n {
-                    Notice::Tls { .. } if tls_followed.get() => {
-                        if !std::mem::replace(&mut tls_said, true) {
-                            say!(
-                                "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
-                                 server's vio_ssl_read and vio_ssl_write"
-                            );
-                        }
-                    }
-                    // Said once the uprobes are attached (`Event::DispatchProbe`).
-                    Notice::Tls { .. } if !wanted.get() => {
-                        wanted.set(true);
-                        if dispatch.is_none() {
-                            say!(
-                                "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
-                                 statements are not traced",
-                                target.exe.display()
-                            );
-                        }
-                    }
-                    Notice::Tls { .. } => {}
-                }
-            }
-            let Some(mut record) = record else { return };
-            seen += 1;
-            record.stands_for = stands_for;
-            if record.lock_stack != 0 {
-                record.lock_site = sites.of(record.lock_stack);
-            }
-            if record.lock_addr_raw != 0 {
-                let symbol = locks.name(record.lock_addr_raw);
-                record.lock_symbol = Some(waits::lock_name(
-                    &symbol,
-                    locks.names_no_variable(&symbol),
-                    record.lock_addr_raw,
-                    record.lock_site.as_deref(),
-                ));
-            }
-            // What the execution probe is to do changes with an execution of unknown text (else at a tick).
-            let unknown_execution = record.prepared.is_some() && record.query.is_none();
-            texts.add(&mut tracker, record, &mut emit);
-            if unknown_execution {
-                execute_wish.set(texts.execute_wish(wanted.get()));
-            }
-        },
-    )?;
-    texts.finish(&mut tracker, &mut emit);
-    if let Some(line) = texts.summary() {
-        say!("myprobe: {line}");
-    }
-    Ok(Followed {
-        // myprobe's own reads of the process list are not the server's statements.
-        seen: (seen + traced.below_min).saturating_sub(texts.own_statements),
-        below_min: traced.below_min,
-        lost: traced.lost,
-        unknown_prepared,
-        forgotten_prepared: tracker.forgotten_prepared,
-        forgotten_conns: tracker.forgotten_conns,
-        scale: traced.scale,
-    })
-}
-
 fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::Result<()> {
     if json {
         serde_json::to_writer(&mut *out, r)?;
         out.write_all(b"\n")
     } else {
         writeln!(out, "{}", render::line(r))
-    }
-}
-
-/// The server's function that runs each execution of a prepared statement, where the texts of statements prepared
-/// before tracing are read when the server keeps no table of them; None, said, when the binary has none.
-fn statement_execute_function(target: &Target) -> Option<probes::Function> {
-    let signature = crate::server::of_target(target).statement_execute();
-    match probes::find_function(&target.binary, signature) {
-        Ok(Some(f)) => Some(f),
-        Ok(None) => {
-            say!(
-                "myprobe: note: {} has no `{signature}` symbol: the texts of statements prepared before tracing \
-                 are looked for in the server's tables only",
-                target.exe.display()
-            );
-            None
-        }
-        Err(e) => {
-            say!("myprobe: warning: {e:#}");
-            None
-        }
     }
 }
 

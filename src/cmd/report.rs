@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{client::ConnectArgs, cmd::queries::QueriesArgs, process, report};
+use crate::{client::ConnectArgs, process, query::follow::FollowOptions, report};
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -68,13 +68,11 @@ pub fn run(a: ReportArgs) -> Result<()> {
         frequency: a.frequency,
         min_block_us: a.min_block_us,
         top: a.top,
-        queries: QueriesArgs {
+        queries: FollowOptions {
             raw_sql: a.raw_sql,
-            any_process: a.any_process,
             btf: a.btf.clone(),
-            max_kernel_mem: a.max_kernel_mem,
-            no_sql: a.no_sql,
-            ..QueriesArgs::summary(Some(target.pid), a.top, a.connect)
+            max_kernel_mem_mib: a.max_kernel_mem,
+            ..FollowOptions::new((!a.no_sql).then_some(a.connect))
         },
     };
     let r = report::trace(&target, &options)?;

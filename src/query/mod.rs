@@ -4,6 +4,7 @@
 pub mod digest;
 pub mod executed;
 pub mod fingerprint;
+pub mod follow;
 pub mod protocol;
 pub mod texts;
 
@@ -609,7 +610,7 @@ impl Tracker {
             in_flight: s.in_flight,
             pipelined: s.pipelined,
             lock_addr_raw,
-            // Set by whoever knows the period it was traced in (`cmd::queries::follow`).
+            // Set by whoever knows the period it was traced in (`query::follow::follow`).
             stands_for: 1,
             lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
             prepared,

@@ -19,7 +19,6 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cmd::queries::{self, Followed, QueriesArgs},
     collect::{self, CollectOptions, Collected},
     process::{self, Target},
     profile::{
@@ -29,6 +28,7 @@ use crate::{
         Profile,
     },
     query::digest::{Digest, DigestRow},
+    query::follow::{self, FollowOptions, Followed},
     render::{self, Palette, RenderOptions},
     stacks::ThreadStack,
     symbolize::{data::DataSymbolizer, Symbolizer},
@@ -41,8 +41,8 @@ pub struct Options {
     /// On-CPU sampling frequency, Hz.
     pub frequency: u64,
     pub min_block_us: u64,
-    /// The statements' tracing: its connection to the server, wait sites, `--raw-sql`, `--no-sql`.
-    pub queries: QueriesArgs,
+    /// The statements' tracing: its connection to the server (none: `--no-sql`), `--raw-sql`, `--btf`, memory.
+    pub queries: FollowOptions,
     /// Rows of the digest and lock tables.
     pub top: usize,
 }
@@ -114,14 +114,14 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         kernel_stacks: false,
         btf: o.queries.btf.clone(),
         unwind: tables.clone().map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem.saturating_mul(1 << 20),
+        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
         announce: String::new(),
         attached: Some(attached.clone()),
         slices: None,
         duty: None,
     };
     // Before any collector starts: an error here must not leave them running.
-    let dispatch = queries::dispatch_function(&o.queries, target)?;
+    let dispatch = follow::dispatch_function(o.queries.uprobes, target)?;
     let (tx, attached) = mpsc::channel::<&'static str>();
     let mut found = Found::default();
     let started_at = std::time::SystemTime::now();
@@ -143,7 +143,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             let attached = || {
                 let _ = statements_tx.send("queries");
             };
-            queries::follow(
+            follow::follow(
                 &o.queries,
                 target,
                 dispatch,
@@ -329,7 +329,7 @@ fn snapshot(
         kernel_stacks: false,
         btf: o.queries.btf.clone(),
         unwind: tables.map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem.saturating_mul(1 << 20),
+        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
         announce: String::new(),
         attached: None,
         slices: None,
@@ -348,8 +348,8 @@ fn snapshot(
         }
     };
     let mut named = crate::stacks::name_threads(target.pid, &snapshot.threads);
-    if !o.queries.no_sql {
-        match crate::stacks::statements(&o.queries.connect, target.pid) {
+    if let Some(connect) = &o.queries.connect {
+        match crate::stacks::statements(connect, target.pid) {
             Ok(statements) => {
                 for t in &mut named {
                     t.statement = statements.get(&t.tid).cloned();

@@ -1,0 +1,451 @@
+//! Following a server's statements: the statement pipeline that `myprobe queries`, `report` and `agent` share.
+//! The collector (`collect::queries`) gives events; here they become records ([`Tracker`]), named (lock words,
+//! wait sites), joined with the texts of statements prepared before tracing ([`PreparedTexts`]), and handed to the
+//! caller, under the options of [`FollowOptions`], whichever command set them.
+
+use std::{cell::Cell, path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    client::ConnectArgs,
+    collect::{
+        self,
+        periods::{CpuBudget, Duty},
+        queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
+        CollectOptions,
+    },
+    process::{probes, Target},
+    profile::waits,
+    query::{texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
+    symbolize::data::DataSymbolizer,
+    unwind::ProcessTables,
+};
+
+/// What following statements is asked to do, by whichever command.
+#[derive(Clone, Debug)]
+pub struct FollowOptions {
+    /// How long to trace; `None`: until Ctrl-C (or the traced process exits).
+    pub duration: Option<Duration>,
+    /// Statements shorter than this are counted in the kernel and not sent (`--min-ms`; 0: every one is sent).
+    pub min_statement_ns: u64,
+    /// Literals shown as they were sent (by default hidden as `?`: they can hold passwords).
+    pub raw_sql: bool,
+    /// Statements followed through uprobes on `dispatch_command` from the start (TLS connections opened before
+    /// tracing), not only once a TLS handshake is seen.
+    pub uprobes: bool,
+    /// The kernel's BTF, where it has none in /sys/kernel/btf/vmlinux.
+    pub btf: Option<PathBuf>,
+    /// Kernel memory the BPF maps may take, in MiB.
+    pub max_kernel_mem_mib: u64,
+    /// Lock waits' stacks walked by frame pointers only (no unwind tables loaded into the kernel).
+    pub frame_pointers: bool,
+    /// Where each statement's longest lock wait happened (a stack taken there).
+    pub wait_sites: bool,
+    /// A statement's CPU time inside syscalls split out of `user` (a program at every syscall of the host).
+    pub syscall_cpu: bool,
+    /// The connection to the server for the texts of statements prepared before tracing (its process list and
+    /// tables, and calibrating the execution probe on statements of myprobe's own); `None`: never connect.
+    pub connect: Option<ConnectArgs>,
+    /// Every statement, one second in N, or as the budget allows.
+    pub sampling: SampleEvery,
+    /// `SampleEvery::Auto`'s budget: the share of one CPU, in percent, that following statements may take.
+    pub max_cpu_pct: f64,
+}
+
+impl FollowOptions {
+    /// Every statement followed, for as long as the caller traces, with the connection `connect`; the rest at its
+    /// default.
+    pub fn new(connect: Option<ConnectArgs>) -> Self {
+        FollowOptions {
+            duration: None,
+            min_statement_ns: 0,
+            raw_sql: false,
+            uprobes: false,
+            btf: None,
+            max_kernel_mem_mib: crate::collect::budget::DEFAULT_MIB,
+            frame_pointers: false,
+            wait_sites: true,
+            syscall_cpu: false,
+            connect,
+            sampling: SampleEvery::Every(1),
+            max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
+        }
+    }
+}
+
+/// Statements followed one second in N (`--sample-every`), or in as many as the rate of statements asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleEvery {
+    Auto,
+    Every(u32),
+    /// One second in N or more: as many as keep the statements traced within `max_rate` a second (the agent's).
+    AtLeast {
+        every: u32,
+        max_rate: u64,
+    },
+}
+
+/// What `--sample-every auto` lets tracing cost by default, in the kernel and in myprobe together: 3% of one CPU
+/// (`--max-cpu`).
+pub const AUTO_CPU_PER_MILLE: u32 = 30;
+
+/// The in-kernel cost of a statement followed: bench/overhead's `kernel_ns_per_statement` on the CPU-bound server
+/// (bench/README.md). myprobe's own cost is measured as it runs.
+pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
+
+/// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
+const OWN_NS_PER_STATEMENT: u64 = 400;
+
+/// `--sample-every auto`'s budget, `max_cpu_pct` of one CPU.
+pub fn auto_budget(max_cpu_pct: f64) -> CpuBudget {
+    CpuBudget {
+        per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
+        kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
+    }
+}
+
+impl SampleEvery {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(SampleEvery::Auto);
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=3600).contains(&n) => Ok(SampleEvery::Every(n)),
+            _ => Err("expected `auto` or a number between 1 and 3600".into()),
+        }
+    }
+
+    /// The duty of the statement tracing: none when every statement is followed; `auto` within `max_cpu_pct` of
+    /// one CPU.
+    pub fn duty(self, max_cpu_pct: f64) -> Option<Duty> {
+        let budget = auto_budget(max_cpu_pct);
+        let (every, max_rate) = match self {
+            SampleEvery::Every(1) => return None,
+            SampleEvery::Every(n) => (n, None),
+            SampleEvery::Auto => (
+                1,
+                Some(budget.max_rate((KERNEL_NS_PER_STATEMENT + OWN_NS_PER_STATEMENT) as f64)),
+            ),
+            SampleEvery::AtLeast { every, max_rate } => (every.max(1), Some(max_rate)),
+        };
+        Some(Duty {
+            length: Duration::from_secs(1),
+            every,
+            max_rate,
+            budget: (self == SampleEvery::Auto).then_some(budget),
+        })
+    }
+}
+
+/// What following the statements counted besides the records, said on stderr by [`Followed::say_notes`].
+pub struct Followed {
+    /// Statements traced (myprobe's own reads of the process list left out).
+    pub seen: u64,
+    /// Of them, those shorter than `--min-ms`, dropped in the kernel.
+    pub below_min: u64,
+    pub lost: collect::Lost,
+    /// Executions of statements prepared before tracing whose text stayed unknown.
+    pub unknown_prepared: u64,
+    pub forgotten_prepared: u64,
+    pub forgotten_conns: u64,
+    /// The time traced over the time statements were followed (1: all of it; `--sample-every`).
+    pub scale: f64,
+}
+
+impl Followed {
+    pub fn say_notes(&self) {
+        if self.unknown_prepared > 0 {
+            say!(
+                "myprobe: note: {} executions of statements prepared before tracing began: their text is unknown \
+                 (shown as `{UNKNOWN_PREPARED} #ID`, or as `SELECT … FROM TABLES (COLUMNS) #ID` where the server sent \
+                 their result set's columns); statements prepared while tracing are shown in full",
+                self.unknown_prepared
+            );
+        }
+        if self.forgotten_prepared > 0 {
+            say!(
+                "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
+                 executions show as `{UNKNOWN_PREPARED} #ID`",
+                self.forgotten_prepared,
+                crate::query::MAX_PREPARED_PER_CONN
+            );
+        }
+        if self.forgotten_conns > 0 {
+            say!(
+                "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
+                 no user or database",
+                self.forgotten_conns,
+                crate::query::MAX_CONNS
+            );
+        }
+        for line in self.lost.report(self.seen) {
+            say!("myprobe: warning: {line}");
+        }
+    }
+}
+
+/// The server's `dispatch_command`, for the TLS fallback, when its signature is the one its server's module
+/// reads; with `--uprobes`, an error when it has none.
+pub fn dispatch_function(uprobes: bool, target: &Target) -> Result<Option<DispatchFunction>> {
+    let server = crate::server::of_target(target);
+    let expected = server.dispatch();
+    let found = probes::find_function(&target.binary, "dispatch_command(")?;
+    let dispatch = match found {
+        Some(f) if !f.demangled.starts_with(expected.signature) => {
+            let why = format!(
+                "{}'s dispatch_command is `{}`, not the `{}…` of {} whose arguments myprobe reads",
+                target.exe.display(),
+                f.demangled,
+                expected.signature,
+                server.name()
+            );
+            if uprobes {
+                bail!("{why}: --uprobes cannot be used");
+            }
+            say!("myprobe: warning: {why}: statements under TLS will not be followed");
+            return Ok(None);
+        }
+        found => found.map(|function| DispatchFunction {
+            function,
+            args: expected.args,
+        }),
+    };
+    match &dispatch {
+        None if uprobes => bail!(
+            "{} has no dispatch_command symbol (stripped, or an unknown server version): --uprobes cannot be used",
+            target.exe.display()
+        ),
+        Some(d) if uprobes => say!(
+            "myprobe: following statements through uprobes on {}",
+            d.function.demangled
+        ),
+        _ => {}
+    }
+    Ok(dispatch)
+}
+
+/// A server's `dispatch_command` found and checked ([`dispatch_function`]).
+pub struct DispatchFunction {
+    pub function: probes::Function,
+    pub args: crate::server::DispatchArgs,
+}
+
+/// Follows the statements of `target` as `a` says (its duration, wait sites, connection), with the TLS fallback
+/// on `dispatch` ([`dispatch_function`]),
+/// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
+/// once the probes are in place. `myprobe queries`, `report` and `agent` all trace through here.
+pub fn follow(
+    a: &FollowOptions,
+    target: &Target,
+    dispatch: Option<DispatchFunction>,
+    attached: impl FnOnce(),
+    mut emit: impl FnMut(QueryRecord),
+    mut on_lost: impl FnMut(collect::Lost),
+) -> Result<Followed> {
+    // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
+    let unwind = if !a.wait_sites {
+        None
+    } else {
+        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+            say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
+            None
+        })
+    };
+    let opts = CollectOptions {
+        pid: target.pid,
+        duration: a.duration.unwrap_or(Duration::MAX),
+        kernel_stacks: false,
+        btf: a.btf.clone(),
+        unwind,
+        max_kernel_mem: a.max_kernel_mem_mib.saturating_mul(1 << 20),
+        announce: String::new(),
+        attached: None,
+        slices: None,
+        duty: a.sampling.duty(a.max_cpu_pct),
+    };
+    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
+    let wanted = Cell::new(a.uprobes);
+    // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
+    let tls = collect::queries::TlsProbe::of_binary(&target.binary)?;
+    let tls_followed = Cell::new(false);
+    let mut tls_said = false;
+    let probe = dispatch.as_ref().map(|d| DispatchProbe {
+        binary: &target.binary,
+        function: &d.function,
+        args: d.args,
+        wanted: &wanted,
+    });
+    let mut tracker = Tracker::new(a.raw_sql).for_server(crate::server::of_target(target));
+    let mut sites = waits::SiteNames::new(target.pid);
+    let (mut seen, mut unknown_prepared) = (0u64, 0u64);
+    let mut emit = |record: QueryRecord| {
+        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
+        emit(record);
+    };
+    let want_results = Cell::new(false);
+    // Connected before tracing, read only when texts are wanted.
+    let mut texts = PreparedTexts::default();
+    let execute_function = a
+        .connect
+        .as_ref()
+        .and_then(|_| statement_execute_function(target));
+    if let Some(connect) = &a.connect {
+        texts.start(
+            connect,
+            target.pid,
+            execute_function.as_ref().map(|f| f.demangled.clone()),
+        );
+    }
+    let execute_wish = Cell::new(ExecuteWish::default());
+    let execute_probe = execute_function.as_ref().map(|function| ExecuteProbe {
+        binary: &target.binary,
+        function,
+        wish: &execute_wish,
+    });
+    // What each statement traced stands for: its period's cycle (`Event::Cycle`).
+    let mut stands_for = a.sampling.duty(a.max_cpu_pct).map_or(1, |d| d.every);
+    let statements = collect::queries::StatementOptions {
+        wait_sites: a.wait_sites,
+        syscall_cpu: a.syscall_cpu,
+        min_statement_ns: a.min_statement_ns,
+    };
+    let traced = collect::queries::collect(
+        &opts,
+        statements,
+        &want_results,
+        collect::queries::ServerProbes {
+            dispatch: probe,
+            tls,
+            execute: execute_probe,
+        },
+        attached,
+        |event| {
+            let event = match event {
+                Event::Executed(e) => {
+                    texts.executed(e);
+                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                }
+                Event::Tick => {
+                    // Read by the collector at its next poll; asked here, not at each record (a clock read).
+                    want_results.set(tracker.wants_results());
+                    texts.tick(&mut tracker, &mut emit);
+                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                }
+                Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
+                Event::DispatchProbe => {
+                    if let Some(d) = &dispatch {
+                        say!(
+                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them \
+                             through uprobes on {} from now on (--uprobes does from the start)",
+                            d.function.demangled
+                        );
+                    }
+                    return;
+                }
+                Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
+                Event::TlsProbe(Ok(())) => return tls_followed.set(true),
+                Event::TlsProbe(Err(why)) => {
+                    return say!(
+                        "myprobe: warning: TLS connections will be followed at dispatch_command, not at the \
+                         server's vio_ssl_read and vio_ssl_write: {why}"
+                    )
+                }
+                event => event,
+            };
+            match &event {
+                Event::Stack { id, stack } => return sites.add(*id, stack),
+                Event::Lost(lost) => return on_lost(*lost),
+                // Between sampled periods no statement is traced: the process list is not read either.
+                Event::Period(true) => return texts.resume(),
+                Event::Period(false) => return texts.pause(&mut tracker, &mut emit),
+                Event::Cycle(every) => {
+                    stands_for = *every;
+                    return;
+                }
+                _ => {}
+            }
+            let record = tracker.handle(event);
+            for n in tracker.notices.drain(..) {
+                match n {
+                    Notice::Tls { .. } if tls_followed.get() => {
+                        if !std::mem::replace(&mut tls_said, true) {
+                            say!(
+                                "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
+                                 server's vio_ssl_read and vio_ssl_write"
+                            );
+                        }
+                    }
+                    // Said once the uprobes are attached (`Event::DispatchProbe`).
+                    Notice::Tls { .. } if !wanted.get() => {
+                        wanted.set(true);
+                        if dispatch.is_none() {
+                            say!(
+                                "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
+                                 statements are not traced",
+                                target.exe.display()
+                            );
+                        }
+                    }
+                    Notice::Tls { .. } => {}
+                }
+            }
+            let Some(mut record) = record else { return };
+            seen += 1;
+            record.stands_for = stands_for;
+            if record.lock_stack != 0 {
+                record.lock_site = sites.of(record.lock_stack);
+            }
+            if record.lock_addr_raw != 0 {
+                let symbol = locks.name(record.lock_addr_raw);
+                record.lock_symbol = Some(waits::lock_name(
+                    &symbol,
+                    locks.names_no_variable(&symbol),
+                    record.lock_addr_raw,
+                    record.lock_site.as_deref(),
+                ));
+            }
+            // What the execution probe is to do changes with an execution of unknown text (else at a tick).
+            let unknown_execution = record.prepared.is_some() && record.query.is_none();
+            texts.add(&mut tracker, record, &mut emit);
+            if unknown_execution {
+                execute_wish.set(texts.execute_wish(wanted.get()));
+            }
+        },
+    )?;
+    texts.finish(&mut tracker, &mut emit);
+    if let Some(line) = texts.summary() {
+        say!("myprobe: {line}");
+    }
+    Ok(Followed {
+        // myprobe's own reads of the process list are not the server's statements.
+        seen: (seen + traced.below_min).saturating_sub(texts.own_statements),
+        below_min: traced.below_min,
+        lost: traced.lost,
+        unknown_prepared,
+        forgotten_prepared: tracker.forgotten_prepared,
+        forgotten_conns: tracker.forgotten_conns,
+        scale: traced.scale,
+    })
+}
+
+/// The server's function that runs each execution of a prepared statement, where the texts of statements prepared
+/// before tracing are read when the server keeps no table of them; None, said, when the binary has none.
+fn statement_execute_function(target: &Target) -> Option<probes::Function> {
+    let signature = crate::server::of_target(target).statement_execute();
+    match probes::find_function(&target.binary, signature) {
+        Ok(Some(f)) => Some(f),
+        Ok(None) => {
+            say!(
+                "myprobe: note: {} has no `{signature}` symbol: the texts of statements prepared before tracing \
+                 are looked for in the server's tables only",
+                target.exe.display()
+            );
+            None
+        }
+        Err(e) => {
+            say!("myprobe: warning: {e:#}");
+            None
+        }
+    }
+}
