@@ -340,7 +340,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
     let mut lock_names =
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
     let sample_every = o.duty.map_or(1, |d| d.every);
-    let dispatch = follow::dispatch_function(o.queries.uprobes, target)?;
+    let functions = follow::server_functions(o.queries.uprobes, target)?;
     let (slices, sliced) = mpsc::channel();
     let options = |duty: Option<Duty>| CollectOptions {
         pid: target.pid,
@@ -422,7 +422,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
             follow::follow(
                 follow_options,
                 target,
-                dispatch,
+                functions,
                 || {},
                 |r| shared.metrics().add_statement(r),
                 |lost| shared.metrics().set_lost("queries", lost),

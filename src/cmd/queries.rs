@@ -140,7 +140,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
     // Looked up before the header: nothing goes to stdout on its error.
-    let dispatch = follow::dispatch_function(a.uprobes, &target)?;
+    let functions = follow::server_functions(a.uprobes, &target)?;
     let mut digest = Digest::default();
     let min_us = (a.min_ms * 1000.0) as u64;
     let mut out = BufWriter::new(std::io::stdout().lock());
@@ -183,7 +183,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     let followed = follow::follow(
         &a.follow_options(),
         &target,
-        dispatch,
+        functions,
         attached,
         emit,
         |_| {},

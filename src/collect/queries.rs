@@ -219,23 +219,6 @@ pub struct TlsProbe<'a> {
 }
 
 impl<'a> TlsProbe<'a> {
-    /// The server's TLS read and write, if its binary names them (not stripped): else its TLS connections are
-    /// followed at dispatch_command.
-    pub fn of_binary(binary: &'a Path) -> Result<Option<TlsProbe<'a>>> {
-        let found = crate::process::probes::find_named_functions(
-            binary,
-            &["vio_ssl_read", "vio_ssl_write"],
-        )?;
-        Ok(match <[_; 2]>::try_from(found).ok() {
-            Some([Some(read), Some(write)]) => Some(TlsProbe {
-                binary,
-                read,
-                write,
-            }),
-            _ => None,
-        })
-    }
-
     /// Attaches the return probe of each call, then its entry probe: an entry without its return would leave its
     /// thread in the call.
     fn attach(&self, progs: &skel::QueriesProgs, pid: u32) -> Result<Vec<Link>> {

@@ -22,20 +22,13 @@ pub struct Function {
 /// The first function of `binary` whose demangled name starts with `prefix` (e.g. `dispatch_command(`),
 /// from `.symtab` or `.dynsym`; `None` if the binary has no such symbol (stripped, or another version).
 pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
-    Ok(first_functions(binary, &[Wanted::Prefix(prefix)])?
+    Ok(find_functions(binary, &[Wanted::Prefix(prefix)])?
         .pop()
         .flatten())
 }
 
-/// The functions of `binary` named `names`, as C names them or C++ with any arguments (`vio_ssl_read` is both, by
-/// server), in one read of the binary; `None` for a name it has none of.
-pub fn find_named_functions(binary: &Path, names: &[&str]) -> Result<Vec<Option<Function>>> {
-    let wanted: Vec<Wanted> = names.iter().map(|n| Wanted::Named(n)).collect();
-    first_functions(binary, &wanted)
-}
-
 /// A function looked for by its demangled name.
-enum Wanted<'a> {
+pub enum Wanted<'a> {
     /// The name begins so (`dispatch_command(`).
     Prefix(&'a str),
     /// The name is this one, alone or with its arguments.
@@ -65,8 +58,8 @@ impl Wanted<'_> {
     }
 }
 
-/// For each of `wanted`, the first function of `binary` it matches.
-fn first_functions(binary: &Path, wanted: &[Wanted]) -> Result<Vec<Option<Function>>> {
+/// For each of `wanted`, the first function of `binary` it matches, in one read of the binary.
+pub fn find_functions(binary: &Path, wanted: &[Wanted]) -> Result<Vec<Option<Function>>> {
     let data = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     let file = object::File::parse(&*data)
         .with_context(|| format!("{} is not an ELF file", binary.display()))?;

@@ -185,13 +185,34 @@ impl Followed {
     }
 }
 
-/// The server's `dispatch_command`, for the TLS fallback, when its signature is the one its server's module
-/// reads; with `--uprobes`, an error when it has none.
-pub fn dispatch_function(uprobes: bool, target: &Target) -> Result<Option<DispatchFunction>> {
+/// The server's functions that following statements probes, found in one read of its binary
+/// ([`server_functions`]).
+pub struct ServerFunctions {
+    /// `dispatch_command`, when its signature is the one its server's module reads: the TLS fallback.
+    pub dispatch: Option<DispatchFunction>,
+    /// Where each execution of a prepared statement runs: the texts of statements prepared before tracing.
+    execute: Option<probes::Function>,
+    /// `vio_ssl_read` and `vio_ssl_write`: TLS connections' plaintext.
+    tls: Option<(probes::Function, probes::Function)>,
+}
+
+/// The functions of `target`'s server that following its statements probes; with `uprobes` (`--uprobes`), an
+/// error when it has no `dispatch_command` whose arguments myprobe reads. Looked up before anything is written,
+/// so that nothing goes to stdout on its error.
+pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunctions> {
     let server = crate::server::of_target(target);
     let expected = server.dispatch();
-    let found = probes::find_function(&target.binary, "dispatch_command(")?;
-    let dispatch = match found {
+    let [dispatch, execute, tls_read, tls_write] = <[_; 4]>::try_from(probes::find_functions(
+        &target.binary,
+        &[
+            probes::Wanted::Prefix("dispatch_command("),
+            probes::Wanted::Prefix(server.statement_execute()),
+            probes::Wanted::Named("vio_ssl_read"),
+            probes::Wanted::Named("vio_ssl_write"),
+        ],
+    )?)
+    .map_err(|_| anyhow::anyhow!("four functions looked for"))?;
+    let dispatch = match dispatch {
         Some(f) if !f.demangled.starts_with(expected.signature) => {
             let why = format!(
                 "{}'s dispatch_command is `{}`, not the `{}…` of {} whose arguments myprobe reads",
@@ -204,7 +225,7 @@ pub fn dispatch_function(uprobes: bool, target: &Target) -> Result<Option<Dispat
                 bail!("{why}: --uprobes cannot be used");
             }
             say!("myprobe: warning: {why}: statements under TLS will not be followed");
-            return Ok(None);
+            None
         }
         found => found.map(|function| DispatchFunction {
             function,
@@ -222,23 +243,27 @@ pub fn dispatch_function(uprobes: bool, target: &Target) -> Result<Option<Dispat
         ),
         _ => {}
     }
-    Ok(dispatch)
+    Ok(ServerFunctions {
+        dispatch,
+        execute,
+        tls: tls_read.zip(tls_write),
+    })
 }
 
-/// A server's `dispatch_command` found and checked ([`dispatch_function`]).
+/// A server's `dispatch_command` found and checked ([`server_functions`]).
 pub struct DispatchFunction {
     pub function: probes::Function,
     pub args: crate::server::DispatchArgs,
 }
 
 /// Follows the statements of `target` as `a` says (its duration, wait sites, connection), with the TLS fallback
-/// on `dispatch` ([`dispatch_function`]),
+/// on `functions.dispatch` ([`server_functions`]),
 /// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
 /// once the probes are in place. `myprobe queries`, `report` and `agent` all trace through here.
 pub fn follow(
     a: &FollowOptions,
     target: &Target,
-    dispatch: Option<DispatchFunction>,
+    functions: ServerFunctions,
     attached: impl FnOnce(),
     mut emit: impl FnMut(QueryRecord),
     mut on_lost: impl FnMut(collect::Lost),
@@ -267,7 +292,14 @@ pub fn follow(
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
     // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
-    let tls = collect::queries::TlsProbe::of_binary(&target.binary)?;
+    let tls = functions
+        .tls
+        .map(|(read, write)| collect::queries::TlsProbe {
+            binary: &target.binary,
+            read,
+            write,
+        });
+    let dispatch = functions.dispatch;
     let tls_followed = Cell::new(false);
     let mut tls_said = false;
     let probe = dispatch.as_ref().map(|d| DispatchProbe {
@@ -289,7 +321,7 @@ pub fn follow(
     let execute_function = a
         .connect
         .as_ref()
-        .and_then(|_| statement_execute_function(target));
+        .and_then(|_| statement_execute_function(target, functions.execute));
     if let Some(connect) = &a.connect {
         texts.start(
             connect,
@@ -431,21 +463,17 @@ pub fn follow(
 
 /// The server's function that runs each execution of a prepared statement, where the texts of statements prepared
 /// before tracing are read when the server keeps no table of them; None, said, when the binary has none.
-fn statement_execute_function(target: &Target) -> Option<probes::Function> {
-    let signature = crate::server::of_target(target).statement_execute();
-    match probes::find_function(&target.binary, signature) {
-        Ok(Some(f)) => Some(f),
-        Ok(None) => {
-            say!(
-                "myprobe: note: {} has no `{signature}` symbol: the texts of statements prepared before tracing \
-                 are looked for in the server's tables only",
-                target.exe.display()
-            );
-            None
-        }
-        Err(e) => {
-            say!("myprobe: warning: {e:#}");
-            None
-        }
+fn statement_execute_function(
+    target: &Target,
+    found: Option<probes::Function>,
+) -> Option<probes::Function> {
+    if found.is_none() {
+        say!(
+            "myprobe: note: {} has no `{}` symbol: the texts of statements prepared before tracing are looked for in \
+             the server's tables only",
+            target.exe.display(),
+            crate::server::of_target(target).statement_execute()
+        );
     }
+    found
 }

@@ -121,7 +121,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         duty: None,
     };
     // Before any collector starts: an error here must not leave them running.
-    let dispatch = follow::dispatch_function(o.queries.uprobes, target)?;
+    let functions = follow::server_functions(o.queries.uprobes, target)?;
     let (tx, attached) = mpsc::channel::<&'static str>();
     let mut found = Found::default();
     let started_at = std::time::SystemTime::now();
@@ -146,7 +146,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             follow::follow(
                 &o.queries,
                 target,
-                dispatch,
+                functions,
                 attached,
                 |r| digest.add(&r),
                 |_| {},
