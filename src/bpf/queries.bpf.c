@@ -154,6 +154,7 @@ struct query_thread {
 	__u64 tls_buf;          /* the call's plaintext */
 	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
+	__u64 regs;             /* where the thread's registers are kept when it enters the kernel (0: not known yet) */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
 	struct query_event ev;  /* the statement being built; ev.c is the snapshot at the last reply send */
@@ -274,13 +275,11 @@ static __always_inline bool is_recv(enum syscall_class cls)
 	return cls == SYSCALL_NET_RECV || cls == SYSCALL_NET_RECVMSG;
 }
 
-/* The syscall `task` is in, as it entered the kernel: false if none (an exception's or an interrupt's entry).
- * x86-64's syscall entry saves -ENOSYS as the result, there until the syscall returns. */
-static __always_inline bool in_syscall(struct task_struct *task, enum syscall_class *cls, __u64 *arg0,
-				       __u64 *arg1)
+/* The syscall whose registers are `regs`, as it entered the kernel: false if none (an exception's or an
+ * interrupt's entry). x86-64's syscall entry saves -ENOSYS as the result, there until the syscall returns. */
+static __always_inline bool syscall_of(struct pt_regs *regs, enum syscall_class *cls, __u64 *arg0, __u64 *arg1)
 {
 #if defined(__TARGET_ARCH_x86)
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs || (long)regs->ax != -ENOSYS)
 		return false;
 	long nr = regs->orig_ax;
@@ -293,6 +292,26 @@ static __always_inline bool in_syscall(struct task_struct *task, enum syscall_cl
 #else
 	return false;
 #endif
+}
+
+/* The syscall `task` is in (see syscall_of). */
+static __always_inline bool in_syscall(struct task_struct *task, enum syscall_class *cls, __u64 *arg0,
+				       __u64 *arg1)
+{
+	return syscall_of((struct pt_regs *)bpf_task_pt_regs(task), cls, arg0, arg1);
+}
+
+/* The registers the current thread entered the kernel with. They stay at one place for the thread's life: its state
+ * keeps where, and later runs read them there without a helper call, where the kernel casts an address to a type
+ * (bpf_rdonly_cast, 6.2+). */
+static __always_inline struct pt_regs *current_regs(struct task_struct *task, struct query_thread *st)
+{
+	if (st && st->regs && bpf_ksym_exists(bpf_rdonly_cast))
+		return bpf_core_cast((void *)st->regs, struct pt_regs);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (st)
+		st->regs = (__u64)regs;
+	return regs;
 }
 
 /* The part of the time on a CPU from now on, `task` switched in. */
@@ -934,10 +953,10 @@ static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 	struct task_struct *task = current_target(&tid);
 	if (!task)
 		return 0;
+	struct query_thread *st = thread_state(task, false);
 	/* A recv that found nothing (the next request not there yet: MariaDB's read before it polls) can only end a
 	 * statement whose reply went out, or add to one's time: its registers are not read (TLS's calls aside). */
 	if (recv && ret <= 0) {
-		struct query_thread *st = thread_state(task, false);
 		if (!st)
 			return 0;
 		if (!st->tls_call) {
@@ -950,13 +969,15 @@ static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 	}
 	enum syscall_class cls;
 	__u64 fd, buf;
-	if (!in_syscall(task, &cls, &fd, &buf))
+	if (!syscall_of(current_regs(task, st), &cls, &fd, &buf))
 		return 0;
 	bool followed = recv ? is_recv(cls) : is_send(cls);
 	/* OpenSSL's socket calls are read and write. */
 	if (!followed && cls != (recv ? SYSCALL_READ : SYSCALL_WRITE))
 		return 0;
-	struct query_thread *st = thread_state(task, followed);
+	/* A thread's state is made at its first socket call. */
+	if (!st && followed)
+		st = thread_state(task, true);
 	if (!st)
 		return 0;
 	if (st->tls_call) {

@@ -29,7 +29,7 @@ struct {
 static __always_inline void submit_event_waking(void *data, __u64 size, bool now)
 {
 	__u32 zero = 0;
-	__u64 *sent = bpf_map_lookup_elem(&sent_unchecked, &zero); /* inlined by the verifier */
+	__u64 *sent = bpf_map_lookup_elem(&sent_unchecked, &zero); /* inlined by recent verifiers */
 	bool wake = now;
 	if (sent && (*sent += size) >= WAKE_CHECK_BYTES) {
 		*sent = 0;
