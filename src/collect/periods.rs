@@ -61,6 +61,9 @@ pub struct SamplePeriods {
     budget: Option<CpuBudget>,
     /// This process's CPU time when the last period ended (or the probes were attached).
     cpu_mark: Duration,
+    /// The first period is under way: it holds this process's start (the texts' calibration, the process list read
+    /// whole), not what a statement costs, so its cost is not measured.
+    first_period: bool,
     /// Adaptive duties: the fewest periods a cycle has, and the cycle chosen at the end of the last period, from
     /// the next cycle on.
     floor: u32,
@@ -90,6 +93,7 @@ impl SamplePeriods {
             max_rate: None,
             budget: None,
             cpu_mark: Duration::ZERO,
+            first_period: true,
             floor: every,
             next_every: every,
             counted: 0,
@@ -172,7 +176,7 @@ impl SamplePeriods {
                 let cpu = own_cpu_time();
                 let spent = cpu.saturating_sub(self.cpu_mark).as_nanos() as f64;
                 self.cpu_mark = cpu;
-                if self.counted > 0 {
+                if self.counted > 0 && !std::mem::replace(&mut self.first_period, false) {
                     let per_event = budget.kernel_ns_per_event as f64 + spent / self.counted as f64;
                     self.max_rate = Some(budget.max_rate(per_event));
                 }
@@ -435,6 +439,11 @@ mod tests {
             max_rate: Some(u64::MAX),
             budget: Some(budget),
         });
+        // The first period holds the start: its cost is not measured.
+        p.count(1_000);
+        advance(ms(120));
+        assert_eq!(p.due(), None, "a cycle of one period goes on at once");
+        assert_eq!(p.max_rate, Some(u64::MAX), "the first period measured");
         // This process's own CPU (other tests' included) adds to the kernel's 2 µs an event: 3% of a CPU allows
         // 15,000 a second at most.
         p.count(1_000);
