@@ -15,15 +15,8 @@ pub unsafe trait Plain: Copy + Default {}
 /// `T` from the first bytes of `bytes`, zero-filled when the kernel sent fewer (a ring buffer record sent
 /// without its unused tail); `None` when even `min_len` bytes are not there.
 pub fn read_prefix<T: Plain>(bytes: &[u8], min_len: usize) -> Option<T> {
-    if bytes.len() < min_len {
-        return None;
-    }
     let mut value = T::default();
-    let n = bytes.len().min(std::mem::size_of::<T>());
-    // SAFETY: T is Plain (any bytes are a valid T); at most size_of::<T>() bytes are copied into it.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut value as *mut T).cast::<u8>(), n)
-    };
+    read_prefix_into(bytes, min_len, &mut value)?;
     Some(value)
 }
 

@@ -19,14 +19,6 @@ pub struct Function {
     pub entry: Option<EntryProbe>,
 }
 
-/// The first function of `binary` whose demangled name starts with `prefix` (e.g. `dispatch_command(`),
-/// from `.symtab` or `.dynsym`; `None` if the binary has no such symbol (stripped, or another version).
-pub fn find_function(binary: &Path, prefix: &str) -> Result<Option<Function>> {
-    Ok(find_functions(binary, &[Wanted::Prefix(prefix)])?
-        .pop()
-        .flatten())
-}
-
 /// A function looked for by its demangled name.
 pub enum Wanted<'a> {
     /// The name begins so (`dispatch_command(`).
@@ -274,14 +266,18 @@ mod tests {
     fn finds_functions_by_demangled_name() {
         // The test binary itself: a Rust function is not C++, so look for a libc-style C symbol instead.
         let exe = std::env::current_exe().unwrap();
-        let f = find_function(&exe, "main")
-            .unwrap()
-            .expect("the test binary has a main");
+        let found = find_functions(
+            &exe,
+            &[
+                Wanted::Prefix("main"),
+                Wanted::Prefix("no_such_function_anywhere("),
+            ],
+        )
+        .unwrap();
+        let f = found[0].as_ref().expect("the test binary has a main");
         assert_eq!(f.mangled, "main");
-        assert!(find_function(&exe, "no_such_function_anywhere(")
-            .unwrap()
-            .is_none());
-        assert!(find_function(Path::new("/nonexistent"), "x").is_err());
+        assert!(found[1].is_none());
+        assert!(find_functions(Path::new("/nonexistent"), &[Wanted::Prefix("x")]).is_err());
     }
 
     #[test]

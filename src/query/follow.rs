@@ -277,6 +277,7 @@ pub fn follow(
             None
         })
     };
+    let duty = a.sampling.duty(a.max_cpu_pct);
     let opts = CollectOptions {
         pid: target.pid,
         duration: a.duration.unwrap_or(Duration::MAX),
@@ -287,7 +288,7 @@ pub fn follow(
         announce: String::new(),
         attached: None,
         slices: None,
-        duty: a.sampling.duty(a.max_cpu_pct),
+        duty,
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);
@@ -318,11 +319,18 @@ pub fn follow(
     let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
-    let execute_function = a
-        .connect
-        .as_ref()
-        .and_then(|_| statement_execute_function(target, functions.execute));
+    // The server's function that runs each execution of a prepared statement: where the texts of statements
+    // prepared before tracing are read when the server keeps no table of them.
+    let execute_function = a.connect.as_ref().and(functions.execute);
     if let Some(connect) = &a.connect {
+        if execute_function.is_none() {
+            say!(
+                "myprobe: note: {} has no `{}` symbol: the texts of statements prepared before tracing are looked \
+                 for in the server's tables only",
+                target.exe.display(),
+                crate::server::of_target(target).statement_execute()
+            );
+        }
         texts.start(
             connect,
             target.pid,
@@ -336,7 +344,7 @@ pub fn follow(
         wish: &execute_wish,
     });
     // What each statement traced stands for: its period's cycle (`Event::Cycle`).
-    let mut stands_for = a.sampling.duty(a.max_cpu_pct).map_or(1, |d| d.every);
+    let mut stands_for = duty.map_or(1, |d| d.every);
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
         syscall_cpu: a.syscall_cpu,
@@ -459,21 +467,4 @@ pub fn follow(
         forgotten_conns: tracker.forgotten_conns,
         scale: traced.scale,
     })
-}
-
-/// The server's function that runs each execution of a prepared statement, where the texts of statements prepared
-/// before tracing are read when the server keeps no table of them; None, said, when the binary has none.
-fn statement_execute_function(
-    target: &Target,
-    found: Option<probes::Function>,
-) -> Option<probes::Function> {
-    if found.is_none() {
-        say!(
-            "myprobe: note: {} has no `{}` symbol: the texts of statements prepared before tracing are looked for in \
-             the server's tables only",
-            target.exe.display(),
-            crate::server::of_target(target).statement_execute()
-        );
-    }
-    found
 }
