@@ -12,8 +12,9 @@ use crate::{
     query::follow::{FollowOptions, SampleEvery},
 };
 
-/// `--max-statements`: 1,000 statements a second traced cost about 0.5% of a CPU (bench/README.md).
-pub const AGENT_MAX_STATEMENTS: u64 = 1_000;
+/// `--statements-max-cpu`: what the agent's statements cost before the budget (1,000 a second at 5 µs each,
+/// bench/README.md).
+const AGENT_STATEMENTS_CPU_PCT: f64 = 0.5;
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -51,10 +52,15 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub sample_every: u32,
     /// Sampled (N > 1), statements traced a second at most, on average: above it they are traced one second in
-    /// more than N, chosen from their rate after each second traced (each costs about 5 µs of CPU, in the
-    /// kernel and here). 0: one second in N whatever the rate
-    #[arg(long, value_name = "RATE", default_value_t = AGENT_MAX_STATEMENTS)]
-    pub max_statements: u64,
+    /// more than N, chosen from their rate after each second traced. `auto`: as many as keep them within
+    /// --statements-max-cpu, at what a statement was measured to cost (about 2.2 µs, in the kernel and here).
+    /// 0: one second in N whatever the rate
+    #[arg(long, value_name = "RATE|auto", default_value = "auto", value_parser = parse_max_statements)]
+    pub max_statements: MaxStatements,
+    /// With `--max-statements auto`: the share of one CPU, in percent, that tracing statements may take on
+    /// average, in the kernel and in the agent together
+    #[arg(long, value_name = "PERCENT", default_value_t = AGENT_STATEMENTS_CPU_PCT, value_parser = crate::cmd::queries::parse_cpu_percent)]
+    pub statements_max_cpu: f64,
     /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
     #[arg(long)]
     pub raw_sql: bool,
@@ -72,6 +78,23 @@ pub struct AgentArgs {
     pub max_kernel_mem: u64,
     #[command(flatten)]
     pub connect: ConnectArgs,
+}
+
+/// `--max-statements`: from the budget of CPU, or a rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxStatements {
+    Auto,
+    PerSecond(u64),
+}
+
+fn parse_max_statements(s: &str) -> Result<MaxStatements, String> {
+    match s {
+        "auto" => Ok(MaxStatements::Auto),
+        _ => s
+            .parse()
+            .map(MaxStatements::PerSecond)
+            .map_err(|_| format!("{s:?}: expected `auto` or a number of statements a second")),
+    }
 }
 
 /// `90`, `90s`, `15m`, `24h`, `7d`.
@@ -125,11 +148,18 @@ pub fn run(a: AgentArgs) -> Result<()> {
         any_process: a.any_process,
         queries: FollowOptions {
             sampling: match (a.sample_every, a.max_statements) {
-                (every, max_rate) if every > 1 && max_rate > 0 => {
-                    SampleEvery::AtLeast { every, max_rate }
-                }
-                (every, _) => SampleEvery::Every(every),
+                (1, _) => SampleEvery::Every(1),
+                (every, MaxStatements::PerSecond(0)) => SampleEvery::Every(every),
+                (every, MaxStatements::PerSecond(rate)) => SampleEvery::AtLeast {
+                    every,
+                    max_rate: Some(rate),
+                },
+                (every, MaxStatements::Auto) => SampleEvery::AtLeast {
+                    every,
+                    max_rate: None,
+                },
             },
+            max_cpu_pct: a.statements_max_cpu,
             raw_sql: a.raw_sql,
             btf: a.btf,
             max_kernel_mem_mib: a.max_kernel_mem,
@@ -141,6 +171,27 @@ pub fn run(a: AgentArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statements_are_sampled_within_the_budget_unless_a_rate_is_given() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        let parse = |args: &[&str]| {
+            let a = <Cli as clap::Parser>::try_parse_from([&["agent"], args].concat())
+                .expect("parsed")
+                .agent;
+            (a.max_statements, a.statements_max_cpu)
+        };
+        assert_eq!(parse(&[]), (MaxStatements::Auto, AGENT_STATEMENTS_CPU_PCT));
+        assert_eq!(
+            parse(&["--max-statements", "500"]).0,
+            MaxStatements::PerSecond(500)
+        );
+        assert_eq!(parse(&["--statements-max-cpu", "2"]).1, 2.0);
+    }
 
     #[test]
     fn durations() {

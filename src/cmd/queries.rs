@@ -90,7 +90,7 @@ pub struct QueriesArgs {
     pub connect: ConnectArgs,
 }
 
-fn parse_cpu_percent(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_cpu_percent(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(p) if (0.1..=100.0).contains(&p) => Ok(p),
         _ => Err("expected a percentage of one CPU between 0.1 and 100".into()),

@@ -24,12 +24,22 @@ pub struct Duty {
 
 /// What tracing may cost, all in: a share of one CPU, each event traced costing `kernel_ns_per_event` in the
 /// kernel (bench/overhead's figure; its own programs' cost is not measured while tracing, as that would turn on
-/// the kernel's BPF statistics for every program of the host) and what this process spends on it (its CPU time,
-/// measured over each cycle: reading, joining, and the period's start and end, which sampling adds).
+/// the kernel's BPF statistics for every program of the host) and what this process spends on it (its CPU time
+/// over each period traced: reading and joining the events; not its work between periods, which tracing fewer
+/// would not save).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuBudget {
     pub per_mille_of_cpu: u32,
     pub kernel_ns_per_event: u64,
+    /// Whose CPU time is this process's part: all its threads', or only the one that reads the events (the
+    /// agent's statements, whose process runs other collectors too).
+    pub own: OwnCpu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnCpu {
+    Process,
+    Thread,
 }
 
 impl CpuBudget {
@@ -39,11 +49,15 @@ impl CpuBudget {
     }
 }
 
-/// This process's CPU time so far (user and system, all its threads).
-fn own_cpu_time() -> Duration {
+/// CPU time so far (user and system) of this process, or of the calling thread.
+fn own_cpu_time(own: OwnCpu) -> Duration {
+    let who = match own {
+        OwnCpu::Process => libc::RUSAGE_SELF,
+        OwnCpu::Thread => libc::RUSAGE_THREAD,
+    };
     // SAFETY: getrusage fills the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+    if unsafe { libc::getrusage(who, &mut usage) } != 0 {
         return Duration::ZERO;
     }
     let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
@@ -59,8 +73,10 @@ pub struct SamplePeriods {
     every: u32,
     max_rate: Option<u64>,
     budget: Option<CpuBudget>,
-    /// This process's CPU time when the last period ended (or the probes were attached).
+    /// This process's CPU time when the period under way began (after the probes were attached).
     cpu_mark: Duration,
+    /// What an event was measured to cost, smoothed over the periods (ns; 0: not yet measured).
+    ns_per_event: f64,
     /// The first period is under way: it holds this process's start (the texts' calibration, the process list read
     /// whole), not what a statement costs, so its cost is not measured.
     first_period: bool,
@@ -93,6 +109,7 @@ impl SamplePeriods {
             max_rate: None,
             budget: None,
             cpu_mark: Duration::ZERO,
+            ns_per_event: 0.0,
             first_period: true,
             floor: every,
             next_every: every,
@@ -108,11 +125,12 @@ impl SamplePeriods {
         }
     }
 
+    /// Called by the thread that reads the events (an `OwnCpu::Thread` budget measures its CPU time).
     pub fn of(duty: Duty) -> Self {
         SamplePeriods {
             max_rate: duty.max_rate,
             budget: duty.budget,
-            cpu_mark: own_cpu_time(),
+            cpu_mark: duty.budget.map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
             ..SamplePeriods::new(duty.length, duty.every.into())
         }
     }
@@ -122,7 +140,7 @@ impl SamplePeriods {
         *self = SamplePeriods {
             max_rate: self.max_rate,
             budget: self.budget,
-            cpu_mark: own_cpu_time(),
+            cpu_mark: self.budget.map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
             floor: self.floor,
             ..SamplePeriods::new(self.length, self.every.into())
         };
@@ -173,19 +191,30 @@ impl SamplePeriods {
             // an event over the cycle that ended, where a budget is set.
             self.rate = self.counted as f64 / probed.as_secs_f64();
             if let Some(budget) = self.budget {
-                let cpu = own_cpu_time();
+                let cpu = own_cpu_time(budget.own);
                 let spent = cpu.saturating_sub(self.cpu_mark).as_nanos() as f64;
                 self.cpu_mark = cpu;
                 if self.counted > 0 && !std::mem::replace(&mut self.first_period, false) {
-                    let per_event = budget.kernel_ns_per_event as f64 + spent / self.counted as f64;
-                    self.max_rate = Some(budget.max_rate(per_event));
+                    // Smoothed, so that one period's noise does not move the cycle back and forth.
+                    let measured = budget.kernel_ns_per_event as f64 + spent / self.counted as f64;
+                    self.ns_per_event = match self.ns_per_event {
+                        0.0 => measured,
+                        before => 0.5 * (before + measured),
+                    };
+                    self.max_rate = Some(budget.max_rate(self.ns_per_event));
                 }
             }
-            let max_rate = self.max_rate.unwrap_or(max_rate);
-            self.next_every = (self.rate / max_rate.max(1) as f64)
-                .ceil()
-                .clamp(self.floor.clamp(1, MAX_EVERY) as f64, MAX_EVERY as f64)
-                as u32;
+            let max_rate = self.max_rate.unwrap_or(max_rate).max(1) as f64;
+            let needed = self.rate / max_rate;
+            // Fewer periods only once the rate is a fifth below what the fewer allow: a rate near the threshold
+            // keeps its cycle instead of going back and forth at each period.
+            let shorter = (needed * 1.25).ceil();
+            let wanted = match needed.ceil() < self.next_every as f64 {
+                true => shorter.min(self.next_every as f64),
+                false => needed.ceil(),
+            };
+            self.next_every =
+                wanted.clamp(self.floor.clamp(1, MAX_EVERY) as f64, MAX_EVERY as f64) as u32;
             let now = now();
             (self.period_began, self.counted) = (now, 0);
             if self.every > 1 {
@@ -241,6 +270,11 @@ impl SamplePeriods {
         if open {
             self.open_since = Some(now);
             (self.period_began, self.counted) = (now, 0);
+            // A period's cost is what it spent tracing: between periods this process's CPU goes on other work,
+            // which following fewer statements would not save.
+            if let Some(budget) = self.budget {
+                self.cpu_mark = own_cpu_time(budget.own);
+            }
         }
     }
 
@@ -424,10 +458,44 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_near_the_threshold_keeps_its_cycle() {
+        advance(Duration::ZERO);
+        let ms = Duration::from_millis;
+        let mut p = SamplePeriods::of(Duty {
+            length: ms(100),
+            every: 1,
+            max_rate: Some(1_000),
+            budget: None,
+        });
+        // Periods of one cycle each: 100 ms traced, then `every - 1` detached.
+        let period = |p: &mut SamplePeriods, counted: u64| {
+            p.count(counted);
+            advance(ms(100));
+            if p.due() == Some(false) {
+                p.set(false);
+                advance(ms(100) * (p.every() - 1));
+                assert_eq!(p.due(), Some(true));
+                p.set(true);
+            }
+            p.every()
+        };
+        // 1,100 a second: one in 2, from the next period on.
+        assert_eq!(period(&mut p, 110), 2);
+        assert_eq!(period(&mut p, 110), 2);
+        // 950 a second would allow every one, but it is within a fifth of the rate: one in 2 still.
+        assert_eq!(period(&mut p, 95), 2);
+        assert_eq!(period(&mut p, 95), 2);
+        // 750 a second: every one.
+        assert_eq!(period(&mut p, 75), 1);
+        assert_eq!(period(&mut p, 75), 1);
+    }
+
+    #[test]
     fn a_budget_sets_the_rate_from_the_cost_of_an_event() {
         let budget = CpuBudget {
             per_mille_of_cpu: 30,
             kernel_ns_per_event: 2_000,
+            own: OwnCpu::Process,
         };
         // 3% of a CPU at 3 µs an event: 10,000 a second.
         assert_eq!(budget.max_rate(3_000.0), 10_000);

@@ -11,7 +11,7 @@ use crate::{
     client::ConnectArgs,
     collect::{
         self,
-        periods::{CpuBudget, Duty},
+        periods::{CpuBudget, Duty, OwnCpu},
         queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
         CollectOptions,
     },
@@ -77,12 +77,15 @@ impl FollowOptions {
 /// Statements followed one second in N (`--sample-every`), or in as many as the rate of statements asks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SampleEvery {
+    /// Every statement while their cost stays within `max_cpu_pct`; above, one second in as many as keep it so.
     Auto,
     Every(u32),
-    /// One second in N or more: as many as keep the statements traced within `max_rate` a second (the agent's).
+    /// One second in N or more (the agent's): as many as keep the statements traced within `max_rate` a second,
+    /// or `None`, within `max_cpu_pct` (the CPU of the thread that reads them: the agent's other collectors run
+    /// in the same process).
     AtLeast {
         every: u32,
-        max_rate: u64,
+        max_rate: Option<u64>,
     },
 }
 
@@ -97,11 +100,12 @@ pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
 /// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
 const OWN_NS_PER_STATEMENT: u64 = 400;
 
-/// `--sample-every auto`'s budget, `max_cpu_pct` of one CPU.
-pub fn auto_budget(max_cpu_pct: f64) -> CpuBudget {
+/// A budget of `max_cpu_pct` of one CPU for following statements.
+fn auto_budget(max_cpu_pct: f64, own: OwnCpu) -> CpuBudget {
     CpuBudget {
         per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
         kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
+        own,
     }
 }
 
@@ -116,24 +120,26 @@ impl SampleEvery {
         }
     }
 
-    /// The duty of the statement tracing: none when every statement is followed; `auto` within `max_cpu_pct` of
-    /// one CPU.
+    /// The duty of the statement tracing: none when every statement is followed; `auto` and `AtLeast` without a
+    /// rate within `max_cpu_pct` of one CPU.
     pub fn duty(self, max_cpu_pct: f64) -> Option<Duty> {
-        let budget = auto_budget(max_cpu_pct);
-        let (every, max_rate) = match self {
+        let (every, max_rate, budget) = match self {
             SampleEvery::Every(1) => return None,
-            SampleEvery::Every(n) => (n, None),
-            SampleEvery::Auto => (
-                1,
-                Some(budget.max_rate((KERNEL_NS_PER_STATEMENT + OWN_NS_PER_STATEMENT) as f64)),
-            ),
-            SampleEvery::AtLeast { every, max_rate } => (every.max(1), Some(max_rate)),
+            SampleEvery::Every(n) => (n, None, None),
+            SampleEvery::Auto => (1, None, Some(auto_budget(max_cpu_pct, OwnCpu::Process))),
+            SampleEvery::AtLeast {
+                every,
+                max_rate: None,
+            } => (every, None, Some(auto_budget(max_cpu_pct, OwnCpu::Thread))),
+            SampleEvery::AtLeast { every, max_rate } => (every, max_rate, None),
         };
+        // Until a period has been measured, a statement is taken to cost what bench/overhead measured.
+        let first_guess = (KERNEL_NS_PER_STATEMENT + OWN_NS_PER_STATEMENT) as f64;
         Some(Duty {
             length: Duration::from_secs(1),
-            every,
-            max_rate,
-            budget: (self == SampleEvery::Auto).then_some(budget),
+            every: every.max(1),
+            max_rate: max_rate.or(budget.map(|b| b.max_rate(first_guess))),
+            budget,
         })
     }
 }
@@ -467,4 +473,39 @@ pub fn follow(
         forgotten_conns: tracker.forgotten_conns,
         scale: traced.scale,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sampling_gets_its_duty() {
+        assert_eq!(SampleEvery::Every(1).duty(3.0), None);
+        let every = SampleEvery::Every(7).duty(3.0).expect("sampled");
+        assert_eq!((every.every, every.max_rate, every.budget), (7, None, None));
+        // auto: every statement up to what 3% of a CPU allows at 2.2 µs each, the whole process measured.
+        let auto = SampleEvery::Auto.duty(3.0).expect("sampled");
+        assert_eq!((auto.every, auto.max_rate), (1, Some(13_636)));
+        assert_eq!(auto.budget.map(|b| b.own), Some(OwnCpu::Process));
+        // The agent's: one second in 10 at least, within 0.5% of a CPU, its reading thread measured.
+        let agent = SampleEvery::AtLeast {
+            every: 10,
+            max_rate: None,
+        }
+        .duty(0.5)
+        .expect("sampled");
+        assert_eq!((agent.every, agent.max_rate), (10, Some(2_272)));
+        assert_eq!(agent.budget.map(|b| b.own), Some(OwnCpu::Thread));
+        let fixed = SampleEvery::AtLeast {
+            every: 10,
+            max_rate: Some(1_000),
+        }
+        .duty(0.5)
+        .expect("sampled");
+        assert_eq!(
+            (fixed.every, fixed.max_rate, fixed.budget),
+            (10, Some(1_000), None)
+        );
+    }
 }
