@@ -50,6 +50,9 @@ enum Command {
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
     Diff(cmd::diff::DiffArgs),
+    /// The kernel features myprobe probed here, as `name=yes|no` (for scripts/kernels).
+    #[command(hide = true)]
+    Features,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +68,13 @@ fn main() -> ExitCode {
         Command::Agent(a) => cmd::agent::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Features => {
+            println!(
+                "{}",
+                myprobe::collect::features::Features::of_kernel(None).summary()
+            );
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

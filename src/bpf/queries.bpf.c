@@ -25,6 +25,7 @@
 #include <asm-generic/errno.h>
 #include "futex.h"
 #include "lost.h"
+#include "maps.h"
 #include "queries.h"
 #include "ringbuf.h"
 #include "stack_ids.h"
@@ -337,13 +338,12 @@ static __always_inline void charge(struct query_thread *st, __u64 now, enum time
 /* Copies up to MAX_TEXT bytes of user memory into e->text. */
 static __always_inline void capture_text(struct query_event *e, __u64 src, long n)
 {
-	if (n > MAX_TEXT)
-		n = MAX_TEXT;
-	if (n <= 0 || bpf_probe_read_user(e->text, n, (void *)src)) {
+	__u32 len = n <= 0 ? 0 : n > MAX_TEXT ? MAX_TEXT : n;
+	if (len == 0 || bpf_probe_read_user(e->text, BOUNDED_SIZE(len, MAX_TEXT), (void *)src)) {
 		e->text_len = 0;
 		return;
 	}
-	e->text_len = n;
+	e->text_len = len;
 }
 
 /* A packet outside any statement (handshake, authentication), sent for user space to parse: for PACKET_IN the
@@ -795,42 +795,55 @@ static __always_inline void compressed_request(struct query_thread *st, __u32 ti
 
 #define TEXT_CHUNK 64
 
+/* Where a request's text goes on being read (request_continues). */
+struct text_read {
+	struct query_thread *st;
+	__u64 buf;
+	long off;
+	long left;
+	bool failed;
+};
+
+/* One read of a request's text: a chunk where a whole one fits, else a byte. A bpf_loop callback, verified once:
+ * as unrolled loops, older verifiers went past their million instructions on the paths of each byte. */
+static long text_read_step(__u64 step __attribute__((unused)), struct text_read *r)
+{
+	long off = r->off, k = 1;
+	if (r->left <= 0 || off < 0 || off >= MAX_TEXT)
+		return 1;
+	if (off <= MAX_TEXT - TEXT_CHUNK) {
+		k = r->left < TEXT_CHUNK ? r->left : TEXT_CHUNK;
+		/* The bound checked again on the register used, which the compiler would take for proven. */
+		barrier_var(off);
+		if (off < 0 || off > MAX_TEXT - TEXT_CHUNK)
+			return 1;
+		r->failed = bpf_probe_read_user(&r->st->ev.text[off], BOUNDED_SIZE(k, TEXT_CHUNK), (void *)r->buf);
+	} else {
+		barrier_var(off);
+		r->failed = bpf_probe_read_user(&r->st->ev.text[off & (MAX_TEXT - 1)], 1, (void *)r->buf);
+	}
+	if (r->failed)
+		return 1;
+	r->off += k;
+	r->buf += k;
+	r->left -= k;
+	return 0;
+}
+
 /* More of the running statement's request, n bytes at buf (a client that writes it in pieces, a network's
- * segments): its text goes on from where the last read left it, up to what is kept. Read in chunks whose offset
- * and length the verifier bounds, and the last few bytes one by one. */
+ * segments): its text goes on from where the last read left it, up to what is kept. */
 static __always_inline void request_continues(struct query_thread *st, __u64 buf, long n)
 {
-	long off = st->ev.text_len;
-	long left = st->text_more < n ? st->text_more : n;
-	bool failed = false;
-	for (int i = 0; i < MAX_TEXT / TEXT_CHUNK; i++) {
-		if (left <= 0 || off > MAX_TEXT - TEXT_CHUNK)
-			break;
-		long k = left < TEXT_CHUNK ? left : TEXT_CHUNK;
-		if (bpf_probe_read_user(&st->ev.text[off], k, (void *)buf)) {
-			failed = true;
-			break;
-		}
-		off += k;
-		buf += k;
-		left -= k;
-	}
-	for (int i = 0; i < TEXT_CHUNK && !failed; i++) {
-		if (left <= 0 || off >= MAX_TEXT)
-			break;
-		__u32 at = off & (MAX_TEXT - 1);
-		barrier_var(at); /* the mask kept: the verifier follows it, not the loop's sums */
-		if (bpf_probe_read_user(&st->ev.text[at], 1, (void *)buf)) {
-			failed = true;
-			break;
-		}
-		off++;
-		buf++;
-		left--;
-	}
-	__u32 got = off - st->ev.text_len;
-	st->ev.text_len = off;
-	st->text_more = failed || got >= st->text_more ? 0 : st->text_more - got;
+	struct text_read r = {
+		.st = st,
+		.buf = buf,
+		.off = st->ev.text_len,
+		.left = st->text_more < n ? st->text_more : n,
+	};
+	bpf_loop(MAX_TEXT / TEXT_CHUNK + TEXT_CHUNK, text_read_step, &r, 0);
+	__u32 got = r.off - st->ev.text_len;
+	st->ev.text_len = r.off;
+	st->text_more = r.failed || got >= st->text_more ? 0 : st->text_more - got;
 }
 
 /* A recv on a socket returned n > 0 bytes at buf (`tls`: a TLS read, its plaintext). */

@@ -197,6 +197,14 @@ static __always_inline long read_user(void *dst, __u32 size, __u64 ptr, struct u
 	return bpf_probe_read_user(dst, size, (void *)ptr);
 }
 
+/* index's slot, masked where the verifier sees it: after `index < RECORDED_SLOTS` the compiler drops a mask it
+ * proves void, and may reload index from the stack, where verifiers before 6.3 or so lose its bounds. */
+static __always_inline __u64 slot_of(__u64 index)
+{
+	barrier_var(index);
+	return index & (RECORDED_SLOTS - 1);
+}
+
 static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, bool other_task)
 {
 	if (s->done || s->n >= MAX_USER_FRAMES)
@@ -244,7 +252,7 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 			return 1;
 		}
 		if (index < RECORDED_SLOTS)
-			s->slots[index & (RECORDED_SLOTS - 1)] = s->sp + SIGFRAME_IP;
+			s->slots[slot_of(index)] = s->sp + SIGFRAME_IP;
 		s->ip = ra;
 		s->sp = cfa;
 		s->bp = bp;
@@ -267,7 +275,7 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 		return 1;
 	}
 	if (index < RECORDED_SLOTS)
-		s->slots[index & (RECORDED_SLOTS - 1)] = cfa - 8;
+		s->slots[slot_of(index)] = cfa - 8;
 	if (row && (kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && row->fp_offset) {
 		if (read_user(&bp, sizeof(bp), cfa + row->fp_offset, s, other_task))
 			bp = 0;

@@ -128,6 +128,25 @@ impl Features {
         }
     }
 
+    /// `name=yes|no` for each feature, in `NAMES`' order (`myprobe features`, for scripts/kernels).
+    pub fn summary(&self) -> String {
+        let has = [
+            self.bpf_loop,
+            self.uprobe_multi,
+            self.uprobe_session,
+            self.task_stacks,
+            self.sched_info,
+            self.futex_tracepoints,
+            self.socket_tracepoints,
+        ];
+        NAMES
+            .iter()
+            .zip(has)
+            .map(|(name, has)| format!("{name}={}", if has { "yes" } else { "no" }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// These features, less those named in `disabled` (comma-separated).
     fn without(mut self, disabled: &str) -> Features {
         for name in disabled.split(',').map(str::trim).filter(|n| !n.is_empty()) {
