@@ -7,6 +7,7 @@
 #include <bpf/bpf_tracing.h>
 #include "lost.h"
 #include "maps.h"
+#include "session.h"
 #include "stack_ids.h"
 #include "target.h"
 
@@ -209,14 +210,13 @@ int on_alloc_return(struct pt_regs *ctx)
 	return on_return(ctx);
 }
 
-extern bool bpf_session_is_return(void) __ksym __weak;
 
 /* memleak: one program for the entry and the return, which the kernel only arms when the entry returns 0: a
  * call that is not traced (sampled out, out of the size bounds) costs no return probe. */
 SEC("uprobe.session")
 int on_alloc_session(struct pt_regs *ctx)
 {
-	if (bpf_session_is_return())
+	if (session_is_return(ctx))
 		return on_return(ctx);
 	return on_call(ctx);
 }

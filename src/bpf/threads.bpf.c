@@ -58,6 +58,11 @@ static __always_inline void read_syscall(struct thread_record *r, struct pt_regs
 	r->args[5] = PT_REGS_PARM6_SYSCALL(regs);
 }
 
+/* on_cpu as unsigned, whatever its size: an int until 7.x, then a u8, and libbpf resizes only unsigned fields. */
+struct task_struct___on_cpu {
+	unsigned int on_cpu;
+} __attribute__((preserve_access_index));
+
 SEC("iter.s/task")
 int snapshot(struct bpf_iter__task *ctx)
 {
@@ -71,7 +76,7 @@ int snapshot(struct bpf_iter__task *ctx)
 	r->tid = task->pid;
 	r->state = task->__state;
 	r->exit_state = task->exit_state;
-	r->on_cpu = task->on_cpu;
+	r->on_cpu = ((struct task_struct___on_cpu *)task)->on_cpu;
 	/* When each got on a CPU last, by the scheduler's clock (not ktime's; and not se.exec_start, whose task
 	 * clock leaves out each CPU's own interrupt and steal time): the reader's own arrival is now, give or take
 	 * the time it has run since. */

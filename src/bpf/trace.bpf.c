@@ -16,6 +16,7 @@
 #include "futex.h"
 #include "lost.h"
 #include "maps.h"
+#include "session.h"
 #include "stack_ids.h"
 #include "target.h"
 
@@ -220,8 +221,6 @@ static __always_inline bool is_error(__u64 ret)
 	}
 }
 
-extern bool bpf_session_is_return(void) __ksym __weak;
-extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
 /* Entry: a frame on the thread's stack of traced calls; 0 arms the return probe. */
 static __always_inline int on_entry(struct pt_regs *ctx)
@@ -231,7 +230,7 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 		return 1;
 	struct thread_trace *t =
 		bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	__u64 *cookie = bpf_session_cookie();
+	__u64 *cookie = session_cookie(ctx);
 	if (!t || !cookie) {
 		count_lost(state);
 		return 1;
@@ -262,7 +261,7 @@ static __always_inline int on_return(struct pt_regs *ctx)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct thread_trace *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
-	__u64 *cookie = bpf_session_cookie();
+	__u64 *cookie = session_cookie(ctx);
 	if (!t || !cookie)
 		return 0;
 	__u32 slot = *cookie;
@@ -277,7 +276,7 @@ static __always_inline int on_return(struct pt_regs *ctx)
 SEC("uprobe.session")
 int on_call(struct pt_regs *ctx)
 {
-	if (bpf_session_is_return())
+	if (session_is_return(ctx))
 		return on_return(ctx);
 	return on_entry(ctx);
 }
