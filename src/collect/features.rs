@@ -61,8 +61,9 @@ impl Features {
     pub fn require_basics(&self) -> Result<()> {
         if !self.bpf_loop {
             bail!(
-                "this kernel has no bpf_loop helper (Linux 5.17 and later have it): myprobe's stack \
-                 unwinder needs it"
+                "this kernel ({}) has no bpf_loop helper (Linux 5.17 and later have it): myprobe's programs \
+                 need it (the stack unwinder, the statements' texts)",
+                kernel_release()
             );
         }
         Ok(())
@@ -286,4 +287,11 @@ mod tests {
             "{f:?}"
         );
     }
+}
+
+/// The running kernel's release (`uname -r`), for errors that name it.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }

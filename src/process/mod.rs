@@ -59,7 +59,8 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Checks what tracing needs before anything is loaded: root, and BTF for CO-RE.
+/// Checks what tracing needs before anything is loaded: root, BTF for CO-RE, and the helpers every BPF object of
+/// myprobe calls (`Features::require_basics`).
 pub fn check_environment(btf: Option<&Path>) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -79,7 +80,7 @@ pub fn check_environment(btf: Option<&Path>) -> Result<()> {
         ),
         None => {}
     }
-    Ok(())
+    crate::collect::features::Features::of_kernel(btf).require_basics()
 }
 
 /// The process to trace: `pid` if given (it must be a server unless `any_process`), else the one running server.
