@@ -247,6 +247,13 @@ fn links_uprobes(attach_type: sys::bpf_attach_type) -> bool {
     err == Some(libc::EBADF)
 }
 
+/// The running kernel's release (`uname -r`), for errors that name it.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,11 +294,4 @@ mod tests {
             "{f:?}"
         );
     }
-}
-
-/// The running kernel's release (`uname -r`), for errors that name it.
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
