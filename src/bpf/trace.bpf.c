@@ -1,5 +1,6 @@
 // Any function, as DTrace's pid provider: each call of a traced function is timed from entry to return with
-// one uprobe session (the return probe is armed only for the calls the entry keeps) and summed in the kernel
+// one uprobe session (the return probe is armed only for the calls the entry keeps; before 6.13, an entry and
+// a return probe) and summed in the kernel
 // per (function, and what the user aggregates by: thread, caller stack, an argument): calls, errors, total,
 // longest and a log2 histogram. Static probes (USDT) are counted the same way, without a duration.
 // With `inside`, the syscalls, off-CPU time and futex waits of a thread are summed while it is inside a traced
@@ -89,6 +90,7 @@ struct {
 struct frame {
 	struct trace_key key;
 	__u64 ts;
+	__u64 sp; /* at the entry: how a return without a session finds its frame */
 };
 
 struct thread_trace {
@@ -222,16 +224,16 @@ static __always_inline bool is_error(__u64 ret)
 }
 
 
-/* Entry: a frame on the thread's stack of traced calls; 0 arms the return probe. */
-static __always_inline int on_entry(struct pt_regs *ctx)
+/* Entry: a frame on the thread's stack of traced calls; 0 arms a session's return probe. */
+static __always_inline int on_entry(struct pt_regs *ctx, bool session)
 {
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 1;
 	struct thread_trace *t =
 		bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	__u64 *cookie = session_cookie(ctx);
-	if (!t || !cookie) {
+	__u64 *cookie = session ? session_cookie(ctx) : 0;
+	if (!t || (session && !cookie)) {
 		count_lost(state);
 		return 1;
 	}
@@ -252,7 +254,9 @@ static __always_inline int on_entry(struct pt_regs *ctx)
 	t->depth = slot + 1;
 	/* The slot, for the return: a call left by longjmp or an exception gets no return, and the next return
 	 * below it puts the depth right again. */
-	*cookie = slot;
+	if (session && cookie)
+		*cookie = slot;
+	f->sp = PT_REGS_SP(ctx);
 	f->ts = bpf_ktime_get_ns();
 	return 0;
 }
@@ -278,18 +282,64 @@ int on_call(struct pt_regs *ctx)
 {
 	if (session_is_return(ctx))
 		return on_return(ctx);
-	return on_entry(ctx);
+	return on_entry(ctx, true);
 }
 
-/* The call rate, measured before the timing probes are placed: a counter per probe and nothing else. */
-SEC("uprobe.multi")
-int on_call_count(struct pt_regs *ctx)
+/* Kernels without uprobe sessions (before 6.13): an entry probe, and a return probe at every call. */
+SEC("uprobe")
+int on_call_entry(struct pt_regs *ctx)
+{
+	on_entry(ctx, false);
+	return 0;
+}
+
+/* A return finds its frame by the stack pointer, which is the entry's past the return address: frames below it
+ * were left by longjmp or an exception and are dropped; none at it, the entry kept nothing (too deep, no state). */
+SEC("uretprobe")
+int on_call_return(struct pt_regs *ctx)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_trace *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+	if (!t)
+		return 0;
+	__u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	for (int i = 0; i < MAX_DEPTH; i++) {
+		__u32 depth = t->depth;
+		if (depth == 0 || depth > MAX_DEPTH)
+			return 0;
+		struct frame *f = &t->frames[(depth - 1) & (MAX_DEPTH - 1)];
+		if (f->sp > entry_sp)
+			return 0;
+		t->depth = depth - 1;
+		if (f->sp == entry_sp) {
+			add_stats(&f->key, now - f->ts, is_error(PT_REGS_RC(ctx)));
+			return 0;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int count_call(struct pt_regs *ctx)
 {
 	__u32 i = bpf_get_attach_cookie(ctx);
 	__u64 *n = bpf_map_lookup_elem(&rate_calls, &i);
 	if (n)
 		__sync_fetch_and_add(n, 1);
 	return 0;
+}
+
+/* The call rate, measured before the timing probes are placed: a counter per probe and nothing else. */
+SEC("uprobe.multi")
+int on_call_count(struct pt_regs *ctx)
+{
+	return count_call(ctx);
+}
+
+/* The same without uprobe_multi links (before 6.6). */
+SEC("uprobe")
+int on_call_count_one(struct pt_regs *ctx)
+{
+	return count_call(ctx);
 }
 
 /* A static probe: counted, with its argument; it has no duration. */

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::{Link, MapCore, UprobeMultiOpts, UsdtOpts};
+use libbpf_rs::{Link, MapCore, UprobeMultiOpts, UprobeOpts, UsdtOpts};
 
 use super::{
     maps::{for_each_typed, Plain},
@@ -148,6 +148,7 @@ pub fn collect(opts: &CollectOptions, trace: &TraceOptions) -> Result<Traced> {
         trace,
         pid: opts.pid as i32,
         links: Vec::new(),
+        sessions: true,
         rate: None,
         stats: Vec::new(),
         inside: Vec::new(),
@@ -166,8 +167,10 @@ pub fn collect(opts: &CollectOptions, trace: &TraceOptions) -> Result<Traced> {
 struct Trace<'a> {
     trace: &'a TraceOptions,
     pid: i32,
-    /// The timing probes, dropped first when tracing ends.
+    /// The timing probes, dropped first when tracing ends (return probes before entry probes).
     links: Vec<Link>,
+    /// Functions timed by uprobe sessions in uprobe_multi links (6.13); else by an entry and a return probe each.
+    sessions: bool,
     rate: Option<Rate>,
     stats: Vec<KeyedStats>,
     inside: Vec<InsideStats>,
@@ -176,17 +179,45 @@ struct Trace<'a> {
 
 impl Trace<'_> {
     /// Attaches `prog` to every probe of `trace`: functions grouped per file in one uprobe_multi link each
-    /// (uprobe sessions are such links), static probes one link each. The cookie is the probe's index.
+    /// (uprobe sessions are such links), static probes one link each. The cookie is the probe's index. Without
+    /// sessions, `function` and `ret` (its return probe, attached first so that it is detached first) are attached
+    /// to each function on its own.
     fn attach_all(
         &self,
         pid: i32,
         function: &libbpf_rs::ProgramMut,
+        ret: Option<&libbpf_rs::ProgramMut>,
         usdt: &libbpf_rs::ProgramMut,
         session: bool,
     ) -> Result<Vec<Link>> {
         let mut links = Vec::new();
+        if !self.sessions {
+            let functions =
+                self.trace
+                    .probes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, p)| match &p.place {
+                        Place::Function(e) => Some((i, p, e.offset())),
+                        Place::Usdt { .. } => None,
+                    });
+            for (retprobe, prog) in [(true, ret), (false, Some(function))] {
+                let Some(prog) = prog else { continue };
+                for (i, p, offset) in functions.clone() {
+                    let opts = UprobeOpts {
+                        cookie: i as u64,
+                        retprobe,
+                        ..Default::default()
+                    };
+                    let link = prog
+                        .attach_uprobe_with_opts(pid, &p.open_path, offset, opts)
+                        .with_context(|| format!("attaching to {}", p.label))?;
+                    links.push(link);
+                }
+            }
+        }
         let mut files: Vec<&PathBuf> = Vec::new();
-        for p in &self.trace.probes {
+        for p in self.trace.probes.iter().filter(|_| self.sessions) {
             if matches!(p.place, Place::Function(_)) && !files.contains(&&p.open_path) {
                 files.push(&p.open_path);
             }
@@ -238,7 +269,11 @@ impl Trace<'_> {
     fn measure_rate(&self, skel: &Loaded<'_, Self>, pid: i32) -> Result<Rate> {
         let links = self.attach_all(
             pid,
-            &skel.progs.on_call_count,
+            match self.sessions {
+                true => &skel.progs.on_call_count,
+                false => &skel.progs.on_call_count_one,
+            },
+            None,
             &skel.progs.on_usdt_count,
             false,
         )?;
@@ -284,11 +319,24 @@ impl Collector for Trace<'_> {
             .probes
             .iter()
             .any(|p| matches!(p.place, Place::Function(_)));
-        if functions && !(features.uprobe_multi && features.uprobe_session) {
-            bail!(
-                "timing functions needs uprobe sessions (Linux 6.13 or later), which this kernel does not \
-                 offer; static probes (usdt:PROVIDER:NAME) can still be counted"
+        // Without sessions (before 6.13) a return probe runs at every call, kept or not.
+        self.sessions = features.uprobe_multi && features.uprobe_session;
+        if functions && !self.sessions {
+            say!(
+                "myprobe: note: this kernel has no uprobe sessions (Linux 6.13 and later have them): each function \
+                 is timed by an entry and a return probe, the return probe running at every call"
             );
+        }
+        let sessions = self.sessions;
+        let progs = &mut open.progs;
+        progs.on_call.set_autoload(sessions);
+        progs.on_call_count.set_autoload(sessions);
+        for prog in [
+            &mut progs.on_call_entry,
+            &mut progs.on_call_return,
+            &mut progs.on_call_count_one,
+        ] {
+            prog.set_autoload(!sessions);
         }
         let t = self.trace;
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
@@ -349,7 +397,17 @@ impl Collector for Trace<'_> {
             }
             self.rate = Some(rate);
         }
-        self.links = self.attach_all(pid, &skel.progs.on_call, &skel.progs.on_usdt, true)?;
+        let p = &skel.progs;
+        self.links = match self.sessions {
+            true => self.attach_all(pid, &p.on_call, None, &p.on_usdt, true)?,
+            false => self.attach_all(
+                pid,
+                &p.on_call_entry,
+                Some(&p.on_call_return),
+                &p.on_usdt,
+                false,
+            )?,
+        };
         if !self.trace.inside {
             return Ok(Vec::new());
         }

@@ -16,10 +16,19 @@ fn start_fixture(dir: &Path) -> Fixture {
 /// Runs `myprobe trace --any-process -p FIXTURE ARGS -d 4` while the fixture does its work once; returns
 /// (stdout, stderr).
 fn trace_fixture(fixture: &mut Fixture, args: &[&str]) -> (String, String) {
+    trace_fixture_with_env(fixture, args, &[])
+}
+
+/// The same, with variables in myprobe's environment.
+fn trace_fixture_with_env(
+    fixture: &mut Fixture,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
     let pid = fixture.child.id().to_string();
     let mut all = vec!["trace", "--any-process", "-p", &pid, "-d", "4"];
     all.extend_from_slice(args);
-    let run = Background::start(&all, "myprobe: tracing");
+    let run = Background::start_with_env(&all, env, "myprobe: tracing");
     fixture.go();
     run.wait()
 }
@@ -47,10 +56,21 @@ fn field(row: &Value, name: &str) -> u64 {
 
 #[test]
 fn calls_errors_and_times_are_exact_and_inside_counts_only_what_happens_inside() {
+    calls_errors_and_times_are_exact(&[]);
+}
+
+/// Kernels before uprobe sessions (6.13) and uprobe_multi links (6.6): an entry and a return probe on each
+/// function, the return finding its frame by the stack pointer. The same figures.
+#[test]
+fn without_uprobe_sessions_the_entry_and_return_probes_give_the_same_figures() {
+    calls_errors_and_times_are_exact(&[("MYPROBE_DISABLE", "uprobe_multi,uprobe_session")]);
+}
+
+fn calls_errors_and_times_are_exact(env: &[(&str, &str)]) {
     let dir = tempdir("trace-exact");
     let mut fixture = start_fixture(&dir);
     let out = dir.join("trace.json");
-    let (_, stderr) = trace_fixture(
+    let (_, stderr) = trace_fixture_with_env(
         &mut fixture,
         &[
             "sleepy,counted,named,locked",
@@ -60,6 +80,7 @@ fn calls_errors_and_times_are_exact_and_inside_counts_only_what_happens_inside()
             "-o",
             out.to_str().unwrap(),
         ],
+        env,
     );
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let one = |f: &str| {
