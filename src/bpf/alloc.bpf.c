@@ -210,7 +210,6 @@ int on_alloc_return(struct pt_regs *ctx)
 	return on_return(ctx);
 }
 
-
 /* memleak: one program for the entry and the return, which the kernel only arms when the entry returns 0: a
  * call that is not traced (sampled out, out of the size bounds) costs no return probe. */
 SEC("uprobe.session")

@@ -223,7 +223,6 @@ static __always_inline bool is_error(__u64 ret)
 	}
 }
 
-
 /* Entry: a frame on the thread's stack of traced calls; 0 arms a session's return probe. */
 static __always_inline int on_entry(struct pt_regs *ctx, bool session)
 {

@@ -319,7 +319,6 @@ impl Collector for Trace<'_> {
             .probes
             .iter()
             .any(|p| matches!(p.place, Place::Function(_)));
-        // Without sessions (before 6.13) a return probe runs at every call, kept or not.
         self.sessions = features.uprobe_multi && features.uprobe_session;
         if functions && !self.sessions {
             say!(
