@@ -37,17 +37,6 @@ pub struct Features {
     pub socket_tracepoints: bool,
 }
 
-/// Names of the features for `MYPROBE_DISABLE`.
-const NAMES: [&str; 7] = [
-    "bpf_loop",
-    "uprobe_multi",
-    "uprobe_session",
-    "task_stacks",
-    "sched_info",
-    "futex_tracepoints",
-    "socket_tracepoints",
-];
-
 impl Features {
     /// The features of the running kernel (probed once per process); `btf`: the kernel's BTF when it has none
     /// of its own (`--btf`).
@@ -129,39 +118,35 @@ impl Features {
         }
     }
 
-    /// `name=yes|no` for each feature, in `NAMES`' order (`myprobe features`, for scripts/kernels).
-    pub fn summary(&self) -> String {
-        let has = [
-            self.bpf_loop,
-            self.uprobe_multi,
-            self.uprobe_session,
-            self.task_stacks,
-            self.sched_info,
-            self.futex_tracepoints,
-            self.socket_tracepoints,
-        ];
-        NAMES
-            .iter()
-            .zip(has)
-            .map(|(name, has)| format!("{name}={}", if has { "yes" } else { "no" }))
-            .collect::<Vec<_>>()
+    /// Each feature with its name, as `MYPROBE_DISABLE` and `myprobe features` name it.
+    fn by_name(&mut self) -> [(&'static str, &mut bool); 7] {
+        [
+            ("bpf_loop", &mut self.bpf_loop),
+            ("uprobe_multi", &mut self.uprobe_multi),
+            ("uprobe_session", &mut self.uprobe_session),
+            ("task_stacks", &mut self.task_stacks),
+            ("sched_info", &mut self.sched_info),
+            ("futex_tracepoints", &mut self.futex_tracepoints),
+            ("socket_tracepoints", &mut self.socket_tracepoints),
+        ]
+    }
+
+    /// `name=yes|no` for each feature (`myprobe features`, for scripts/kernels).
+    pub fn summary(mut self) -> String {
+        self.by_name()
+            .map(|(name, has)| format!("{name}={}", if *has { "yes" } else { "no" }))
             .join(" ")
     }
 
     /// These features, less those named in `disabled` (comma-separated).
     fn without(mut self, disabled: &str) -> Features {
+        let known = self.by_name().map(|(n, _)| n);
         for name in disabled.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name {
-                "bpf_loop" => self.bpf_loop = false,
-                "uprobe_multi" => self.uprobe_multi = false,
-                "uprobe_session" => self.uprobe_session = false,
-                "task_stacks" => self.task_stacks = false,
-                "sched_info" => self.sched_info = false,
-                "futex_tracepoints" => self.futex_tracepoints = false,
-                "socket_tracepoints" => self.socket_tracepoints = false,
-                other => say!(
-                    "myprobe: warning: MYPROBE_DISABLE names no feature `{other}` (known: {})",
-                    NAMES.join(", ")
+            match self.by_name().into_iter().find(|(n, _)| *n == name) {
+                Some((_, has)) => *has = false,
+                None => say!(
+                    "myprobe: warning: MYPROBE_DISABLE names no feature `{name}` (known: {})",
+                    known.join(", ")
                 ),
             }
         }
