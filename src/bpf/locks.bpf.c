@@ -6,6 +6,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <asm-generic/errno-base.h>
+#include "compat.h"
 #include "futex.h"
 #include "lost.h"
 #include "maps.h"
@@ -65,20 +66,17 @@ struct futex_call {
 };
 
 /* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
- * with the thread. */
+ * with the thread; in the compat build an entry lasts from a wait's entry to its exit. */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct futex_call);
+	THREAD_STORAGE(struct futex_call, 16384);
 } in_wait SEC(".maps");
 
 /* A futex call of the target entered. */
 static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 {
 	if (futex_op_waits(op)) {
-		struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0,
-							    BPF_LOCAL_STORAGE_GET_F_CREATE);
+		struct futex_call none = {};
+		struct futex_call *c = current_thread_storage(&in_wait, true, &none);
 		if (c) {
 			c->addr = addr;
 			c->op = op;
@@ -101,16 +99,21 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 /* A syscall of the target returned `ret`: a futex wait it was in ends. */
 static __always_inline void futex_exited(void *ctx, long ret)
 {
-	struct futex_call *c = bpf_task_storage_get(&in_wait, bpf_get_current_task_btf(), 0, 0);
+	struct futex_call *c = current_thread_storage(&in_wait, false, 0);
 	if (!c || !c->ts)
 		return;
 	__u64 took = bpf_ktime_get_ns() - c->ts;
 	__u64 op_bit = 1ULL << (c->op & 15);
 	struct lock_key k = { .addr = c->addr };
+	__u32 period = c->period;
 	c->ts = 0;
+	if (COMPAT) {
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		bpf_map_delete_elem(&in_wait, &tid);
+	}
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
 		return;
-	if (c->period != attach_period)
+	if (period != attach_period)
 		return; /* entered before the programs were detached: its wait is not known */
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
@@ -126,7 +129,7 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	if (took > w->max_ns)
 		w->max_ns = took;
 	if (!(w->futex_ops & op_bit))
-		__sync_fetch_and_or(&w->futex_ops, op_bit);
+		OR_BITS(&w->futex_ops, op_bit);
 	__u64 us = took / 1000;
 	__u32 b = 0;
 	for (int i = 0; i < HIST_BUCKETS - 1; i++) {

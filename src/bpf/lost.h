@@ -11,6 +11,8 @@ struct lost_counts {
 	__u64 state;        /* a per-thread or summing map was full: the event is not counted */
 };
 
-struct lost_counts lost;
+/* Defined, not tentative: clang places tentative ones in .bss in their order of first use, which differs between
+ * the builds (build.rs). */
+struct lost_counts lost = {};
 
 #define count_lost(what) __sync_fetch_and_add(&lost.what, 1)

@@ -6,6 +6,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "compat.h"
 #include "lost.h"
 #include "maps.h"
 #include "stack_event.h"
@@ -62,12 +63,9 @@ struct thread_state {
 };
 
 /* Per thread: found from the task without a hash lookup, as many as the process has threads (no table to
- * fill), freed with the thread. The waits still open when tracing ends are read by a task iterator. */
+ * fill), freed with the thread (the compat build's hash entry at its last switch out). The waits still open when tracing ends are read by a task iterator. */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct thread_state);
+	THREAD_STORAGE(struct thread_state, 16384);
 } threads SEC(".maps");
 
 struct offcpu_key {
@@ -127,19 +125,20 @@ static __always_inline __u64 woken_at(struct thread_state *st, struct task_struc
 	return waited <= off ? now - waited : 0;
 }
 
-SEC("tp_btf/sched_switch")
-int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+SCHED_SWITCH_PROG(on_switch)
 {
 	/* Every switch of the host comes here: those of other processes are turned away before the clock. */
 	bool out = task_is_target(prev) && !(prev_state & TASK_DEAD);
 	bool in = task_is_target(next);
+	if (COMPAT && !out && task_is_target(prev))
+		task_thread_storage_delete(&threads, prev);
 	if (!out && !in)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 
 	if (out) {
-		struct thread_state *st =
-			bpf_task_storage_get(&threads, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		struct thread_state none = {};
+		struct thread_state *st = task_thread_storage(&threads, prev, true, &none);
 		if (st) {
 			st->tid = prev->pid;
 			st->off_ts = now;
@@ -152,8 +151,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			 * any instruction is mostly at a new site, whose unwinding (about 10 µs) is paid at every
 			 * switch before anyone knows whether the wait lasts min_block_ns: with
 			 * preempted_leaf_only its instruction alone is kept, and made a stack at its switch in
-			 * only if it does (with kernel stacks, asked for at that price, it is unwound). */
-			if (preempted_leaf_only && st->preempted && !kernel_stacks) {
+			 * only if it does (with kernel stacks, asked for at that price, it is unwound; frame
+			 * pointers, the compat build's, cost little). */
+			if (preempted_leaf_only && st->preempted && !kernel_stacks && !COMPAT) {
 				st->stack_id = call_site_stack_id(ctx, false, true);
 				struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
 				st->leaf_ip = !st->stack_id && regs ? PT_REGS_IP(regs) : 0;
@@ -170,7 +170,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 	if (in) {
 		__u32 tid = next->pid;
-		struct thread_state *st = bpf_task_storage_get(&threads, next, 0, 0);
+		struct thread_state *st = task_thread_storage(&threads, next, false, 0);
 		if (!st || !st->off_ts)
 			return 0;
 		__u64 off = now - st->off_ts;
@@ -216,7 +216,7 @@ static __always_inline void mark_woken(struct task_struct *p)
 {
 	if (!task_is_target(p))
 		return;
-	struct thread_state *st = bpf_task_storage_get(&threads, p, 0, 0);
+	struct thread_state *st = task_thread_storage(&threads, p, false, 0);
 	if (st && st->off_ts && !st->wake_ts)
 		st->wake_ts = bpf_ktime_get_ns();
 }
@@ -230,7 +230,7 @@ int open_waits(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task || !task_is_target(task))
 		return 0;
-	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
+	struct thread_state *st = task_thread_storage(&threads, task, false, 0);
 	if (!st || !st->off_ts || st->period != attach_period)
 		return 0;
 	struct thread_state open = *st;
@@ -246,6 +246,14 @@ int open_waits(struct bpf_iter__task *ctx)
 /* Run once when tracing ends: the threads of the process off CPU that never left it while tracing (an idle
  * connection, a thread waiting all along for a lock), with their user stacks read from their own memory; a
  * whole struct stack_event each, its stack id the hash of its frames. */
+#ifdef MYPROBE_COMPAT
+/* Sleepable iterators came in 5.18: user space does not run it (the task_stacks feature). */
+SEC("iter/task")
+int blocked_threads(struct bpf_iter__task *ctx __attribute__((unused)))
+{
+	return 0;
+}
+#else
 SEC("iter.s/task")
 int blocked_threads(struct bpf_iter__task *ctx)
 {
@@ -274,3 +282,4 @@ int blocked_threads(struct bpf_iter__task *ctx)
 	bpf_seq_write(ctx->meta->seq, e, sizeof(*e));
 	return 0;
 }
+#endif

@@ -23,6 +23,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include <asm-generic/errno.h>
+#include "compat.h"
 #include "futex.h"
 #include "lost.h"
 #include "maps.h"
@@ -162,13 +163,19 @@ struct query_thread {
 };
 
 /* Per thread: found from the task without a hash lookup, as many as the server has threads (no table to
- * fill), freed with the thread. Made zeroed on a thread's first socket syscall. */
+ * fill), freed with the thread (the compat build's hash entry at its exit). Made zeroed on a thread's first
+ * socket syscall. */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct query_thread);
+	THREAD_STORAGE(struct query_thread, 4096);
 } threads SEC(".maps");
+
+/* A zeroed state, which the compat build's hash copies to make one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct query_thread);
+} thread_zero SEC(".maps");
 
 /* Packet events are built here (they are not part of a thread's state). */
 struct {
@@ -194,8 +201,9 @@ __u32 statement_text_offset;
  * task storage is in use by a program interrupted on this CPU: that event is counted and not followed. */
 static __always_inline struct query_thread *thread_state(struct task_struct *task, bool create)
 {
-	struct query_thread *st =
-		bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	__u32 zero = 0;
+	void *none = COMPAT && create ? bpf_map_lookup_elem(&thread_zero, &zero) : 0;
+	struct query_thread *st = COMPAT && create && !none ? 0 : task_thread_storage(&threads, task, create, none);
 	if (!st && create)
 		count_lost(state);
 	if (st && st->period != attach_period) {
@@ -219,9 +227,15 @@ static __always_inline struct query_thread *thread_state(struct task_struct *tas
  * mitigation (AMD's Safe RET, retpolines) on top of its work. */
 static __always_inline struct task_struct *current_target(__u32 *tid)
 {
+#ifdef MYPROBE_COMPAT
+	__u64 id = bpf_get_current_pid_tgid();
+	*tid = (__u32)id;
+	return (__u32)(id >> 32) == target_tgid ? current_task() : NULL;
+#else
 	struct task_struct *task = bpf_get_current_task_btf();
 	*tid = task->pid;
 	return (__u32)task->tgid == target_tgid ? task : NULL;
+#endif
 }
 
 /* The state of the current thread if it is the server's (its id in *tid); with `create`, made if it has none. */
@@ -281,14 +295,15 @@ static __always_inline bool is_recv(enum syscall_class cls)
 static __always_inline bool syscall_of(struct pt_regs *regs, enum syscall_class *cls, __u64 *arg0, __u64 *arg1)
 {
 #if defined(__TARGET_ARCH_x86)
-	if (!regs || (long)regs->ax != -ENOSYS)
+	/* The compat build's registers are a plain address (task_regs). */
+	if (!regs || (COMPAT ? BPF_CORE_READ(regs, ax) : regs->ax) != (unsigned long)-ENOSYS)
 		return false;
-	long nr = regs->orig_ax;
+	long nr = COMPAT ? BPF_CORE_READ(regs, orig_ax) : regs->orig_ax;
 	if (nr < 0 || nr >= MAX_SYSCALL_NR)
 		return false;
 	*cls = syscall_class[nr];
-	*arg0 = PT_REGS_PARM1_SYSCALL(regs);
-	*arg1 = PT_REGS_PARM2_SYSCALL(regs);
+	*arg0 = COMPAT ? PT_REGS_PARM1_CORE_SYSCALL(regs) : PT_REGS_PARM1_SYSCALL(regs);
+	*arg1 = COMPAT ? PT_REGS_PARM2_CORE_SYSCALL(regs) : PT_REGS_PARM2_SYSCALL(regs);
 	return true;
 #else
 	return false;
@@ -299,7 +314,7 @@ static __always_inline bool syscall_of(struct pt_regs *regs, enum syscall_class 
 static __always_inline bool in_syscall(struct task_struct *task, enum syscall_class *cls, __u64 *arg0,
 				       __u64 *arg1)
 {
-	return syscall_of((struct pt_regs *)bpf_task_pt_regs(task), cls, arg0, arg1);
+	return syscall_of(task_regs(task), cls, arg0, arg1);
 }
 
 /* The registers the current thread entered the kernel with. They stay at one place for the thread's life: its state
@@ -307,9 +322,11 @@ static __always_inline bool in_syscall(struct task_struct *task, enum syscall_cl
  * (bpf_rdonly_cast, 6.2+). */
 static __always_inline struct pt_regs *current_regs(struct task_struct *task, struct query_thread *st)
 {
+#ifndef MYPROBE_COMPAT
 	if (st && st->regs && bpf_ksym_exists(bpf_rdonly_cast))
 		return bpf_core_cast((void *)st->regs, struct pt_regs);
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+#endif
+	struct pt_regs *regs = task_regs(task);
 	if (st)
 		st->regs = (__u64)regs;
 	return regs;
@@ -566,7 +583,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 /* The local port of socket fd of the current task (0 if unknown, or not an internet socket). */
 static __always_inline __u16 local_port(__s32 fd)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task = current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	if (fd < 0 || (__u32)fd >= BPF_CORE_READ(fdt, max_fds))
 		return 0;
@@ -622,9 +639,16 @@ struct read_ahead_args {
  * client's next packets in its buffer and handles them with no syscall between. Each goes to user space as a
  * PACKET_IN (at sequence 0, a pipelined command: user space records it within the time of the statement
  * before it); a body or header cut by the read's end continues in the next read.
- * A global function: the verifier checks it once, not at every place it is called from. */
+ * A global function: the verifier checks it once, not at every place it is called from. Before 5.12 a global
+ * function takes no pointers, and checked at each call it passes the verifier's limit: the compat build counts
+ * such reads lost. */
 __noinline int read_ahead(struct query_thread *st, struct read_ahead_args *a)
 {
+#ifdef MYPROBE_COMPAT
+	(void)st;
+	(void)a;
+	return 0;
+#endif
 	if (!st || !a)
 		return 0;
 	long off = a->off, n = a->n;
@@ -664,6 +688,8 @@ static __always_inline void packet_read(struct query_thread *st, __u32 tid, __s3
 {
 	if (end < n && st->packet_compressed) {
 		count_lost(state); /* compressed packets read ahead: not parsed */
+	} else if (end < n && COMPAT) {
+		count_lost(state); /* packets read ahead: not parsed (read_ahead) */
 	} else if (end < n) {
 		struct read_ahead_args a = { .buf = buf, .now = now, .off = end, .n = n, .tid = tid, .fd = fd };
 		read_ahead(st, &a);
@@ -834,6 +860,13 @@ static long text_read_step(__u64 step __attribute__((unused)), struct text_read 
  * segments): its text goes on from where the last read left it, up to what is kept. */
 static __always_inline void request_continues(struct query_thread *st, __u64 buf, long n)
 {
+#ifdef MYPROBE_COMPAT
+	/* No bpf_loop: the text stays as its first read had it (user space marks it truncated). */
+	(void)buf;
+	(void)n;
+	st->text_more = 0;
+	return;
+#endif
 	struct text_read r = {
 		.st = st,
 		.buf = buf,
@@ -1144,7 +1177,8 @@ SEC("uretprobe")
 int BPF_KRETPROBE(on_dispatch_return)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
-	struct query_thread *st = thread_state(bpf_get_current_task_btf(), false);
+	__u32 tid;
+	struct query_thread *st = current_state(&tid, false);
 	if (!st || !st->via_dispatch || st->phase != PHASE_RUNNING)
 		return 0;
 	reply_ended(st, bpf_ktime_get_ns());
@@ -1265,8 +1299,7 @@ int BPF_KPROBE(on_execute, __u64 object)
 	return 0;
 }
 
-SEC("tp_btf/sched_switch")
-int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+SCHED_SWITCH_PROG(on_switch)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	__u64 now = 0;
@@ -1363,7 +1396,7 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	struct query_thread *st = thread_state(p, false);
 	if (st) {
 		finish_statement(st);
-		bpf_task_storage_delete(&threads, p);
+		task_thread_storage_delete(&threads, p);
 	}
 	return 0;
 }
@@ -1376,7 +1409,7 @@ int in_flight(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task || !task_is_target(task))
 		return 0;
-	struct query_thread *st = bpf_task_storage_get(&threads, task, 0, 0);
+	struct query_thread *st = task_thread_storage(&threads, task, false, 0);
 	if (st && in_statement(st) && st->period == attach_period)
 		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
 	return 0;

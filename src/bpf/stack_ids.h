@@ -7,6 +7,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <asm-generic/errno-base.h>
+#include "compat.h"
 #include "lost.h"
 #include "ringbuf.h"
 #include "stack_event.h"
@@ -48,12 +49,10 @@ struct thread_sites {
 	__u32 generation;
 };
 
-/* Task storage: found from the task without a hash lookup, freed with the thread or the map. */
+/* Task storage: found from the task without a hash lookup, freed with the thread or the map. Unused by the
+ * compat build, which unwinds every stack (frame pointers cost less than a lookup there). */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct thread_sites);
+	THREAD_STORAGE(struct thread_sites, 1);
 } sites SEC(".maps");
 
 /* FNV-1a of the frames; neither half is ever 0 (0 means "no stack", and a record whose first word is 0 is not
@@ -185,6 +184,10 @@ static __always_inline __u64 leaf_only_stack_id(__u64 ip, __u32 tid)
  * syscall), with the stack and frame pointers. A new site is unwound, or with `only_known` left: 0. */
 static __always_inline __u64 call_site_stack_id(void *ctx, bool at_entry, bool only_known)
 {
+#ifdef MYPROBE_COMPAT
+	(void)at_entry;
+	return only_known ? 0 : stack_id_now(ctx);
+#else
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	struct thread_sites *t = bpf_task_storage_get(&sites, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -226,6 +229,7 @@ static __always_inline __u64 call_site_stack_id(void *ctx, bool at_entry, bool o
 	c->ra_hash = return_addresses_hash(sp, c->slot_off);
 	c->stack_id = c->ra_hash ? id : 0;
 	return id;
+#endif
 }
 
 static __always_inline __u64 stack_id_of_call(void *ctx, bool at_entry)

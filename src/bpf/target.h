@@ -7,7 +7,7 @@
 const volatile __u32 target_tgid = 0;
 /* Counts the times user space attached the programs (a sampled collector attaches for one period in N): a
  * thread's state from an earlier period is stale, its wait or statement not seen to its end. */
-__u32 attach_period;
+__u32 attach_period = 0; /* defined, as lost.h says why */
 
 /* task_struct.__state of a task that is running or runnable (include/linux/sched.h). */
 #define TASK_RUNNING 0

@@ -106,6 +106,23 @@ struct user_unwind {
 	struct task_struct *task;  /* another task's stack (unwind_task_step), else 0 */
 };
 
+/* Per CPU: where unwinding writes, before the frames are copied into the event. The slots of the last unwind
+ * stay here for its caller to read: slots[i], 0 if none, is where frame i + 1's return address was read. */
+struct unwind_buffer {
+	__u64 ips[UNWIND_BUFFER_FRAMES];
+	__u64 slots[RECORDED_SLOTS];
+};
+_Static_assert(!(RECORDED_SLOTS & (RECORDED_SLOTS - 1)), "slot indexes are masked with RECORDED_SLOTS - 1");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_buffer);
+} unwind_buffers SEC(".maps");
+
+#ifndef MYPROBE_COMPAT
+
 /* Binary searches run as bpf_loop callbacks: verified once, not once per iteration and path. */
 struct unwind_search {
 	__u64 target;
@@ -291,21 +308,6 @@ static long unwind_step(__u64 index, struct user_unwind *s)
 	return unwind_step_of(index, s, false);
 }
 
-/* Per CPU: where unwinding writes, before the frames are copied into the event. The slots of the last unwind
- * stay here for its caller to read: slots[i], 0 if none, is where frame i + 1's return address was read. */
-struct unwind_buffer {
-	__u64 ips[UNWIND_BUFFER_FRAMES];
-	__u64 slots[RECORDED_SLOTS];
-};
-_Static_assert(!(RECORDED_SLOTS & (RECORDED_SLOTS - 1)), "slot indexes are masked with RECORDED_SLOTS - 1");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct unwind_buffer);
-} unwind_buffers SEC(".maps");
-
 /* Unwinds from regs into ips with `step`; returns the number of frames, or -1. */
 static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct *task, void *step, __u64 *ips)
 {
@@ -364,6 +366,26 @@ static __always_inline long unwind_task_user_stack(struct task_struct *task, __u
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	return regs ? unwind_from(regs, task, unwind_task_step, ips) : -1;
 }
+
+#else /* MYPROBE_COMPAT: no bpf_loop, so stacks follow frame pointers (bpf_get_stack) */
+
+static __always_inline long unwind_user_stack(__u64 *ips __attribute__((unused)))
+{
+	return -1;
+}
+
+static __always_inline long unwind_task_user_stack(struct task_struct *task __attribute__((unused)),
+						   __u64 *ips __attribute__((unused)))
+{
+	return -1;
+}
+
+static __always_inline __u64 *last_unwind_slots(void)
+{
+	return 0;
+}
+
+#endif /* MYPROBE_COMPAT */
 
 #else
 

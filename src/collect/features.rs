@@ -11,11 +11,17 @@ use std::{os::fd::FromRawFd, os::fd::OwnedFd, path::Path, sync::OnceLock};
 use anyhow::{bail, Result};
 use libbpf_rs::{libbpf_sys as sys, Btf, ProgramType};
 
+// COMPAT_OBJECTS: the objects build.rs also built for kernels without bpf_loop.
+include!(concat!(env!("OUT_DIR"), "/compat_objects.rs"));
+
 /// The kernel features the collectors choose between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Features {
-    /// `bpf_loop` (5.17): the unwinder's loops. Required.
+    /// `bpf_loop` (5.17): the unwinder's loops; without it, the collectors that can run their compat build
+    /// (compat.h: frame pointers, hash maps by thread id for task storage), the others refuse.
     pub bpf_loop: bool,
+    /// The BPF ring buffer (5.8). Required.
+    pub ringbuf: bool,
     /// One uprobe_multi link for many uprobes (6.6): detached with one wait instead of one per probe.
     pub uprobe_multi: bool,
     /// uprobe sessions (6.13): a return probe armed only for the calls its entry chooses.
@@ -46,16 +52,45 @@ impl Features {
         probed.without(&std::env::var("MYPROBE_DISABLE").unwrap_or_default())
     }
 
-    /// The error to give when the kernel lacks what every collector needs.
+    /// Whether the collectors run their compat build (compat.h): kernels before 5.17, without `bpf_loop`.
+    pub fn compat(&self) -> bool {
+        !self.bpf_loop
+    }
+
+    /// The error to give when the kernel lacks what every collector needs, even in its compat build.
     pub fn require_basics(&self) -> Result<()> {
-        if !self.bpf_loop {
+        if !self.ringbuf {
             bail!(
-                "this kernel ({}) has no bpf_loop helper (Linux 5.17 and later have it): myprobe's programs \
-                 need it (the stack unwinder, the statements' texts)",
+                "this kernel ({}) has no BPF ring buffer (Linux 5.8 and later have it): myprobe's programs \
+                 need it",
                 kernel_release()
             );
         }
         Ok(())
+    }
+
+    /// The error to give when the kernel needs the compat build and `collector` (its object's name) has none.
+    pub fn require_build_for(&self, collector: &str) -> Result<()> {
+        if self.compat() && !COMPAT_OBJECTS.contains(&collector) {
+            bail!(
+                "this kernel ({}) has no bpf_loop helper (Linux 5.17 and later have it): myprobe's `{collector}` \
+                 programs need it",
+                kernel_release()
+            );
+        }
+        Ok(())
+    }
+
+    /// What the compat build loses, said once on stderr.
+    pub fn compat_note(&self) -> Option<String> {
+        self.compat().then(|| {
+            format!(
+                "myprobe: note: this kernel ({}) has no bpf_loop helper (Linux 5.17 and later have it): user \
+                 stacks follow frame pointers, and stop at the first function built without them (Debian's \
+                 glibc and most libraries)",
+                kernel_release()
+            )
+        })
     }
 
     fn probe(btf: Option<&Path>) -> Features {
@@ -97,6 +132,9 @@ impl Features {
             bpf_loop: ProgramType::Kprobe
                 .is_helper_supported(sys::BPF_FUNC_loop)
                 .unwrap_or(false),
+            ringbuf: ProgramType::Kprobe
+                .is_helper_supported(sys::BPF_FUNC_ringbuf_output)
+                .unwrap_or(false),
             uprobe_multi: links_uprobes(sys::BPF_TRACE_UPROBE_MULTI),
             uprobe_session: links_uprobes(sys::BPF_TRACE_UPROBE_SESSION),
             // The helper is only offered to sleepable programs, which the helper probe cannot load: the
@@ -119,9 +157,10 @@ impl Features {
     }
 
     /// Each feature with its name, as `MYPROBE_DISABLE` and `myprobe features` name it.
-    fn by_name(&mut self) -> [(&'static str, &mut bool); 7] {
+    fn by_name(&mut self) -> [(&'static str, &mut bool); 8] {
         [
             ("bpf_loop", &mut self.bpf_loop),
+            ("ringbuf", &mut self.ringbuf),
             ("uprobe_multi", &mut self.uprobe_multi),
             ("uprobe_session", &mut self.uprobe_session),
             ("task_stacks", &mut self.task_stacks),
@@ -239,6 +278,16 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// The object a skeleton opens: `compat`, built for kernels without `bpf_loop` (compat.h), where the kernel has
+/// none; else `modern`. Every BPF command has checked the kernel before (`process::check_environment`).
+pub fn object_for_kernel(modern: &'static [u8], compat: &'static [u8]) -> &'static [u8] {
+    if Features::of_kernel(None).compat() {
+        compat
+    } else {
+        modern
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +296,7 @@ mod tests {
     fn disabling_turns_features_off() {
         let all = Features {
             bpf_loop: true,
+            ringbuf: true,
             uprobe_multi: true,
             uprobe_session: true,
             task_stacks: true,

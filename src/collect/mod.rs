@@ -304,7 +304,13 @@ pub fn open_object<'obj, B: SkelBuilder<'obj>>(
             .btf_custom_path(btf)
             .context("setting the BTF path")?;
     }
-    builder.open(object).context("opening the BPF object")
+    let open = builder.open(object).context("opening the BPF object")?;
+    let name = libbpf_rs::skel::OpenSkel::open_object(&open)
+        .name()
+        .unwrap_or_default();
+    let collector = name.to_str().unwrap_or_default().trim_end_matches("_bpf");
+    features::Features::of_kernel(opts.btf.as_deref()).require_build_for(collector)?;
+    Ok(open)
 }
 
 /// Runs a task iterator program once and returns what it wrote.

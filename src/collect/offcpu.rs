@@ -136,7 +136,7 @@ impl Collector for Offcpu {
         open.progs.on_wakeup_new.set_autoload(!features.sched_info);
         // Switches out at any instruction (preemption, page faults) would make each a stack of its own.
         rodata.leaf_at_row_start = true;
-        self.blocked_iterator = features.task_stacks;
+        self.blocked_iterator = features.task_stacks && !features.compat();
         open.progs
             .blocked_threads
             .set_autoload(self.blocked_iterator);

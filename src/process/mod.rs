@@ -80,7 +80,12 @@ pub fn check_environment(btf: Option<&Path>) -> Result<()> {
         ),
         None => {}
     }
-    crate::collect::features::Features::of_kernel(btf).require_basics()
+    let features = crate::collect::features::Features::of_kernel(btf);
+    features.require_basics()?;
+    if let Some(note) = features.compat_note() {
+        say!("{note}");
+    }
+    Ok(())
 }
 
 /// The process to trace: `pid` if given (it must be a server unless `any_process`), else the one running server.

@@ -9,8 +9,27 @@ use crate::common::*;
 
 #[test]
 fn contended_mutex_is_named_with_its_waiters_and_wakers() {
+    contended_mutex_named(&[], &[], true);
+}
+
+#[test]
+fn without_bpf_loop_the_compat_build_names_the_same_lock_by_frame_pointers() {
+    // Kernels before 5.17 run the compat build: frame pointers, hash maps by thread for task storage, and no
+    // atomic OR. The fixture keeps its frame pointers; glibc's lock functions have none, so the frame that
+    // called into glibc (each worker) is not on the stack: the lock and its waits are named all the same.
+    contended_mutex_named(
+        &["-fno-omit-frame-pointer"],
+        &[("MYPROBE_DISABLE", "bpf_loop")],
+        false,
+    );
+}
+
+/// `profile locks` of the contended fixture (built with `cflags`), myprobe run with `env`; `callers`: whether
+/// the workers that call into glibc are on the stacks.
+fn contended_mutex_named(cflags: &[&str], env: &[(&str, &str)], callers: bool) {
     let dir = tempdir("locks-fixture");
-    let exe = compile_fixture(&dir, "contended", &["locks/contended.c"], &["-pthread"]);
+    let flags: Vec<&str> = ["-pthread"].iter().chain(cflags).copied().collect();
+    let exe = compile_fixture(&dir, "contended", &["locks/contended.c"], &flags);
     let mut child = Command::new(&exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -24,6 +43,7 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
     let folded = dir.join("locks.folded");
     let profile = |extra: &[&str]| {
         myprobe()
+            .envs(env.iter().copied())
             .args([
                 "profile",
                 "locks",
@@ -52,13 +72,23 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
         .filter(|(f, _)| f[0] == "lock big_lock")
         .cloned()
         .collect();
-    for worker in ["first_worker", "second_worker"] {
-        let waited = value_with_frame(&on_big_lock, |f| f == worker);
+    let workers: &[&str] = if callers {
+        &["first_worker", "second_worker"]
+    } else {
+        &[]
+    };
+    for worker in workers {
+        let waited = value_with_frame(&on_big_lock, |f| f == *worker);
         assert!(
             waited > 100_000,
             "{worker} waited only {waited} us on big_lock: {stacks:?}"
         );
     }
+    let waited: u64 = on_big_lock.iter().map(|(_, us)| us).sum();
+    assert!(
+        waited > 200_000,
+        "{waited} us waited on big_lock: {stacks:?}"
+    );
     // The table names the lock and the stacks that released it, contention first; the idle worker's condition
     // waits are counted apart, and listed with --all.
     let contended = stderr.split("not contention").next().unwrap_or_default();
@@ -82,7 +112,8 @@ fn contended_mutex_is_named_with_its_waiters_and_wakers() {
         .lines()
         .filter(|l| l.contains("woken") && l.contains("by:"))
         .collect();
-    for worker in ["first_worker", "second_worker"] {
+    assert!(!wakers.is_empty(), "no waker stack:\n{stderr}");
+    for worker in workers {
         assert!(
             wakers
                 .iter()

@@ -698,9 +698,14 @@ fn json_records_under_load_have_every_field() {
 fn without_socket_tracepoints_syscall_exits_follow_the_same_statements() {
     // Kernels before 6.3 have no sock_recv_length/sock_send_length: the protocol is followed at every syscall
     // exit instead, which also counts each statement's syscalls (never counted at the socket tracepoints).
+    // Before 5.17, the compat build does the same with hash maps by thread for task storage.
     let db = testdb();
     let pid = db.pid.to_string();
-    for (disabled, syscalls_counted) in [("socket_tracepoints", true), ("", false)] {
+    for (disabled, syscalls_counted) in [
+        ("socket_tracepoints", true),
+        ("", false),
+        ("bpf_loop,socket_tracepoints", true),
+    ] {
         let tracer = Background::start_with_env(
             &["queries", "-p", &pid, "--json", "-d", "4"],
             &[("MYPROBE_DISABLE", disabled)],
