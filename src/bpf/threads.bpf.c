@@ -5,6 +5,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "compat.h"
 #include "lost.h"
 #include "stack_event.h"
 #include "target.h"
@@ -29,6 +30,9 @@ struct thread_record {
 	__s32 futex_owner;  /* the int 8 bytes after it (a glibc mutex's __owner), */
 	__u32 futex_read;   /* and whether both could be read */
 	char comm[16];
+	__u64 user_ip;      /* the user registers it entered the kernel with: the compat build leaves its user */
+	__u64 user_sp;      /* stack to user space, which unwinds it from these reading /proc/PID/mem */
+	__u64 user_bp;
 	struct stack_event stack;
 };
 
@@ -43,8 +47,24 @@ struct {
 static __always_inline void read_syscall(struct thread_record *r, struct pt_regs *regs)
 {
 	r->syscall = -1;
+	r->user_ip = r->user_sp = r->user_bp = 0;
 	if (!regs)
 		return;
+#ifdef MYPROBE_COMPAT
+	/* A plain address (task_regs): read as such. */
+#ifdef __TARGET_ARCH_x86
+	r->syscall = (long)BPF_CORE_READ(regs, orig_ax);
+#endif
+	r->args[0] = PT_REGS_PARM1_CORE_SYSCALL(regs);
+	r->args[1] = PT_REGS_PARM2_CORE_SYSCALL(regs);
+	r->args[2] = PT_REGS_PARM3_CORE_SYSCALL(regs);
+	r->args[3] = PT_REGS_PARM4_CORE_SYSCALL(regs);
+	r->args[4] = PT_REGS_PARM5_CORE_SYSCALL(regs);
+	r->args[5] = PT_REGS_PARM6_CORE_SYSCALL(regs);
+	r->user_ip = PT_REGS_IP_CORE(regs);
+	r->user_sp = PT_REGS_SP_CORE(regs);
+	r->user_bp = PT_REGS_FP_CORE(regs);
+#else
 #ifdef __TARGET_ARCH_x86
 	r->syscall = (long)regs->orig_ax;
 #elif defined(__TARGET_ARCH_arm64)
@@ -56,6 +76,7 @@ static __always_inline void read_syscall(struct thread_record *r, struct pt_regs
 	r->args[3] = PT_REGS_PARM4_SYSCALL(regs);
 	r->args[4] = PT_REGS_PARM5_SYSCALL(regs);
 	r->args[5] = PT_REGS_PARM6_SYSCALL(regs);
+#endif
 }
 
 /* on_cpu as unsigned, whatever its size: an int until 7.x, then a u8, and libbpf resizes only unsigned fields. */
@@ -63,7 +84,12 @@ struct task_struct___on_cpu {
 	unsigned int on_cpu;
 } __attribute__((preserve_access_index));
 
+/* Sleepable, to read the thread's memory (5.18); before, the compat build's reads none: user space does. */
+#ifdef MYPROBE_COMPAT
+SEC("iter/task")
+#else
 SEC("iter.s/task")
+#endif
 int snapshot(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
@@ -74,21 +100,20 @@ int snapshot(struct bpf_iter__task *ctx)
 	if (!r)
 		return 0;
 	r->tid = task->pid;
-	r->state = task->__state;
+	r->state = task_state(task);
 	r->exit_state = task->exit_state;
 	r->on_cpu = ((struct task_struct___on_cpu *)task)->on_cpu;
 	/* When each got on a CPU last, by the scheduler's clock (not ktime's; and not se.exec_start, whose task
 	 * clock leaves out each CPU's own interrupt and steal time): the reader's own arrival is now, give or take
 	 * the time it has run since. */
-	r->now_ns = bpf_get_current_task_btf()->sched_info.last_arrival;
+	r->now_ns = BPF_CORE_READ(current_task(), sched_info.last_arrival);
 	r->last_ran_ns = task->sched_info.last_arrival;
 	__builtin_memcpy(r->comm, task->comm, sizeof(r->comm));
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	read_syscall(r, regs);
+	read_syscall(r, task_regs(task));
 	r->futex_read = 0;
 	r->futex_word = 0;
 	r->futex_owner = 0;
-	if (r->syscall == futex_syscall && r->args[0]) {
+	if (!COMPAT && r->syscall == futex_syscall && r->args[0]) {
 		__u32 word = 0;
 		__s32 owner = 0;
 		if (!bpf_copy_from_user_task(&word, sizeof(word), (void *)r->args[0], task, 0) &&
@@ -101,7 +126,8 @@ int snapshot(struct bpf_iter__task *ctx)
 	struct stack_event *e = &r->stack;
 	long n = unwind_task_user_stack(task, e->ips);
 	if (n < 0) {
-		count_lost(user_stack);
+		if (!COMPAT) /* the compat build's user stacks are unwound by user space */
+			count_lost(user_stack);
 		n = 0;
 	}
 	__u32 user = n > MAX_USER_FRAMES ? MAX_USER_FRAMES : n;

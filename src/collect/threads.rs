@@ -9,6 +9,10 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::OpenSkel;
 
 use super::{
+    super::unwind::{
+        replay::{unwind, Registers, MAX_USER_FRAMES},
+        ProcessTables,
+    },
     maps::{read_exact, Plain},
     open_object,
     stack_collector::{install_unwind, set_common, stack_skeleton, Installed, StackSkeleton},
@@ -71,18 +75,74 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     let mut skel = open
         .load()
         .context("loading the thread snapshot program into the kernel")?;
+    // The compat build (kernels before 5.18 have no sleepable iterators) reads no thread's memory: its user
+    // stacks and futex words are read here, from /proc/PID/mem, after the iterator.
+    let compat = super::features::Features::of_kernel(opts.btf.as_deref()).compat();
     let mut installed = Installed::default();
-    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+    if !compat {
+        install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+    }
     let bytes = super::run_task_iterator(&skel.progs.snapshot)?;
-    let threads = bytes
+    let threads: Vec<ThreadRecord> = bytes
         .chunks_exact(std::mem::size_of::<thread_record>())
         .filter_map(read_exact::<thread_record>)
-        .map(|r| record(&r))
+        .map(|r| {
+            let mut t = record(&r);
+            if compat {
+                read_from_memory(opts, &r, &mut t);
+            }
+            t
+        })
         .collect();
     Ok(Snapshot {
         threads,
         lost: Skeleton::lost(&skel),
     })
+}
+
+/// The compat build's user stack of `r` and its futex's words, read from the process's memory: unwound by the
+/// tables when there are some (as unwind.h would), else by frame pointers.
+fn read_from_memory(opts: &CollectOptions, r: &thread_record, t: &mut ThreadRecord) {
+    use std::os::unix::fs::FileExt;
+    let Ok(mem) = std::fs::File::open(format!("/proc/{}/mem", opts.pid)) else {
+        return;
+    };
+    let read = |addr: u64| {
+        let mut word = [0u8; 8];
+        mem.read_exact_at(&mut word, addr).ok()?;
+        Some(u64::from_le_bytes(word))
+    };
+    let regs = Registers {
+        ip: r.user_ip,
+        sp: r.user_sp,
+        bp: r.user_bp,
+    };
+    let empty = ProcessTables::default();
+    let tables = opts.unwind.as_ref().map(|t| t.borrow());
+    let user = unwind(
+        tables.as_deref().unwrap_or(&empty),
+        regs,
+        read,
+        MAX_USER_FRAMES,
+    );
+    let kernel = t.stack.ips[usize::from(t.stack.user_len)..].to_vec();
+    t.stack = RawStack {
+        user_len: user.len() as u16,
+        ips: user.into_iter().chain(kernel).collect(),
+    };
+    if let Some((_, args)) = t
+        .syscall
+        .filter(|(nr, args)| *nr == libc::SYS_futex && args[0] != 0)
+    {
+        let mut words = [0u8; 12];
+        if mem.read_exact_at(&mut words, args[0]).is_ok() {
+            t.futex = Some(Futex {
+                addr: args[0],
+                word: u32::from_le_bytes(words[..4].try_into().expect("4 bytes")),
+                next_int: i32::from_le_bytes(words[8..].try_into().expect("4 bytes")),
+            });
+        }
+    }
 }
 
 fn record(r: &thread_record) -> ThreadRecord {

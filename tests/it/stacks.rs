@@ -37,10 +37,11 @@ fn fails_in_one_line(cmd: &mut Command, says: &str) {
     assert!(err.contains(says), "{err}");
 }
 
-fn threads_json(pid: u32, extra: &[&str]) -> (Vec<Value>, String) {
+fn threads_json(pid: u32, extra: &[&str], env: &[(&str, &str)]) -> (Vec<Value>, String) {
     let dir = tempdir("stacks-json");
     let out = dir.join("threads.json");
     let run = myprobe()
+        .envs(env.iter().copied())
         .args([
             "stacks",
             "--any-process",
@@ -81,10 +82,21 @@ fn of_tid(threads: &[Value], tid: u32) -> &Value {
 
 #[test]
 fn threads_in_known_states_are_read_without_stopping_them() {
+    threads_in_known_states(&[]);
+}
+
+#[test]
+fn without_bpf_loop_the_compat_build_reads_the_same_threads() {
+    // Kernels before 5.18 have no sleepable iterators: the compat build's iterator reads each thread's registers,
+    // and myprobe its stack and futex words from /proc/PID/mem, unwound by the same tables.
+    threads_in_known_states(&[("MYPROBE_DISABLE", "bpf_loop")]);
+}
+
+fn threads_in_known_states(env: &[(&str, &str)]) {
     let dir = tempdir("stacks-states");
     let started = std::time::Instant::now();
     let (mut child, [holder, a, b, waiter]) = states_fixture(&dir);
-    let (threads, err) = threads_json(child.id(), &[]);
+    let (threads, err) = threads_json(child.id(), &[], env);
     // main, and seven threads.
     assert_eq!(threads.len(), 8, "{threads:?}\n{err}");
     assert!(err.contains("none stopped"), "{err}");
@@ -134,6 +146,7 @@ fn threads_in_known_states_are_read_without_stopping_them() {
 
     // The text view: the deadlock with both threads, and the waiter's line.
     let text = myprobe()
+        .envs(env.iter().copied())
         .args([
             "stacks",
             "--any-process",
