@@ -13,7 +13,7 @@ use std::{
 use libbpf_cargo::SkeletonBuilder;
 
 /// The objects also built for kernels before 5.17 (compat.h); the others refuse there.
-const COMPAT_OBJECTS: &[&str] = &["cpu", "locks", "offcpu", "queries", "threads"];
+const COMPAT_OBJECTS: &[&str] = &["cpu", "locks", "offcpu", "queries", "syscalls", "threads"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));

@@ -4,6 +4,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "compat.h"
 #include "lost.h"
 #include "maps.h"
 #include "stack_ids.h"
@@ -25,11 +26,9 @@ struct syscall_entry {
 	__u32 _pad;
 };
 
+/* Per thread (in the compat build, an entry from a syscall's entry to its exit). */
 struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct syscall_entry);
+	THREAD_STORAGE(struct syscall_entry, 16384);
 } in_syscall SEC(".maps");
 
 struct syscall_key {
@@ -78,8 +77,8 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u32 tid;
 	if (id < 0 || id >= MAX_SYSCALL_NR || !traced_syscall[id] || !current_is_target(&tid))
 		return 0;
-	struct syscall_entry *e =
-		bpf_task_storage_get(&in_syscall, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct syscall_entry none = {};
+	struct syscall_entry *e = current_thread_storage(&in_syscall, true, &none);
 	if (!e) {
 		count_lost(state);
 		return 0;
@@ -96,12 +95,14 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	struct syscall_entry *e = bpf_task_storage_get(&in_syscall, bpf_get_current_task_btf(), 0, 0);
+	struct syscall_entry *e = current_thread_storage(&in_syscall, false, 0);
 	if (!e || !e->ts)
 		return 0;
 	__u64 took = bpf_ktime_get_ns() - e->ts;
 	__u32 nr = e->nr;
 	e->ts = 0;
+	if (COMPAT)
+		bpf_map_delete_elem(&in_syscall, &tid);
 	if (took < min_ns)
 		return 0;
 	/* The user registers are still those of the call: the stack is the caller's. */

@@ -7,7 +7,11 @@ use crate::common::*;
 
 /// tests/fixtures/syscalls/known_calls.c, running and waiting for its go.
 fn start_known_calls(dir: &std::path::Path) -> Fixture {
-    let exe = compile_fixture(dir, "known_calls", &["syscalls/known_calls.c"], &[]);
+    start_known_calls_built(dir, &[])
+}
+
+fn start_known_calls_built(dir: &std::path::Path, cflags: &[&str]) -> Fixture {
+    let exe = compile_fixture(dir, "known_calls", &["syscalls/known_calls.c"], cflags);
     Fixture::start(Command::new(exe).arg(dir.join("records")))
 }
 
@@ -70,6 +74,33 @@ fn known_syscalls_are_counted_exactly_on_their_stacks() {
     let fields: Vec<&str> = close.split_whitespace().collect();
     assert_eq!(fields[1], "7", "{close}");
     assert_eq!(fields.last(), Some(&"EBADF:7"), "{close}");
+}
+
+#[test]
+fn without_bpf_loop_the_compat_build_counts_the_same_calls() {
+    // Kernels before 5.17 run the compat build: each thread's syscall in a hash by thread id, an entry from the
+    // call's entry to its exit, and stacks by frame pointers. glibc's wrappers have none, so the function that
+    // called them is not on the stack, and its caller is.
+    let dir = tempdir("syscalls-compat");
+    let (stacks, stderr) = start_known_calls_built(&dir, &["-fno-omit-frame-pointer"]).profile(
+        &dir,
+        "syscalls",
+        &["--calls"],
+        &[("MYPROBE_DISABLE", "bpf_loop")],
+    );
+    assert!(stderr.contains("has no bpf_loop helper"), "{stderr}");
+    for (syscall, calls) in [
+        ("pwrite64", 40),
+        ("fsync", 10),
+        ("clock_nanosleep", 5),
+        ("close", 7),
+    ] {
+        assert_eq!(
+            calls_from(&stacks, "main", syscall),
+            calls,
+            "{syscall}: {stacks:?}\n{stderr}"
+        );
+    }
 }
 
 #[test]
