@@ -63,7 +63,8 @@ struct thread_state {
 };
 
 /* Per thread: found from the task without a hash lookup, as many as the process has threads (no table to
- * fill), freed with the thread (the compat build's hash entry at its last switch out). The waits still open when tracing ends are read by a task iterator. */
+ * fill), freed with the thread (the compat build's hash entry at its last switch out). The waits still open
+ * when tracing ends are read by a task iterator. */
 struct {
 	THREAD_STORAGE(struct thread_state, 16384);
 } threads SEC(".maps");
