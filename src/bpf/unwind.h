@@ -8,6 +8,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "compat.h"
 
 #define MAX_USER_FRAMES 127
 #define MAX_UNWIND_MAPPINGS 256
@@ -120,6 +121,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct unwind_buffer);
 } unwind_buffers SEC(".maps");
+
+/* The compat build's rows, by the exact address they were asked for (a syscall's return site, a return address):
+ * with no bpf_loop to search the tables, its unwinder looks up the first frames of a thread in a syscall here, and
+ * asks user space for the rows it lacks in wanted_rows, which user space empties into address_rows as tracing
+ * goes (a row of kind UNWIND_GAP: none). Sized 1 by user space in the normal build, which does not use them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct unwind_row);
+} address_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u64);
+	__type(value, __u8);
+} wanted_rows SEC(".maps");
 
 #ifndef MYPROBE_COMPAT
 
@@ -367,11 +386,84 @@ static __always_inline long unwind_task_user_stack(struct task_struct *task, __u
 	return regs ? unwind_from(regs, task, unwind_task_step, ips) : -1;
 }
 
-#else /* MYPROBE_COMPAT: no bpf_loop, so stacks follow frame pointers (bpf_get_stack) */
+#else /* MYPROBE_COMPAT: no bpf_loop to search the tables */
 
-static __always_inline long unwind_user_stack(__u64 *ips __attribute__((unused)))
+/* Frames of a thread in a syscall unwound by address_rows before frame pointers take over: the C library's
+ * functions between a syscall and the code that called them have no frame pointers (Debian's glibc), and a wait
+ * there (a futex, a poll) would keep only its leaf, the frame pointer being another register there. */
+#define COMPAT_ROW_FRAMES 4
+
+/* The row of the instruction at pc, from address_rows; asked of user space when it is not there yet. */
+static __always_inline struct unwind_row *address_row(__u64 pc)
 {
-	return -1;
+	struct unwind_row *row = bpf_map_lookup_elem(&address_rows, &pc);
+	if (!row) {
+		__u8 one = 1;
+		bpf_map_update_elem(&wanted_rows, &pc, &one, BPF_NOEXIST);
+	}
+	return row;
+}
+
+/* The current thread's user stack into ips: in a syscall, its first frames by address_rows; then by frame
+ * pointers, and by address_rows again where those fail. */
+static __always_inline long unwind_user_stack(__u64 *ips)
+{
+	if (!unwind_enabled)
+		return -1;
+	struct pt_regs *regs = task_regs(current_task());
+	if (!regs)
+		return -1;
+	/* Out of a syscall (a sample, a preemption), the leaf is any instruction: no row is asked for it. */
+	int row_frames = (long)BPF_CORE_READ(regs, orig_ax) >= 0 ? COMPAT_ROW_FRAMES : 0;
+	__u32 zero = 0;
+	struct unwind_buffer *buf = bpf_map_lookup_elem(&unwind_buffers, &zero);
+	if (!buf)
+		return -1;
+	__u64 ip = PT_REGS_IP_CORE(regs), sp = PT_REGS_SP_CORE(regs), bp = PT_REGS_FP_CORE(regs);
+	__u32 n = 0;
+	for (int i = 0; i < MAX_USER_FRAMES && ip; i++) {
+		buf->ips[i & (UNWIND_BUFFER_FRAMES - 1)] = ip;
+		n = i + 1;
+		/* A return address points after its call, which may be the last instruction of the function. */
+		__u64 pc = i ? ip - 1 : ip;
+		struct unwind_row *row = i < row_frames ? address_row(pc) : 0;
+		__u8 kind = row ? row->kind : UNWIND_GAP;
+		if (kind == UNWIND_END)
+			break;
+		if (kind != UNWIND_SP && kind != UNWIND_FP && kind != UNWIND_PLT) {
+			/* frame pointers: [bp] is the caller's bp, [bp + 8] the return address, read at once */
+			__u64 frame[2];
+			if (bp && !bpf_probe_read_user(frame, sizeof(frame), (void *)bp) && frame[1]) {
+				ip = frame[1];
+				sp = bp + 16;
+				bp = frame[0];
+				continue;
+			}
+			/* None here (a library built without them, as libstdc++'s thread start): its row, if known. */
+			row = i < row_frames || !i ? 0 : address_row(pc);
+			kind = row ? row->kind : UNWIND_GAP;
+			if (kind != UNWIND_SP && kind != UNWIND_FP && kind != UNWIND_PLT)
+				break;
+		}
+		if (!row)
+			break;
+		__u64 cfa = kind == UNWIND_SP ? sp + row->cfa_offset :
+			    kind == UNWIND_FP ? bp + row->cfa_offset :
+						sp + 8 + (((ip & 15) >= 11) ? 8 : 0);
+		__u64 ra = 0, next_bp = bp;
+		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) || !ra)
+			break;
+		if (row->fp_offset && bpf_probe_read_user(&next_bp, sizeof(next_bp), (void *)(cfa + row->fp_offset)))
+			next_bp = 0;
+		ip = ra;
+		sp = cfa;
+		bp = next_bp;
+	}
+	if (n > MAX_USER_FRAMES)
+		n = MAX_USER_FRAMES;
+	if (n && bpf_probe_read_kernel(ips, n * sizeof(__u64), buf->ips))
+		return -1;
+	return n;
 }
 
 static __always_inline long unwind_task_user_stack(struct task_struct *task __attribute__((unused)),

@@ -86,8 +86,9 @@ impl Features {
         self.compat().then(|| {
             format!(
                 "myprobe: note: this kernel ({}) has no bpf_loop helper (Linux 5.17 and later have it): user \
-                 stacks follow frame pointers, and stop at the first function built without them (Debian's \
-                 glibc and most libraries)",
+                 stacks follow frame pointers, and the unwind rows myprobe looks up by address where they fail \
+                 (functions built without them: Debian's glibc); a stack taken before its rows were in may stop \
+                 short",
                 kernel_release()
             )
         })

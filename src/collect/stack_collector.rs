@@ -42,6 +42,9 @@ pub struct StackRecord<'a> {
 pub struct UnwindMaps<'a, M> {
     pub rows: &'a dyn MapCore,
     pub pages: &'a dyn MapCore,
+    /// The compat build's rows by address, and the addresses it wants rows for (unwind.h).
+    pub address_rows: &'a dyn MapCore,
+    pub wanted_rows: &'a dyn MapCore,
     pub mappings: &'a mut [M],
     pub count: &'a mut u32,
     pub enabled: &'a mut u32,
@@ -111,6 +114,13 @@ macro_rules! stack_skeleton {
                 let rodata = $crate::collect::rodata(open.maps.rodata_data.as_deref_mut())?;
                 rodata.target_tgid = pid;
                 rodata.kernel_stacks = kernel;
+                if !$crate::collect::features::Features::of_kernel(None).compat() {
+                    // Only the compat build looks up rows by address.
+                    for map in [&mut open.maps.address_rows, &mut open.maps.wanted_rows] {
+                        map.set_max_entries(1)
+                            .context("sizing the rows by address")?;
+                    }
+                }
                 open.maps
                     .unwind_rows
                     .set_max_entries(rows)
@@ -136,6 +146,8 @@ macro_rules! stack_skeleton {
                 $crate::collect::stack_collector::UnwindMaps {
                     rows: &skel.maps.unwind_rows,
                     pages: &skel.maps.unwind_pages,
+                    address_rows: &skel.maps.address_rows,
+                    wanted_rows: &skel.maps.wanted_rows,
                     mappings: &mut bss.unwind_mappings,
                     count: &mut bss.unwind_mapping_count,
                     enabled: &mut bss.unwind_enabled,
@@ -375,13 +387,19 @@ pub(crate) fn set_common<S: StackSkeleton>(
     open: &mut S::Open<'_>,
     opts: &CollectOptions,
 ) -> Result<()> {
-    let (rows, pages) = opts.unwind.as_ref().map_or((1, 1), |t| {
-        let t = t.borrow();
-        (
-            t.rows.len() + SPARE_UNWIND_ROWS,
-            t.pages.len() + SPARE_UNWIND_ROWS,
-        )
-    });
+    // The compat build has no table search: its rows are looked up by address (serve_wanted_rows).
+    let compat = Features::of_kernel(opts.btf.as_deref()).compat();
+    let (rows, pages) = opts
+        .unwind
+        .as_ref()
+        .filter(|_| !compat)
+        .map_or((1, 1), |t| {
+            let t = t.borrow();
+            (
+                t.rows.len() + SPARE_UNWIND_ROWS,
+                t.pages.len() + SPARE_UNWIND_ROWS,
+            )
+        });
     S::set_common(
         open,
         opts.pid,
@@ -620,6 +638,13 @@ pub(crate) fn install_unwind<S: StackSkeleton>(
     };
     let tables = tables.borrow();
     installed.refreshed.get_or_insert_with(Instant::now);
+    if Features::of_kernel(opts.btf.as_deref()).compat() {
+        if maps.enabled == &0 {
+            seed_rows::<S>(opts.pid, &tables, &maps);
+        }
+        *maps.enabled = 1;
+        return Ok(());
+    }
     let rows = append_array(maps.rows, &mut installed.rows, &tables.rows, S::unwind_row)?;
     let pages = append_array(maps.pages, &mut installed.pages, &tables.pages, |p| *p)?;
     let capacity = maps.mappings.len();
@@ -678,6 +703,9 @@ pub(crate) fn refresh_unwind<S: StackSkeleton>(
     let Some(tables) = &opts.unwind else {
         return Ok(());
     };
+    if Features::of_kernel(opts.btf.as_deref()).compat() {
+        serve_wanted_rows::<S>(&tables.borrow(), &maps);
+    }
     if installed
         .refreshed
         .is_some_and(|t| t.elapsed() < UNWIND_REFRESH_INTERVAL)
@@ -690,6 +718,94 @@ pub(crate) fn refresh_unwind<S: StackSkeleton>(
         install_unwind::<S>(opts, installed, maps)?;
     }
     Ok(())
+}
+
+/// The compat build's rows of the places where the process's threads wait now, before they are asked for: a
+/// thread that waits all along switched out once, before user space could answer. Each thread's syscall site and
+/// its first callers', from `/proc/PID/task/TID/syscall` (its stack and instruction pointers) and its stack.
+fn seed_rows<S: StackSkeleton>(
+    pid: u32,
+    tables: &crate::unwind::ProcessTables,
+    maps: &UnwindMaps<'_, S::UnwindMapping>,
+) {
+    use std::os::unix::fs::FileExt;
+    /// COMPAT_ROW_FRAMES of unwind.h.
+    const ROW_FRAMES: usize = 4;
+    let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+        return;
+    };
+    let read = |addr: u64| {
+        let mut word = [0u8; 8];
+        mem.read_exact_at(&mut word, addr).ok()?;
+        Some(u64::from_le_bytes(word))
+    };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    let mut seeded = std::collections::HashSet::new();
+    for task in tasks.flatten() {
+        // "NR ARG1 … ARG6 SP PC" in a syscall; "running", or "-1 SP PC" outside one.
+        let Ok(line) = std::fs::read_to_string(task.path().join("syscall")) else {
+            continue;
+        };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let hex = |w: &&str| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok();
+        let (Some(sp), Some(pc)) = (
+            words
+                .len()
+                .checked_sub(2)
+                .and_then(|i| words.get(i))
+                .and_then(hex),
+            words.last().and_then(hex),
+        ) else {
+            continue;
+        };
+        let regs = crate::unwind::replay::Registers { ip: pc, sp, bp: 0 };
+        let frames = crate::unwind::replay::unwind(tables, regs, read, ROW_FRAMES);
+        for (i, ip) in frames.into_iter().enumerate() {
+            let at = if i == 0 { ip } else { ip.wrapping_sub(1) };
+            if seeded.insert(at) {
+                put_row::<S>(tables, maps, at);
+            }
+        }
+    }
+}
+
+/// The compat build's wanted rows (unwind.h): each address's row from the tables, or one of kind gap where they
+/// have none (frame pointers there), moved into `address_rows`. A full `address_rows` leaves the rest wanted.
+fn serve_wanted_rows<S: StackSkeleton>(
+    tables: &crate::unwind::ProcessTables,
+    maps: &UnwindMaps<'_, S::UnwindMapping>,
+) {
+    let wanted: Vec<Vec<u8>> = maps.wanted_rows.keys().collect();
+    for key in wanted {
+        let Ok(address) = <[u8; 8]>::try_from(key.as_slice()).map(u64::from_ne_bytes) else {
+            continue;
+        };
+        if put_row::<S>(tables, maps, address) {
+            let _ = maps.wanted_rows.delete(&key);
+        }
+    }
+}
+
+/// Puts the row of the instruction at `address` into the compat build's `address_rows`; false if it is full.
+fn put_row<S: StackSkeleton>(
+    tables: &crate::unwind::ProcessTables,
+    maps: &UnwindMaps<'_, S::UnwindMapping>,
+    address: u64,
+) -> bool {
+    let row = crate::unwind::replay::row_at(tables, address).unwrap_or_default();
+    let value = S::unwind_row(&row);
+    // SAFETY: unwind_row is a plain struct of integers, as the map's value.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&value as *const S::UnwindRow).cast::<u8>(),
+            std::mem::size_of::<S::UnwindRow>(),
+        )
+    };
+    maps.address_rows
+        .update(&address.to_ne_bytes(), bytes, libbpf_rs::MapFlags::ANY)
+        .is_ok()
 }
 
 #[cfg(test)]

@@ -89,10 +89,9 @@ pub struct ProcessTables {
 
 impl ProcessTables {
     /// The tables for a collector's `CollectOptions::unwind`: none when stacks are walked by frame pointers
-    /// (asked for, not x86_64, or a kernel without bpf_loop); what the tables lack is said on stderr.
+    /// (asked for, or not x86_64); what the tables lack is said on stderr.
     pub fn for_tracing(pid: u32, frame_pointers: bool) -> Result<Option<RefCell<Self>>> {
-        let compat = crate::collect::features::Features::of_kernel(None).compat();
-        if frame_pointers || compat || !cfg!(target_arch = "x86_64") {
+        if frame_pointers || !cfg!(target_arch = "x86_64") {
             return Ok(None);
         }
         let tables = Self::load(pid).context("reading the unwind tables of the process")?;

@@ -151,6 +151,16 @@ fn step(
     false
 }
 
+/// The row the tables give for the instruction at `pc`, as the BPF unwinder would find it; `None` where they
+/// have none (frame pointers there).
+pub fn row_at(t: &ProcessTables, pc: u64) -> Option<BpfRow> {
+    let m = &t.mappings[find_unwind_mapping(&t.mappings, pc, MAX_UNWIND_MAPPINGS)?];
+    if m.row_count == 0 {
+        return None;
+    }
+    find_unwind_row(t, m, pc.wrapping_sub(m.bias)).copied()
+}
+
 /// `find_unwind_mapping` and `mapping_search_step` of unwind.h.
 fn find_unwind_mapping(mappings: &[BpfMapping], ip: u64, last: usize) -> Option<usize> {
     if last < MAX_UNWIND_MAPPINGS {

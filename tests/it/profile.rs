@@ -300,14 +300,31 @@ fn offcpu_counts_every_wait_of_threads_that_come_and_go() {
 fn without_bpf_loop_the_compat_build_counts_every_wait_of_threads_that_come_and_go() {
     // Kernels before 5.17 run the compat build, whose threads' states are a hash by thread id of 16,384
     // entries: each is freed at its thread's last switch, so 30,000 threads fit. Its stacks follow frame pointers,
-    // which the fixture keeps.
-    every_wait_of_threads_that_come_and_go(
+    // which the fixture keeps, and glibc's frames (nanosleep, the thread's start) by the rows user space looks up
+    // for their addresses: but for the waits before it answered, they reach the thread's root through the
+    // fixture's caller of nanosleep, which frame pointers alone miss.
+    let stacks = every_wait_of_threads_that_come_and_go(
         &["-fno-omit-frame-pointer"],
         &[("MYPROBE_DISABLE", "bpf_loop")],
     );
+    let waited = value_with_frame(&stacks, |f| f == "first_wait");
+    let rooted: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f[0] == "__clone3" && f.iter().any(|f| f == "first_wait"))
+        .filter(|(f, _)| f.iter().any(|f| f == "pause_briefly"))
+        .map(|(_, us)| us)
+        .sum();
+    assert!(
+        rooted * 2 > waited,
+        "{rooted} of {waited} µs in first_wait from __clone3 through pause_briefly: {stacks:?}"
+    );
 }
 
-fn every_wait_of_threads_that_come_and_go(cflags: &[&str], env: &[(&str, &str)]) {
+/// The off-CPU stacks of the churn fixture (built with `cflags`) traced with `env`, once every wait is checked.
+fn every_wait_of_threads_that_come_and_go(
+    cflags: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<(Vec<String>, u64)> {
     let dir = tempdir("offcpu-churn");
     let flags: Vec<&str> = ["-pthread"].iter().chain(cflags).copied().collect();
     let exe = compile_fixture(&dir, "thread_churn", &["offcpu/thread_churn.c"], &flags);
@@ -319,6 +336,7 @@ fn every_wait_of_threads_that_come_and_go(cflags: &[&str], env: &[(&str, &str)])
         let us = value_with_frame(&stacks, |f| f == function);
         assert!(us >= 600_000, "{us} µs in {function}:\n{stderr}");
     }
+    stacks
 }
 
 #[test]
