@@ -74,7 +74,15 @@ fn records_under_load(db: &TestDb, extra: &[&str]) -> (Vec<Value>, String) {
     let tracer = trace(db, &args);
     db.load(3).wait();
     let (out, err) = tracer.wait();
-    (json_lines(&out), err)
+    (without_lost(json_lines(&out)), err)
+}
+
+/// The records, without the last line of what was lost, if anything was (a busy host's ring buffer may fill).
+fn without_lost(lines: Vec<Value>) -> Vec<Value> {
+    lines
+        .into_iter()
+        .filter(|r| r.get("lost").is_none())
+        .collect()
 }
 
 fn of_thread(records: &[Value], tid: u32) -> Vec<&Value> {
@@ -713,7 +721,7 @@ fn without_socket_tracepoints_syscall_exits_follow_the_same_statements() {
         );
         db.load(3).wait();
         let (out, err) = tracer.wait();
-        let all = json_lines(&out);
+        let all = without_lost(json_lines(&out));
         let commits = all.iter().filter(|r| r["query"] == "COMMIT").count();
         assert!(
             all.len() > 200 && commits > 10,
