@@ -63,6 +63,18 @@ static __always_inline void *task_thread_storage(void *map, struct task_struct *
 #endif
 }
 
+/* Done with the current thread's value until its next call: the compat build's hash entry is freed (task storage
+ * stays, for that call). */
+static __always_inline void current_thread_storage_release(void *map)
+{
+#ifdef MYPROBE_COMPAT
+	int tid = (__u32)bpf_get_current_pid_tgid();
+	bpf_map_delete_elem(map, &tid);
+#else
+	(void)map;
+#endif
+}
+
 /* Frees `task`'s value: task storage is freed with the task anyway, a hash entry only here. */
 static __always_inline void task_thread_storage_delete(void *map, struct task_struct *task)
 {

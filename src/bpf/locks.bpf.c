@@ -107,10 +107,7 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	struct lock_key k = { .addr = c->addr };
 	__u32 period = c->period;
 	c->ts = 0;
-	if (COMPAT) {
-		__u32 tid = (__u32)bpf_get_current_pid_tgid();
-		bpf_map_delete_elem(&in_wait, &tid);
-	}
+	current_thread_storage_release(&in_wait);
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
 		return;
 	if (period != attach_period)

@@ -131,7 +131,7 @@ SCHED_SWITCH_PROG(on_switch)
 	/* Every switch of the host comes here: those of other processes are turned away before the clock. */
 	bool out = task_is_target(prev) && !(prev_state & TASK_DEAD);
 	bool in = task_is_target(next);
-	if (COMPAT && !out && task_is_target(prev))
+	if (COMPAT && task_is_target(prev) && (prev_state & TASK_DEAD))
 		task_thread_storage_delete(&threads, prev);
 	if (!out && !in)
 		return 0;

@@ -644,11 +644,6 @@ struct read_ahead_args {
  * such reads lost. */
 __noinline int read_ahead(struct query_thread *st, struct read_ahead_args *a)
 {
-#ifdef MYPROBE_COMPAT
-	(void)st;
-	(void)a;
-	return 0;
-#endif
 	if (!st || !a)
 		return 0;
 	long off = a->off, n = a->n;

@@ -101,8 +101,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u64 took = bpf_ktime_get_ns() - e->ts;
 	__u32 nr = e->nr;
 	e->ts = 0;
-	if (COMPAT)
-		bpf_map_delete_elem(&in_syscall, &tid);
+	current_thread_storage_release(&in_syscall);
 	if (took < min_ns)
 		return 0;
 	/* The user registers are still those of the call: the stack is the caller's. */

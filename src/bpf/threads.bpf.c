@@ -50,10 +50,12 @@ static __always_inline void read_syscall(struct thread_record *r, struct pt_regs
 	r->user_ip = r->user_sp = r->user_bp = 0;
 	if (!regs)
 		return;
-#ifdef MYPROBE_COMPAT
-	/* A plain address (task_regs): read as such. */
+	/* Read with BPF_CORE_READ: the compat build's registers are a plain address (task_regs), and this runs once
+	 * per thread. */
 #ifdef __TARGET_ARCH_x86
 	r->syscall = (long)BPF_CORE_READ(regs, orig_ax);
+#elif defined(__TARGET_ARCH_arm64)
+	r->syscall = BPF_CORE_READ(regs, syscallno);
 #endif
 	r->args[0] = PT_REGS_PARM1_CORE_SYSCALL(regs);
 	r->args[1] = PT_REGS_PARM2_CORE_SYSCALL(regs);
@@ -64,19 +66,6 @@ static __always_inline void read_syscall(struct thread_record *r, struct pt_regs
 	r->user_ip = PT_REGS_IP_CORE(regs);
 	r->user_sp = PT_REGS_SP_CORE(regs);
 	r->user_bp = PT_REGS_FP_CORE(regs);
-#else
-#ifdef __TARGET_ARCH_x86
-	r->syscall = (long)regs->orig_ax;
-#elif defined(__TARGET_ARCH_arm64)
-	r->syscall = regs->syscallno;
-#endif
-	r->args[0] = PT_REGS_PARM1_SYSCALL(regs);
-	r->args[1] = PT_REGS_PARM2_SYSCALL(regs);
-	r->args[2] = PT_REGS_PARM3_SYSCALL(regs);
-	r->args[3] = PT_REGS_PARM4_SYSCALL(regs);
-	r->args[4] = PT_REGS_PARM5_SYSCALL(regs);
-	r->args[5] = PT_REGS_PARM6_SYSCALL(regs);
-#endif
 }
 
 /* on_cpu as unsigned, whatever its size: an int until 7.x, then a u8, and libbpf resizes only unsigned fields. */

@@ -47,9 +47,11 @@ impl Features {
     /// The features of the running kernel (probed once per process); `btf`: the kernel's BTF when it has none
     /// of its own (`--btf`).
     pub fn of_kernel(btf: Option<&Path>) -> Features {
+        // Asked at every poll (stack_collector's unwind refresh): the environment is read once, with the probe.
         static PROBED: OnceLock<Features> = OnceLock::new();
-        let probed = *PROBED.get_or_init(|| Features::probe(btf));
-        probed.without(&std::env::var("MYPROBE_DISABLE").unwrap_or_default())
+        *PROBED.get_or_init(|| {
+            Features::probe(btf).without(&std::env::var("MYPROBE_DISABLE").unwrap_or_default())
+        })
     }
 
     /// Whether the collectors run their compat build (compat.h): kernels before 5.17, without `bpf_loop`.

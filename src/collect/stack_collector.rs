@@ -728,16 +728,10 @@ fn seed_rows<S: StackSkeleton>(
     tables: &crate::unwind::ProcessTables,
     maps: &UnwindMaps<'_, S::UnwindMapping>,
 ) {
-    use std::os::unix::fs::FileExt;
     /// COMPAT_ROW_FRAMES of unwind.h.
     const ROW_FRAMES: usize = 4;
     let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
         return;
-    };
-    let read = |addr: u64| {
-        let mut word = [0u8; 8];
-        mem.read_exact_at(&mut word, addr).ok()?;
-        Some(u64::from_le_bytes(word))
     };
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return;
@@ -761,6 +755,7 @@ fn seed_rows<S: StackSkeleton>(
             continue;
         };
         let regs = crate::unwind::replay::Registers { ip: pc, sp, bp: 0 };
+        let read = |addr| crate::process::read_u64(&mem, addr);
         let frames = crate::unwind::replay::unwind(tables, regs, read, ROW_FRAMES);
         for (i, ip) in frames.into_iter().enumerate() {
             let at = if i == 0 { ip } else { ip.wrapping_sub(1) };

@@ -82,14 +82,20 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     if !compat {
         install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
     }
+    let mem = compat
+        .then(|| std::fs::File::open(format!("/proc/{}/mem", opts.pid)).ok())
+        .flatten();
+    let empty = ProcessTables::default();
+    let tables = opts.unwind.as_ref().map(|t| t.borrow());
+    let tables = tables.as_deref().unwrap_or(&empty);
     let bytes = super::run_task_iterator(&skel.progs.snapshot)?;
     let threads: Vec<ThreadRecord> = bytes
         .chunks_exact(std::mem::size_of::<thread_record>())
         .filter_map(read_exact::<thread_record>)
         .map(|r| {
             let mut t = record(&r);
-            if compat {
-                read_from_memory(opts, &r, &mut t);
+            if let Some(mem) = &mem {
+                read_from_memory(mem, tables, &r, &mut t);
             }
             t
         })
@@ -100,31 +106,22 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     })
 }
 
-/// The compat build's user stack of `r` and its futex's words, read from the process's memory: unwound by the
-/// tables when there are some (as unwind.h would), else by frame pointers.
-fn read_from_memory(opts: &CollectOptions, r: &thread_record, t: &mut ThreadRecord) {
+/// The compat build's user stack of `r` and its futex's words, read from the process's memory (`mem`): unwound
+/// by the tables where they have rows (as unwind.h would), else by frame pointers.
+fn read_from_memory(
+    mem: &std::fs::File,
+    tables: &ProcessTables,
+    r: &thread_record,
+    t: &mut ThreadRecord,
+) {
     use std::os::unix::fs::FileExt;
-    let Ok(mem) = std::fs::File::open(format!("/proc/{}/mem", opts.pid)) else {
-        return;
-    };
-    let read = |addr: u64| {
-        let mut word = [0u8; 8];
-        mem.read_exact_at(&mut word, addr).ok()?;
-        Some(u64::from_le_bytes(word))
-    };
     let regs = Registers {
         ip: r.user_ip,
         sp: r.user_sp,
         bp: r.user_bp,
     };
-    let empty = ProcessTables::default();
-    let tables = opts.unwind.as_ref().map(|t| t.borrow());
-    let user = unwind(
-        tables.as_deref().unwrap_or(&empty),
-        regs,
-        read,
-        MAX_USER_FRAMES,
-    );
+    let read = |addr| crate::process::read_u64(mem, addr);
+    let user = unwind(tables, regs, read, MAX_USER_FRAMES);
     let kernel = t.stack.ips[usize::from(t.stack.user_len)..].to_vec();
     t.stack = RawStack {
         user_len: user.len() as u16,
