@@ -216,6 +216,7 @@ pub fn run(o: Options) -> Result<()> {
     process::check_environment(o.queries.btf.as_deref())?;
     // Before any thread is made: they inherit it.
     yield_to_the_server();
+    few_arenas();
     collect::install_stop_handler();
     collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
     collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
@@ -276,7 +277,10 @@ pub fn run(o: Options) -> Result<()> {
         if o.pid.is_some() {
             same = Some((target.exe.clone(), command_line(target.pid)));
         }
-        match attach(&target, &o, &shared) {
+        let attached = attach(&target, &o, &shared);
+        // What the tracing of that server took: its unwind tables, symbols and collectors.
+        release_free_memory();
+        match attached {
             Ok(()) => failures = 0,
             Err(e) => {
                 failures += 1;
@@ -304,6 +308,22 @@ fn yield_to_the_server() {
             std::io::Error::last_os_error()
         );
     }
+}
+
+/// Two malloc arenas for all the agent's threads, not glibc's eight per CPU. The memory a thread frees stays in its
+/// arena, where only the threads given that arena reuse it: a server's collectors come and go with its restarts,
+/// each window's profiles are written on another thread than the one that read them, and with many arenas the
+/// agent's RSS climbed by tens of MiB at each restart while what it held stayed the same (46 MiB).
+fn few_arenas() {
+    // SAFETY: mallopt only sets the allocator's own parameter; before any other thread exists.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+}
+
+/// Hands the pages that the allocator holds free back to the system: after a window's profiles and after a server's
+/// tracing, which free more than the agent goes on using.
+fn release_free_memory() {
+    // SAFETY: malloc_trim only returns free memory of the allocator's own to the system.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// What tells a server apart from others of the same executable: its `--datadir` (the port and socket may
@@ -647,6 +667,7 @@ fn end_window(window: Window, shared: &Shared, names: &mut Naming) {
     shared.metrics().end_window();
     names.symbolizer.bound_caches(MAX_NAMES_CACHED);
     names.lock_names.bound_cache(MAX_NAMES_CACHED);
+    release_free_memory();
 }
 
 /// Answers the profile requests whose time has passed and whose collector's slices cover it (or stopped

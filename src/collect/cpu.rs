@@ -1,7 +1,7 @@
 //! On-CPU sampling (src/bpf/cpu.bpf.c): a software CPU-clock perf event per CPU at `freq_hz`; every sample
 //! sends its stack, and the samples are counted per (thread, stack) here.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use anyhow::{Context, Result};
 use libbpf_rs::Link;
@@ -20,18 +20,11 @@ stack_skeleton!(Skeleton, CpuSkelBuilder, OpenCpuSkel, CpuSkel);
 
 /// Rows: `samples` per (thread, stack).
 pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
-    stack_collector::run(
-        &mut Cpu {
-            freq_hz,
-            perf_events: Vec::new(),
-        },
-        opts,
-    )
+    stack_collector::run(&mut Cpu { freq_hz }, opts)
 }
 
 struct Cpu {
     freq_hz: u64,
-    perf_events: Vec<OwnedFd>,
 }
 
 impl Collector for Cpu {
@@ -46,19 +39,21 @@ impl Collector for Cpu {
         let mut links = Vec::new();
         for cpu in online_cpus()? {
             let fd = open_cpu_clock(cpu, self.freq_hz)?;
-            links.push(
-                skel.progs
-                    .on_cpu_sample
-                    .attach_perf_event(fd.as_raw_fd())
-                    .with_context(|| format!("attaching the sampler to CPU {cpu}"))?,
-            );
-            self.perf_events.push(fd);
+            let link = skel
+                .progs
+                .on_cpu_sample
+                .attach_perf_event(fd.as_raw_fd())
+                .with_context(|| format!("attaching the sampler to CPU {cpu}"))?;
+            // The link owns the event now: libbpf closes it when the link is destroyed
+            // (bpf_link_perf_detach). Kept here as well, it was closed twice, the second time under whoever
+            // had been given its number meanwhile. A failed attach leaves it ours, closed on return.
+            let _ = fd.into_raw_fd();
+            links.push(link);
         }
         Ok(links)
     }
 
     fn read(&mut self, _: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
-        self.perf_events.clear();
         Ok(stacks.take_records())
     }
 

@@ -96,18 +96,20 @@ fn calls_errors_and_times_are_exact(env: &[(&str, &str)]) {
     assert_eq!(field(&sleepy, "errors"), 0);
     assert_eq!(field(&named, "calls"), 30);
     assert_eq!(field(&locked, "calls"), 5);
-    // Within 5% of the fixture's own clock around the same calls.
-    let measured: f64 = std::fs::read_to_string(dir.join("measured"))
+    // Between the sleeps asked for (nanosleep sleeps at least that) and the fixture's own clock around the same
+    // calls, which also holds the probes' traps: on a busy host the thread can be preempted in one, and the
+    // fixture's figure grows where the traced one does not.
+    let measured: u64 = std::fs::read_to_string(dir.join("measured"))
         .unwrap()
         .trim()
         .strip_prefix("sleepy_ns ")
         .unwrap()
         .parse()
         .unwrap();
-    let traced = field(&sleepy, "total_ns") as f64;
+    let traced = field(&sleepy, "total_ns");
     assert!(
-        (traced - measured).abs() <= measured * 0.05,
-        "sleepy: traced {traced} ns, the fixture measured {measured} ns"
+        (20 * 10_000_000..=measured).contains(&traced),
+        "sleepy: traced {traced} ns, asked for 200000000 ns, the fixture measured {measured} ns"
     );
     let hist: u64 = sleepy["hist_log2_ns"]
         .as_array()

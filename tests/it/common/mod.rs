@@ -674,6 +674,8 @@ pub fn value_with_frame(stacks: &[(Vec<String>, u64)], pred: impl Fn(&str) -> bo
 /// A myprobe run in the background, e.g. `queries`: stdout and stderr are read as they come.
 pub struct Background {
     child: Child,
+    /// myprobe's PID where `child` is strace ([`Background::myprobe_pid`]).
+    under: Option<u32>,
     stdout: Option<std::thread::JoinHandle<String>>,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
     stderr_thread: Option<std::thread::JoinHandle<()>>,
@@ -687,9 +689,15 @@ impl Background {
 
     /// The same, with variables in myprobe's environment (e.g. MYPROBE_DISABLE).
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)], ready: &str) -> Background {
-        let mut child = myprobe()
-            .envs(env.iter().copied())
-            .args(args)
+        let mut cmd = myprobe();
+        cmd.envs(env.iter().copied()).args(args);
+        Background::start_command(cmd, ready)
+    }
+
+    /// The same with a command of the caller's (myprobe under strace: [`closes_watched`]).
+    pub fn start_command(mut cmd: Command, ready: &str) -> Background {
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -714,6 +722,7 @@ impl Background {
         });
         let mut bg = Background {
             child,
+            under: None,
             stdout: Some(stdout),
             stderr,
             stderr_thread: Some(stderr_thread),
@@ -757,13 +766,19 @@ impl Background {
 
     /// The PID of the myprobe run.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.under.unwrap_or(self.child.id())
+    }
+
+    /// The PID of myprobe run under strace ([`closes_watched`]): the one [`Background::stop`] interrupts, and
+    /// [`Background::pid`] says, from now on.
+    pub fn myprobe_pid(&mut self) -> u32 {
+        *self.under.get_or_insert_with(|| child_of(self.child.id()))
     }
 
     /// Ends the run with SIGINT (as Ctrl-C does) and waits for it; asserts success; returns (stdout, stderr).
     pub fn stop(self) -> (String, String) {
         // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        unsafe { libc::kill(self.pid() as i32, libc::SIGINT) };
         self.wait()
     }
 
@@ -797,8 +812,62 @@ impl Background {
     }
 }
 
+/// myprobe with `args` under strace, which writes to `log` only the close(2) calls that fail (seccomp-bpf: no
+/// other call stops the run). A descriptor closed by two owners fails the second close, or, when its number was
+/// given to somebody else meanwhile, makes that one's own close fail. The run's PID is [`child_of`] strace's;
+/// strace, which blocks fatal signals when it started the command, exits as the run does.
+pub fn closes_watched(log: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "--seccomp-bpf", "-e", "trace=close"])
+        .args(["-e", "status=failed", "-e", "signal=none", "-o"])
+        .arg(log)
+        .arg(env!("CARGO_BIN_EXE_myprobe"))
+        .args(args);
+    cmd
+}
+
+/// The closes that failed, as [`closes_watched`] had strace write them.
+pub fn failed_closes(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_else(|e| panic!("reading {}: {e}", log.display()))
+}
+
+/// The one child of `pid` (waited for, a few seconds at most).
+pub fn child_of(pid: u32) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pid} started no process"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// How many descriptors `pid` has open, and its resident memory in KiB.
+pub fn descriptors_and_rss(pid: u32) -> (usize, u64) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+        .count();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"));
+    (fds, rss)
+}
+
 impl Drop for Background {
     fn drop(&mut self) {
+        if let Some(pid) = self.under {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
