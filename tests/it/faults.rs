@@ -31,6 +31,60 @@ fn signal(child_pid: u32, sig: i32) {
 }
 
 #[test]
+fn every_command_closes_only_what_it_owns() {
+    // A descriptor handed to libbpf (a perf event, a program, a map) is libbpf's to close: closed by myprobe too,
+    // the second close fails, or closes whoever was given the number meanwhile, whose own close then fails.
+    // strace records each close that fails, for every command that opens BPF objects, files or connections.
+    let db = testdb();
+    let dir = tempdir("closes");
+    let pid = db.pid.to_string();
+    let load = db.running_load();
+    let runs: &[&[&str]] = &[
+        &["profile", "cpu", "-d", "2", "--kernel"],
+        &["profile", "offcpu", "-d", "2"],
+        &["profile", "locks", "-d", "2"],
+        &["profile", "syscalls", "-d", "2"],
+        &["profile", "alloc", "-d", "2"],
+        &["profile", "memleak", "-d", "2"],
+        &["queries", "-d", "2", "--summary"],
+        &["stacks"],
+        &["trace", "dispatch_command", "-d", "2"],
+        &["stat", "-c", "2"],
+    ];
+    // And the compat build's, which read threads' stacks and unwind rows their own way.
+    let compat: &[&[&str]] = &[
+        &["profile", "cpu", "-d", "2"],
+        &["profile", "offcpu", "-d", "2"],
+        &["stacks"],
+    ];
+    let all = runs
+        .iter()
+        .map(|r| (r, None))
+        .chain(compat.iter().map(|r| (r, Some("bpf_loop"))));
+    for (n, (args, disable)) in all.enumerate() {
+        let log = dir.join(format!("closes-{n}"));
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["-p", &pid]);
+        let mut cmd = closes_watched(&log, &args);
+        if let Some(features) = disable {
+            cmd.env("MYPROBE_DISABLE", features);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "myprobe {args:?} ({disable:?} disabled) failed:\n{stderr}"
+        );
+        let failed = failed_closes(&log);
+        assert!(
+            failed.is_empty(),
+            "myprobe {args:?} ({disable:?} disabled): closes that failed:\n{failed}\nstderr:\n{stderr}"
+        );
+    }
+    load.finish();
+}
+
+#[test]
 fn sigterm_ends_tracing_with_results() {
     let db = testdb();
     let pid = db.pid.to_string();
