@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
-    process::{self, Flavor, Target},
+    process::{self, Target},
     profile::{
         self,
         stacks::{self, StackNamer, StackOptions},
@@ -391,10 +391,7 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
             m.set_lost(kind.name(), Lost::default());
         }
         m.set_lost("queries", Lost::default());
-        m.set_db_system(match target.flavor {
-            Flavor::MySql | Flavor::Percona => "mysql",
-            _ => "mariadb",
-        });
+        m.set_db_system(target.flavor.db_system());
     }
     *locked(&shared.status) = Status {
         attached: Some((target.pid, target.version.clone())),

@@ -12,28 +12,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+use crate::server::Flavor;
+
 /// Process names of the servers myprobe knows.
 pub const SERVER_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
-    MariaDb,
-    MySql,
-    Percona,
-    /// Not a database server: traced on request (`--any-process`), e.g. a test fixture.
-    Other,
-}
-
-impl std::fmt::Display for Flavor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Flavor::MariaDb => "MariaDB",
-            Flavor::MySql => "MySQL",
-            Flavor::Percona => "Percona Server",
-            Flavor::Other => "process",
-        })
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -271,7 +253,7 @@ fn server_version(pid: u32) -> (Flavor, String) {
         return (fallback, String::new());
     };
     let version = version_in_memory(pid, &file).unwrap_or_default();
-    let flavor = flavor_of(&version, fallback, || {
+    let flavor = Flavor::of(&version, fallback, || {
         file_contains(&file, b"Percona Server").unwrap_or(false)
     });
     (flavor, version)
@@ -353,23 +335,6 @@ fn file_contains(file: &fs::File, needle: &[u8]) -> std::io::Result<bool> {
     }
 }
 
-/// MariaDB says so in its version; Percona Server in its binary's compilation comment (searched only when needed).
-fn flavor_of(
-    version: &str,
-    fallback: Flavor,
-    binary_says_percona: impl FnOnce() -> bool,
-) -> Flavor {
-    if version.contains("MariaDB") {
-        Flavor::MariaDb
-    } else if version.is_empty() {
-        fallback
-    } else if binary_says_percona() {
-        Flavor::Percona
-    } else {
-        Flavor::MySql
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,23 +356,6 @@ mod tests {
         assert_eq!(stat_field(stat, 9), None);
         assert_eq!(stat_field(stat, 2), None);
         assert_eq!(stat_field("no name", 3), None);
-    }
-
-    #[test]
-    fn flavors_from_the_version_and_the_binary() {
-        let mariadb = flavor_of("10.11.19-MariaDB-0+deb12u1", Flavor::MySql, || {
-            panic!("a MariaDB version needs no search of the binary")
-        });
-        assert_eq!(mariadb, Flavor::MariaDb);
-        assert_eq!(
-            flavor_of("8.0.36", Flavor::MariaDb, || false),
-            Flavor::MySql
-        );
-        assert_eq!(
-            flavor_of("8.0.35-27", Flavor::MySql, || true),
-            Flavor::Percona
-        );
-        assert_eq!(flavor_of("", Flavor::MariaDb, || true), Flavor::MariaDb);
     }
 
     #[test]

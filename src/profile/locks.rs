@@ -5,10 +5,10 @@ use std::collections::HashMap;
 
 use super::{
     stacks::{build, innermost, Part, StackNamer},
-    waits::{self, FutexOp, WaitKind},
+    waits::{self, FutexOp},
     Profile, Unit,
 };
-use crate::{collect::Collected, symbolize::data::DataSymbolizer};
+use crate::{collect::Collected, server::WaitKind, symbolize::data::DataSymbolizer};
 
 /// One lock word's waits, with its waiter and waker stacks (innermost frames).
 #[derive(Debug, Default)]

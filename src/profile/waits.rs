@@ -7,7 +7,7 @@ use std::{collections::HashMap, rc::Rc};
 
 use crate::{
     collect::RawStack,
-    server,
+    server::{self, WaitKind},
     symbolize::{unnamed_in_binary, Symbolizer},
 };
 
@@ -98,45 +98,6 @@ pub fn lock_name(symbol: &str, anonymous: bool, addr: u64, site: Option<&str>) -
         (true, Some(site)) => format!("{symbol} (in {site})"),
         (true, None) if mapping => format!("{symbol} {addr:#x}"),
         (true, None) => symbol.to_string(),
-    }
-}
-
-/// The kind of a wait, by its primitive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum WaitKind {
-    /// A mutex held by another thread: pthread mutexes (also re-taken after a condition wait), InnoDB's
-    /// `srw_mutex`.
-    Mutex,
-    /// A reader-writer lock held by another thread: pthread rw-locks, InnoDB's `ssux_lock`/`srw_lock`.
-    RwLock,
-    /// A metadata lock held by another connection (`MDL_wait`).
-    MetadataLock,
-    /// A futex wait of no known primitive with the plain wait operation (as InnoDB's latches and its group
-    /// commit wait without symbols): a lock word, most likely held.
-    OtherLock,
-    /// A condition variable or an event waited on by a statement (its thread is in `dispatch_command`): for
-    /// something another thread does for it or holds (a row lock, the redo log's write, `SLEEP`).
-    StatementWait,
-    /// A condition variable or an event outside statements: a thread waiting for work (idle pool workers,
-    /// cached connection threads) or for a timer (background threads).
-    Condition,
-}
-
-impl WaitKind {
-    /// Whether a thread waits for another to release something it wants (as opposed to waiting for work).
-    pub fn is_contention(self) -> bool {
-        self != WaitKind::Condition
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            WaitKind::Mutex => "mutex",
-            WaitKind::RwLock => "rw-lock",
-            WaitKind::MetadataLock => "metadata lock",
-            WaitKind::OtherLock => "lock word",
-            WaitKind::StatementWait => "condition in a statement",
-            WaitKind::Condition => "condition/event",
-        }
     }
 }
 

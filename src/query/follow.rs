@@ -206,7 +206,7 @@ pub struct ServerFunctions {
 /// error when it has no `dispatch_command` whose arguments myprobe reads. Looked up before anything is written,
 /// so that nothing goes to stdout on its error.
 pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunctions> {
-    let server = crate::server::of_target(target);
+    let server = target.flavor.server();
     let expected = server.dispatch();
     let [dispatch, execute, tls_read, tls_write] = <[_; 4]>::try_from(probes::find_functions(
         &target.binary,
@@ -315,7 +315,7 @@ pub fn follow(
         args: d.args,
         wanted: &wanted,
     });
-    let mut tracker = Tracker::new(a.raw_sql).for_server(crate::server::of_target(target));
+    let mut tracker = Tracker::new(a.raw_sql).for_server(target.flavor.server());
     let mut sites = waits::SiteNames::new(target.pid);
     let (mut seen, mut unknown_prepared) = (0u64, 0u64);
     let mut emit = |record: QueryRecord| {
@@ -334,7 +334,7 @@ pub fn follow(
                 "myprobe: note: {} has no `{}` symbol: the texts of statements prepared before tracing are looked \
                  for in the server's tables only",
                 target.exe.display(),
-                crate::server::of_target(target).statement_execute()
+                target.flavor.server().statement_execute()
             );
         }
         texts.start(

@@ -212,7 +212,7 @@ fn threads(r: &Report, out: &mut Vec<String>) {
         .filter(|t| {
             t.waits
                 .as_ref()
-                .is_some_and(|w| w.kind != waits::WaitKind::Condition.label())
+                .is_some_and(|w| w.kind != crate::server::WaitKind::Condition.label())
         })
         .count();
     let with_statement = r.threads.iter().filter(|t| t.statement.is_some()).count();

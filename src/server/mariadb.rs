@@ -5,9 +5,8 @@
 
 use super::{
     common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    StatusCounter,
+    StatusCounter, WaitKind,
 };
-use crate::profile::waits::WaitKind;
 
 pub struct MariaDb;
 

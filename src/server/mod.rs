@@ -1,10 +1,9 @@
 //! What differs between the servers myprobe traces, one module per flavor behind [`Server`], chosen from what the
-//! running server says of itself (its version string), never by `if mysql` elsewhere.
+//! running server says of itself (its version string, [`Flavor`]), never by `if mysql` elsewhere; and the words
+//! they share for what a thread waits on ([`WaitKind`]). A leaf: it imports nothing else of myprobe's.
 
 mod mariadb;
 mod mysql;
-
-use crate::profile::waits::WaitKind;
 
 pub use mariadb::MariaDb;
 pub use mysql::MySql;
@@ -85,6 +84,45 @@ pub fn crash_report_of(signal_line: Option<&str>, lines: &[&str]) -> CrashReport
         .unwrap_or(MariaDb.crash_report())
 }
 
+/// The kind of a wait, by its primitive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WaitKind {
+    /// A mutex held by another thread: pthread mutexes (also re-taken after a condition wait), InnoDB's
+    /// `srw_mutex`.
+    Mutex,
+    /// A reader-writer lock held by another thread: pthread rw-locks, InnoDB's `ssux_lock`/`srw_lock`.
+    RwLock,
+    /// A metadata lock held by another connection (`MDL_wait`).
+    MetadataLock,
+    /// A futex wait of no known primitive with the plain wait operation (as InnoDB's latches and its group
+    /// commit wait without symbols): a lock word, most likely held.
+    OtherLock,
+    /// A condition variable or an event waited on by a statement (its thread is in `dispatch_command`): for
+    /// something another thread does for it or holds (a row lock, the redo log's write, `SLEEP`).
+    StatementWait,
+    /// A condition variable or an event outside statements: a thread waiting for work (idle pool workers,
+    /// cached connection threads) or for a timer (background threads).
+    Condition,
+}
+
+impl WaitKind {
+    /// Whether a thread waits for another to release something it wants (as opposed to waiting for work).
+    pub fn is_contention(self) -> bool {
+        self != WaitKind::Condition
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            WaitKind::Mutex => "mutex",
+            WaitKind::RwLock => "rw-lock",
+            WaitKind::MetadataLock => "metadata lock",
+            WaitKind::OtherLock => "lock word",
+            WaitKind::StatementWait => "condition in a statement",
+            WaitKind::Condition => "condition/event",
+        }
+    }
+}
+
 /// A server's locking primitives, as frames name them (by the start of their clean names), each with the kind
 /// of wait it is (None: it tells none by itself, as an event wraps a condition variable); and the sites whose
 /// name does not say what they wait for, with what they wait for.
@@ -159,11 +197,60 @@ macro_rules! common_status_counters {
 }
 pub(crate) use common_status_counters;
 
-/// The server a traced process is: its flavor, from its version string and name (`process::resolve`).
-pub fn of_target(target: &crate::process::Target) -> &'static dyn Server {
-    match target.flavor {
-        crate::process::Flavor::MariaDb => &MariaDb,
-        _ => &MySql,
+/// What a traced process is, from the version it reports (`process::resolve`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    MariaDb,
+    MySql,
+    Percona,
+    /// Not a database server: traced on request (`--any-process`), e.g. a test fixture.
+    Other,
+}
+
+impl std::fmt::Display for Flavor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Flavor::MariaDb => "MariaDB",
+            Flavor::MySql => "MySQL",
+            Flavor::Percona => "Percona Server",
+            Flavor::Other => "process",
+        })
+    }
+}
+
+impl Flavor {
+    /// MariaDB says so in its version; Percona Server in its binary's compilation comment (searched only when
+    /// needed); `fallback` where the version could not be read.
+    pub fn of(
+        version: &str,
+        fallback: Flavor,
+        binary_says_percona: impl FnOnce() -> bool,
+    ) -> Flavor {
+        if version.contains("MariaDB") {
+            Flavor::MariaDb
+        } else if version.is_empty() {
+            fallback
+        } else if binary_says_percona() {
+            Flavor::Percona
+        } else {
+            Flavor::MySql
+        }
+    }
+
+    /// The server's ways: MySQL's for its forks, and for a process that is no server.
+    pub fn server(self) -> &'static dyn Server {
+        match self {
+            Flavor::MariaDb => &MariaDb,
+            _ => &MySql,
+        }
+    }
+
+    /// The database system as OpenTelemetry's `db.system` names it.
+    pub fn db_system(self) -> &'static str {
+        match self {
+            Flavor::MySql | Flavor::Percona => "mysql",
+            _ => "mariadb",
+        }
     }
 }
 
@@ -183,6 +270,23 @@ pub fn of_version(version: &str) -> &'static dyn Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flavors_from_the_version_and_the_binary() {
+        let mariadb = Flavor::of("10.11.19-MariaDB-0+deb12u1", Flavor::MySql, || {
+            panic!("a MariaDB version needs no search of the binary")
+        });
+        assert_eq!(mariadb, Flavor::MariaDb);
+        assert_eq!(
+            Flavor::of("8.0.36", Flavor::MariaDb, || false),
+            Flavor::MySql
+        );
+        assert_eq!(
+            Flavor::of("8.0.35-27", Flavor::MySql, || true),
+            Flavor::Percona
+        );
+        assert_eq!(Flavor::of("", Flavor::MariaDb, || true), Flavor::MariaDb);
+    }
 
     #[test]
     fn versions_choose_the_server() {

@@ -17,8 +17,9 @@ use serde::Serialize;
 
 use crate::{
     collect::{self, threads::ThreadRecord},
-    profile::waits::{self, FutexOp, WaitKind},
+    profile::waits::{self, FutexOp},
     render::terminal_safe,
+    server::WaitKind,
     symbolize::{data::DataSymbolizer, Symbolizer},
 };
 
