@@ -491,10 +491,6 @@ impl Client {
         &self.version
     }
 
-    pub fn is_mariadb(&self) -> bool {
-        self.server().name() == "MariaDB"
-    }
-
     /// The server's ways, from its version.
     pub fn server(&self) -> &'static dyn crate::server::Server {
         crate::server::of_version(&self.version)

@@ -272,12 +272,6 @@ pub struct Greeting {
     pub capabilities: u32,
 }
 
-impl Greeting {
-    pub fn is_mariadb(&self) -> bool {
-        self.server_version.contains("MariaDB")
-    }
-}
-
 /// Parses the server greeting; `None` if it is not protocol version 10 (an error packet such as
 /// "Too many connections" can come instead) or is cut before the capability flags.
 pub fn parse_greeting(payload: &[u8]) -> Option<Greeting> {
@@ -1040,7 +1034,6 @@ mod tests {
         assert_eq!(g.connection_id, 42);
         assert_eq!(g.server_version, "10.11.6-MariaDB-0+deb12u1");
         assert_eq!(g.capabilities, 0x81ff_f7fe);
-        assert!(g.is_mariadb());
         assert_ne!(g.capabilities & CLIENT_PROTOCOL_41, 0);
         // Through the framing, as read from the socket.
         let wire = packet(0, &mariadb_greeting());
@@ -1060,7 +1053,6 @@ mod tests {
                 capabilities: 0xdfff_ffff
             }
         );
-        assert!(!g.is_mariadb());
     }
 
     #[test]

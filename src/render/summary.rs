@@ -205,9 +205,9 @@ pub fn unnamed_line(profile: &Profile, memory: bool, debuginfod: bool) -> Option
     let install: Vec<String> = by_binary
         .iter()
         .take(matter)
-        .map(|(b, _)| match b.as_str() {
-            "mariadbd" => "mariadb-server-core-dbgsym".to_owned(),
-            other => format!("the debug symbols of {other} (its -dbgsym package)"),
+        .map(|(b, _)| match crate::server::debug_package(b) {
+            Some(package) => package.to_owned(),
+            None => format!("the debug symbols of {b} (its -dbgsym package)"),
         })
         .collect();
     let how = if debuginfod {

@@ -254,6 +254,11 @@ impl Flavor {
     }
 }
 
+/// Debian's package of the debug symbols of a server's binary, by the binary's name, where it is known.
+pub fn debug_package(binary: &str) -> Option<&'static str> {
+    (binary == "mariadbd").then_some("mariadb-server-core-dbgsym")
+}
+
 /// The servers known, for what must be recognized whichever one runs (a tracer's own statements).
 pub const ALL: [&dyn Server; 2] = [&MariaDb, &MySql];
 
@@ -295,7 +300,9 @@ mod tests {
             of_version("11.8.9-MariaDB-0+deb13u1 from Debian").name(),
             "MariaDB"
         );
+        assert_eq!(of_version("10.11.6-MariaDB-0+deb12u1").name(), "MariaDB");
         assert_eq!(of_version("9.7.4-2").name(), "MySQL");
+        assert_eq!(of_version("8.0.36").name(), "MySQL");
         assert_eq!(of_version("8.0.35-27").name(), "MySQL");
     }
 

@@ -68,7 +68,7 @@ fn finds_the_servers_socket_and_connects_as_the_os_user() {
         "{}",
         client.server_version()
     );
-    assert!(client.is_mariadb());
+    assert_eq!(client.server().name(), "MariaDB");
     assert_eq!(current_user(&mut client), "root@localhost");
     let id = client.query("SELECT CONNECTION_ID()").unwrap();
     assert_eq!(
