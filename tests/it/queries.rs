@@ -589,12 +589,25 @@ fn sysbench_connected_before_tracing_has_its_texts() {
         "{} records\nstderr:\n{err}",
         records.len()
     );
-    // Read at the executions themselves (performance_schema is off): all but those running when tracing began
-    // or ended, whose execution the probe did not see begin.
+    // Read at the executions themselves (performance_schema is off): the probe is attached at the first execution
+    // of a statement of unknown text, and its offset calibrated on myprobe's own statements, which on a busy host
+    // takes a while. From the first execution named on, all have their text but those running when tracing ended,
+    // whose execution the probe did not see begin.
+    let mut by_start: Vec<&&Value> = records.iter().collect();
+    by_start.sort_by(|a, b| a["ts"].as_str().cmp(&b["ts"].as_str()));
+    let named_from = by_start
+        .iter()
+        .position(|r| !r["query"].is_null())
+        .unwrap_or(by_start.len());
+    let since = &by_start[named_from..];
+    let unnamed_since = since.iter().filter(|r| r["query"].is_null()).count();
     assert!(
-        with_text * 1000 >= records.len() * 999 || records.len() - with_text <= 2 * sysbench.len(),
-        "{with_text} of {} records have their text\nstderr:\n{err}",
-        records.len()
+        with_text * 2 >= records.len()
+            && (unnamed_since * 1000 <= since.len() || unnamed_since <= 2 * sysbench.len()),
+        "{with_text} of {} records have their text; {unnamed_since} of the {} from the first named on have none\n\
+         stderr:\n{err}",
+        records.len(),
+        since.len()
     );
     assert!(err.contains("read at their executions"), "stderr:\n{err}");
     // Never a wrong one: each is one of the statements sysbench prepared.
