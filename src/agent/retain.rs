@@ -2,9 +2,11 @@
 //! and within a size: past either, the oldest go first.
 
 use std::{
+    collections::VecDeque,
     fs,
     io::Write,
     path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
 
@@ -14,6 +16,16 @@ pub struct Retention {
     dir: PathBuf,
     keep: Duration,
     max_bytes: u64,
+    /// The windows kept, oldest first, and their bytes in all: the directory is read once, when the agent starts.
+    /// Read again at each window, a day of 1-second windows (a quarter of a million files) cost more than the
+    /// windows themselves, and more with every hour.
+    kept: Mutex<Index>,
+}
+
+#[derive(Default)]
+struct Index {
+    windows: VecDeque<Kept>,
+    bytes: u64,
 }
 
 /// A window's file: its name, size and when it was written.
@@ -40,11 +52,18 @@ impl Retention {
             )
         })?;
         drop(probe);
+        let windows: VecDeque<Kept> = read_windows(dir).into();
+        let bytes = windows.iter().map(|k| k.bytes).sum();
         Ok(Retention {
             dir: dir.to_path_buf(),
             keep,
             max_bytes,
+            kept: Mutex::new(Index { windows, bytes }),
         })
+    }
+
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn dir(&self) -> &Path {
@@ -59,33 +78,40 @@ impl Retention {
         file.write_all(bytes)
             .and_then(|()| file.flush())
             .with_context(|| format!("writing {}", path.display()))?;
-        file.persist(&path)
+        let file = file
+            .persist(&path)
             .with_context(|| format!("writing {}", path.display()))?;
+        let meta = file
+            .metadata()
+            .with_context(|| format!("reading {}", path.display()))?;
+        let window = Kept {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            bytes: meta.len(),
+            written: meta.modified().unwrap_or_else(|_| SystemTime::now()),
+        };
+        {
+            let mut index = self.index();
+            // A window of the same second written again (a server's last, cut short) replaces it: among the last.
+            let last = index.windows.len().saturating_sub(16);
+            if let Some(at) =
+                (last..index.windows.len()).find(|&i| index.windows[i].name == window.name)
+            {
+                let old = index.windows.remove(at).map_or(0, |k| k.bytes);
+                index.bytes = index.bytes.saturating_sub(old);
+            }
+            index.bytes = index.bytes.saturating_add(window.bytes);
+            index.windows.push_back(window);
+        }
         self.prune()?;
         Ok(path)
     }
 
     /// The windows kept, oldest first.
     pub fn list(&self) -> Vec<Kept> {
-        let mut kept: Vec<Kept> = fs::read_dir(&self.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                if !is_window(&name) {
-                    return None;
-                }
-                let meta = e.metadata().ok()?;
-                Some(Kept {
-                    name,
-                    bytes: meta.len(),
-                    written: meta.modified().ok()?,
-                })
-            })
-            .collect();
-        kept.sort_by(|a, b| a.written.cmp(&b.written).then(a.name.cmp(&b.name)));
-        kept
+        self.index().windows.iter().cloned().collect()
     }
 
     /// A kept window's path by its file name; `None` for any other name.
@@ -98,33 +124,47 @@ impl Retention {
     /// Removes the windows older than the retention, then the oldest until the rest fit the size.
     pub fn prune(&self) -> Result<()> {
         let now = SystemTime::now();
-        let mut kept = self.list();
-        let mut total: u64 = kept.iter().map(|k| k.bytes).sum();
-        let remove = |k: &Kept, total: &mut u64| -> Result<()> {
-            let path = self.dir.join(&k.name);
+        let mut index = self.index();
+        while let Some(oldest) = index.windows.front() {
+            let expired = now.duration_since(oldest.written).unwrap_or_default() > self.keep;
+            if !expired && index.bytes <= self.max_bytes {
+                break;
+            }
+            let path = self.dir.join(&oldest.name);
             match fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
             }
-            *total = total.saturating_sub(k.bytes);
-            Ok(())
-        };
-        let expired = kept
-            .iter()
-            .take_while(|k| now.duration_since(k.written).unwrap_or_default() > self.keep)
-            .count();
-        for k in kept.drain(..expired) {
-            remove(&k, &mut total)?;
-        }
-        for k in &kept {
-            if total <= self.max_bytes {
-                break;
-            }
-            remove(k, &mut total)?;
+            let bytes = oldest.bytes;
+            index.windows.pop_front();
+            index.bytes = index.bytes.saturating_sub(bytes);
         }
         Ok(())
     }
+}
+
+/// The windows in `dir`, oldest first.
+fn read_windows(dir: &Path) -> Vec<Kept> {
+    let mut kept: Vec<Kept> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            if !is_window(&name) {
+                return None;
+            }
+            let meta = e.metadata().ok()?;
+            Some(Kept {
+                name,
+                bytes: meta.len(),
+                written: meta.modified().ok()?,
+            })
+        })
+        .collect();
+    kept.sort_by(|a, b| a.written.cmp(&b.written).then(a.name.cmp(&b.name)));
+    kept
 }
 
 /// A name this module writes: `cpu-20261125T100405Z.pb.gz`; nothing with a path in it.
