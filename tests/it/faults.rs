@@ -48,7 +48,7 @@ fn every_command_closes_only_what_it_owns() {
         &["profile", "memleak", "-d", "2"],
         &["queries", "-d", "2", "--summary"],
         &["stacks"],
-        &["trace", "dispatch_command", "-d", "2"],
+        &["trace", "dispatch_command", "-d", "2", "--max-rate", "0"],
         &["stat", "-c", "2"],
     ];
     // And the compat build's, which read threads' stacks and unwind rows their own way.
