@@ -265,11 +265,7 @@ pub const ALL: [&dyn Server; 2] = [&MariaDb, &MySql];
 /// The server whose `VERSION()` (or `server_version`) is `version`: MariaDB says so in it, MySQL and its forks
 /// (Percona Server) do not.
 pub fn of_version(version: &str) -> &'static dyn Server {
-    if version.contains("MariaDB") {
-        &MariaDb
-    } else {
-        &MySql
-    }
+    Flavor::of(version, Flavor::MySql, || false).server()
 }
 
 #[cfg(test)]
