@@ -1,7 +1,7 @@
 //! myprobe: a production-safe eBPF performance analyser for MySQL and MariaDB.
 //!
 //! The library holds everything; `main.rs` only parses the command line. Tests and fuzzers call the parsers
-//! (`query::protocol`, `profile::folded`), the unwinder (`unwind`) and the symbolizer directly. The map of the
+//! (`wire::protocol`, `profile::folded`), the unwinder (`unwind`) and the symbolizer directly. The map of the
 //! modules and their rules is ARCHITECTURE.md.
 
 /// `eprintln!` that never panics: a diagnostic on a closed stderr (`myprobe … 2>&1 | head`) is dropped, never
@@ -39,3 +39,4 @@ pub mod stat;
 pub mod symbolize;
 pub mod trace;
 pub mod unwind;
+pub mod wire;

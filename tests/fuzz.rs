@@ -13,9 +13,9 @@ use proptest::sample::{select, Index};
 
 use myprobe::collect::queries::{Event, RawStatement};
 use myprobe::profile::{folded, Profile, Unit};
-use myprobe::query::fingerprint::{fingerprint, fingerprint_bytes, normalize, normalize_bytes};
-use myprobe::query::protocol::{self as p, Greeting, HandshakeResponse, OkInfo, Reply};
 use myprobe::query::{dispatch_fd, Tracker, MAX_CONNS, MAX_PREPARED_PER_CONN};
+use myprobe::wire::fingerprint::{fingerprint, fingerprint_bytes, normalize, normalize_bytes};
+use myprobe::wire::protocol::{self as p, Greeting, HandshakeResponse, OkInfo, Reply};
 
 /// Cases per target: `PROPTEST_CASES` when set, else `default`. No failure files: a failure prints its
 /// minimal input, scripts/fuzz prints the seed, and a bug found gets a unit test next to its parser.
@@ -1713,7 +1713,7 @@ fn tiny_core() -> Vec<u8> {
 
 #[test]
 fn tiny_core_parses() {
-    let core = myprobe::process::core::Core::from_bytes(tiny_core()).unwrap();
+    let core = myprobe::stacks::core_file::Core::from_bytes(tiny_core()).unwrap();
     assert_eq!(core.threads.len(), 1);
     assert_eq!((core.threads[0].tid, core.threads[0].regs.ip), (42, 0x1234));
     assert_eq!(core.read_u64(0x2008), Some(0x6666));
@@ -1740,7 +1740,7 @@ proptest! {
         if cut_it {
             bytes.truncate(cut.index(bytes.len()));
         }
-        if let Ok(core) = myprobe::process::core::Core::from_bytes(bytes) {
+        if let Ok(core) = myprobe::stacks::core_file::Core::from_bytes(bytes) {
             let _ = core.read_u64(addr);
             let _ = core.exe();
             let _ = core.build_id(std::path::Path::new("/bin/true"));

@@ -213,7 +213,7 @@ impl Shared {
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(o: Options) -> Result<()> {
-    process::check_environment(o.queries.btf.as_deref())?;
+    crate::collect::features::check_environment(o.queries.btf.as_deref())?;
     // Before any thread is made: they inherit it.
     yield_to_the_server();
     few_arenas();

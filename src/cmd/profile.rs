@@ -394,7 +394,7 @@ impl<'a> Session<'a> {
         if let Some(out) = &a.output {
             render::format_for(out)?;
         }
-        process::check_environment(a.btf.as_deref())?;
+        crate::collect::features::check_environment(a.btf.as_deref())?;
         let target = process::resolve(a.pid, a.any_process)?;
         let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {

@@ -136,7 +136,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             ),
         }
     }
-    process::check_environment(a.btf.as_deref())?;
+    crate::collect::features::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     say_static_query_probes(&target.binary);
     // Looked up before the header: nothing goes to stdout on its error.
@@ -281,12 +281,13 @@ fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::R
 /// statement's time, on any build; the probes can be traced with `myprobe trace usdt:mysql:query__start`.
 fn say_static_query_probes(binary: &std::path::Path) {
     let probes = crate::trace::usdt::probes(binary).unwrap_or_default();
+    let (provider, start, done) = crate::server::STATEMENT_PROBES;
     let has = |name: &str| {
         probes
             .iter()
-            .any(|p| p.provider == "mysql" && p.name == name)
+            .any(|p| p.provider == provider && p.name == name)
     };
-    if has("query__start") && has("query__done") {
+    if has(start) && has(done) {
         say!(
             "myprobe: note: this server has MySQL's query-start/query-done static probes; statements are read \
              from the protocol instead, which also splits their time (`myprobe trace usdt:mysql:query__start` \

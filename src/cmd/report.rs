@@ -61,7 +61,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
             dir.display()
         );
     }
-    process::check_environment(a.btf.as_deref())?;
+    crate::collect::features::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     let options = report::Options {
         duration: Duration::from_secs(a.duration),

@@ -138,7 +138,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
     if a.root.is_some() {
         bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
     }
-    process::check_environment(a.btf.as_deref())?;
+    crate::collect::features::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     // Asked first: a server that does not answer is said, and the threads are read all the same.
     let statements = if a.no_sql {

@@ -119,7 +119,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
         }
     }
     anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
-    process::check_environment(a.btf.as_deref())?;
+    crate::collect::features::check_environment(a.btf.as_deref())?;
     let target = process::resolve(a.pid, a.any_process)?;
     let mut modules = Modules::of_process(target.pid, &target.exe, &target.binary)?;
 

@@ -282,13 +282,42 @@ fn kernel_release() -> String {
 }
 
 /// The object a skeleton opens: `compat`, built for kernels without `bpf_loop` (compat.h), where the kernel has
-/// none; else `modern`. Every BPF command has checked the kernel before (`process::check_environment`).
+/// none; else `modern`. Every BPF command has checked the kernel before (`features::check_environment`).
 pub fn object_for_kernel(modern: &'static [u8], compat: &'static [u8]) -> &'static [u8] {
     if Features::of_kernel(None).compat() {
         compat
     } else {
         modern
     }
+}
+
+/// Checks what tracing needs before anything is loaded: root, BTF for CO-RE, and the helpers every BPF object of
+/// myprobe calls ([`Features::require_basics`]).
+pub fn check_environment(btf: Option<&Path>) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("myprobe needs root to load BPF programs and open perf events: run it with sudo");
+    }
+    match btf {
+        Some(path) if !path.is_file() => {
+            bail!(
+                "BTF file {} does not exist: pass the BTF of the running kernel with --btf",
+                path.display()
+            )
+        }
+        Some(_) => {}
+        None if !Path::new("/sys/kernel/btf/vmlinux").exists() => bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): use a kernel built with \
+             CONFIG_DEBUG_INFO_BTF=y, or pass a BTF file for it with --btf"
+        ),
+        None => {}
+    }
+    let features = Features::of_kernel(btf);
+    features.require_basics()?;
+    if let Some(note) = features.compat_note() {
+        say!("{note}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

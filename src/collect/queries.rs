@@ -27,7 +27,7 @@ use super::{
     CollectOptions, Lost, RawStack,
 };
 use crate::process::probes::Function;
-use crate::query::protocol;
+use crate::wire::{compression, protocol};
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/queries.skel.rs"));
@@ -639,10 +639,10 @@ fn statement(
     if e.inflated_len > 0 && e.compressed == COMPRESSED_BODY {
         // The packet's body alone (its header came in the compressed packet before).
         let keep = (e.inflated_len as usize).min(e.text.len());
-        request = protocol::inflate_prefix(&request, keep).unwrap_or_default();
+        request = compression::inflate_prefix(&request, keep).unwrap_or_default();
     } else if e.inflated_len > 0 {
         let keep = (e.inflated_len as usize).min(4 + e.text.len());
-        let inflated = protocol::inflate_prefix(&request, keep);
+        let inflated = compression::inflate_prefix(&request, keep);
         match inflated.as_deref().and_then(protocol::split_packet) {
             Some((len, _, payload)) => (packet_len, request) = (len, payload.to_vec()),
             None => request.clear(),
@@ -656,7 +656,7 @@ fn statement(
         e.reply.get(..e.reply_len as usize)?.to_vec()
     };
     if e.compressed != 0 {
-        reply = protocol::uncompressed_stream(&reply);
+        reply = compression::uncompressed_stream(&reply);
     }
     Some(RawStatement {
         tid: e.tid,

@@ -411,7 +411,7 @@ pub(crate) fn set_common<S: StackSkeleton>(
 
 /// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
 pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
-    // bpf_loop, which every object calls, was checked before anything started (process::check_environment).
+    // bpf_loop, which every object calls, was checked before anything started (features::check_environment).
     let features = opts.features();
     let mut object = MaybeUninit::uninit();
     let builder = <C::Skel as StackSkeleton>::Builder::default();

@@ -444,7 +444,7 @@ impl Rings {
                 let newest = newest.entry(thread).or_insert(id);
                 *newest = (*newest).max(id);
                 let name = if k == Kind::Statements {
-                    crate::query::fingerprint::normalize(&name)
+                    crate::wire::fingerprint::normalize(&name)
                 } else {
                     name
                 };

@@ -1,21 +1,14 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
-pub mod core;
 pub mod maps;
 pub mod probes;
 pub mod tids;
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{fs, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::server::Flavor;
-
-/// Process names of the servers myprobe knows.
-pub const SERVER_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
+use crate::server::{Flavor, PROCESS_NAMES};
 
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -41,41 +34,12 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Checks what tracing needs before anything is loaded: root, BTF for CO-RE, and the helpers every BPF object of
-/// myprobe calls (`Features::require_basics`).
-pub fn check_environment(btf: Option<&Path>) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("myprobe needs root to load BPF programs and open perf events: run it with sudo");
-    }
-    match btf {
-        Some(path) if !path.is_file() => {
-            bail!(
-                "BTF file {} does not exist: pass the BTF of the running kernel with --btf",
-                path.display()
-            )
-        }
-        Some(_) => {}
-        None if !Path::new("/sys/kernel/btf/vmlinux").exists() => bail!(
-            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): use a kernel built with \
-             CONFIG_DEBUG_INFO_BTF=y, or pass a BTF file for it with --btf"
-        ),
-        None => {}
-    }
-    let features = crate::collect::features::Features::of_kernel(btf);
-    features.require_basics()?;
-    if let Some(note) = features.compat_note() {
-        say!("{note}");
-    }
-    Ok(())
-}
-
 /// The process to trace: `pid` if given (it must be a server unless `any_process`), else the one running server.
 pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
     let pid = match pid {
         Some(pid) => {
             let comm = comm_of(pid).with_context(|| format!("no process with PID {pid}"))?;
-            if !any_process && !SERVER_NAMES.contains(&comm.as_str()) {
+            if !any_process && !PROCESS_NAMES.contains(&comm.as_str()) {
                 bail!(
                     "PID {pid} is `{comm}`, not a MySQL or MariaDB server (mariadbd/mysqld); \
                      pass --any-process to trace it anyway"
@@ -98,11 +62,7 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
     let comm = comm_of(pid).with_context(|| format!("process {pid} exited"))?;
     let exe = exe_of(pid).with_context(|| format!("process {pid} has exited (or is a zombie)"))?;
     *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = start_time(pid).map(|t| (pid, t));
-    let (flavor, version) = if SERVER_NAMES.contains(&comm.as_str()) {
-        server_version(pid)
-    } else {
-        (Flavor::Other, String::new())
-    };
+    let (flavor, version) = server_version(pid, &comm);
     Ok(Target {
         pid,
         comm,
@@ -213,7 +173,7 @@ pub fn find_servers() -> Vec<u32> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&pid| comm_of(pid).is_ok_and(|c| SERVER_NAMES.contains(&c.as_str())))
+        .filter(|&pid| comm_of(pid).is_ok_and(|c| PROCESS_NAMES.contains(&c.as_str())))
         .collect();
     pids.sort_unstable();
     pids
@@ -241,20 +201,19 @@ fn describe(pid: u32) -> String {
 /// memory at the address its binary's symbol table gives. Nothing of the target is executed (its name is
 /// chosen by whoever started it, and its PID may be reused meanwhile); the binary is read through
 /// `/proc/PID/exe`, the file that runs even when it was deleted (upgraded) or lives in a container.
-fn server_version(pid: u32) -> (Flavor, String) {
-    let comm = comm_of(pid).unwrap_or_default();
-    let fallback = if comm == "mariadbd" {
-        Flavor::MariaDb
-    } else {
-        Flavor::MySql
-    };
-    let exe = format!("/proc/{pid}/exe");
-    let Ok(file) = fs::File::open(&exe) else {
-        return (fallback, String::new());
-    };
-    let version = version_in_memory(pid, &file).unwrap_or_default();
-    let flavor = Flavor::of(&version, fallback, || {
-        file_contains(&file, b"Percona Server").unwrap_or(false)
+fn server_version(pid: u32, comm: &str) -> (Flavor, String) {
+    let binary = PROCESS_NAMES
+        .contains(&comm)
+        .then(|| fs::File::open(format!("/proc/{pid}/exe")).ok())
+        .flatten();
+    let version = binary
+        .as_ref()
+        .and_then(|file| version_in_memory(pid, file))
+        .unwrap_or_default();
+    let flavor = Flavor::of(&version, Some(comm), || {
+        binary
+            .as_ref()
+            .is_some_and(|file| file_contains(file, b"Percona Server").unwrap_or(false))
     });
     (flavor, version)
 }

@@ -3,9 +3,7 @@
 
 pub mod digest;
 pub mod executed;
-pub mod fingerprint;
 pub mod follow;
-pub mod protocol;
 pub mod texts;
 
 use std::{
@@ -17,7 +15,10 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::collect::queries::{Counters, Event, RawStatement, TimePart};
-use protocol::Reply;
+use crate::wire::{
+    fingerprint,
+    protocol::{self, Reply},
+};
 
 /// A text records share (a connection's user, a statement's fingerprint): cloned without copying, as a busy
 /// server runs the same statements thousands of times a second.

@@ -29,7 +29,6 @@ use std::{
 
 use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
-    fingerprint::fingerprint,
     QueryRecord, Text, Tracker,
 };
 use crate::{
@@ -39,6 +38,7 @@ use crate::{
         queries::{ExecuteWish, Executed},
     },
     process::tids::TidMap,
+    wire::fingerprint::fingerprint,
 };
 
 /// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.

@@ -60,6 +60,11 @@ impl Server for MariaDb {
             format: "MariaDB crash report",
             signal_line_marks: &["[ERROR] mariadbd got signal"],
             line_starts: &["To report this bug, see https://mariadb.com"],
+            start_marks: &[
+                "starting as process",
+                "Starting MariaDB",
+                "mysqld_safe Starting",
+            ],
         }
     }
 

@@ -2,6 +2,7 @@
 //! running server says of itself (its version string, [`Flavor`]), never by `if mysql` elsewhere; and the words
 //! they share for what a thread waits on ([`WaitKind`]). A leaf: it imports nothing else of myprobe's.
 
+pub mod frames;
 mod mariadb;
 mod mysql;
 
@@ -63,6 +64,8 @@ pub struct CrashReport {
     pub format: &'static str,
     pub signal_line_marks: &'static [&'static str],
     pub line_starts: &'static [&'static str],
+    /// What its error log says when it starts: a crash report ends there.
+    pub start_marks: &'static [&'static str],
 }
 
 impl CrashReport {
@@ -82,6 +85,13 @@ pub fn crash_report_of(signal_line: Option<&str>, lines: &[&str]) -> CrashReport
         .map(|s| s.crash_report())
         .find(|r| r.is_of(signal_line, lines))
         .unwrap_or(MariaDb.crash_report())
+}
+
+/// Whether an error log's line is a server's start (any server's: a log is read without knowing whose it is).
+pub fn is_start_in_log(line: &str) -> bool {
+    ALL.iter()
+        .flat_map(|s| s.crash_report().start_marks)
+        .any(|m| line.contains(m))
 }
 
 /// The kind of a wait, by its primitive.
@@ -220,16 +230,22 @@ impl std::fmt::Display for Flavor {
 
 impl Flavor {
     /// MariaDB says so in its version; Percona Server in its binary's compilation comment (searched only when
-    /// needed); `fallback` where the version could not be read.
+    /// needed); where the version could not be read, the process's name tells MariaDB's. `comm`: the process's
+    /// name where known; one that is no server's is [`Flavor::Other`].
     pub fn of(
         version: &str,
-        fallback: Flavor,
+        comm: Option<&str>,
         binary_says_percona: impl FnOnce() -> bool,
     ) -> Flavor {
-        if version.contains("MariaDB") {
+        if comm.is_some_and(|c| !PROCESS_NAMES.contains(&c)) {
+            Flavor::Other
+        } else if version.contains("MariaDB") {
             Flavor::MariaDb
         } else if version.is_empty() {
-            fallback
+            match comm {
+                Some("mariadbd") => Flavor::MariaDb,
+                _ => Flavor::MySql,
+            }
         } else if binary_says_percona() {
             Flavor::Percona
         } else {
@@ -259,13 +275,20 @@ pub fn debug_package(binary: &str) -> Option<&'static str> {
     (binary == "mariadbd").then_some("mariadb-server-core-dbgsym")
 }
 
+/// The static probes (USDT) a server built with `--enable-dtrace` has at each statement's start and end:
+/// (provider, start, done), MySQL's names, which MariaDB kept.
+pub const STATEMENT_PROBES: (&str, &str, &str) = ("mysql", "query__start", "query__done");
+
+/// Process names of the servers myprobe knows.
+pub const PROCESS_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
+
 /// The servers known, for what must be recognized whichever one runs (a tracer's own statements).
 pub const ALL: [&dyn Server; 2] = [&MariaDb, &MySql];
 
 /// The server whose `VERSION()` (or `server_version`) is `version`: MariaDB says so in it, MySQL and its forks
 /// (Percona Server) do not.
 pub fn of_version(version: &str) -> &'static dyn Server {
-    Flavor::of(version, Flavor::MySql, || false).server()
+    Flavor::of(version, None, || false).server()
 }
 
 #[cfg(test)]
@@ -274,19 +297,21 @@ mod tests {
 
     #[test]
     fn flavors_from_the_version_and_the_binary() {
-        let mariadb = Flavor::of("10.11.19-MariaDB-0+deb12u1", Flavor::MySql, || {
+        let mariadb = Flavor::of("10.11.19-MariaDB-0+deb12u1", Some("mysqld"), || {
             panic!("a MariaDB version needs no search of the binary")
         });
         assert_eq!(mariadb, Flavor::MariaDb);
         assert_eq!(
-            Flavor::of("8.0.36", Flavor::MariaDb, || false),
+            Flavor::of("8.0.36", Some("mariadbd"), || false),
             Flavor::MySql
         );
         assert_eq!(
-            Flavor::of("8.0.35-27", Flavor::MySql, || true),
+            Flavor::of("8.0.35-27", Some("mysqld"), || true),
             Flavor::Percona
         );
-        assert_eq!(Flavor::of("", Flavor::MariaDb, || true), Flavor::MariaDb);
+        assert_eq!(Flavor::of("", Some("mariadbd"), || true), Flavor::MariaDb);
+        assert_eq!(Flavor::of("", Some("mysqld"), || true), Flavor::MySql);
+        assert_eq!(Flavor::of("", Some("fixture"), || true), Flavor::Other);
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Server for MySql {
             format: "MySQL crash report",
             signal_line_marks: &["UTC - "],
             line_starts: &["Server Version: ", "Most likely, you have hit"],
+            start_marks: &["starting as process", "mysqld_safe Starting"],
         }
     }
 

@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use object::Object as _;
 
+use super::core_file::Core;
 use crate::{
     collect::{
         threads::{Futex, ThreadRecord},
         RawStack,
     },
-    process::{core::Core, signal_name, SERVER_NAMES},
+    process::signal_name,
+    server::PROCESS_NAMES,
     symbolize::{data::DataSymbolizer, Symbolizer},
     unwind::{
         replay::{unwind, MAX_USER_FRAMES},
@@ -57,8 +59,8 @@ pub fn read(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if !any_process
-        && !SERVER_NAMES.contains(&core.name.as_str())
-        && !SERVER_NAMES.contains(&exe_name.as_str())
+        && !PROCESS_NAMES.contains(&core.name.as_str())
+        && !PROCESS_NAMES.contains(&exe_name.as_str())
     {
         bail!(
             "{} is a core of {}, not of a MySQL or MariaDB server (mariadbd/mysqld); pass --any-process to \

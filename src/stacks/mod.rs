@@ -3,6 +3,7 @@
 //! wait-for graph's cycles reported as deadlocks.
 
 pub mod core;
+pub mod core_file;
 pub mod report;
 pub mod resolve;
 
@@ -250,7 +251,7 @@ pub fn statements(
                 unmapped += 1;
                 return None;
             };
-            Some((tid, crate::query::fingerprint::normalize(&text)))
+            Some((tid, crate::wire::fingerprint::normalize(&text)))
         })
         .collect();
     if unmapped > 0 {

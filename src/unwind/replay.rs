@@ -1,6 +1,6 @@
 //! The BPF unwinder (src/bpf/unwind.h) replayed in Rust over [`ProcessTables`], step for step, so that the
 //! tables and the walk can be tested without a kernel, and unwind the threads of a core file
-//! ([`crate::process::core::Core`]) as the kernel would have unwound them.
+//! ([`crate::stacks::core_file::Core`]) as the kernel would have unwound them.
 
 use super::{table::Kind, BpfMapping, BpfRow, ProcessTables};
 

@@ -12,7 +12,7 @@ use std::{
 
 use crate::common::tempdir;
 use myprobe::{
-    process::core::Core,
+    stacks::core_file::Core,
     unwind::{
         replay::{unwind, MAX_USER_FRAMES},
         ProcessTables,

@@ -76,12 +76,6 @@ fn program_of(line: &str) -> Option<String> {
     (!name.is_empty() && !name.ends_with(']')).then(|| name.to_string())
 }
 
-fn is_server_start(line: &str) -> bool {
-    line.contains("starting as process")
-        || line.contains("Starting MariaDB")
-        || line.contains("mysqld_safe Starting")
-}
-
 fn is_stack_marker(line: &str) -> bool {
     line.starts_with("Attempting backtrace") || line.starts_with("stack_bottom = ")
 }
@@ -97,7 +91,7 @@ fn crash_section(lines: &[&str]) -> Option<CrashSection> {
     };
     let start = header.unwrap_or(0);
     let end = (start + 1..lines.len())
-        .find(|&i| is_server_start(lines[i]))
+        .find(|&i| crate::server::is_start_in_log(lines[i]))
         .unwrap_or(lines.len());
     let stack_from = (start..end)
         .rev()

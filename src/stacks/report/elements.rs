@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::{CrashInfo, SIGNAL_HANDLER_CALLED};
+use crate::server::frames;
 
 /// The identifying elements seed texts ask for, read from one thread's frames.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -30,130 +31,6 @@ pub struct Elements {
     pub command: Option<String>,
 }
 
-/// Frames of a stack's signal handling, innermost first as they appear.
-const SIGNAL_HANDLER_FRAMES: &[&str] = &[
-    "handle_fatal_signal",
-    "my_print_stacktrace",
-    "print_fatal_signal",
-    "__restore_rt",
-    SIGNAL_HANDLER_CALLED,
-];
-
-/// What turns an assertion or a kill into SIGABRT: between the signal handler and the code that failed.
-const ABORT_FRAMES: &[&str] = &[
-    "__pthread_kill_implementation",
-    "__pthread_kill_internal",
-    "__pthread_kill",
-    "pthread_kill",
-    "raise",
-    "gsignal",
-    "abort",
-    "__assert_fail_base",
-    "__assert_fail",
-    "__assert_perror_fail",
-    "ut_dbg_assertion_failed",
-    "my_abort",
-    "ib::fatal::~fatal",
-    "std::terminate",
-    "__cxxabiv1::__terminate",
-    "__gnu_cxx::__verbose_terminate_handler",
-];
-
-/// Storage engines by the names of their handler classes and internal functions, checked in order.
-const ENGINES: &[(&str, &[&str])] = &[
-    (
-        "InnoDB",
-        &[
-            "ha_innobase::",
-            "ha_innopart::",
-            "innobase_",
-            "innodb_",
-            "row_",
-            "btr_",
-            "buf_",
-            "fil_",
-            "fsp_",
-            "fseg_",
-            "trx_",
-            "dict_",
-            "que_",
-            "page_",
-            "rec_",
-            "ibuf_",
-            "srv_",
-            "fts_",
-            "rtr_",
-            "mtr_",
-            "log_t::",
-            "log_write",
-            "log_free_check",
-            "log_checkpoint",
-            "os_file_",
-            "os_aio",
-            "os_event_",
-            "purge_",
-            "ib::",
-            "ut_dbg_assertion_failed",
-            // The SQL layer has lock_tables and lock_table_names: only InnoDB's lock_ families.
-            "lock_rec_",
-            "lock_clust_rec_",
-            "lock_sec_rec_",
-            "lock_sys_t::",
-            "lock_wait",
-            "lock_trx_",
-            "lock_release",
-            "lock_update_",
-            "lock_move_",
-            "lock_prdt_",
-            "lock_table_create",
-            "lock_table_enqueue",
-            "lock_table_other",
-            "lock_table_for_trx",
-            "lock_table_dequeue",
-            "lock_table_x_unlock",
-            "lock_table_resurrect",
-            "Deadlock::",
-        ],
-    ),
-    (
-        "Aria",
-        &[
-            "ha_maria::",
-            "maria_",
-            "_ma_",
-            "translog_",
-            "trnman_",
-            "pagecache_",
-        ],
-    ),
-    ("MRG_MyISAM", &["ha_myisammrg::", "myrg_"]),
-    (
-        "MyISAM",
-        &[
-            "ha_myisam::",
-            "mi_",
-            "_mi_",
-            "key_cache_",
-            "simple_key_cache_",
-        ],
-    ),
-    ("MEMORY", &["ha_heap::", "heap_", "hp_"]),
-    ("Spider", &["ha_spider::", "spider_"]),
-    ("RocksDB", &["ha_rocksdb::", "myrocks::", "rocksdb::"]),
-    ("CONNECT", &["ha_connect::"]),
-    ("S3", &["ha_s3::", "s3_"]),
-    ("ARCHIVE", &["ha_archive::"]),
-    ("CSV", &["ha_tina::"]),
-    ("SEQUENCE", &["ha_sequence::"]),
-    ("FederatedX", &["ha_federatedx::"]),
-    ("FEDERATED", &["ha_federated::"]),
-    ("BLACKHOLE", &["ha_blackhole::"]),
-    ("Mroonga", &["ha_mroonga::"]),
-    ("OQGRAPH", &["ha_oqgraph::"]),
-    ("TempTable", &["temptable::"]),
-    ("partition", &["ha_partition::"]),
-];
-
 /// Function names that do not name anything: the caller's placeholders for unresolved frames.
 fn is_unnamed(name: &str) -> bool {
     let name = name.trim();
@@ -162,16 +39,6 @@ fn is_unnamed(name: &str) -> bool {
         || name.starts_with("0x")
         || name.starts_with("+0x")
         || name.starts_with('[')
-}
-
-fn engine_of(name: &str) -> Option<&'static str> {
-    if name == "lock_table" {
-        return Some("InnoDB");
-    }
-    ENGINES
-        .iter()
-        .find(|(_, prefixes)| prefixes.iter().any(|p| name.starts_with(p)))
-        .map(|(engine, _)| *engine)
 }
 
 /// Names a thread's stack by what identifies a crash, from its clean frame names (see
@@ -186,31 +53,18 @@ pub fn identify(frames: &[&str]) -> Elements {
         if is_unnamed(name) {
             continue;
         }
-        e.signal_handler |= SIGNAL_HANDLER_FRAMES.contains(&name);
-        e.prepared_statement |= name.starts_with("Prepared_statement::execute")
-            || matches!(
-                name,
-                "mysqld_stmt_execute"
-                    | "mysqld_stmt_bulk_execute"
-                    | "mysql_sql_stmt_execute"
-                    | "mysql_stmt_execute"
-            );
-        if name == "sp_head::execute" {
+        e.signal_handler |= frames::SIGNAL_HANDLER.contains(&name) || name == SIGNAL_HANDLER_CALLED;
+        e.prepared_statement |= frames::runs_prepared_statement(name);
+        if name == frames::ROUTINE_EXECUTE {
             sp_head_execute += 1;
         }
-        if matches!(
-            name,
-            "sp_head::execute_procedure"
-                | "sp_head::execute_function"
-                | "sp_head::execute_trigger"
-                | "sp_head::execute_aggregate_function"
-        ) {
+        if frames::ROUTINE_ENTRIES.contains(&name) {
             routine_entries += 1;
         }
         if e.engine.is_none() {
-            e.engine = engine_of(name).map(str::to_string);
+            e.engine = frames::engine_of(name).map(str::to_string);
         }
-        e.query_cache |= name.starts_with("Query_cache::");
+        e.query_cache |= name.starts_with(frames::QUERY_CACHE);
         if let Some(class) = item_func_class(name) {
             if !e.item_funcs.iter().any(|c| c == class) {
                 e.item_funcs.push(class.to_string());
@@ -220,7 +74,7 @@ pub fn identify(frames: &[&str]) -> Elements {
     e.stored_routine_depth = sp_head_execute.max(routine_entries);
     e.command = frames
         .iter()
-        .position(|f| f.trim() == "mysql_execute_command")
+        .position(|f| f.trim() == frames::EXECUTE_COMMAND)
         .and_then(|at| {
             frames[..at]
                 .iter()
@@ -235,7 +89,7 @@ pub fn identify(frames: &[&str]) -> Elements {
 /// `Item_func_sleep::val_int` → `Item_func_sleep`.
 fn item_func_class(name: &str) -> Option<&str> {
     let class = name.split("::").next()?;
-    let suffix = class.strip_prefix("Item_func_")?;
+    let suffix = class.strip_prefix(frames::ITEM_FUNC)?;
     (!suffix.is_empty()).then_some(class)
 }
 
@@ -253,11 +107,14 @@ pub fn crash_site(frames: &[&str]) -> Option<usize> {
         .rposition(|n| *n == "__restore_rt" || *n == SIGNAL_HANDLER_CALLED)
     {
         at = t + 1;
-    } else if let Some(h) = names.iter().rposition(|n| *n == "handle_fatal_signal") {
+    } else if let Some(h) = names
+        .iter()
+        .rposition(|n| *n == frames::FATAL_SIGNAL_HANDLER)
+    {
         // The trampoline unnamed (libc without symbols): the frame after the handler.
         at = h + 2;
     }
-    while at < names.len() && ABORT_FRAMES.contains(&names[at]) {
+    while at < names.len() && frames::ABORT.contains(&names[at]) {
         at += 1;
     }
     Some(at.min(names.len() - 1))

@@ -15,7 +15,7 @@ use object::{
     Endianness,
 };
 
-use super::maps::ProcMaps;
+use crate::process::maps::ProcMaps;
 use crate::{symbolize::elf::Segment, unwind::replay::Registers, unwind::CodeMapping};
 
 /// One thread of a core file.
