@@ -33,6 +33,7 @@ pub mod profile;
 pub mod query;
 pub mod render;
 pub mod report;
+pub mod runner;
 pub mod server;
 pub mod stacks;
 pub mod stat;

@@ -44,7 +44,7 @@ enum Command {
     Report(cmd::report::ReportArgs),
     /// An always-on daemon for one server: Prometheus metrics of the statements and lock waits, pprof
     /// profiles over HTTP (on-CPU at 19 Hz, off-CPU, locks), windows kept as pprof files; re-attaches
-    /// after a restart.
+    /// after a restart (given -p, to the server that runs the same executable with the same data directory).
     Agent(cmd::agent::AgentArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),

@@ -14,27 +14,29 @@ pub mod metrics;
 pub mod retain;
 
 use std::{
-    cell::RefCell,
     collections::HashMap,
     path::PathBuf,
-    sync::{atomic::Ordering, mpsc, Arc, Mutex, MutexGuard},
+    sync::{mpsc, Arc, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{self, periods::Duty, CollectOptions, Collected, Lost, RawStack, Row, Slice, Slices},
+    collect::{
+        self, periods::Duty, ring::RingOptions, Collected, Kind, Lost, RawStack, Row, Slice,
+        Slices, Stop,
+    },
     process::{self, Target},
     profile::{
         self,
         stacks::{self, StackNamer, StackOptions},
         waits, Profile,
     },
-    query::follow::{self, FollowOptions},
+    query::follow::FollowOptions,
     render::{pprof, RenderOptions},
+    runner::{self, Plan},
     symbolize::{data::DataSymbolizer, Symbolizer},
-    unwind::ProcessTables,
 };
 
 use metrics::{LockWaits, Metrics};
@@ -72,33 +74,6 @@ pub struct Options {
     /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
     /// `--no-sql`), `--raw-sql`, `--btf`, memory.
     pub queries: FollowOptions,
-}
-
-/// The profiles served and kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Cpu,
-    Offcpu,
-    Locks,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Cpu, Kind::Offcpu, Kind::Locks];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Cpu => "cpu",
-            Kind::Offcpu => "offcpu",
-            Kind::Locks => "locks",
-        }
-    }
-
-    /// The kind of a collector's slices, by the collector's name.
-    fn of_collector(name: &str) -> Option<Kind> {
-        Kind::ALL
-            .into_iter()
-            .find(|k| name == format!("profile {}", k.name()))
-    }
 }
 
 /// Rows of one kind summed over a time (a window, or a request's seconds), by lock word and stack: bounded by
@@ -218,10 +193,6 @@ pub fn run(o: Options) -> Result<()> {
     yield_to_the_server();
     few_arenas();
     collect::install_stop_handler();
-    collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
-    collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
-    // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
-    collect::ring::set_poll_interval(WAKE);
     let retention = Retention::new(&o.dir, o.retain, o.retain_bytes)?;
     let shared = Arc::new(Shared {
         metrics: Mutex::new(Metrics::new(o.top)),
@@ -241,7 +212,7 @@ pub fn run(o: Options) -> Result<()> {
     let mut pid = o.pid;
     let mut same: Option<(PathBuf, Vec<u8>)> = None;
     let mut failures = 0u32;
-    while !collect::STOP.load(Ordering::SeqCst) {
+    while !collect::interrupted() {
         if let Some((exe, cmdline)) = &same {
             let alike: Vec<u32> = process::find_servers()
                 .into_iter()
@@ -339,7 +310,7 @@ fn command_line(pid: u32) -> Vec<u8> {
 /// Waits, answering the profile requests due meanwhile (there is nothing to profile).
 fn pause(shared: &Shared, time: Duration) {
     let started = Instant::now();
-    while started.elapsed() < time && !collect::STOP.load(Ordering::SeqCst) {
+    while started.elapsed() < time && !collect::interrupted() {
         let why = shared.status().waiting;
         shared.requests().retain(|r| {
             let due = Instant::now() >= r.until;
@@ -354,50 +325,32 @@ fn pause(shared: &Shared, time: Duration) {
 
 /// Traces `target` until it exits or the agent stops.
 fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
-    let tables = ProcessTables::for_tracing(target.pid, false)?.map(RefCell::into_inner);
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(false);
     let mut lock_names =
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
-    let sample_every = o.duty.map_or(1, |d| d.every);
-    let functions = follow::server_functions(o.queries.uprobes, target)?;
     let (slices, sliced) = mpsc::channel();
-    let options = |duty: Option<Duty>| CollectOptions {
-        pid: target.pid,
-        duration: Duration::MAX,
-        kernel_stacks: false,
-        btf: o.queries.btf.clone(),
-        unwind: tables.clone().map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: None,
+    let plan = Plan {
+        target,
+        frequency: o.frequency,
+        min_block_us: o.min_block_us,
+        // Always on: a preempted thread is not unwound at every switch (bench/README.md).
+        preempted_leaf_only: true,
+        duty: o.duty,
+        statements: FollowOptions {
+            // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
+            ring: RingOptions::quiet(WAKE),
+            stop: Stop::new(),
+            ..o.queries.clone()
+        },
         slices: Some(Slices {
             every: SLICE,
-            send: slices.clone(),
+            send: slices,
         }),
-        duty,
+        attached: None,
     };
-    {
-        let mut m = shared.metrics();
-        m.attaches += 1;
-        m.sample_every = sample_every.into();
-        m.statements_every = o
-            .queries
-            .sampling
-            .duty(o.queries.max_cpu_pct)
-            .map_or(1, |d| d.every.into());
-        // Every collector's losses are exported from the start, at zero.
-        for kind in Kind::ALL {
-            m.set_lost(kind.name(), Lost::default());
-        }
-        m.set_lost("queries", Lost::default());
-        m.set_db_system(target.flavor.db_system());
-    }
-    *locked(&shared.status) = Status {
-        attached: Some((target.pid, target.version.clone())),
-        since: crate::report::rfc3339(SystemTime::now()),
-        waiting: String::new(),
-    };
+    let prepared = runner::prepare(&plan)?;
+    start_metrics(target, o, shared);
     say!(
         "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU, lock waits, statements",
         o.frequency
@@ -408,95 +361,100 @@ fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
         lock_names: &mut lock_names,
         host: &shared.host,
     };
-    let (cpu_opts, offcpu_opts, locks_opts) = (options(None), options(o.duty), options(o.duty));
-    // The collectors hold the only senders: the channel ends with them.
-    drop(slices);
-    let failed = std::thread::scope(|s| -> Result<Vec<String>> {
-        let mut stack_threads = vec![
-            (
-                "on-CPU",
-                s.spawn(move || collect::cpu::collect(&cpu_opts, o.frequency)),
-            ),
-            (
-                "off-CPU",
-                s.spawn(move || {
-                    // Always on: a preempted thread is not unwound at every switch (bench/README.md).
-                    let offcpu = collect::offcpu::Options {
-                        min_block_us: o.min_block_us,
-                        preempted_leaf_only: true,
-                        ..Default::default()
-                    };
-                    collect::offcpu::collect(&offcpu_opts, offcpu).map(|(c, _)| c)
-                }),
-            ),
-            (
-                "lock waits",
-                s.spawn(move || collect::locks::collect(&locks_opts)),
-            ),
-        ];
-        let follow_options = &o.queries;
-        let statements = s.spawn(move || {
-            follow::follow(
-                follow_options,
-                target,
-                functions,
-                || {},
-                |r| shared.metrics().add_statement(r),
-                |lost| shared.metrics().set_lost("queries", lost),
-            )
-        });
-        let mut window = Window::new();
-        let mut failed = Vec::new();
-        // Until every collector has ended: the server exited, or the agent stops.
-        while !(stack_threads.is_empty() && statements.is_finished()) {
-            match sliced.recv_timeout(WAKE) {
-                Ok(slice) => add_slice(shared, &mut window, &slice),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(WAKE),
-            }
-            // Slices wait here while a window is written: every one in before a request is answered.
-            while let Ok(slice) = sliced.try_recv() {
-                add_slice(shared, &mut window, &slice);
-            }
-            answer_due(shared, &mut names);
-            if window.started.elapsed() >= o.window {
-                let ended = std::mem::replace(&mut window, Window::new());
-                end_window(ended, shared, &mut names);
-            }
-            // A collector that ended early (it could not load here) is said once; the others go on.
-            for (what, h) in stack_threads.extract_if(.., |(_, h)| h.is_finished()) {
-                let failure = match h.join() {
-                    Ok(Ok(_)) => continue,
-                    Ok(Err(e)) => format!("{what}: {e:#}"),
-                    Err(_) => format!("{what}: the collector panicked"),
-                };
-                say!("myprobe: agent: warning: not traced: {failure}");
-                failed.push(failure);
-            }
-        }
-        while let Ok(slice) = sliced.try_recv() {
-            add_slice(shared, &mut window, &slice);
-        }
-        end_window(window, shared, &mut names);
-        let followed = statements
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the statements' tracer panicked")));
-        let mut m = shared.metrics();
-        match followed {
-            Ok(f) => m.set_lost("queries", f.lost),
-            Err(e) => failed.push(format!("statements: {e:#}")),
-        }
-        m.detached();
-        Ok(failed)
-    })?;
+    let failed = std::thread::scope(|s| {
+        let running = runner::start(
+            s,
+            &plan,
+            prepared.tables.as_ref(),
+            prepared.functions,
+            |r| shared.metrics().add_statement(r),
+            |lost| shared.metrics().set_lost(Kind::Statements.name(), lost),
+        );
+        read_slices(running, &sliced, o, shared, &mut names)
+    });
     let exited = process::target_exited();
-    if exited.is_none() && !collect::STOP.load(Ordering::SeqCst) {
+    if exited.is_none() && !collect::interrupted() {
         anyhow::bail!("every collector ended: {}", failed.join("; "));
     }
     if let Some(pid) = exited {
         shared.set_waiting(format!("the server (PID {pid}) exited"));
     }
     Ok(())
+}
+
+/// The metrics and status of a server being attached to.
+fn start_metrics(target: &Target, o: &Options, shared: &Shared) {
+    {
+        let mut m = shared.metrics();
+        m.attaches += 1;
+        m.sample_every = o.duty.map_or(1, |d| d.every).into();
+        m.statements_every = o
+            .queries
+            .sampling
+            .duty(o.queries.max_cpu_pct)
+            .map_or(1, |d| d.every.into());
+        // Every collector's losses are exported from the start, at zero.
+        for kind in Kind::PROFILES {
+            m.set_lost(kind.name(), Lost::default());
+        }
+        m.set_lost(Kind::Statements.name(), Lost::default());
+        m.set_db_system(target.flavor.db_system());
+    }
+    *locked(&shared.status) = Status {
+        attached: Some((target.pid, target.version.clone())),
+        since: crate::report::rfc3339(SystemTime::now()),
+        waiting: String::new(),
+    };
+}
+
+/// Adds the collectors' slices to the window under way and to the requests waiting, ends windows, and answers
+/// requests, until every collector has ended (the server exited, or the agent stops). Returns why collectors
+/// ended early.
+fn read_slices(
+    mut running: runner::Running<'_>,
+    sliced: &mpsc::Receiver<Slice>,
+    o: &Options,
+    shared: &Shared,
+    names: &mut Naming<'_>,
+) -> Vec<String> {
+    let mut window = Window::new();
+    let mut failed = Vec::new();
+    while running.running() > 0 {
+        match sliced.recv_timeout(WAKE) {
+            Ok(slice) => add_slice(shared, &mut window, &slice),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(WAKE),
+        }
+        // Slices wait here while a window is written: every one in before a request is answered.
+        while let Ok(slice) = sliced.try_recv() {
+            add_slice(shared, &mut window, &slice);
+        }
+        answer_due(shared, names);
+        if window.started.elapsed() >= o.window {
+            let ended = std::mem::replace(&mut window, Window::new());
+            end_window(ended, shared, names);
+        }
+        // A collector that ended early (it could not load here) is said once; the others go on.
+        for (kind, h) in running.profiles.extract_if(.., |(_, h)| h.is_finished()) {
+            if let Err(e) = runner::joined(h, kind) {
+                let failure = format!("{}: {e:#}", kind.label());
+                say!("myprobe: agent: warning: not traced: {failure}");
+                failed.push(failure);
+            }
+        }
+    }
+    while let Ok(slice) = sliced.try_recv() {
+        add_slice(shared, &mut window, &slice);
+    }
+    end_window(window, shared, names);
+    let followed = runner::joined(running.statements, Kind::Statements);
+    let mut m = shared.metrics();
+    match followed {
+        Ok(f) => m.set_lost(Kind::Statements.name(), f.lost),
+        Err(e) => failed.push(format!("statements: {e:#}")),
+    }
+    m.detached();
+    failed
 }
 
 /// What names stacks and locks, and labels profiles, for one server.
@@ -529,7 +487,7 @@ impl Naming<'_> {
         let profile = match kind {
             Kind::Cpu => stacks::on_cpu(&c, &mut namer),
             Kind::Offcpu => stacks::off_cpu(&c, &mut namer),
-            Kind::Locks => {
+            _ => {
                 lock_waits = by_lock_and_site(&c, &mut namer, self.lock_names);
                 profile::locks::summarize(&c, &mut namer, self.lock_names).0
             }
@@ -601,9 +559,7 @@ fn by_lock_and_site(
 }
 
 fn add_slice(shared: &Shared, window: &mut Window, slice: &Slice) {
-    let Some(kind) = Kind::of_collector(slice.collector) else {
-        return;
-    };
+    let kind = slice.collector;
     let c = &slice.collected;
     let scale = {
         let mut m = shared.metrics();
@@ -641,7 +597,7 @@ impl Window {
 
 /// Keeps a window's profiles as files, and its lock waits in the metrics.
 fn end_window(window: Window, shared: &Shared, names: &mut Naming) {
-    for kind in Kind::ALL {
+    for kind in Kind::PROFILES {
         let Some(sums) = window.sums.get(&kind).filter(|s| !s.rows.is_empty()) else {
             continue;
         };

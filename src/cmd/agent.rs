@@ -18,10 +18,8 @@ const AGENT_STATEMENTS_CPU_PCT: f64 = 0.5;
 
 #[derive(Args)]
 pub struct AgentArgs {
-    /// Server process to trace [default: the one running mariadbd or mysqld]; after a restart, the server
-    /// running the same executable
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Where the HTTP server listens (/metrics, /healthz, /debug/pprof/)
     #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:9369")]
     pub listen: String,
@@ -67,15 +65,6 @@ pub struct AgentArgs {
     /// Never connect to the server: no statement texts from its process list
     #[arg(long)]
     pub no_sql: bool,
-    /// Trace a process that is not mariadbd/mysqld
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<PathBuf>,
-    /// Kernel memory the BPF maps of each collector may take, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -130,7 +119,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
         "--sample-every must be between 1 and 3600"
     );
     agent::run(agent::Options {
-        pid: a.pid,
+        pid: a.target.pid,
         window: a.window,
         frequency: a.frequency,
         min_block_us: a.min_block_us,
@@ -145,7 +134,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
             max_rate: None,
             budget: None,
         }),
-        any_process: a.any_process,
+        any_process: a.target.any_process,
         queries: FollowOptions {
             sampling: match (a.sample_every, a.max_statements) {
                 (1, _) => SampleEvery::Every(1),
@@ -161,8 +150,8 @@ pub fn run(a: AgentArgs) -> Result<()> {
             },
             max_cpu_pct: a.statements_max_cpu,
             raw_sql: a.raw_sql,
-            btf: a.btf,
-            max_kernel_mem_mib: a.max_kernel_mem,
+            btf: a.target.btf,
+            max_kernel_mem_mib: a.target.max_kernel_mem,
             ..FollowOptions::new((!a.no_sql).then_some(a.connect))
         },
     })

@@ -10,3 +10,54 @@ pub mod report;
 pub mod stacks;
 pub mod stat;
 pub mod trace;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{
+    collect::{CollectOptions, Stop},
+    process::{self, Target},
+};
+
+/// What every command that loads BPF programs for one process takes: the process, and the kernel's terms.
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// Server process [default: the one running mariadbd or mysqld]
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Option<u32>,
+    /// Trace a process that is not mariadbd/mysqld (e.g. a test program)
+    #[arg(long)]
+    pub any_process: bool,
+    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
+    /// Kernel memory the BPF maps of each collector may take, in MiB; past it, the maps that can be smaller are
+    /// (said on stderr)
+    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
+    pub max_kernel_mem: u64,
+}
+
+impl TargetArgs {
+    /// Checks that this machine can trace (root, BTF, the kernel's features), then finds the process.
+    pub fn resolve(&self) -> Result<Target> {
+        crate::collect::features::check_environment(self.btf.as_deref())?;
+        process::resolve(self.pid, self.any_process)
+    }
+
+    /// `--max-kernel-mem` in bytes.
+    pub fn max_kernel_mem_bytes(&self) -> u64 {
+        self.max_kernel_mem.saturating_mul(1 << 20)
+    }
+
+    /// A collector's options for `target`, traced until Ctrl-C unless the caller sets more.
+    pub fn collect_options(&self, target: &Target) -> CollectOptions {
+        CollectOptions::new(
+            target.pid,
+            self.btf.clone(),
+            self.max_kernel_mem_bytes(),
+            Stop::new(),
+        )
+    }
+}

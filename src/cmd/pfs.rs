@@ -5,7 +5,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -14,7 +13,7 @@ use clap::Args;
 
 use crate::{
     client::{self, Client, ConnectArgs},
-    collect::{install_stop_handler, STOP},
+    collect::{install_stop_handler, interrupted},
     pfs::{self, Kind, Rings, Setup, Totals, NEST_KINDS},
     process,
     profile::Profile,
@@ -159,7 +158,7 @@ fn measure(
     let gone = |e: anyhow::Error| e.context("the server stopped answering during the run");
     let started = Instant::now();
     let duration = Duration::from_secs_f64(a.duration);
-    while started.elapsed() < duration && !STOP.load(Ordering::SeqCst) {
+    while started.elapsed() < duration && !interrupted() {
         let left = duration.saturating_sub(started.elapsed());
         std::thread::sleep(RING_READ_INTERVAL.min(left));
         if let Some(r) = &mut rings {

@@ -54,9 +54,8 @@ pub enum ProfileCommand {
 /// Options every tracing profile shares.
 #[derive(Args)]
 pub struct TraceArgs {
-    /// Server process to trace [default: the one running mariadbd or mysqld]
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Tracing duration in seconds (Ctrl-C ends early and still writes results)
     #[arg(short = 'd', long = "duration", default_value_t = 10)]
     pub duration: u64,
@@ -69,12 +68,6 @@ pub struct TraceArgs {
     /// Start every stack with a frame naming its thread (`thread 1234 (name)`)
     #[arg(long)]
     pub per_thread: bool,
-    /// Trace a process that is not mariadbd/mysqld (e.g. a test program)
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<PathBuf>,
     /// Flame graph title (SVG output)
     #[arg(long)]
     pub title: Option<String>,
@@ -85,9 +78,6 @@ pub struct TraceArgs {
     /// Frames as raw addresses (0x…) instead of function names, e.g. to compare with eu-stack or gdb
     #[arg(long)]
     pub addresses: bool,
-    /// Kernel memory the BPF maps may take, in MiB; past it, the maps that can be smaller are (said on stderr)
-    #[arg(long, value_name = "MIB", default_value_t = collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
 }
 
 #[derive(Args)]
@@ -394,20 +384,13 @@ impl<'a> Session<'a> {
         if let Some(out) = &a.output {
             render::format_for(out)?;
         }
-        crate::collect::features::check_environment(a.btf.as_deref())?;
-        let target = process::resolve(a.pid, a.any_process)?;
+        let target = a.target.resolve()?;
         let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {
-            pid: target.pid,
             duration: Duration::from_secs(a.duration),
             kernel_stacks: a.kernel,
-            btf: a.btf.clone(),
             unwind,
-            max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
-            announce: String::new(),
-            attached: None,
-            slices: None,
-            duty: None,
+            ..a.target.collect_options(&target)
         };
         let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
         symbolizer.preload(a.kernel);
@@ -440,7 +423,7 @@ impl<'a> Session<'a> {
         what: &str,
         palette: Palette,
     ) -> Result<()> {
-        let (a, target, ended) = (self.a, &self.target, collect::tracing_ended());
+        let (a, target, ended) = (self.a, &self.target, self.opts.stop.ended());
         let mut meta = serde_json::Map::new();
         meta.insert("pid".into(), target.pid.into());
         meta.insert("process".into(), target.comm.clone().into());

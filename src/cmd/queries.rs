@@ -2,7 +2,6 @@
 
 use std::{
     io::{BufWriter, Write},
-    sync::atomic::Ordering,
     time::Duration,
 };
 
@@ -11,7 +10,6 @@ use clap::Args;
 
 use crate::{
     client::ConnectArgs,
-    collect, process,
     query::{
         digest::Digest,
         follow::{self, FollowOptions, SampleEvery, AUTO_CPU_PER_MILLE},
@@ -22,9 +20,8 @@ use crate::{
 
 #[derive(Args, Clone)]
 pub struct QueriesArgs {
-    /// Server process to trace [default: the one running mariadbd or mysqld]
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Tracing duration in seconds [default: until Ctrl-C]
     #[arg(short = 'd', long = "duration")]
     pub duration: Option<u64>,
@@ -49,15 +46,6 @@ pub struct QueriesArgs {
     /// opened before tracing (a TLS handshake seen while tracing turns them on by itself)
     #[arg(long)]
     pub uprobes: bool,
-    /// Trace a process that is not mariadbd/mysqld
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<std::path::PathBuf>,
-    /// Kernel memory the BPF maps may take, in MiB; past it, the maps that can be smaller are (said on stderr)
-    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
     /// Walk the stacks of lock waits (for their site) by frame pointers only, without loading the process's
     /// .eh_frame tables into the kernel
     #[arg(long)]
@@ -105,14 +93,14 @@ impl QueriesArgs {
             min_statement_ns: (self.min_ms * 1e6) as u64,
             raw_sql: self.raw_sql,
             uprobes: self.uprobes,
-            btf: self.btf.clone(),
-            max_kernel_mem_mib: self.max_kernel_mem,
+            btf: self.target.btf.clone(),
+            max_kernel_mem_mib: self.target.max_kernel_mem,
             frame_pointers: self.frame_pointers,
             wait_sites: !self.no_wait_sites,
             syscall_cpu: self.syscall_cpu,
-            connect: (!self.no_sql).then(|| self.connect.clone()),
             sampling: self.sample_every,
             max_cpu_pct: self.max_cpu,
+            ..FollowOptions::new((!self.no_sql).then(|| self.connect.clone()))
         }
     }
 }
@@ -136,8 +124,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             ),
         }
     }
-    crate::collect::features::check_environment(a.btf.as_deref())?;
-    let target = process::resolve(a.pid, a.any_process)?;
+    let target = a.target.resolve()?;
     say_static_query_probes(&target.binary);
     // Looked up before the header: nothing goes to stdout on its error.
     let functions = follow::server_functions(a.uprobes, &target)?;
@@ -158,6 +145,8 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     }
     let mut last_flush_ns = 0u64;
     // Every record goes out here, once its text is known or waited for long enough.
+    let options = a.follow_options();
+    let stop = options.stop.clone();
     let emit = |record: QueryRecord| {
         if record.duration_us < min_us {
             return;
@@ -176,19 +165,12 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             if let Err(e) = written {
                 // Nobody reads any more (`| head` exited): tracing ends now, not at Ctrl-C.
                 failed = Some(e);
-                collect::STOP.store(true, Ordering::SeqCst);
+                stop.stop();
             }
         }
     };
-    let followed = follow::follow(
-        &a.follow_options(),
-        &target,
-        functions,
-        attached,
-        emit,
-        |_| {},
-    )?;
-    let ended = collect::tracing_ended();
+    let followed = follow::follow(&options, &target, functions, attached, emit, |_| {})?;
+    let ended = options.stop.ended();
     if a.summary {
         let mut rows = digest.rows();
         if followed.scale > 1.0 {

@@ -5,13 +5,12 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{client::ConnectArgs, process, query::follow::FollowOptions, report};
+use crate::{client::ConnectArgs, query::follow::FollowOptions, report};
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// Server process to trace [default: the one running mariadbd or mysqld]
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Tracing duration in seconds (Ctrl-C ends early and still writes the report)
     #[arg(short = 'd', long = "duration", default_value_t = 30)]
     pub duration: u64,
@@ -33,15 +32,6 @@ pub struct ReportArgs {
     /// Never connect to the server: no statement texts from its process list
     #[arg(long)]
     pub no_sql: bool,
-    /// Trace a process that is not mariadbd/mysqld
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<PathBuf>,
-    /// Kernel memory the BPF maps of each collector may take, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -61,8 +51,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
             dir.display()
         );
     }
-    crate::collect::features::check_environment(a.btf.as_deref())?;
-    let target = process::resolve(a.pid, a.any_process)?;
+    let target = a.target.resolve()?;
     let options = report::Options {
         duration: Duration::from_secs(a.duration),
         frequency: a.frequency,
@@ -70,8 +59,8 @@ pub fn run(a: ReportArgs) -> Result<()> {
         top: a.top,
         queries: FollowOptions {
             raw_sql: a.raw_sql,
-            btf: a.btf.clone(),
-            max_kernel_mem_mib: a.max_kernel_mem,
+            btf: a.target.btf.clone(),
+            max_kernel_mem_mib: a.target.max_kernel_mem,
             ..FollowOptions::new((!a.no_sql).then_some(a.connect))
         },
     };
@@ -82,7 +71,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
         "myprobe: wrote {} ({} KiB); results written in {} ms after tracing ended",
         a.output.display(),
         page.len() / 1024,
-        crate::collect::tracing_ended().elapsed().as_millis()
+        options.queries.stop.ended().elapsed().as_millis()
     );
     for f in &r.findings {
         say!("  {f}");

@@ -14,9 +14,8 @@ use crate::{
 
 #[derive(Args)]
 pub struct StacksArgs {
-    /// Server process [default: the one running mariadbd or mysqld]
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Read the threads of a core file (the kernel's or gdb's gcore) instead of a running process
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "kernel", "frame_pointers", "btf"])]
     pub core: Option<PathBuf>,
@@ -48,15 +47,6 @@ pub struct StacksArgs {
     /// Walk stacks by frame pointers only, without loading the process's .eh_frame tables into the kernel
     #[arg(long)]
     pub frame_pointers: bool,
-    /// Read a process that is not mariadbd/mysqld
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<PathBuf>,
-    /// Kernel memory the BPF maps may take, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -103,7 +93,12 @@ pub fn run(a: StacksArgs) -> Result<()> {
         return write_output(&a, format, &r.threads);
     }
     if let Some(core) = &a.core {
-        let c = stacks::core::read(core, a.exe.as_deref(), a.root.as_deref(), a.any_process)?;
+        let c = stacks::core::read(
+            core,
+            a.exe.as_deref(),
+            a.root.as_deref(),
+            a.target.any_process,
+        )?;
         for w in &c.warnings {
             say!("myprobe: warning: {w}");
         }
@@ -138,8 +133,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
     if a.root.is_some() {
         bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
     }
-    crate::collect::features::check_environment(a.btf.as_deref())?;
-    let target = process::resolve(a.pid, a.any_process)?;
+    let target = a.target.resolve()?;
     // Asked first: a server that does not answer is said, and the threads are read all the same.
     let statements = if a.no_sql {
         None
@@ -169,16 +163,10 @@ pub fn run(a: StacksArgs) -> Result<()> {
         }
     };
     let opts = CollectOptions {
-        pid: target.pid,
         duration: std::time::Duration::ZERO,
         kernel_stacks: a.kernel,
-        btf: a.btf.clone(),
         unwind,
-        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: None,
-        slices: None,
-        duty: None,
+        ..a.target.collect_options(&target)
     };
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;

@@ -3,7 +3,6 @@
 
 use std::{
     io::{IsTerminal, Write},
-    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -12,7 +11,7 @@ use clap::Args;
 
 use crate::{
     client::{self, Client, ConnectArgs},
-    collect::{install_stop_handler, STOP},
+    collect::{install_stop_handler, interrupted},
     process, stat,
 };
 
@@ -84,7 +83,7 @@ pub fn run(a: StatArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     while a.count.is_none_or(|c| printed < c) {
         while Instant::now() < next {
-            if STOP.load(Ordering::SeqCst) {
+            if interrupted() {
                 return Ok(());
             }
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(100)));

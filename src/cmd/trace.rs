@@ -40,9 +40,8 @@ pub struct TraceArgs {
     /// and its libraries, and exit
     #[arg(long, value_name = "PATTERN")]
     pub list: Option<String>,
-    /// Server process [default: the one running mariadbd or mysqld]
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Option<u32>,
+    #[command(flatten)]
+    pub target: crate::cmd::TargetArgs,
     /// Tracing duration in seconds (Ctrl-C ends early and still writes results)
     #[arg(short = 'd', long = "duration", default_value_t = 10)]
     pub duration: u64,
@@ -77,18 +76,9 @@ pub struct TraceArgs {
     /// `.json`)
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
-    /// Trace a process that is not mariadbd/mysqld (e.g. a test program)
-    #[arg(long)]
-    pub any_process: bool,
-    /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<PathBuf>,
     /// With --by stack: walk stacks by frame pointers only
     #[arg(long)]
     pub frame_pointers: bool,
-    /// Kernel memory the BPF maps may take, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = collect::budget::DEFAULT_MIB)]
-    pub max_kernel_mem: u64,
 }
 
 pub fn run(a: TraceArgs) -> Result<()> {
@@ -119,8 +109,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
         }
     }
     anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
-    crate::collect::features::check_environment(a.btf.as_deref())?;
-    let target = process::resolve(a.pid, a.any_process)?;
+    let target = a.target.resolve()?;
     let mut modules = Modules::of_process(target.pid, &target.exe, &target.binary)?;
 
     if let Some(pattern) = &a.list {
@@ -174,12 +163,8 @@ pub fn run(a: TraceArgs) -> Result<()> {
         format!("{} probes", options.probes.len())
     };
     let opts = CollectOptions {
-        pid: target.pid,
         duration: Duration::from_secs(a.duration),
-        kernel_stacks: false,
-        btf: a.btf.clone(),
         unwind,
-        max_kernel_mem: a.max_kernel_mem.saturating_mul(1 << 20),
         announce: format!(
             "myprobe: tracing {what} in {target}{} for {} s; Ctrl-C ends early",
             if a.inside {
@@ -189,9 +174,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
             },
             a.duration
         ),
-        attached: None,
-        slices: None,
-        duty: None,
+        ..a.target.collect_options(&target)
     };
     if options.probes.len() > 1 {
         say!(
@@ -251,7 +234,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
         .map(|s| s.calls)
         .fold(0, u64::saturating_add);
     say!("myprobe: {calls} calls traced in {secs:.1} s");
-    let ended = collect::tracing_ended();
+    let ended = opts.stop.ended();
     if traced.too_deep > 0 {
         say!(
             "myprobe: note: {} calls nested more than 8 deep in traced functions were not timed",

@@ -209,6 +209,7 @@ impl<R: FnMut(&Collected)> Alloc<'_, R> {
 impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
     type Skel = Skeleton;
     const NAME: &'static str = "profile alloc";
+    const KIND: super::Kind = super::Kind::Alloc;
 
     fn columns(&self) -> Vec<String> {
         vec!["bytes".into(), "calls".into()]

@@ -30,6 +30,7 @@ struct Cpu {
 impl Collector for Cpu {
     type Skel = Skeleton;
     const NAME: &'static str = "profile cpu";
+    const KIND: super::Kind = super::Kind::Cpu;
 
     fn columns(&self) -> Vec<String> {
         vec!["samples".into()]

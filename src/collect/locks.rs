@@ -33,6 +33,7 @@ struct Locks;
 impl Collector for Locks {
     type Skel = Skeleton;
     const NAME: &'static str = "profile locks";
+    const KIND: super::Kind = super::Kind::Locks;
 
     fn columns(&self) -> Vec<String> {
         let buckets = skel::types::lock_wait::default().hist.len();

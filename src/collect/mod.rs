@@ -36,19 +36,106 @@ use anyhow::{Context, Result};
 use libbpf_rs::{skel::SkelBuilder, OpenObject};
 
 pub use features::Features;
-pub use ring::tracing_ended;
 
 use crate::unwind::ProcessTables;
 
-/// Set by Ctrl-C (or SIGTERM): tracing ends early and results are still written.
-pub static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by Ctrl-C (or SIGTERM), for every run of the process: a signal handler has no other place to write to.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C handler once; a second Ctrl-C while results are being written is ignored.
 pub fn install_stop_handler() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
-        let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+        let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
     });
+}
+
+/// Whether Ctrl-C (or SIGTERM) came: what ends a command that runs no collector (`stat`, `pfs`, the agent).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Ends a run of collectors, and tells when it ended. One per run, cloned into each collector of it (the
+/// clones share it): the command that runs several ends them all at once, a collector whose results nobody
+/// reads any more ends its own run, and Ctrl-C ends every run.
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    stopped: Arc<AtomicBool>,
+    ended: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl Stop {
+    /// A run not stopped yet. Ctrl-C stops it once the handler is installed, by [`open_object`] before
+    /// anything is attached (not here: the agent installs it after choosing its threads' scheduling, which the
+    /// handler's thread inherits).
+    pub fn new() -> Stop {
+        Stop::default()
+    }
+
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst) || interrupted()
+    }
+
+    /// Notes that tracing ended now (the last of its collectors to end says it).
+    pub fn mark_ended(&self) {
+        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// When tracing ended: what "results within N ms after tracing ended" counts from, the maps read after it
+    /// included. Now, if it has not ended.
+    pub fn ended(&self) -> std::time::Instant {
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::time::Instant::now)
+    }
+}
+
+/// The collectors, as the commands that run several at once name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Cpu,
+    Offcpu,
+    Locks,
+    Alloc,
+    Syscalls,
+    Statements,
+    Trace,
+}
+
+impl Kind {
+    /// The stack collectors that `report` and the agent run.
+    pub const PROFILES: [Kind; 3] = [Kind::Cpu, Kind::Offcpu, Kind::Locks];
+
+    /// Its short name: `cpu`, `offcpu`, …, `queries` (as files and metrics name it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Cpu => "cpu",
+            Kind::Offcpu => "offcpu",
+            Kind::Locks => "locks",
+            Kind::Alloc => "alloc",
+            Kind::Syscalls => "syscalls",
+            Kind::Statements => "queries",
+            Kind::Trace => "trace",
+        }
+    }
+
+    /// What it traces, for people.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Cpu => "on-CPU",
+            Kind::Offcpu => "off-CPU",
+            Kind::Locks => "lock waits",
+            Kind::Alloc => "allocations",
+            Kind::Syscalls => "syscalls",
+            Kind::Statements => "statements",
+            Kind::Trace => "functions",
+        }
+    }
 }
 
 /// What every collector needs to know.
@@ -66,12 +153,16 @@ pub struct CollectOptions {
     /// tests can wait for.
     pub announce: String,
     /// Told the collector's name once its probes are in place, by a command that runs several at once.
-    pub attached: Option<std::sync::mpsc::Sender<&'static str>>,
+    pub attached: Option<std::sync::mpsc::Sender<Kind>>,
     /// Sums moved out while tracing goes on (`myprobe agent`); `None`: read once, when tracing ends.
     pub slices: Option<Slices>,
     /// Attached for one period in N only (`myprobe agent`; `myprobe queries`, with N chosen from the rate of
     /// statements), the sums scaled by N; `None`: all the time.
     pub duty: Option<periods::Duty>,
+    /// Ends the run this collector is part of.
+    pub stop: Stop,
+    /// How the ring buffer is read: progress, wakeups.
+    pub ring: ring::RingOptions,
 }
 
 /// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a
@@ -84,13 +175,31 @@ pub struct Slices {
 
 /// A collector's sums of the time since the slice before. Its `lost` counts from the attaching.
 pub struct Slice {
-    pub collector: &'static str,
+    pub collector: Kind,
     /// When it was taken: what it covers ends here.
     pub at: std::time::Instant,
     pub collected: Collected,
 }
 
 impl CollectOptions {
+    /// Options to trace `pid` until stopped, with nothing else asked: the rest is set field by field.
+    pub fn new(pid: u32, btf: Option<PathBuf>, max_kernel_mem: u64, stop: Stop) -> CollectOptions {
+        CollectOptions {
+            pid,
+            duration: Duration::MAX,
+            kernel_stacks: false,
+            btf,
+            unwind: None,
+            max_kernel_mem,
+            announce: String::new(),
+            attached: None,
+            slices: None,
+            duty: None,
+            stop,
+            ring: ring::RingOptions::default(),
+        }
+    }
+
     /// The features of the running kernel.
     pub fn features(&self) -> Features {
         Features::of_kernel(self.btf.as_deref())

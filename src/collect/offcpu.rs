@@ -113,6 +113,7 @@ struct Offcpu {
 impl Collector for Offcpu {
     type Skel = Skeleton;
     const NAME: &'static str = "profile offcpu";
+    const KIND: super::Kind = super::Kind::Offcpu;
 
     fn columns(&self) -> Vec<String> {
         ["blocked_ns", "runnable_ns", "periods"]

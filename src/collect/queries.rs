@@ -405,7 +405,7 @@ pub fn collect(
     // The execution probe, since when it is no longer wanted, and whether attaching it failed.
     let (mut execute_link, mut unwanted_since) = (None::<Link>, None::<Instant>);
     let mut execute_failed = false;
-    let result = ring::poll(&reader, opts.duration, |elapsed| {
+    let result = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
         if dispatch_links.is_empty() {
             attach_dispatch(&skel.progs, &mut dispatch_links)?;
             if !dispatch_links.is_empty() {

@@ -3,31 +3,47 @@
 
 use std::{
     io::IsTerminal,
-    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
 
-use super::STOP;
+use super::Stop;
 
-/// Whether [`poll`] shows its progress line on a terminal: off while a command runs several collectors at once
-/// and shows one line for all of them (`myprobe report`).
-pub static SHOW_PROGRESS: AtomicBool = AtomicBool::new(true);
+/// How [`poll`] reads a ring buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct RingOptions {
+    /// Whether it shows its progress line on a terminal: off where a command runs several collectors at once and
+    /// shows one line for all of them (`myprobe report`).
+    pub progress: bool,
+    /// Whether it says that the traced process exited: off where the command says it once for all its collectors.
+    pub say_exit: bool,
+    /// The longest it waits between ticks: 100 ms where records are written as they come and progress is shown;
+    /// the agent, which answers in seconds, waits 1 s, so that its readers wake a busy server's CPUs less (every
+    /// wakeup of a tracer thread there takes a CPU from a server thread).
+    pub interval: Duration,
+}
 
-/// Whether [`poll`] says that the traced process exited: off where the command says it once for all its
-/// collectors.
-pub static SAY_EXIT: AtomicBool = AtomicBool::new(true);
+impl Default for RingOptions {
+    fn default() -> RingOptions {
+        RingOptions {
+            progress: true,
+            say_exit: true,
+            interval: Duration::from_millis(100),
+        }
+    }
+}
 
-/// The longest [`poll`] waits between ticks, in ms: 100 where records are written as they come and progress is
-/// shown; the agent, which answers in seconds, sets 1 s, so that its readers wake a busy server's CPUs less
-/// (every wakeup of a tracer thread there takes a CPU from a server thread).
-static POLL_INTERVAL_MS: AtomicU64 = AtomicU64::new(100);
-
-/// Sets how long [`poll`] waits at most between ticks (see [`POLL_INTERVAL_MS`]).
-pub fn set_poll_interval(interval: Duration) {
-    POLL_INTERVAL_MS.store(interval.as_millis().max(1) as u64, Ordering::Relaxed);
+impl RingOptions {
+    /// For a collector that runs beside others, under a command that shows progress and says an exit once.
+    pub fn quiet(interval: Duration) -> RingOptions {
+        RingOptions {
+            progress: false,
+            say_exit: false,
+            interval,
+        }
+    }
 }
 
 /// What a tick of [`poll`] returns: its status line, and when the next tick is due if sooner than the poll
@@ -35,17 +51,6 @@ pub fn set_poll_interval(interval: Duration) {
 pub struct Tick {
     pub status: String,
     pub due: Option<Instant>,
-}
-
-static TRACING_ENDED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-
-/// When the last tracing of this process ended (the end of `poll_ring`): what "results within N ms after
-/// tracing ended" counts from, maps read after it included. Now, if no tracing ended.
-pub fn tracing_ended() -> Instant {
-    TRACING_ENDED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or_else(Instant::now)
 }
 
 /// A reader of a ring buffer calling `on_event` for every record.
@@ -63,22 +68,24 @@ pub fn reader<'cb>(
     builder.build().context("setting up the ring buffer reader")
 }
 
-/// Reads `ring` until `duration` passes, Ctrl-C, or the traced process exits, then what is left. `tick` runs after
-/// every poll (at least every poll interval, 100 ms unless [`set_poll_interval`], and by the time it asks) and
-/// returns a status line, shown once a second on a terminal. Returns the time traced. The programs stay attached
-/// until the caller drops them.
+/// Reads `ring` until `duration` passes, the run stops (Ctrl-C included), or the traced process exits, then what
+/// is left; notes when tracing ended in `stop`. `tick` runs after every poll (at least every `options.interval`,
+/// and by the time it asks) and returns a status line, shown once a second on a terminal. Returns the time
+/// traced. The programs stay attached until the caller drops them.
 pub fn poll(
     ring: &RingBuffer<'_>,
     duration: Duration,
+    stop: &Stop,
+    options: RingOptions,
     mut tick: impl FnMut(Duration) -> Result<Tick>,
 ) -> Result<Duration> {
     let started = Instant::now();
-    let show_progress = std::io::stderr().is_terminal() && SHOW_PROGRESS.load(Ordering::Relaxed);
+    let show_progress = std::io::stderr().is_terminal() && options.progress;
     let mut last_progress = started;
     let mut last_check = started;
-    let interval = Duration::from_millis(POLL_INTERVAL_MS.load(Ordering::Relaxed));
+    let interval = options.interval;
     let mut due: Option<Instant> = None;
-    while !STOP.load(Ordering::SeqCst) {
+    while !stop.is_stopped() {
         let left = duration.saturating_sub(started.elapsed());
         if left.is_zero() {
             break;
@@ -86,7 +93,7 @@ pub fn poll(
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
             if let Some(pid) = crate::process::target_exited() {
-                if SAY_EXIT.load(Ordering::Relaxed) {
+                if options.say_exit {
                     if show_progress {
                         say!();
                     }
@@ -117,7 +124,7 @@ pub fn poll(
         }
     }
     let traced = started.elapsed();
-    *TRACING_ENDED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    stop.mark_ended();
     ring.consume().context("reading the ring buffer")?;
     if show_progress {
         say!();

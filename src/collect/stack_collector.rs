@@ -229,6 +229,8 @@ pub trait Collector {
     type Skel: StackSkeleton;
     /// How progress lines and errors name it: "profile cpu".
     const NAME: &'static str;
+    /// Which it is, for a command that runs several.
+    const KIND: super::Kind;
 
     /// The names of the values of its rows.
     fn columns(&self) -> Vec<String>;
@@ -430,7 +432,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         say!("{}", opts.announce);
     }
     if let Some(attached) = &opts.attached {
-        let _ = attached.send(C::NAME);
+        let _ = attached.send(C::KIND);
     }
 
     let stacks = RefCell::new(Stacks::default());
@@ -438,7 +440,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         stacks.borrow_mut().add_record::<C::Skel>(data);
     })?;
     let mut last_slice = Instant::now();
-    let traced = ring::poll(&reader, opts.duration, |elapsed| {
+    let traced = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
         // Sampled: detached between periods, attached again by section (what offcpu and locks attach),
         // their threads' state from before left stale.
         if let Some(p) = periods.as_mut() {
@@ -467,12 +469,12 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
             let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since);
             // The receiver gone: whoever wanted the slices has stopped.
             let slice = super::Slice {
-                collector: C::NAME,
+                collector: C::KIND,
                 at: last_slice,
                 collected: slice?,
             };
             if slices.send.send(slice).is_err() {
-                super::STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+                opts.stop.stop();
             }
         }
         let lost = C::Skel::lost(&skel).total();

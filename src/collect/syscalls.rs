@@ -64,6 +64,7 @@ struct Syscalls {
 impl Collector for Syscalls {
     type Skel = Skeleton;
     const NAME: &'static str = "profile syscalls";
+    const KIND: super::Kind = super::Kind::Syscalls;
 
     fn columns(&self) -> Vec<String> {
         ["calls", "total_ns", "max_ns", "errors"]

@@ -5,7 +5,6 @@
 
 use std::{
     path::PathBuf,
-    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -15,7 +14,7 @@ use libbpf_rs::{Link, MapCore, UprobeMultiOpts, UprobeOpts, UsdtOpts};
 use super::{
     maps::{for_each_typed, Plain},
     stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
-    CollectOptions, Collected, Features, STOP,
+    CollectOptions, Collected, Features,
 };
 use crate::process::probes::EntryProbe;
 
@@ -147,6 +146,7 @@ pub fn collect(opts: &CollectOptions, trace: &TraceOptions) -> Result<Traced> {
     let mut c = Trace {
         trace,
         pid: opts.pid as i32,
+        stop: opts.stop.clone(),
         links: Vec::new(),
         sessions: true,
         rate: None,
@@ -167,6 +167,7 @@ pub fn collect(opts: &CollectOptions, trace: &TraceOptions) -> Result<Traced> {
 struct Trace<'a> {
     trace: &'a TraceOptions,
     pid: i32,
+    stop: super::Stop,
     /// The timing probes, dropped first when tracing ends (return probes before entry probes).
     links: Vec<Link>,
     /// Functions timed by uprobe sessions in uprobe_multi links (6.13); else by an entry and a return probe each.
@@ -278,7 +279,7 @@ impl Trace<'_> {
             false,
         )?;
         let started = Instant::now();
-        while started.elapsed() < RATE_WINDOW && !STOP.load(Ordering::SeqCst) {
+        while started.elapsed() < RATE_WINDOW && !self.stop.is_stopped() {
             std::thread::sleep(Duration::from_millis(10));
         }
         drop(links);
@@ -308,6 +309,7 @@ impl Trace<'_> {
 impl Collector for Trace<'_> {
     type Skel = Skeleton;
     const NAME: &'static str = "trace";
+    const KIND: super::Kind = super::Kind::Trace;
 
     fn columns(&self) -> Vec<String> {
         vec!["calls".into(), "total_ns".into()]

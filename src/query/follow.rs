@@ -51,6 +51,10 @@ pub struct FollowOptions {
     pub sampling: SampleEvery,
     /// `SampleEvery::Auto`'s budget: the share of one CPU, in percent, that following statements may take.
     pub max_cpu_pct: f64,
+    /// Ends the run (the command's, or that of the collectors this one runs beside).
+    pub stop: collect::Stop,
+    /// How its ring buffer is read.
+    pub ring: collect::ring::RingOptions,
 }
 
 impl FollowOptions {
@@ -70,6 +74,8 @@ impl FollowOptions {
             connect,
             sampling: SampleEvery::Every(1),
             max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
+            stop: collect::Stop::new(),
+            ring: collect::ring::RingOptions::default(),
         }
     }
 }
@@ -285,16 +291,16 @@ pub fn follow(
     };
     let duty = a.sampling.duty(a.max_cpu_pct);
     let opts = CollectOptions {
-        pid: target.pid,
         duration: a.duration.unwrap_or(Duration::MAX),
-        kernel_stacks: false,
-        btf: a.btf.clone(),
         unwind,
-        max_kernel_mem: a.max_kernel_mem_mib.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: None,
-        slices: None,
         duty,
+        ring: a.ring,
+        ..CollectOptions::new(
+            target.pid,
+            a.btf.clone(),
+            a.max_kernel_mem_mib.saturating_mul(1 << 20),
+            a.stop.clone(),
+        )
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let wanted = Cell::new(a.uprobes);

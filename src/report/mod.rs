@@ -3,8 +3,8 @@
 //! (`html.rs`) with a few sentences naming the dominant costs (`findings.rs`).
 //!
 //! Each collector runs in a thread of its own, with its own BPF object, as its own command would; they start
-//! together (tracing begins once every one is attached) and all end at the same moment, when the main thread
-//! sets [`collect::STOP`]. What they found is symbolized once, in the main thread, with one symbolizer.
+//! together (tracing begins once every one is attached, `runner`) and all end at the same moment, when the main
+//! thread stops their run. What they found is symbolized once, in the main thread, with one symbolizer.
 
 pub mod findings;
 pub mod html;
@@ -12,14 +12,14 @@ pub mod html;
 use std::{
     cell::RefCell,
     io::IsTerminal,
-    sync::{atomic::Ordering, mpsc},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{self, CollectOptions, Collected},
+    collect::{self, ring::RingOptions, CollectOptions, Collected, Kind, Stop},
     process::{self, Target},
     profile::{
         self,
@@ -28,8 +28,9 @@ use crate::{
         Profile,
     },
     query::digest::{Digest, DigestRow},
-    query::follow::{self, FollowOptions, Followed},
+    query::follow::{FollowOptions, Followed},
     render::{self, Palette, RenderOptions},
+    runner::{self, Plan},
     stacks::ThreadStack,
     symbolize::{data::DataSymbolizer, Symbolizer},
     unwind::ProcessTables,
@@ -82,158 +83,51 @@ pub struct Report {
     pub top: usize,
 }
 
-/// What the collector threads found, before symbolization.
-#[derive(Default)]
+/// What the collectors found, before symbolization.
 struct Found {
-    cpu: Option<Result<Collected>>,
-    offcpu: Option<Result<Collected>>,
-    locks: Option<Result<Collected>>,
-    statements: Option<Result<(Digest, Followed)>>,
+    profiles: Vec<(Kind, Result<Collected>)>,
+    statements: Result<(Digest, Followed)>,
+    traced: Duration,
+    started: std::time::SystemTime,
+    tables: Option<ProcessTables>,
 }
-
-/// The number of collectors [`trace`] runs at once.
-const COLLECTORS: usize = 4;
 
 /// Traces `target` with every collector at once for `o.duration` (or until Ctrl-C, or the server exits),
 /// then reads its threads once, and puts the report together.
 pub fn trace(target: &Target, o: &Options) -> Result<Report> {
-    collect::install_stop_handler();
-    // One progress line for all collectors, said here.
-    collect::ring::SHOW_PROGRESS.store(false, Ordering::Relaxed);
-    collect::ring::SAY_EXIT.store(false, Ordering::Relaxed);
-    // The unwind tables are read once and copied into each collector's maps.
-    let tables = ProcessTables::for_tracing(target.pid, false)?.map(RefCell::into_inner);
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(false);
     let mut lock_names =
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
-    let options = |attached: &mpsc::Sender<&'static str>| CollectOptions {
-        pid: target.pid,
-        // Ended by the main thread, for all collectors at once.
-        duration: Duration::MAX,
-        kernel_stacks: false,
-        btf: o.queries.btf.clone(),
-        unwind: tables.clone().map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: Some(attached.clone()),
-        slices: None,
-        duty: None,
-    };
-    // Before any collector starts: an error here must not leave them running.
-    let functions = follow::server_functions(o.queries.uprobes, target)?;
-    let (tx, attached) = mpsc::channel::<&'static str>();
-    let mut found = Found::default();
-    let started_at = std::time::SystemTime::now();
-    let mut traced = Duration::ZERO;
-    std::thread::scope(|s| -> Result<()> {
-        let (cpu_opts, offcpu_opts, locks_opts) = (options(&tx), options(&tx), options(&tx));
-        let cpu = s.spawn(move || collect::cpu::collect(&cpu_opts, o.frequency));
-        let offcpu = s.spawn(move || {
-            let offcpu = collect::offcpu::Options {
-                min_block_us: o.min_block_us,
-                ..Default::default()
-            };
-            collect::offcpu::collect(&offcpu_opts, offcpu).map(|(c, _)| c)
-        });
-        let locks = s.spawn(move || collect::locks::collect(&locks_opts));
-        let statements_tx = tx.clone();
-        let statements = s.spawn(move || {
-            let mut digest = Digest::default();
-            let attached = || {
-                let _ = statements_tx.send("queries");
-            };
-            follow::follow(
-                &o.queries,
-                target,
-                functions,
-                attached,
-                |r| digest.add(&r),
-                |_| {},
-            )
-            .map(|f| (digest, f))
-        });
-        drop(tx);
-        let running = || {
-            [
-                cpu.is_finished(),
-                offcpu.is_finished(),
-                locks.is_finished(),
-                statements.is_finished(),
-            ]
-            .iter()
-            .filter(|&&f| !f)
-            .count()
-        };
-        // Tracing starts when every collector that could start is attached.
-        let mut ready = 0;
-        while ready < running() && !collect::STOP.load(Ordering::SeqCst) {
-            if let Ok(_name) = attached.recv_timeout(Duration::from_millis(100)) {
-                ready += 1;
-            }
-        }
-        // Nothing attached: what each collector said is the error, at once.
-        if ready > 0 {
-            say!(
-                "myprobe: tracing {target} with {ready} of {COLLECTORS} collectors (on-CPU at {} Hz, off-CPU, \
-                 lock waits, statements) for {} s; Ctrl-C ends early",
-                o.frequency,
-                o.duration.as_secs()
-            );
-            traced = wait(o.duration);
-        }
-        collect::STOP.store(true, Ordering::SeqCst);
-        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Collected>>| {
-            h.join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the collector panicked")))
-        };
-        found.cpu = Some(join(cpu));
-        found.offcpu = Some(join(offcpu));
-        found.locks = Some(join(locks));
-        found.statements = Some(
-            statements
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the statements' tracer panicked"))),
-        );
-        Ok(())
-    })?;
-    let ended = collect::tracing_ended();
+    let found = run_collectors(target, o)?;
+    let ended = o.queries.stop.ended();
     say!("myprobe: tracing ended; reading the threads and writing the report");
 
     let mut missing = Vec::new();
-    let mut take = |what: &str, r: Option<Result<Collected>>| match r {
-        Some(Ok(c)) => Some(c),
-        Some(Err(e)) => {
-            say!("myprobe: warning: {what} not traced: {e:#}");
-            missing.push(format!("{what}: not traced: {e:#}"));
-            None
+    let mut collected = Vec::new();
+    for (kind, result) in found.profiles {
+        match result {
+            Ok(c) => collected.push((kind, c)),
+            Err(e) => not_traced(kind, &e, &mut missing),
         }
-        None => None,
-    };
-    let cpu = take("on-CPU profile", found.cpu);
-    let offcpu = take("off-CPU profile", found.offcpu);
-    let locks = take("lock waits", found.locks);
+    }
     let statements = match found.statements {
-        Some(Ok((digest, followed))) => {
+        Ok((digest, followed)) => {
             followed.say_notes();
             Some(Statements {
                 rows: digest.rows(),
                 followed,
             })
         }
-        Some(Err(e)) => {
-            say!("myprobe: warning: statements not traced: {e:#}");
-            missing.push(format!("statements: not traced: {e:#}"));
+        Err(e) => {
+            not_traced(Kind::Statements, &e, &mut missing);
             None
         }
-        None => None,
     };
-
-    if cpu.is_none() && offcpu.is_none() && locks.is_none() && statements.is_none() {
+    if collected.is_empty() && statements.is_none() {
         anyhow::bail!("nothing could be traced: {}", missing.join("; "));
     }
-    let threads = snapshot(target, o, tables, &mut missing);
-
+    let threads = snapshot(target, o, found.tables, &mut missing);
     let mut namer = StackNamer::new(
         &mut symbolizer,
         StackOptions {
@@ -243,28 +137,34 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         },
     );
     let mut profiles = Vec::new();
-    if let Some(c) = &cpu {
-        let profile = stacks::on_cpu(c, &mut namer);
-        let title = format!("On-CPU: {target}, {} Hz", o.frequency);
-        profiles.push(section("cpu", title, profile, c, Palette::Hot)?);
-    }
-    if let Some(c) = &offcpu {
-        let profile = stacks::off_cpu(c, &mut namer);
-        let title = format!("Off-CPU time (µs): {target}");
-        profiles.push(section("offcpu", title, profile, c, Palette::Io)?);
-    }
     let mut lock_table = Vec::new();
-    if let Some(c) = &locks {
-        let (profile, summaries) = profile::locks::summarize(c, &mut namer, &mut lock_names);
-        lock_table = summaries;
-        let title = format!("Lock waits (µs), lock as root: {target}");
-        profiles.push(section("locks", title, profile, c, Palette::Io)?);
+    for (kind, c) in &collected {
+        let (profile, title, palette) = match kind {
+            Kind::Cpu => (
+                stacks::on_cpu(c, &mut namer),
+                format!("On-CPU: {target}, {} Hz", o.frequency),
+                Palette::Hot,
+            ),
+            Kind::Offcpu => (
+                stacks::off_cpu(c, &mut namer),
+                format!("Off-CPU time (µs): {target}"),
+                Palette::Io,
+            ),
+            _ => {
+                let (profile, summaries) =
+                    profile::locks::summarize(c, &mut namer, &mut lock_names);
+                lock_table = summaries;
+                let title = format!("Lock waits (µs), lock as root: {target}");
+                (profile, title, Palette::Io)
+            }
+        };
+        profiles.push(section(kind.name(), title, profile, c, palette)?);
     }
     let mut report = Report {
         target: target.to_string(),
         host: hostname(),
-        started: rfc3339(started_at),
-        traced,
+        started: rfc3339(found.started),
+        traced: found.traced,
         profiles,
         statements,
         locks: lock_table,
@@ -281,12 +181,84 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
     Ok(report)
 }
 
+fn not_traced(kind: Kind, e: &anyhow::Error, missing: &mut Vec<String>) {
+    say!("myprobe: warning: {} not traced: {e:#}", kind.label());
+    missing.push(format!("{}: not traced: {e:#}", kind.label()));
+}
+
+/// Runs every collector until `o.duration` has passed since all that could attach did (or Ctrl-C, or the
+/// server's exit), then ends them all at once.
+fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
+    let (attached_tx, attached) = mpsc::channel();
+    let plan = Plan {
+        target,
+        frequency: o.frequency,
+        min_block_us: o.min_block_us,
+        preempted_leaf_only: false,
+        duty: None,
+        // One progress line for all collectors, said here.
+        statements: FollowOptions {
+            ring: RingOptions::quiet(RingOptions::default().interval),
+            ..o.queries.clone()
+        },
+        slices: None,
+        attached: Some(attached_tx),
+    };
+    let stop = plan.stop().clone();
+    // Before any collector starts: an error here must not leave them running.
+    let prepared = runner::prepare(&plan)?;
+    let started = std::time::SystemTime::now();
+    let mut digest = Digest::default();
+    let (profiles, statements, traced) = std::thread::scope(|s| {
+        let running = runner::start(
+            s,
+            &plan,
+            prepared.tables.as_ref(),
+            prepared.functions,
+            |r| digest.add(&r),
+            |_| {},
+        );
+        // Tracing starts when every collector that could start is attached.
+        let mut ready = 0;
+        while ready < running.running() && !stop.is_stopped() {
+            if attached.recv_timeout(runner::ATTACH_POLL).is_ok() {
+                ready += 1;
+            }
+        }
+        let mut traced = Duration::ZERO;
+        // Nothing attached: what each collector said is the error, at once.
+        if ready > 0 {
+            say!(
+                "myprobe: tracing {target} with {ready} of {} collectors (on-CPU at {} Hz, off-CPU, lock waits, \
+                 statements) for {} s; Ctrl-C ends early",
+                running.profiles.len() + 1,
+                o.frequency,
+                o.duration.as_secs()
+            );
+            traced = wait(o.duration, &stop);
+        }
+        stop.stop();
+        let profiles: Vec<_> = (running.profiles.into_iter())
+            .map(|(kind, h)| (kind, runner::joined(h, kind)))
+            .collect();
+        let followed = runner::joined(running.statements, Kind::Statements);
+        (profiles, followed, traced)
+    });
+    Ok(Found {
+        profiles,
+        statements: statements.map(|f| (digest, f)),
+        traced,
+        started,
+        tables: prepared.tables,
+    })
+}
+
 /// Waits for `duration`, Ctrl-C or the traced process's exit, showing progress; returns the time waited.
-fn wait(duration: Duration) -> Duration {
+fn wait(duration: Duration, stop: &Stop) -> Duration {
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
     let mut said = started;
-    while !collect::STOP.load(Ordering::SeqCst) && started.elapsed() < duration {
+    while !stop.is_stopped() && started.elapsed() < duration {
         std::thread::sleep(
             Duration::from_millis(100).min(duration - started.elapsed().min(duration)),
         );
@@ -324,16 +296,14 @@ fn snapshot(
     missing: &mut Vec<String>,
 ) -> Vec<ThreadStack> {
     let opts = CollectOptions {
-        pid: target.pid,
         duration: Duration::ZERO,
-        kernel_stacks: false,
-        btf: o.queries.btf.clone(),
         unwind: tables.map(RefCell::new),
-        max_kernel_mem: o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
-        announce: String::new(),
-        attached: None,
-        slices: None,
-        duty: None,
+        ..CollectOptions::new(
+            target.pid,
+            o.queries.btf.clone(),
+            o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
+            o.queries.stop.clone(),
+        )
     };
     let snapshot = match collect::threads::snapshot(&opts) {
         Ok(s) if !s.threads.is_empty() && process::target_exited().is_none() => s,

@@ -1,0 +1,163 @@
+//! Several collectors on one server at once: on-CPU, off-CPU and lock waits (each in a thread of its own with its
+//! own BPF object and a copy of the unwind tables) and the statements (`query::follow`), under one [`Stop`].
+//! `myprobe report` runs them for a time and reads what they found when they end; the agent runs them until the
+//! server exits, and reads their sums as they go ([`Plan::slices`]).
+
+use std::{
+    cell::RefCell,
+    sync::mpsc,
+    thread::{Scope, ScopedJoinHandle},
+    time::Duration,
+};
+
+use anyhow::Result;
+
+use crate::{
+    collect::{self, periods::Duty, CollectOptions, Collected, Kind, Lost, Slices, Stop},
+    process::Target,
+    query::{
+        follow::{self, FollowOptions, Followed, ServerFunctions},
+        QueryRecord,
+    },
+    unwind::ProcessTables,
+};
+
+/// What to run, and how.
+pub struct Plan<'a> {
+    pub target: &'a Target,
+    /// On-CPU sampling frequency, Hz.
+    pub frequency: u64,
+    pub min_block_us: u64,
+    /// Off-CPU: a preempted thread at a new site keeps its instruction alone, not unwound (the agent's choice,
+    /// bench/README.md).
+    pub preempted_leaf_only: bool,
+    /// Off-CPU and lock waits attached one period in N.
+    pub duty: Option<Duty>,
+    /// The statements' options; their `btf`, `max_kernel_mem_mib`, `stop` and `ring` are every collector's.
+    pub statements: FollowOptions,
+    /// The stack collectors' sums moved out while they trace; `None`: read when they end.
+    pub slices: Option<Slices>,
+    /// Told each collector once its probes are in place.
+    pub attached: Option<mpsc::Sender<Kind>>,
+}
+
+/// What the collectors share, read before any starts: an error here leaves nothing running.
+pub struct Prepared {
+    pub tables: Option<ProcessTables>,
+    pub functions: ServerFunctions,
+}
+
+/// Reads the unwind tables (copied into each collector's maps) and finds the functions the statements' tracing
+/// probes.
+pub fn prepare(plan: &Plan<'_>) -> Result<Prepared> {
+    Ok(Prepared {
+        tables: ProcessTables::for_tracing(plan.target.pid, false)?.map(RefCell::into_inner),
+        functions: follow::server_functions(plan.statements.uprobes, plan.target)?,
+    })
+}
+
+/// The collectors' threads.
+pub struct Running<'scope> {
+    pub profiles: Vec<(Kind, ScopedJoinHandle<'scope, Result<Collected>>)>,
+    pub statements: ScopedJoinHandle<'scope, Result<Followed>>,
+}
+
+impl Running<'_> {
+    /// How many collectors still run.
+    pub fn running(&self) -> usize {
+        let profiles = self.profiles.iter().filter(|(_, h)| !h.is_finished());
+        profiles.count() + usize::from(!self.statements.is_finished())
+    }
+}
+
+/// What a collector's thread returned; its panic as an error.
+pub fn joined<T>(handle: ScopedJoinHandle<'_, Result<T>>, what: Kind) -> Result<T> {
+    handle
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the {} collector panicked", what.label())))
+}
+
+impl Plan<'_> {
+    fn collect_options(
+        &self,
+        tables: Option<&ProcessTables>,
+        duty: Option<Duty>,
+    ) -> CollectOptions {
+        let s = &self.statements;
+        CollectOptions {
+            unwind: tables.cloned().map(RefCell::new),
+            attached: self.attached.clone(),
+            slices: self.slices.clone(),
+            duty,
+            ring: s.ring,
+            ..CollectOptions::new(
+                self.target.pid,
+                s.btf.clone(),
+                s.max_kernel_mem_mib.saturating_mul(1 << 20),
+                s.stop.clone(),
+            )
+        }
+    }
+
+    /// The run's stop: every collector of it ends when it is stopped.
+    pub fn stop(&self) -> &Stop {
+        &self.statements.stop
+    }
+}
+
+/// Starts every collector of `plan` in a thread of its own in `scope`: the statements' records go to `emit`
+/// as they end, their losses to `on_lost` as they are counted.
+pub fn start<'scope, 'env>(
+    scope: &'scope Scope<'scope, 'env>,
+    plan: &'env Plan<'env>,
+    tables: Option<&ProcessTables>,
+    functions: ServerFunctions,
+    emit: impl FnMut(QueryRecord) + Send + 'scope,
+    on_lost: impl FnMut(Lost) + Send + 'scope,
+) -> Running<'scope> {
+    let cpu = plan.collect_options(tables, None);
+    let offcpu = plan.collect_options(tables, plan.duty);
+    let locks = plan.collect_options(tables, plan.duty);
+    let offcpu_options = collect::offcpu::Options {
+        min_block_us: plan.min_block_us,
+        preempted_leaf_only: plan.preempted_leaf_only,
+        ..Default::default()
+    };
+    let profiles = vec![
+        (
+            Kind::Cpu,
+            scope.spawn(move || collect::cpu::collect(&cpu, plan.frequency)),
+        ),
+        (
+            Kind::Offcpu,
+            scope.spawn(move || collect::offcpu::collect(&offcpu, offcpu_options).map(|(c, _)| c)),
+        ),
+        (
+            Kind::Locks,
+            scope.spawn(move || collect::locks::collect(&locks)),
+        ),
+    ];
+    let attached = plan.attached.clone();
+    let statements = scope.spawn(move || {
+        let attached = || {
+            if let Some(a) = attached {
+                let _ = a.send(Kind::Statements);
+            }
+        };
+        follow::follow(
+            &plan.statements,
+            plan.target,
+            functions,
+            attached,
+            emit,
+            on_lost,
+        )
+    });
+    Running {
+        profiles,
+        statements,
+    }
+}
+
+/// How long to wait for each collector to attach before looking again whether some ended.
+pub const ATTACH_POLL: Duration = Duration::from_millis(100);
