@@ -201,6 +201,19 @@ impl Metrics {
     /// The exposition, in Prometheus's text format 0.0.4.
     pub fn render(&self, own: &Own) -> String {
         let mut out = String::new();
+        let rows = self.statement_rows();
+        write_statement_counts(&mut out, &rows);
+        write_latency_histograms(&mut out, &rows);
+        self.write_lock_waits(&mut out);
+        self.write_lost(&mut out);
+        self.write_agent(&mut out, own);
+        write_process(&mut out, own);
+        out
+    }
+
+    /// Each fingerprint with series of its own, by key, then `other` if it has counted any: its labels and its
+    /// series.
+    fn statement_rows(&self) -> Vec<(String, &Series)> {
         let mut rows: Vec<(&Key, &Series)> = self.exposed.iter().collect();
         rows.sort_by(|a, b| a.0.cmp(b.0));
         let other = Key {
@@ -210,78 +223,17 @@ impl Metrics {
         if self.other.count > 0 {
             rows.push((&other, &self.other));
         }
-        let labels: Vec<String> = rows.iter().map(|(k, _)| self.statement_labels(k)).collect();
+        rows.into_iter()
+            .map(|(k, s)| (self.statement_labels(k), s))
+            .collect()
+    }
 
-        family(
-            &mut out,
-            "myprobe_statements_total",
-            "counter",
-            "Statements the server ran, by fingerprint.",
-        );
-        for (l, (_, s)) in labels.iter().zip(&rows) {
-            let _ = writeln!(out, "myprobe_statements_total{{{l}}} {}", s.count);
-        }
-        family(
-            &mut out,
-            "myprobe_statement_errors_total",
-            "counter",
-            "Statements that ended with an error, by fingerprint.",
-        );
-        for (l, (_, s)) in labels.iter().zip(&rows) {
-            let _ = writeln!(out, "myprobe_statement_errors_total{{{l}}} {}", s.errors);
-        }
-        family(
-            &mut out,
-            "myprobe_statement_time_seconds_total",
-            "counter",
-            "Statements' time by where it went (part); the parts of a fingerprint add up to its \
-             myprobe_statement_duration_seconds_sum.",
-        );
-        for (l, (_, s)) in labels.iter().zip(&rows) {
-            for (part, us) in TimeParts::NAMES.iter().zip(s.parts_us) {
-                let _ = writeln!(
-                    out,
-                    "myprobe_statement_time_seconds_total{{{l},part=\"{part}\"}} {}",
-                    seconds(us)
-                );
-            }
-        }
-        family(
-            &mut out,
-            "myprobe_statement_duration_seconds",
-            "histogram",
-            "Statements' latency, from the request read to the reply sent, by fingerprint.",
-        );
-        for (l, (_, s)) in labels.iter().zip(&rows) {
-            let mut cumulative = 0;
-            for (le, n) in LATENCY_BUCKETS.iter().zip(s.buckets) {
-                cumulative += n;
-                let _ = writeln!(
-                    out,
-                    "myprobe_statement_duration_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "myprobe_statement_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}",
-                s.count
-            );
-            let _ = writeln!(
-                out,
-                "myprobe_statement_duration_seconds_sum{{{l}}} {}",
-                seconds(s.total_us)
-            );
-            let _ = writeln!(
-                out,
-                "myprobe_statement_duration_seconds_count{{{l}}} {}",
-                s.count
-            );
-        }
-
+    /// The lock waits summed by lock and wait site, sorted by lock, then site.
+    fn write_lock_waits(&self, out: &mut String) {
         let mut locks: Vec<(&(String, String), &LockWaits)> = self.locks.iter().collect();
         locks.sort_by(|a, b| a.0.cmp(b.0));
         family(
-            &mut out,
+            out,
             "myprobe_lock_wait_seconds_total",
             "counter",
             "Time the server's threads waited in futex waits, by lock and wait site.",
@@ -296,7 +248,7 @@ impl Metrics {
             );
         }
         family(
-            &mut out,
+            out,
             "myprobe_lock_waits_total",
             "counter",
             "Futex waits of the server's threads, by lock and wait site.",
@@ -310,9 +262,12 @@ impl Metrics {
                 w.waits
             );
         }
+    }
 
+    /// What the collectors lost, of the servers traced before and of the one traced now.
+    fn write_lost(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "myprobe_lost_events_total",
             "counter",
             "Events the collectors could not count, by collector and cause.",
@@ -331,30 +286,33 @@ impl Metrics {
                 "myprobe_lost_events_total{{collector=\"{collector}\",cause=\"{cause}\"}} {n}"
             );
         }
+    }
 
+    /// The agent's own counts and settings, and the server it traces now.
+    fn write_agent(&self, out: &mut String, own: &Own) {
         family(
-            &mut out,
+            out,
             "myprobe_windows_total",
             "counter",
             "Windows ended (each kept as pprof files).",
         );
         let _ = writeln!(out, "myprobe_windows_total {}", self.windows);
         family(
-            &mut out,
+            out,
             "myprobe_cpu_samples_total",
             "counter",
             "On-CPU samples of the server's threads (divided by the frequency: CPU seconds).",
         );
         let _ = writeln!(out, "myprobe_cpu_samples_total {}", self.cpu_samples);
         family(
-            &mut out,
+            out,
             "myprobe_attaches_total",
             "counter",
             "Times the agent attached to a server (a restarted server is attached again).",
         );
         let _ = writeln!(out, "myprobe_attaches_total {}", self.attaches);
         family(
-            &mut out,
+            out,
             "myprobe_sample_every",
             "gauge",
             "Off-CPU and lock-wait tracing runs one second in this many (the on-CPU profile always); their series \
@@ -362,7 +320,7 @@ impl Metrics {
         );
         let _ = writeln!(out, "myprobe_sample_every {}", self.sample_every);
         family(
-            &mut out,
+            out,
             "myprobe_statement_sample_every",
             "gauge",
             "Statements are traced one second in this many now (myprobe_sample_every or more, as their rate asks); \
@@ -375,7 +333,7 @@ impl Metrics {
             self.statements_every
         );
         family(
-            &mut out,
+            out,
             "myprobe_target_info",
             "gauge",
             "The server traced now: 1 while attached.",
@@ -388,28 +346,6 @@ impl Metrics {
                 escape(version)
             );
         }
-        family(
-            &mut out,
-            "process_cpu_seconds_total",
-            "counter",
-            "The agent's own CPU time, user and system.",
-        );
-        let _ = writeln!(out, "process_cpu_seconds_total {}", own.cpu_seconds);
-        family(
-            &mut out,
-            "process_resident_memory_bytes",
-            "gauge",
-            "The agent's own resident memory.",
-        );
-        let _ = writeln!(out, "process_resident_memory_bytes {}", own.rss_bytes);
-        family(
-            &mut out,
-            "process_start_time_seconds",
-            "gauge",
-            "When the agent started, seconds since the epoch.",
-        );
-        let _ = writeln!(out, "process_start_time_seconds {}", own.start_time);
-        out
     }
 
     fn statement_labels(&self, k: &Key) -> String {
@@ -472,6 +408,104 @@ impl Own {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Each row's count, errors and time by part.
+fn write_statement_counts(out: &mut String, rows: &[(String, &Series)]) {
+    family(
+        out,
+        "myprobe_statements_total",
+        "counter",
+        "Statements the server ran, by fingerprint.",
+    );
+    for (l, s) in rows {
+        let _ = writeln!(out, "myprobe_statements_total{{{l}}} {}", s.count);
+    }
+    family(
+        out,
+        "myprobe_statement_errors_total",
+        "counter",
+        "Statements that ended with an error, by fingerprint.",
+    );
+    for (l, s) in rows {
+        let _ = writeln!(out, "myprobe_statement_errors_total{{{l}}} {}", s.errors);
+    }
+    family(
+        out,
+        "myprobe_statement_time_seconds_total",
+        "counter",
+        "Statements' time by where it went (part); the parts of a fingerprint add up to its \
+         myprobe_statement_duration_seconds_sum.",
+    );
+    for (l, s) in rows {
+        for (part, us) in TimeParts::NAMES.iter().zip(s.parts_us) {
+            let _ = writeln!(
+                out,
+                "myprobe_statement_time_seconds_total{{{l},part=\"{part}\"}} {}",
+                seconds(us)
+            );
+        }
+    }
+}
+
+/// Each row's latency histogram, its buckets cumulative as Prometheus wants them.
+fn write_latency_histograms(out: &mut String, rows: &[(String, &Series)]) {
+    family(
+        out,
+        "myprobe_statement_duration_seconds",
+        "histogram",
+        "Statements' latency, from the request read to the reply sent, by fingerprint.",
+    );
+    for (l, s) in rows {
+        let mut cumulative = 0;
+        for (le, n) in LATENCY_BUCKETS.iter().zip(s.buckets) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "myprobe_statement_duration_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "myprobe_statement_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}",
+            s.count
+        );
+        let _ = writeln!(
+            out,
+            "myprobe_statement_duration_seconds_sum{{{l}}} {}",
+            seconds(s.total_us)
+        );
+        let _ = writeln!(
+            out,
+            "myprobe_statement_duration_seconds_count{{{l}}} {}",
+            s.count
+        );
+    }
+}
+
+/// The agent's own CPU time, memory and start, under the names every Prometheus client uses.
+fn write_process(out: &mut String, own: &Own) {
+    family(
+        out,
+        "process_cpu_seconds_total",
+        "counter",
+        "The agent's own CPU time, user and system.",
+    );
+    let _ = writeln!(out, "process_cpu_seconds_total {}", own.cpu_seconds);
+    family(
+        out,
+        "process_resident_memory_bytes",
+        "gauge",
+        "The agent's own resident memory.",
+    );
+    let _ = writeln!(out, "process_resident_memory_bytes {}", own.rss_bytes);
+    family(
+        out,
+        "process_start_time_seconds",
+        "gauge",
+        "When the agent started, seconds since the epoch.",
+    );
+    let _ = writeln!(out, "process_start_time_seconds {}", own.start_time);
 }
 
 fn causes(l: &Lost) -> [(&'static str, u64); 5] {

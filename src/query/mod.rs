@@ -238,6 +238,135 @@ impl Conn {
             _ => id,
         }
     }
+
+    /// What the request of `s`, on the connection of `socket`, says of its statement.
+    fn request(
+        &mut self,
+        s: &RawStatement,
+        cmd: u8,
+        socket: i32,
+        server_takes_attributes: bool,
+    ) -> Request {
+        let args = s.request.get(1..).unwrap_or_default();
+        let text = match cmd {
+            // Seen at dispatch_command (s.fd < 0), the server has read the attributes already.
+            protocol::COM_QUERY if s.fd >= 0 => {
+                Some(self.query_text(args, server_takes_attributes))
+            }
+            protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
+                Some(String::from_utf8_lossy(args).into_owned())
+            }
+            protocol::COM_STMT_EXECUTE | protocol::COM_STMT_BULK_EXECUTE => {
+                return self.execution(s, socket);
+            }
+            protocol::COM_INIT_DB => {
+                protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`"))
+            }
+            _ => None,
+        };
+        Request {
+            text,
+            ..Request::default()
+        }
+    }
+
+    /// A COM_QUERY's text (`args`, after the command byte), past the query attributes its client sends first.
+    fn query_text(&self, args: &[u8], server_takes_attributes: bool) -> String {
+        let sends_attributes = match self.capabilities {
+            Some(caps) => caps & protocol::CLIENT_QUERY_ATTRIBUTES != 0,
+            // No statement starts with a count and then 1.
+            None => server_takes_attributes && args.get(1) == Some(&1),
+        };
+        let text = sends_attributes
+            .then(|| protocol::query_after_attributes(args))
+            .flatten()
+            .unwrap_or(args);
+        String::from_utf8_lossy(text).into_owned()
+    }
+
+    /// What is known of the statement an execution runs: its id, and how it is shown when that is known or its
+    /// reply's columns name it.
+    fn execution(&mut self, s: &RawStatement, socket: i32) -> Request {
+        let mut request = Request::default();
+        let Some(id) = protocol::stmt_execute_id(&s.request).map(|id| self.statement_id(id)) else {
+            return request;
+        };
+        request.prepared = Some((socket, id));
+        request.execution = self.prepared.get(&id).cloned();
+        if request.execution.is_some() {
+            return request;
+        }
+        request.unknown_statement = Some(id);
+        // Prepared before tracing: its result set's columns, if the server sent them, say what it reads, and
+        // stand for it until its text is found.
+        // (Not for LAST_PREPARED, which stands for another statement at each prepare.)
+        if let Some(columns) = protocol::result_columns(&s.reply).filter(|_| id != LAST_PREPARED) {
+            let p = Prepared {
+                fingerprint: format!("{} #{id}", columns.label()).into(),
+                query: None,
+                truncated: false,
+            };
+            request.forgot_prepared += make_room(&mut self.prepared, &id, MAX_PREPARED_PER_CONN);
+            self.prepared.insert(id, p.clone());
+            request.execution = Some(p);
+        } else if protocol::result_with_metadata(&s.reply).is_some() {
+            // They were sent, not kept: the next executions' replies are.
+            request.results_wanted = true;
+        }
+        request
+    }
+
+    /// What a statement the server accepted changes in the connection: its database, its user, its prepared
+    /// statements. `text`: the statement's, from [`Conn::request`]. Returns how many prepared statements were
+    /// forgotten to make room.
+    fn accepted(
+        &mut self,
+        s: &RawStatement,
+        cmd: u8,
+        reply: &Reply,
+        text: Option<&str>,
+        raw_sql: bool,
+        truncated: bool,
+    ) -> u64 {
+        match (cmd, reply) {
+            (protocol::COM_INIT_DB, _) => {
+                self.db = protocol::init_db_name(&s.request)
+                    .map(Text::from)
+                    .or(self.db.take())
+            }
+            (protocol::COM_QUERY, _) => {
+                if let Some(db) = text.and_then(protocol::use_statement_db) {
+                    self.db = Some(db.into());
+                }
+            }
+            (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) => {
+                let forgot = make_room(&mut self.prepared, statement_id, MAX_PREPARED_PER_CONN);
+                let text = text.unwrap_or_default();
+                self.prepared
+                    .insert(*statement_id, Prepared::of(text, raw_sql, truncated));
+                self.last_prepared = Some(*statement_id);
+                return forgot;
+            }
+            (protocol::COM_RESET_CONNECTION, _) => {
+                self.prepared.clear();
+                self.last_prepared = None;
+            }
+            (protocol::COM_CHANGE_USER, _) => {
+                // Another user, maybe another database, and a fresh session: no prepared statements.
+                let caps = self
+                    .capabilities
+                    .unwrap_or(protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION);
+                if let Some(h) = protocol::parse_change_user(&s.request, caps) {
+                    self.user = Some(h.user.into());
+                    self.db = h.database.map(Text::from);
+                }
+                self.prepared.clear();
+                self.last_prepared = None;
+            }
+            _ => {}
+        }
+        0
+    }
 }
 
 /// What the executions of a prepared statement are shown as: worked out once, as a busy connection executes
@@ -267,6 +396,43 @@ fn shown_text(text: String, raw_sql: bool) -> String {
         text
     } else {
         fingerprint::normalize(&text)
+    }
+}
+
+/// What a statement's request says of it: the text of a query, a prepare or a COM_INIT_DB (as `USE`); for an
+/// execution, what is known of the statement prepared.
+#[derive(Default)]
+struct Request {
+    text: Option<String>,
+    /// An execution: its connection's socket and the statement id.
+    prepared: Option<texts::StatementKey>,
+    /// How the statement executed is shown, if known.
+    execution: Option<Prepared>,
+    /// An execution of a statement prepared before tracing and not known: its id.
+    unknown_statement: Option<u32>,
+    /// Prepared statements forgotten to make room for one its reply named.
+    forgot_prepared: u64,
+    /// Its reply's column definitions were sent and not kept (see [`Tracker::wants_results`]).
+    results_wanted: bool,
+}
+
+impl Request {
+    /// The statement's fingerprint and its text as records show it.
+    fn shown(self, raw_sql: bool) -> (Option<Text>, Option<Text>) {
+        match (self.text, self.execution) {
+            (Some(t), _) => (
+                Some(fingerprint::fingerprint(&t).into()),
+                Some(shown_text(t, raw_sql).into()),
+            ),
+            (None, Some(p)) => (Some(p.fingerprint), p.query),
+            // Prepared before tracing: its text went by unseen; the server's statement id still tells the
+            // statements apart.
+            (None, None) => (
+                self.unknown_statement
+                    .map(|id| format!("{UNKNOWN_PREPARED} #{id}").into()),
+                None,
+            ),
+        }
     }
 }
 
@@ -447,140 +613,35 @@ impl Tracker {
 
     fn record(&mut self, s: RawStatement) -> QueryRecord {
         let cmd = s.request.first().copied().unwrap_or(0xff);
-        let args = s.request.get(1..).unwrap_or_default();
         let reply = protocol::parse_reply_stream(&s.reply, cmd);
         let ok = !s.in_flight && !matches!(reply, Reply::Err { .. });
         let truncated = s.packet_len as usize > s.request.len();
         // Statements seen at dispatch_command (TLS) have no socket: their connection is known by its thread.
         let socket = if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) };
-        let mut forgot_prepared = 0;
         let raw_sql = self.raw_sql;
         let server_takes_attributes = self.query_attributes;
-        let mut results_wanted = false;
         let conn = self.conn_entry(socket);
-
-        // The statement's text: its own for Query and Prepare; for Execute, what is known of the statement.
-        let mut unknown_statement = None;
-        let mut prepared = None;
-        let mut execution: Option<Prepared> = None;
-        let text: Option<String> = match cmd {
-            // Seen at dispatch_command (s.fd < 0), the server has read the attributes already.
-            protocol::COM_QUERY if s.fd >= 0 => {
-                let sends_attributes = match conn.capabilities {
-                    Some(caps) => caps & protocol::CLIENT_QUERY_ATTRIBUTES != 0,
-                    // No statement starts with a count and then 1.
-                    None => server_takes_attributes && args.get(1) == Some(&1),
-                };
-                let text = sends_attributes
-                    .then(|| protocol::query_after_attributes(args))
-                    .flatten()
-                    .unwrap_or(args);
-                Some(String::from_utf8_lossy(text).into_owned())
-            }
-            protocol::COM_QUERY | protocol::COM_STMT_PREPARE => {
-                Some(String::from_utf8_lossy(args).into_owned())
-            }
-            protocol::COM_STMT_EXECUTE | protocol::COM_STMT_BULK_EXECUTE => {
-                if let Some(id) =
-                    protocol::stmt_execute_id(&s.request).map(|id| conn.statement_id(id))
-                {
-                    prepared = Some((socket, id));
-                    execution = conn.prepared.get(&id).cloned();
-                    if execution.is_none() {
-                        unknown_statement = Some(id);
-                        // Prepared before tracing: its result set's columns, if the server sent them, say
-                        // what it reads, and stand for it until its text is found.
-                        // (Not for LAST_PREPARED, which stands for another statement at each prepare.)
-                        if let Some(columns) =
-                            protocol::result_columns(&s.reply).filter(|_| id != LAST_PREPARED)
-                        {
-                            let p = Prepared {
-                                fingerprint: format!("{} #{id}", columns.label()).into(),
-                                query: None,
-                                truncated: false,
-                            };
-                            forgot_prepared +=
-                                make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
-                            conn.prepared.insert(id, p.clone());
-                            execution = Some(p);
-                        } else if protocol::result_with_metadata(&s.reply).is_some() {
-                            // They were sent, not kept: the next executions' replies are.
-                            results_wanted = true;
-                        }
-                    }
-                }
-                None
-            }
-            protocol::COM_INIT_DB => {
-                protocol::init_db_name(&s.request).map(|db| format!("USE `{db}`"))
-            }
-            _ => None,
-        };
+        let request = conn.request(&s, cmd, socket, server_takes_attributes);
         // What the statement changes in its connection, once the server accepted it.
-        if ok {
-            match (cmd, &reply) {
-                (protocol::COM_INIT_DB, _) => {
-                    conn.db = protocol::init_db_name(&s.request)
-                        .map(Text::from)
-                        .or(conn.db.take())
-                }
-                (protocol::COM_QUERY, _) => {
-                    if let Some(db) = text.as_deref().and_then(protocol::use_statement_db) {
-                        conn.db = Some(db.into());
-                    }
-                }
-                (protocol::COM_STMT_PREPARE, Reply::PrepareOk { statement_id, .. }) => {
-                    forgot_prepared +=
-                        make_room(&mut conn.prepared, statement_id, MAX_PREPARED_PER_CONN);
-                    let text = text.as_deref().unwrap_or_default();
-                    conn.prepared
-                        .insert(*statement_id, Prepared::of(text, raw_sql, truncated));
-                    conn.last_prepared = Some(*statement_id);
-                }
-                (protocol::COM_RESET_CONNECTION, _) => {
-                    conn.prepared.clear();
-                    conn.last_prepared = None;
-                }
-                (protocol::COM_CHANGE_USER, _) => {
-                    // Another user, maybe another database, and a fresh session: no prepared statements.
-                    let caps = conn.capabilities.unwrap_or(
-                        protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION,
-                    );
-                    if let Some(h) = protocol::parse_change_user(&s.request, caps) {
-                        conn.user = Some(h.user.into());
-                        conn.db = h.database.map(Text::from);
-                    }
-                    conn.prepared.clear();
-                    conn.last_prepared = None;
-                }
-                _ => {}
-            }
+        let forgot_prepared = if ok {
+            conn.accepted(&s, cmd, &reply, request.text.as_deref(), raw_sql, truncated)
+        } else {
+            0
+        };
+        let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
+        self.forgotten_prepared += request.forgot_prepared + forgot_prepared;
+        if request.results_wanted {
+            self.results_wanted_at = Some(Instant::now());
         }
         let error = match reply {
             Reply::Err { code, .. } => Some(code),
             _ => None,
         };
-        let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
-        self.forgotten_prepared += forgot_prepared;
-        if results_wanted {
-            self.results_wanted_at = Some(Instant::now());
-        }
 
         // An execution's text is its prepare's, cut as that was.
-        let truncated = truncated || execution.as_ref().is_some_and(|p| p.truncated);
-        let (fingerprint, query) = match (text, execution) {
-            (Some(t), _) => (
-                Some(fingerprint::fingerprint(&t).into()),
-                Some(shown_text(t, raw_sql).into()),
-            ),
-            (None, Some(p)) => (Some(p.fingerprint), p.query),
-            // Prepared before tracing: its text went by unseen; the server's statement id still tells the
-            // statements apart.
-            (None, None) => (
-                unknown_statement.map(|id| format!("{UNKNOWN_PREPARED} #{id}").into()),
-                None,
-            ),
-        };
+        let truncated = truncated || request.execution.as_ref().is_some_and(|p| p.truncated);
+        let prepared = request.prepared;
+        let (fingerprint, query) = request.shown(raw_sql);
         let c = &s.counters;
         let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };

@@ -538,111 +538,25 @@ impl PreparedTexts {
         self.pid = pid;
         let can_execute = execute_function.is_some();
         self.execute_function = execute_function;
-        let (args, wanted, threads_wanted, table_wanted, paused, stop, interval_us) = (
-            args.clone(),
-            Arc::clone(&self.wanted),
-            Arc::clone(&self.threads_wanted),
-            Arc::clone(&self.table_wanted),
-            Arc::clone(&self.paused),
-            Arc::clone(&self.stop),
-            Arc::clone(&self.interval_us),
-        );
-        let (source, calibrate) = (Arc::clone(&self.source), Arc::clone(&self.calibrate));
+        let reader = Reader {
+            args: args.clone(),
+            pid,
+            can_execute,
+            tx,
+            wanted: Arc::clone(&self.wanted),
+            threads_wanted: Arc::clone(&self.threads_wanted),
+            table_wanted: Arc::clone(&self.table_wanted),
+            paused: Arc::clone(&self.paused),
+            stop: Arc::clone(&self.stop),
+            interval_us: Arc::clone(&self.interval_us),
+            source: Arc::clone(&self.source),
+            calibrate: Arc::clone(&self.calibrate),
+            last_threads: None,
+            last_table: None,
+        };
         let sampler = std::thread::Builder::new()
             .name("myprobe-processlist".into())
-            .spawn(move || {
-                let mut client = match client::connect(&args, Some(pid)) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("{e:#}")));
-                        return;
-                    }
-                };
-                // The server's ids of its threads, mapped to the host's (a server in a container).
-                let mut tids = TidMap::new(pid);
-                // The server's table of prepared statements where it keeps one (performance_schema on); else
-                // (MariaDB's default) the executions themselves, or, failing those, samples of its process
-                // list.
-                let server = client.server();
-                let has_table = server.prepared_statements_sql().is_some()
-                    && client.performance_schema_on().unwrap_or(false);
-                let last_resort = match server.process_list_samples_texts() {
-                    true => TextSource::ProcessList,
-                    // Its error says what is missing.
-                    false => TextSource::Table,
-                };
-                let first = match (has_table, can_execute) {
-                    (true, _) => TextSource::Table,
-                    (false, true) => TextSource::Executions,
-                    (false, false) => last_resort,
-                };
-                source.store(first as u8, Ordering::Relaxed);
-                if tx.send(Ok(Found::Source(first, last_resort))).is_err() {
-                    return;
-                }
-                // Reads asked for (a connection's user, a prepare's statement) at most once an interval each:
-                // records keep asking while they wait.
-                let (mut last_threads, mut last_table) = (None::<Instant>, None::<Instant>);
-                let due =
-                    |last: Option<Instant>| last.is_none_or(|t| t.elapsed() >= ASKED_INTERVAL);
-                while !stop.load(Ordering::Relaxed) {
-                    let mut found = Vec::new();
-                    let from = TextSource::of(source.load(Ordering::Relaxed));
-                    let from_table = from == Some(TextSource::Table);
-                    if calibrate.swap(false, Ordering::Relaxed) {
-                        let ran = CALIBRATION_TEXTS
-                            .iter()
-                            .map(|&text| Ok((client.execute_own(text)?, text)))
-                            .collect::<anyhow::Result<Vec<_>>>();
-                        found.push(Ok(Found::OwnStatements(ran.map_err(|e| format!("{e:#}")))));
-                    }
-                    if threads_wanted.load(Ordering::Relaxed) && due(last_threads) {
-                        threads_wanted.store(false, Ordering::Relaxed);
-                        last_threads = Some(Instant::now());
-                        found.push(read_threads(&mut client, &mut tids).map(Found::Threads));
-                    }
-                    if from_table && table_wanted.load(Ordering::Relaxed) && due(last_table) {
-                        table_wanted.store(false, Ordering::Relaxed);
-                        last_table = Some(Instant::now());
-                        found.push(read_prepared(&mut client, &mut tids).map(Found::Prepared));
-                    }
-                    let sampling = wanted.load(Ordering::Relaxed)
-                        && !paused.load(Ordering::Relaxed)
-                        && from != Some(TextSource::Executions);
-                    if sampling {
-                        found.push(if from_table {
-                            last_table = Some(Instant::now());
-                            read_prepared(&mut client, &mut tids).map(Found::Prepared)
-                        } else {
-                            read_sample(&mut client, &mut tids).map(Found::Sample)
-                        });
-                    }
-                    for f in found {
-                        let failed = f.is_err();
-                        if tx.send(f.map_err(|e| format!("{e:#}"))).is_err() || failed {
-                            return;
-                        }
-                    }
-                    let asked = threads_wanted.load(Ordering::Relaxed)
-                        || (from_table && table_wanted.load(Ordering::Relaxed));
-                    if sampling && !from_table {
-                        std::thread::sleep(Duration::from_micros(
-                            interval_us.load(Ordering::Relaxed),
-                        ));
-                    } else if asked {
-                        std::thread::park_timeout(ASKED_INTERVAL);
-                    } else if sampling {
-                        // The table is whole at each read: it is read again for statements prepared since, at
-                        // once when an execution of one comes (`wake_sampler`), while its connection still
-                        // holds it.
-                        std::thread::park_timeout(TABLE_INTERVAL);
-                    } else {
-                        // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop would
-                        // cost about 1% of a CPU for nothing.
-                        std::thread::park_timeout(Duration::from_secs(1));
-                    }
-                }
-            });
+            .spawn(move || reader.run());
         match sampler {
             Ok(handle) => {
                 self.sampler = Some(handle);
@@ -1080,6 +994,149 @@ impl PreparedTexts {
         self.join(tracker, true);
         self.release(true, true, emit);
     }
+}
+
+/// The thread that reads the server's tables ([`PreparedTexts::start`]): what it shares with [`PreparedTexts`],
+/// and when it last read what was asked for.
+struct Reader {
+    args: ConnectArgs,
+    pid: u32,
+    /// The server's function that runs executions was found: texts can be read there.
+    can_execute: bool,
+    tx: mpsc::Sender<Result<Found, String>>,
+    wanted: Arc<AtomicBool>,
+    threads_wanted: Arc<AtomicBool>,
+    table_wanted: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    interval_us: Arc<AtomicU64>,
+    source: Arc<AtomicU8>,
+    calibrate: Arc<AtomicBool>,
+    /// Reads asked for (a connection's user, a prepare's statement) at most once an interval each: records
+    /// keep asking while they wait.
+    last_threads: Option<Instant>,
+    last_table: Option<Instant>,
+}
+
+impl Reader {
+    /// Connects, says where texts are looked for, and reads until stopped, or until a read fails or nobody
+    /// listens any more.
+    fn run(mut self) {
+        let mut client = match client::connect(&self.args, Some(self.pid)) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.tx.send(Err(format!("{e:#}")));
+                return;
+            }
+        };
+        // The server's ids of its threads, mapped to the host's (a server in a container).
+        let mut tids = TidMap::new(self.pid);
+        if !self.choose_source(&mut client) {
+            return;
+        }
+        while !self.stop.load(Ordering::Relaxed) {
+            let from = TextSource::of(self.source.load(Ordering::Relaxed));
+            let from_table = from == Some(TextSource::Table);
+            let mut found = self.read_asked(&mut client, &mut tids, from_table);
+            let sampling = self.wanted.load(Ordering::Relaxed)
+                && !self.paused.load(Ordering::Relaxed)
+                && from != Some(TextSource::Executions);
+            if sampling {
+                found.push(if from_table {
+                    self.last_table = Some(Instant::now());
+                    read_prepared(&mut client, &mut tids).map(Found::Prepared)
+                } else {
+                    read_sample(&mut client, &mut tids).map(Found::Sample)
+                });
+            }
+            for f in found {
+                let failed = f.is_err();
+                if self.tx.send(f.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                    return;
+                }
+            }
+            self.wait(sampling, from_table);
+        }
+    }
+
+    /// Where texts are looked for first, and where if that fails: stored for [`PreparedTexts`] and sent. False
+    /// when nobody listens any more.
+    fn choose_source(&self, client: &mut client::Client) -> bool {
+        // The server's table of prepared statements where it keeps one (performance_schema on); else (MariaDB's
+        // default) the executions themselves, or, failing those, samples of its process list.
+        let server = client.server();
+        let has_table = server.prepared_statements_sql().is_some()
+            && client.performance_schema_on().unwrap_or(false);
+        let last_resort = match server.process_list_samples_texts() {
+            true => TextSource::ProcessList,
+            // Its error says what is missing.
+            false => TextSource::Table,
+        };
+        let first = match (has_table, self.can_execute) {
+            (true, _) => TextSource::Table,
+            (false, true) => TextSource::Executions,
+            (false, false) => last_resort,
+        };
+        self.source.store(first as u8, Ordering::Relaxed);
+        self.tx.send(Ok(Found::Source(first, last_resort))).is_ok()
+    }
+
+    /// What was asked for since the last round: myprobe's own statements run, the whole process list, the
+    /// table of prepared statements (where it is the source).
+    fn read_asked(
+        &mut self,
+        client: &mut client::Client,
+        tids: &mut TidMap,
+        from_table: bool,
+    ) -> Vec<anyhow::Result<Found>> {
+        let mut found = Vec::new();
+        if self.calibrate.swap(false, Ordering::Relaxed) {
+            let ran = CALIBRATION_TEXTS
+                .iter()
+                .map(|&text| Ok((client.execute_own(text)?, text)))
+                .collect::<anyhow::Result<Vec<_>>>();
+            found.push(Ok(Found::OwnStatements(ran.map_err(|e| format!("{e:#}")))));
+        }
+        if self.threads_wanted.load(Ordering::Relaxed) && due(self.last_threads) {
+            self.threads_wanted.store(false, Ordering::Relaxed);
+            self.last_threads = Some(Instant::now());
+            found.push(read_threads(client, tids).map(Found::Threads));
+        }
+        if from_table && self.table_wanted.load(Ordering::Relaxed) && due(self.last_table) {
+            self.table_wanted.store(false, Ordering::Relaxed);
+            self.last_table = Some(Instant::now());
+            found.push(read_prepared(client, tids).map(Found::Prepared));
+        }
+        found
+    }
+
+    /// Waits for the next round: the sampler's interval while it samples the process list; else `ASKED_INTERVAL`
+    /// while reads are asked for, `TABLE_INTERVAL` while the table is read, and until woken (or a second) when
+    /// nothing is wanted.
+    fn wait(&self, sampling: bool, from_table: bool) {
+        let asked = self.threads_wanted.load(Ordering::Relaxed)
+            || (from_table && self.table_wanted.load(Ordering::Relaxed));
+        if sampling && !from_table {
+            std::thread::sleep(Duration::from_micros(
+                self.interval_us.load(Ordering::Relaxed),
+            ));
+        } else if asked {
+            std::thread::park_timeout(ASKED_INTERVAL);
+        } else if sampling {
+            // The table is whole at each read: it is read again for statements prepared since, at once when an
+            // execution of one comes (`wake_sampler`), while its connection still holds it.
+            std::thread::park_timeout(TABLE_INTERVAL);
+        } else {
+            // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop would cost about 1%
+            // of a CPU for nothing.
+            std::thread::park_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Whether a read asked for may run again: never run, or last run at least `ASKED_INTERVAL` ago.
+fn due(last: Option<Instant>) -> bool {
+    last.is_none_or(|t| t.elapsed() >= ASKED_INTERVAL)
 }
 
 #[cfg(test)]

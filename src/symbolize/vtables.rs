@@ -34,7 +34,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use object::elf;
-use object::read::elf::{ElfFile64, FileHeader, Rela, SectionHeader, Sym};
+use object::elf::FileHeader64;
+use object::read::elf::{ElfFile64, FileHeader, Rela, SectionHeader, Sym, SymbolTable};
 use object::{Endian, Endianness, ReadRef};
 
 use super::clean_name;
@@ -156,13 +157,11 @@ impl<'d> Image<'d> {
     fn read<R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> Option<Self> {
         let endian = elf.endian();
         let header = elf.elf_header();
-        let data = elf.data();
         let (relative, abs64) = match header.e_machine(endian) {
             elf::EM_X86_64 => (elf::R_X86_64_RELATIVE, elf::R_X86_64_64),
             elf::EM_AARCH64 => (elf::R_AARCH64_RELATIVE, elf::R_AARCH64_ABS64),
             _ => return None,
         };
-        let sections = elf.elf_section_table();
         let mut image = Image {
             endian,
             data: Vec::new(),
@@ -174,7 +173,17 @@ impl<'d> Image<'d> {
             vtable_symbols: HashMap::new(),
             typeinfo_vptrs: Vec::new(),
         };
-        for s in sections.iter() {
+        image.read_sections(elf);
+        // The symbols first: they say which relocations point to a typeinfo's vtable.
+        image.read_symbols(elf);
+        image.read_relocations(elf, relative, abs64);
+        Some(image)
+    }
+
+    /// The allocated sections: the code's bounds, and the contents of the rest, each sorted by address.
+    fn read_sections<R: ReadRef<'d>>(&mut self, elf: &ElfFile64<'d, Endianness, R>) {
+        let (endian, data) = (self.endian, elf.data());
+        for s in elf.elf_section_table().iter() {
             let flags = s.sh_flags(endian);
             let (addr, size) = (s.sh_addr(endian), s.sh_size(endian));
             if flags & u64::from(elf::SHF_ALLOC) == 0 || size == 0 {
@@ -182,16 +191,22 @@ impl<'d> Image<'d> {
             }
             if flags & u64::from(elf::SHF_EXECINSTR) != 0 {
                 if let Some(end) = addr.checked_add(size) {
-                    image.code.push((addr, end));
+                    self.code.push((addr, end));
                 }
             } else if s.sh_type(endian) != elf::SHT_NOBITS {
                 if let Ok(bytes) = s.data(endian, data) {
-                    image.data.push((addr, bytes));
+                    self.data.push((addr, bytes));
                 }
             }
         }
-        image.data.sort_unstable_by_key(|d| d.0);
-        image.code.sort_unstable();
+        self.data.sort_unstable_by_key(|d| d.0);
+        self.code.sort_unstable();
+    }
+
+    /// The symbols of both tables: the functions' names, where other objects start, the exported vtables, and
+    /// libstdc++'s typeinfo vtables when linked in.
+    fn read_symbols<R: ReadRef<'d>>(&mut self, elf: &ElfFile64<'d, Endianness, R>) {
+        let endian = self.endian;
         for table in [elf.elf_symbol_table(), elf.elf_dynamic_symbol_table()] {
             let strings = table.strings();
             for sym in table.iter() {
@@ -204,26 +219,37 @@ impl<'d> Image<'d> {
                 }
                 if let Some(&(_, kind)) = TYPEINFO_VTABLES.iter().find(|(n, _)| *n == name) {
                     if let Some(v) = value.checked_add(16) {
-                        image.typeinfo_vptrs.push((v, kind));
+                        self.typeinfo_vptrs.push((v, kind));
                     }
                 }
                 if sym.st_type() == elf::STT_FUNC {
                     if let Ok(name) = std::str::from_utf8(name) {
-                        let names = image.functions.entry(value).or_default();
+                        let names = self.functions.entry(value).or_default();
                         if !names.contains(&name) {
                             names.push(name);
                         }
                     }
                 } else {
-                    image.object_starts.insert(value);
+                    self.object_starts.insert(value);
                     if name.starts_with(b"_ZTV") {
                         if let Some(end) = value.checked_add(size) {
-                            image.vtable_symbols.insert(&name[4..], (value, end));
+                            self.vtable_symbols.insert(&name[4..], (value, end));
                         }
                     }
                 }
             }
         }
+    }
+
+    /// The words the dynamic linker writes, from the allocated sections' relocations: relative ones (`relative`,
+    /// and every one of RELR), and absolute ones to a symbol (`abs64`); those of other types are left out.
+    fn read_relocations<R: ReadRef<'d>>(
+        &mut self,
+        elf: &ElfFile64<'d, Endianness, R>,
+        relative: u32,
+        abs64: u32,
+    ) {
+        let (endian, data, sections) = (self.endian, elf.data(), elf.elf_section_table());
         let mut symbol_tables = HashMap::new();
         for s in sections.iter() {
             if s.sh_flags(endian) & u64::from(elf::SHF_ALLOC) == 0 {
@@ -231,8 +257,8 @@ impl<'d> Image<'d> {
             }
             if let Ok(Some(relr)) = s.relr(endian, data) {
                 for at in relr {
-                    if let Some(v) = image.read_u64(at) {
-                        image.relocated.insert(at, image.classify(v));
+                    if let Some(v) = self.read_u64(at) {
+                        self.relocated.insert(at, self.classify(v));
                     }
                 }
                 continue;
@@ -243,39 +269,42 @@ impl<'d> Image<'d> {
             for r in relas {
                 let (at, addend) = (r.r_offset(endian), r.r_addend(endian));
                 let ptr = match r.r_type(endian, false) {
-                    t if t == relative => image.classify(addend as u64),
+                    t if t == relative => self.classify(addend as u64),
                     t if t == abs64 => {
                         let table = symbol_tables.entry(link).or_insert_with(|| {
                             sections.symbol_table_by_index(endian, data, link).ok()
                         });
-                        let Some(sym) = table.as_ref().and_then(|t| {
-                            t.symbol(object::SymbolIndex(r.r_sym(endian, false) as usize))
-                                .ok()
-                        }) else {
-                            continue;
-                        };
-                        if sym.is_undefined(endian) {
-                            let name = table
-                                .as_ref()
-                                .and_then(|t| sym.name(endian, t.strings()).ok())
-                                .unwrap_or_default();
-                            match TYPEINFO_VTABLES.iter().find(|(n, _)| *n == name) {
-                                Some(&(_, kind)) if addend == 16 => Ptr::TypeinfoVptr(kind),
-                                _ => Ptr::External,
-                            }
-                        } else {
-                            match sym.st_value(endian).checked_add_signed(addend) {
-                                Some(v) => image.classify(v),
-                                None => continue,
-                            }
+                        match self.symbol_ptr(table.as_ref(), r.r_sym(endian, false), addend) {
+                            Some(ptr) => ptr,
+                            None => continue,
                         }
                     }
                     _ => continue,
                 };
-                image.relocated.insert(at, ptr);
+                self.relocated.insert(at, ptr);
             }
         }
-        Some(image)
+    }
+
+    /// What an absolute relocation to the symbol `index` of `table`, plus `addend`, points to; none when the
+    /// symbol cannot be read or the sum does not fit in 64 bits.
+    fn symbol_ptr<R: ReadRef<'d>>(
+        &self,
+        table: Option<&SymbolTable<'d, FileHeader64<Endianness>, R>>,
+        index: u32,
+        addend: i64,
+    ) -> Option<Ptr> {
+        let sym = table.and_then(|t| t.symbol(object::SymbolIndex(index as usize)).ok())?;
+        if sym.is_undefined(self.endian) {
+            let name = table
+                .and_then(|t| sym.name(self.endian, t.strings()).ok())
+                .unwrap_or_default();
+            return Some(match TYPEINFO_VTABLES.iter().find(|(n, _)| *n == name) {
+                Some(&(_, kind)) if addend == 16 => Ptr::TypeinfoVptr(kind),
+                _ => Ptr::External,
+            });
+        }
+        Some(self.classify(sym.st_value(self.endian).checked_add_signed(addend)?))
     }
 
     fn classify(&self, v: u64) -> Ptr {
