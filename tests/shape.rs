@@ -16,7 +16,6 @@ const STILL_LONG: &[&str] = &[
     "cmd/profile.rs run",
     "cmd/queries.rs run",
     "cmd/stacks.rs run",
-    "cmd/trace.rs run",
     "collect/queries.rs collect",
     "query/follow.rs follow",
 ];

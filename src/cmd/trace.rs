@@ -9,10 +9,10 @@ use clap::Args;
 use crate::{
     collect::{
         self,
-        trace::{ArgKind, ErrVal, Place, ProbePoint, TraceOptions},
+        trace::{ArgKind, ErrVal, Place, ProbePoint, TraceOptions, Traced},
         CollectOptions,
     },
-    process::{self, maps::ProcMaps, Target},
+    process::{self, Target},
     profile::{
         stacks::{self, Part, StackNamer, StackOptions},
         Unit,
@@ -26,9 +26,6 @@ use crate::{
     },
     unwind::ProcessTables,
 };
-
-/// The most probes one run places (the BPF side's MAX_FUNCS).
-const MAX_PROBES: usize = 1024;
 
 #[derive(Args)]
 pub struct TraceArgs {
@@ -81,7 +78,9 @@ pub struct TraceArgs {
     pub frame_pointers: bool,
 }
 
-pub fn run(a: TraceArgs) -> Result<()> {
+/// What the rows are keyed by, the argument read and the error rule, from the arguments; checked against the
+/// output asked for.
+fn keys(a: &TraceArgs) -> Result<(By, Option<(u32, ArgKind)>, ErrVal)> {
     let by = parse_by(&a.by)?;
     let arg = a.arg.as_deref().map(parse_arg).transpose()?;
     let errval = a
@@ -109,42 +108,17 @@ pub fn run(a: TraceArgs) -> Result<()> {
         }
     }
     anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
+    Ok((by, arg, errval))
+}
+
+pub fn run(a: TraceArgs) -> Result<()> {
+    let (by, arg, errval) = keys(&a)?;
     let target = a.target.resolve()?;
     let mut modules = Modules::of_process(target.pid, &target.exe, &target.binary)?;
-
     if let Some(pattern) = &a.list {
         return list(&target, &mut modules, pattern);
     }
-    let probes = resolve_probes(&target, &mut modules, a.functions.as_deref().unwrap_or(""))?;
-    let functions = probes
-        .iter()
-        .filter(|p| matches!(p.place, Place::Function(_)))
-        .count();
-    let stepped: Vec<&str> = probes
-        .iter()
-        .filter(|p| matches!(&p.place, Place::Function(e) if !e.emulated))
-        .map(|p| p.label.as_str())
-        .take(5)
-        .collect();
-    if !stepped.is_empty() {
-        say!(
-            "myprobe: note: the kernel single-steps the first instruction of {}: each of their calls costs \
-             ~11.6 µs traced, not ~1.5 µs, and their times include it",
-            stepped.join(", ")
-        );
-    }
-    if a.inside && functions == 0 {
-        bail!("--inside needs a function: a static probe has no inside");
-    }
-    let options = TraceOptions {
-        probes,
-        arg,
-        errval,
-        by_thread: by == By::Thread,
-        by_stack: by == By::Stack,
-        inside: a.inside,
-        max_rate: a.max_rate,
-    };
+    let options = trace_options(&a, &target, &mut modules, (by, arg, errval))?;
     let unwind = if by == By::Stack {
         ProcessTables::for_tracing(target.pid, a.frame_pointers)?
     } else {
@@ -192,42 +166,16 @@ pub fn run(a: TraceArgs) -> Result<()> {
         );
     }
     let secs = traced.collected.traced.as_secs_f64();
-    let timed = functions > 0;
+    let timed = options
+        .probes
+        .iter()
+        .any(|p| matches!(p.place, Place::Function(_)));
     let show = arg.map(|(_, kind)| match kind {
         ArgKind::ARG_STR_KIND => ArgShow::Str,
         ArgKind::ARG_PTR => ArgShow::Ptr,
         _ => ArgShow::Int,
     });
-    let mut names = HashMap::new();
-    let pid = target.pid;
-    let mut thread_name = |tid: u32| {
-        names
-            .entry(tid)
-            .or_insert_with(|| process::thread_name(pid, tid))
-            .clone()
-    };
-    let mut text = trace::table(
-        &traced,
-        &options.probes,
-        by,
-        show,
-        timed,
-        &mut thread_name,
-        a.top,
-    );
-    if timed {
-        text += &trace::histograms(&traced, &options.probes, 10);
-    }
-    if a.inside {
-        let mut locks = DataSymbolizer::new(target.pid).ok();
-        // A lock in no variable (on the heap, in an anonymous mapping) is told apart by its address.
-        let mut lock_name = |addr: u64| match locks.as_mut().map(|l| l.name(addr)) {
-            Some(name) if !name.starts_with('[') => name,
-            Some(name) => format!("{name} {addr:#x}"),
-            None => format!("{addr:#x}"),
-        };
-        text += &trace::inside(&traced, &options.probes, &mut lock_name, a.top);
-    }
+    let text = tables(&a, &target, &traced, &options, by, show);
     let calls = traced
         .stats
         .iter()
@@ -244,31 +192,9 @@ pub fn run(a: TraceArgs) -> Result<()> {
     for line in traced.collected.lost.report(calls) {
         say!("myprobe: warning: {line}");
     }
-
     if by == By::Stack {
         let symbolizer = symbolizer.as_mut().expect("made for --by stack");
-        let mut namer = StackNamer::new(
-            symbolizer,
-            StackOptions {
-                pid: target.pid,
-                per_thread: false,
-                addresses: false,
-            },
-        );
-        let (unit, column, scale) = if a.calls || !timed {
-            (Unit::Count, "calls", 1)
-        } else {
-            (Unit::Microseconds, "total_ns", 1000)
-        };
-        let profile = stacks::build(&traced.collected, &mut namer, unit, |c, row| {
-            vec![Part::value(c.value(row, column) / scale)]
-        });
-        let opts = RenderOptions {
-            title: format!("Callers of {what}: {target}"),
-            palette: Palette::Hot,
-            ..RenderOptions::default()
-        };
-        render::write_profile(&profile, a.output.as_deref(), &opts)?;
+        write_callers(&a, &target, &traced, symbolizer, timed, &what)?;
         say!(
             "myprobe: results written in {:.0} ms after tracing ended",
             ended.elapsed().as_secs_f64() * 1000.0
@@ -291,6 +217,124 @@ pub fn run(a: TraceArgs) -> Result<()> {
         ended.elapsed().as_secs_f64() * 1000.0
     );
     Ok(())
+}
+
+/// The probes and how to trace them; the notes of what they cost.
+fn trace_options(
+    a: &TraceArgs,
+    target: &Target,
+    modules: &mut Modules,
+    (by, arg, errval): (By, Option<(u32, ArgKind)>, ErrVal),
+) -> Result<TraceOptions> {
+    let probes = trace::points::resolve(target, modules, a.functions.as_deref().unwrap_or(""))?;
+    let functions = probes
+        .iter()
+        .filter(|p| matches!(p.place, Place::Function(_)))
+        .count();
+    let stepped: Vec<&str> = probes
+        .iter()
+        .filter(|p| matches!(&p.place, Place::Function(e) if !e.emulated))
+        .map(|p| p.label.as_str())
+        .take(5)
+        .collect();
+    if !stepped.is_empty() {
+        say!(
+            "myprobe: note: the kernel single-steps the first instruction of {}: each of their calls costs \
+             ~11.6 µs traced, not ~1.5 µs, and their times include it",
+            stepped.join(", ")
+        );
+    }
+    if a.inside && functions == 0 {
+        bail!("--inside needs a function: a static probe has no inside");
+    }
+    Ok(TraceOptions {
+        probes,
+        arg,
+        errval,
+        by_thread: by == By::Thread,
+        by_stack: by == By::Stack,
+        inside: a.inside,
+        max_rate: a.max_rate,
+    })
+}
+
+/// The tables: per function and key, the latency histograms, what happened inside.
+fn tables(
+    a: &TraceArgs,
+    target: &Target,
+    traced: &Traced,
+    options: &TraceOptions,
+    by: By,
+    show: Option<ArgShow>,
+) -> String {
+    let timed = options
+        .probes
+        .iter()
+        .any(|p| matches!(p.place, Place::Function(_)));
+    let mut names = HashMap::new();
+    let pid = target.pid;
+    let mut thread_name = |tid: u32| {
+        names
+            .entry(tid)
+            .or_insert_with(|| process::thread_name(pid, tid))
+            .clone()
+    };
+    let mut text = trace::table(
+        traced,
+        &options.probes,
+        by,
+        show,
+        timed,
+        &mut thread_name,
+        a.top,
+    );
+    if timed {
+        text += &trace::histograms(traced, &options.probes, 10);
+    }
+    if a.inside {
+        let mut locks = DataSymbolizer::new(target.pid).ok();
+        // A lock in no variable (on the heap, in an anonymous mapping) is told apart by its address.
+        let mut lock_name = |addr: u64| match locks.as_mut().map(|l| l.name(addr)) {
+            Some(name) if !name.starts_with('[') => name,
+            Some(name) => format!("{name} {addr:#x}"),
+            None => format!("{addr:#x}"),
+        };
+        text += &trace::inside(traced, &options.probes, &mut lock_name, a.top);
+    }
+    text
+}
+
+/// `--by stack`: the callers of the probes as a flame graph.
+fn write_callers(
+    a: &TraceArgs,
+    target: &Target,
+    traced: &Traced,
+    symbolizer: &mut Symbolizer,
+    timed: bool,
+    what: &str,
+) -> Result<()> {
+    let mut namer = StackNamer::new(
+        symbolizer,
+        StackOptions {
+            pid: target.pid,
+            per_thread: false,
+            addresses: false,
+        },
+    );
+    let (unit, column, scale) = if a.calls || !timed {
+        (Unit::Count, "calls", 1)
+    } else {
+        (Unit::Microseconds, "total_ns", 1000)
+    };
+    let profile = stacks::build(&traced.collected, &mut namer, unit, |c, row| {
+        vec![Part::value(c.value(row, column) / scale)]
+    });
+    let opts = RenderOptions {
+        title: format!("Callers of {what}: {target}"),
+        palette: Palette::Hot,
+        ..RenderOptions::default()
+    };
+    render::write_profile(&profile, a.output.as_deref(), &opts)
 }
 
 fn write_stdout(text: &str) -> Result<()> {
@@ -350,155 +394,13 @@ fn parse_errval(s: &str) -> Result<ErrVal> {
     })
 }
 
-/// Splits a list of specs on the commas outside parentheses (a parameter list has its own).
-fn split_specs(list: &str) -> Vec<&str> {
-    let mut specs = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in list.char_indices() {
-        match c {
-            '(' | '<' => depth += 1,
-            ')' | '>' => depth -= 1,
-            ',' if depth <= 0 => {
-                specs.push(list[start..i].trim());
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    specs.push(list[start..].trim());
-    specs.retain(|s| !s.is_empty());
-    specs
-}
-
-/// The probes the specs name, each function once; an error in one line for a name that is nowhere.
-fn resolve_probes(target: &Target, modules: &mut Modules, list: &str) -> Result<Vec<ProbePoint>> {
-    let mut probes: Vec<ProbePoint> = Vec::new();
-    let mut seen: Vec<(PathBuf, u64)> = Vec::new();
-    for spec in split_specs(list) {
-        if let Some(rest) = spec.strip_prefix("usdt:") {
-            probes.extend(usdt_probes(target, rest)?);
-            continue;
-        }
-        let s = Spec::parse(spec);
-        let module = modules.module(s.module)?;
-        let found = functions::matching(module, s.pattern)?;
-        let places = module.entry_probes(&found)?;
-        let prefix = s.module.map(|m| format!("{m}:")).unwrap_or_default();
-        // Overloads share a short name: they are told apart by their parameters.
-        let mut shorts: HashMap<&str, usize> = HashMap::new();
-        for f in &found {
-            *shorts.entry(f.short()).or_default() += 1;
-        }
-        for (f, place) in found.iter().zip(places) {
-            let Some(place) = place else {
-                say!(
-                    "myprobe: note: {} has no code in {} to probe: left out",
-                    f.name,
-                    module.basename
-                );
-                continue;
-            };
-            if seen.contains(&(module.open_path.clone(), f.address)) {
-                continue;
-            }
-            seen.push((module.open_path.clone(), f.address));
-            let name = if shorts[f.short()] > 1 {
-                &f.name
-            } else {
-                f.short()
-            };
-            probes.push(ProbePoint {
-                label: format!("{prefix}{name}"),
-                open_path: module.open_path.clone(),
-                place: Place::Function(place),
-            });
-        }
-    }
-    if probes.is_empty() {
-        bail!("no function or probe given: name one, e.g. `myprobe trace ha_innobase::write_row`");
-    }
-    if probes.len() > MAX_PROBES {
-        bail!(
-            "the patterns match {} functions; at most {MAX_PROBES} are traced at once: narrow them \
-             (`myprobe trace --list PATTERN` shows what they match)",
-            probes.len()
-        );
-    }
-    Ok(probes)
-}
-
-/// The files of the process that static probes may be in: the executable, then its libraries.
-fn probe_files(target: &Target) -> Result<Vec<(String, PathBuf)>> {
-    let maps = ProcMaps::read(target.pid).context("reading the process's memory map")?;
-    let mut files = vec![(
-        target
-            .exe
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        target.binary.clone(),
-    )];
-    for f in maps.files_in_address_order() {
-        if f.symbolic != target.exe && f.basename.contains(".so") {
-            files.push((f.basename.clone(), f.open_path.clone()));
-        }
-    }
-    Ok(files)
-}
-
-/// `PROVIDER:NAME` → one probe per file that has it.
-fn usdt_probes(target: &Target, spec: &str) -> Result<Vec<ProbePoint>> {
-    let Some((provider, name)) = spec.split_once(':') else {
-        bail!("usdt:{spec}: a static probe is usdt:PROVIDER:NAME (`myprobe trace --list usdt` lists them)");
-    };
-    let mut found = Vec::new();
-    let mut all = Vec::new();
-    for (basename, path) in probe_files(target)? {
-        let probes = usdt::probes(&path).unwrap_or_default();
-        if probes
-            .iter()
-            .any(|p| p.provider == provider && p.name == name)
-        {
-            found.push(ProbePoint {
-                label: format!("usdt:{provider}:{name}"),
-                open_path: path.clone(),
-                place: Place::Usdt {
-                    provider: provider.to_string(),
-                    name: name.to_string(),
-                },
-            });
-        }
-        all.extend(probes.into_iter().map(|p| (basename.clone(), p)));
-    }
-    if found.is_empty() {
-        if all.is_empty() {
-            bail!(
-                "{target} has no static probes (USDT) at all, in its executable or libraries: it was built \
-                 without them (Debian's MariaDB is). Trace functions instead"
-            );
-        }
-        let mut names: Vec<String> = all
-            .iter()
-            .map(|(_, p)| format!("usdt:{}:{}", p.provider, p.name))
-            .collect();
-        names.sort();
-        names.dedup();
-        names.truncate(10);
-        bail!(
-            "no static probe usdt:{provider}:{name} in {target}; it has {}",
-            names.join(", ")
-        );
-    }
-    Ok(found)
-}
-
 /// `--list PATTERN`: functions, or `usdt` for static probes, one a line on stdout.
 fn list(target: &Target, modules: &mut Modules, pattern: &str) -> Result<()> {
     let mut out = String::new();
     if pattern == "usdt" || pattern.starts_with("usdt:") {
         let wanted = pattern.strip_prefix("usdt:").unwrap_or("*");
         let matcher = functions::Pattern::new(wanted)?;
-        for (basename, path) in probe_files(target)? {
+        for (basename, path) in trace::points::probe_files(target)? {
             for p in usdt::probes(&path).unwrap_or_default() {
                 let full = format!("{}:{}", p.provider, p.name);
                 let as_function = functions::Function {
@@ -538,15 +440,6 @@ fn list(target: &Target, modules: &mut Modules, pattern: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn specs_split_outside_parameter_lists() {
-        assert_eq!(
-            split_specs("a,b::c(int, char*),libc:malloc, x<int, int>::y"),
-            ["a", "b::c(int, char*)", "libc:malloc", "x<int, int>::y"]
-        );
-        assert!(split_specs(" , ").is_empty());
-    }
 
     #[test]
     fn arguments_and_keys_parse() {

@@ -4,6 +4,7 @@
 //! threads did inside the functions.
 
 pub mod functions;
+pub mod points;
 pub mod usdt;
 
 use std::{collections::BTreeMap, fmt::Write};
