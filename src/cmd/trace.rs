@@ -78,9 +78,15 @@ pub struct TraceArgs {
     pub frame_pointers: bool,
 }
 
-/// What the rows are keyed by, the argument read and the error rule, from the arguments; checked against the
-/// output asked for.
-fn keys(a: &TraceArgs) -> Result<(By, Option<(u32, ArgKind)>, ErrVal)> {
+/// What the rows are keyed by, the argument read (its number and kind) and the error rule.
+struct Keys {
+    by: By,
+    arg: Option<(u32, ArgKind)>,
+    errval: ErrVal,
+}
+
+/// The [`Keys`] the arguments ask for, checked against the output asked for.
+fn keys(a: &TraceArgs) -> Result<Keys> {
     let by = parse_by(&a.by)?;
     let arg = a.arg.as_deref().map(parse_arg).transpose()?;
     let errval = a
@@ -108,17 +114,18 @@ fn keys(a: &TraceArgs) -> Result<(By, Option<(u32, ArgKind)>, ErrVal)> {
         }
     }
     anyhow::ensure!(a.duration > 0, "-d must be at least 1 second");
-    Ok((by, arg, errval))
+    Ok(Keys { by, arg, errval })
 }
 
 pub fn run(a: TraceArgs) -> Result<()> {
-    let (by, arg, errval) = keys(&a)?;
+    let keys = keys(&a)?;
+    let (by, arg) = (keys.by, keys.arg);
     let target = a.target.resolve()?;
     let mut modules = Modules::of_process(target.pid, &target.exe, &target.binary)?;
     if let Some(pattern) = &a.list {
         return list(&target, &mut modules, pattern);
     }
-    let options = trace_options(&a, &target, &mut modules, (by, arg, errval))?;
+    let options = trace_options(&a, &target, &mut modules, keys)?;
     let unwind = if by == By::Stack {
         ProcessTables::for_tracing(target.pid, a.frame_pointers)?
     } else {
@@ -224,7 +231,7 @@ fn trace_options(
     a: &TraceArgs,
     target: &Target,
     modules: &mut Modules,
-    (by, arg, errval): (By, Option<(u32, ArgKind)>, ErrVal),
+    Keys { by, arg, errval }: Keys,
 ) -> Result<TraceOptions> {
     let probes = trace::points::resolve(target, modules, a.functions.as_deref().unwrap_or(""))?;
     let functions = probes
