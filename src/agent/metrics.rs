@@ -412,23 +412,24 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 
 /// Each row's count, errors and time by part.
 fn write_statement_counts(out: &mut String, rows: &[(String, &Series)]) {
-    family(
-        out,
-        "myprobe_statements_total",
-        "counter",
-        "Statements the server ran, by fingerprint.",
-    );
-    for (l, s) in rows {
-        let _ = writeln!(out, "myprobe_statements_total{{{l}}} {}", s.count);
-    }
-    family(
-        out,
-        "myprobe_statement_errors_total",
-        "counter",
-        "Statements that ended with an error, by fingerprint.",
-    );
-    for (l, s) in rows {
-        let _ = writeln!(out, "myprobe_statement_errors_total{{{l}}} {}", s.errors);
+    type Count = (&'static str, &'static str, fn(&Series) -> u64);
+    let counts: [Count; 2] = [
+        (
+            "myprobe_statements_total",
+            "Statements the server ran, by fingerprint.",
+            |s| s.count,
+        ),
+        (
+            "myprobe_statement_errors_total",
+            "Statements that ended with an error, by fingerprint.",
+            |s| s.errors,
+        ),
+    ];
+    for (name, help, value) in counts {
+        family(out, name, "counter", help);
+        for (l, s) in rows {
+            let _ = writeln!(out, "{name}{{{l}}} {}", value(s));
+        }
     }
     family(
         out,

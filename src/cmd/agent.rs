@@ -7,7 +7,6 @@ use clap::Args;
 
 use crate::{
     agent,
-    client::ConnectArgs,
     collect::periods::Duty,
     query::follow::{FollowOptions, SampleEvery},
 };
@@ -59,14 +58,8 @@ pub struct AgentArgs {
     /// average, in the kernel and in the agent together
     #[arg(long, value_name = "PERCENT", default_value_t = AGENT_STATEMENTS_CPU_PCT, value_parser = crate::cmd::queries::parse_cpu_percent)]
     pub statements_max_cpu: f64,
-    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
-    #[arg(long)]
-    pub raw_sql: bool,
-    /// Never connect to the server: no statement texts from its process list
-    #[arg(long)]
-    pub no_sql: bool,
     #[command(flatten)]
-    pub connect: ConnectArgs,
+    pub sql: crate::cmd::SqlArgs,
 }
 
 /// `--max-statements`: from the budget of CPU, or a rate.
@@ -149,10 +142,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
                 },
             },
             max_cpu_pct: a.statements_max_cpu,
-            raw_sql: a.raw_sql,
-            btf: a.target.btf,
-            max_kernel_mem_mib: a.target.max_kernel_mem,
-            ..FollowOptions::new((!a.no_sql).then_some(a.connect))
+            ..a.sql.follow_options(&a.target)
         },
     })
 }

@@ -17,9 +17,36 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::{
+    client::ConnectArgs,
     collect::{CollectOptions, Stop},
     process::{self, Target},
+    query::follow::FollowOptions,
 };
+
+/// How the statements' tracing uses SQL, in the commands that trace them beside other collectors.
+#[derive(Args, Clone, Debug)]
+pub struct SqlArgs {
+    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
+    #[arg(long)]
+    pub raw_sql: bool,
+    /// Never connect to the server: no statement texts from its process list
+    #[arg(long)]
+    pub no_sql: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+impl SqlArgs {
+    /// Following statements with this SQL, on the target's kernel terms.
+    pub fn follow_options(self, target: &TargetArgs) -> FollowOptions {
+        FollowOptions {
+            raw_sql: self.raw_sql,
+            btf: target.btf.clone(),
+            max_kernel_mem_mib: target.max_kernel_mem,
+            ..FollowOptions::new((!self.no_sql).then_some(self.connect))
+        }
+    }
+}
 
 /// What every command that loads BPF programs for one process takes: the process, and the kernel's terms.
 #[derive(Args, Clone, Debug)]

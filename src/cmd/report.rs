@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{client::ConnectArgs, query::follow::FollowOptions, report};
+use crate::report;
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -26,14 +26,8 @@ pub struct ReportArgs {
     /// Rows of the statement and lock tables
     #[arg(long, default_value_t = 50)]
     pub top: usize,
-    /// Show query text with its literals (they can hold passwords); by default literals are replaced by `?`
-    #[arg(long)]
-    pub raw_sql: bool,
-    /// Never connect to the server: no statement texts from its process list
-    #[arg(long)]
-    pub no_sql: bool,
     #[command(flatten)]
-    pub connect: ConnectArgs,
+    pub sql: crate::cmd::SqlArgs,
 }
 
 pub fn run(a: ReportArgs) -> Result<()> {
@@ -57,12 +51,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
         frequency: a.frequency,
         min_block_us: a.min_block_us,
         top: a.top,
-        queries: FollowOptions {
-            raw_sql: a.raw_sql,
-            btf: a.target.btf.clone(),
-            max_kernel_mem_mib: a.target.max_kernel_mem,
-            ..FollowOptions::new((!a.no_sql).then_some(a.connect))
-        },
+        queries: a.sql.follow_options(&a.target),
     };
     let r = report::trace(&target, &options)?;
     let page = report::html::render(&r);
