@@ -211,161 +211,193 @@ pub struct SyscallsArgs {
 
 pub fn run(c: ProfileCommand) -> Result<()> {
     match c {
-        ProfileCommand::Cpu(a) => {
-            anyhow::ensure!(
-                (1..=10_000).contains(&a.frequency),
-                "-F must be between 1 and 10000 Hz"
-            );
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            s.opts.announce = format!(
-                "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
-                a.frequency, a.trace.duration
-            );
-            let collected = collect::cpu::collect(&s.opts, a.frequency)?;
-            let mut namer = s.namer();
-            let profile = stacks::on_cpu(&collected, &mut namer);
-            s.finish(&collected, &profile, "CPU", Palette::Hot)
-        }
-        ProfileCommand::Offcpu(a) => {
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            s.opts.announce = format!(
-                "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
-                a.min_block_us, a.trace.duration
-            );
-            let (collected, preemptions) = collect::offcpu::collect(
-                &s.opts,
-                collect::offcpu::Options {
-                    min_block_us: a.min_block_us,
-                    per_thread: a.trace.per_thread,
-                    preemptors: a.preemptors,
-                    preempted_leaf_only: a.preempted_leaf_only,
-                },
-            )?;
-            let mut namer = s.namer();
-            let profile = stacks::off_cpu(&collected, &mut namer);
-            s.finish(&collected, &profile, "Off-CPU", Palette::Io)?;
-            if a.preemptors {
-                let pid = s.target.pid;
-                let mut name = |tid: u32| process::thread_name(pid, tid);
-                say_part!("{}", tables::preemptors(preemptions, a.top, &mut name));
-            }
-            Ok(())
-        }
-        ProfileCommand::Alloc(a) => {
-            let alloc = a.filter.options(a.sample, None)?;
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            let every = if alloc.sample_every > 1 {
-                format!("every {}th call", alloc.sample_every)
-            } else {
-                "every call".into()
-            };
-            s.opts.announce = format!(
-                "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
-                a.trace.duration
-            );
-            let collected = collect::alloc::collect(&s.opts, &alloc, |_| {})?;
-            let (unit, column) = if a.calls {
-                (Unit::Count, "calls")
-            } else {
-                (Unit::Bytes, "bytes")
-            };
-            let mut namer = s.namer();
-            let profile = stacks::build(&collected, &mut namer, unit, |c, row| {
-                vec![Part::value(c.value(row, column))]
-            });
-            s.finish(&collected, &profile, "Allocation", Palette::Mem)
-        }
-        ProfileCommand::Locks(a) => {
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            let mut names =
-                DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
-            s.opts.announce = format!(
-                "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
-                a.trace.duration
-            );
-            let collected = collect::locks::collect(&s.opts)?;
-            let mut namer = s.namer();
-            let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
-            say_part!("{}", tables::locks(locks, a.top, a.all));
-            s.finish(&collected, &profile, "Lock wait", Palette::Io)
-        }
-        ProfileCommand::Memleak(a) => {
-            let mut alloc = a
-                .filter
-                .options(a.sample, Some(a.older.saturating_mul(1_000_000)))?;
-            anyhow::ensure!(
-                a.interval != Some(0),
-                "--interval must be at least 1 second"
-            );
-            alloc.interval = a.interval.map(Duration::from_secs);
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            s.opts.announce = format!(
-                "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
-                 for {} s; Ctrl-C ends early",
-                a.older,
-                if a.sample > 1 {
-                    format!("those of one 100 ms period in {}, scaled", a.sample)
-                } else {
-                    "every allocation".into()
-                },
-                a.trace.duration
-            );
-            let started = Instant::now();
-            // Borrows only the symbolizer: the options are read while it reports.
-            let stack_options = s.stack_options();
-            let mut namer = StackNamer::new(&mut s.symbolizer, stack_options);
-            let collected = collect::alloc::collect(&s.opts, &alloc, |so_far| {
-                say_part!("after {:.0} s, ", started.elapsed().as_secs_f64());
-                say_part!("{}", tables::outstanding(&mut namer, so_far, a.top));
-            })?;
-            let profile = stacks::build(&collected, &mut namer, Unit::Bytes, |c, row| {
-                vec![Part::value(c.value(row, "bytes"))]
-            });
-            say_part!("{}", tables::outstanding(&mut namer, &collected, a.top));
-            let what = "Outstanding allocations";
-            s.finish(&collected, &profile, what, Palette::Mem)
-        }
-        ProfileCommand::Syscalls(a) => {
-            let only = a
-                .syscalls
-                .iter()
-                .map(|name| {
-                    name.trim().parse::<Sysno>().map_err(|_| {
-                        anyhow::anyhow!("--syscall: no syscall {name:?} on this architecture (e.g. pwrite64, fsync)")
-                    })
-                })
-                .collect::<Result<Vec<Sysno>>>()?;
-            let mut s = Session::start(&a.trace)?;
-            let target = &s.target;
-            let which = if only.is_empty() {
-                "the syscalls".to_string()
-            } else {
-                only.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
-            };
-            s.opts.announce = format!(
-                "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
-                a.min_us, a.trace.duration
-            );
-            let found = collect::syscalls::collect(&s.opts, a.min_us.saturating_mul(1000), &only)?;
-            let mut namer = s.namer();
-            let (unit, column, scale) = if a.calls {
-                (Unit::Count, "calls", 1)
-            } else {
-                (Unit::Microseconds, "total_ns", 1000)
-            };
-            let profile = stacks::build(&found.collected, &mut namer, unit, |c, row| {
-                let leaf = format!("[syscall] {}", collect::syscalls::name(row.key));
-                vec![Part::leaf(leaf, c.value(row, column) / scale)]
-            });
-            say_part!("{}", tables::syscalls(&found, a.top));
-            s.finish(&found.collected, &profile, "Syscall", Palette::Io)
-        }
+        ProfileCommand::Cpu(a) => cpu(a),
+        ProfileCommand::Offcpu(a) => offcpu(a),
+        ProfileCommand::Alloc(a) => alloc(a),
+        ProfileCommand::Locks(a) => locks(a),
+        ProfileCommand::Memleak(a) => memleak(a),
+        ProfileCommand::Syscalls(a) => syscalls(a),
     }
+}
+
+/// `profile cpu`: the sampled stacks as an on-CPU flame graph.
+fn cpu(a: CpuArgs) -> Result<()> {
+    anyhow::ensure!(
+        (1..=10_000).contains(&a.frequency),
+        "-F must be between 1 and 10000 Hz"
+    );
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    s.opts.announce = format!(
+        "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
+        a.frequency, a.trace.duration
+    );
+    let collected = collect::cpu::collect(&s.opts, a.frequency)?;
+    let mut namer = s.namer();
+    let profile = stacks::on_cpu(&collected, &mut namer);
+    s.finish(&collected, &profile, "CPU", Palette::Hot)
+}
+
+/// `profile offcpu`: the timed waits as an off-CPU flame graph, then the preemptor table if asked.
+fn offcpu(a: OffcpuArgs) -> Result<()> {
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    s.opts.announce = format!(
+        "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
+        a.min_block_us, a.trace.duration
+    );
+    let (collected, preemptions) = collect::offcpu::collect(
+        &s.opts,
+        collect::offcpu::Options {
+            min_block_us: a.min_block_us,
+            per_thread: a.trace.per_thread,
+            preemptors: a.preemptors,
+            preempted_leaf_only: a.preempted_leaf_only,
+        },
+    )?;
+    let mut namer = s.namer();
+    let profile = stacks::off_cpu(&collected, &mut namer);
+    s.finish(&collected, &profile, "Off-CPU", Palette::Io)?;
+    if a.preemptors {
+        let pid = s.target.pid;
+        let mut name = |tid: u32| process::thread_name(pid, tid);
+        say_part!("{}", tables::preemptors(preemptions, a.top, &mut name));
+    }
+    Ok(())
+}
+
+/// `profile alloc`: the bytes (or calls) asked for, by stack.
+fn alloc(a: AllocArgs) -> Result<()> {
+    let alloc = a.filter.options(a.sample, None)?;
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    let every = if alloc.sample_every > 1 {
+        format!("every {}th call", alloc.sample_every)
+    } else {
+        "every call".into()
+    };
+    s.opts.announce = format!(
+        "myprobe: tracing the allocations of {target} ({every}) for {} s; Ctrl-C ends early",
+        a.trace.duration
+    );
+    let collected = collect::alloc::collect(&s.opts, &alloc, |_| {})?;
+    let (unit, column) = if a.calls {
+        (Unit::Count, "calls")
+    } else {
+        (Unit::Bytes, "bytes")
+    };
+    let mut namer = s.namer();
+    let profile = stacks::build(&collected, &mut namer, unit, |c, row| {
+        vec![Part::value(c.value(row, column))]
+    });
+    s.finish(&collected, &profile, "Allocation", Palette::Mem)
+}
+
+/// `profile locks`: the futex waits by lock and stack, with the table of the top locks before the results.
+fn locks(a: LocksArgs) -> Result<()> {
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    let mut names =
+        DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
+    s.opts.announce = format!(
+        "myprobe: timing the lock (futex) waits of {target} for {} s; Ctrl-C ends early",
+        a.trace.duration
+    );
+    let collected = collect::locks::collect(&s.opts)?;
+    let mut namer = s.namer();
+    let (profile, locks) = profile::locks::summarize(&collected, &mut namer, &mut names);
+    say_part!("{}", tables::locks(locks, a.top, a.all));
+    s.finish(&collected, &profile, "Lock wait", Palette::Io)
+}
+
+/// `profile memleak`: the allocations still held when tracing ends, with the table of the top stacks (also
+/// every `--interval` while tracing).
+fn memleak(a: MemleakArgs) -> Result<()> {
+    let alloc = memleak_options(&a)?;
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    s.opts.announce = format!(
+        "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
+         for {} s; Ctrl-C ends early",
+        a.older,
+        if a.sample > 1 {
+            format!("those of one 100 ms period in {}, scaled", a.sample)
+        } else {
+            "every allocation".into()
+        },
+        a.trace.duration
+    );
+    let started = Instant::now();
+    // Borrows only the symbolizer: the options are read while it reports.
+    let stack_options = s.stack_options();
+    let mut namer = StackNamer::new(&mut s.symbolizer, stack_options);
+    let collected = collect::alloc::collect(&s.opts, &alloc, |so_far| {
+        say_part!("after {:.0} s, ", started.elapsed().as_secs_f64());
+        say_part!("{}", tables::outstanding(&mut namer, so_far, a.top));
+    })?;
+    let profile = stacks::build(&collected, &mut namer, Unit::Bytes, |c, row| {
+        vec![Part::value(c.value(row, "bytes"))]
+    });
+    say_part!("{}", tables::outstanding(&mut namer, &collected, a.top));
+    let what = "Outstanding allocations";
+    s.finish(&collected, &profile, what, Palette::Mem)
+}
+
+/// What memleak traces, checked before the process is looked at.
+fn memleak_options(a: &MemleakArgs) -> Result<collect::alloc::AllocOptions> {
+    let mut alloc = a
+        .filter
+        .options(a.sample, Some(a.older.saturating_mul(1_000_000)))?;
+    anyhow::ensure!(
+        a.interval != Some(0),
+        "--interval must be at least 1 second"
+    );
+    alloc.interval = a.interval.map(Duration::from_secs);
+    Ok(alloc)
+}
+
+/// `profile syscalls`: time in syscalls (or their calls) by stack, with the table of syscalls before the
+/// results.
+fn syscalls(a: SyscallsArgs) -> Result<()> {
+    let only = syscalls_named(&a.syscalls)?;
+    let mut s = Session::start(&a.trace)?;
+    let target = &s.target;
+    let which = if only.is_empty() {
+        "the syscalls".to_string()
+    } else {
+        only.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+    };
+    s.opts.announce = format!(
+        "myprobe: timing {which} of {target} (calls ≥ {} µs) for {} s; Ctrl-C ends early",
+        a.min_us, a.trace.duration
+    );
+    let found = collect::syscalls::collect(&s.opts, a.min_us.saturating_mul(1000), &only)?;
+    let mut namer = s.namer();
+    let (unit, column, scale) = if a.calls {
+        (Unit::Count, "calls", 1)
+    } else {
+        (Unit::Microseconds, "total_ns", 1000)
+    };
+    let profile = stacks::build(&found.collected, &mut namer, unit, |c, row| {
+        let leaf = format!("[syscall] {}", collect::syscalls::name(row.key));
+        vec![Part::leaf(leaf, c.value(row, column) / scale)]
+    });
+    say_part!("{}", tables::syscalls(&found, a.top));
+    s.finish(&found.collected, &profile, "Syscall", Palette::Io)
+}
+
+/// The syscalls `--syscall` names, each known on this architecture.
+fn syscalls_named(names: &[String]) -> Result<Vec<Sysno>> {
+    names
+        .iter()
+        .map(|name| {
+            name.trim().parse::<Sysno>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--syscall: no syscall {name:?} on this architecture (e.g. pwrite64, fsync)"
+                )
+            })
+        })
+        .collect()
 }
 
 /// One tracing run of a command: its options, the process, and what is resolved before tracing.

@@ -2,7 +2,7 @@
 
 use std::{
     io::{BufWriter, Write},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +12,7 @@ use crate::{
     client::ConnectArgs,
     query::{
         digest::Digest,
-        follow::{self, FollowOptions, SampleEvery, AUTO_CPU_PER_MILLE},
+        follow::{self, FollowOptions, Followed, SampleEvery, AUTO_CPU_PER_MILLE},
         QueryRecord,
     },
     render::queries as render,
@@ -109,21 +109,7 @@ impl QueriesArgs {
 const FLUSH_NS: u64 = 200_000_000;
 
 pub fn run(mut a: QueriesArgs) -> Result<()> {
-    anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
-    anyhow::ensure!(
-        a.min_ms >= 0.0 && a.min_ms.is_finite(),
-        "--min-ms must be a number of milliseconds ≥ 0"
-    );
-    // A threshold asks for the rare statement, which a sample would miss: every one is followed, and those
-    // shorter are dropped in the kernel.
-    if a.min_ms > 0.0 {
-        match a.sample_every {
-            SampleEvery::Auto | SampleEvery::Every(1) => a.sample_every = SampleEvery::Every(1),
-            _ => bail!(
-                "--min-ms follows every statement, so as to miss none of the slow ones: leave out --sample-every"
-            ),
-        }
-    }
+    check_options(&mut a)?;
     let target = a.target.resolve()?;
     say_static_query_probes(&target.binary);
     // Looked up before the header: nothing goes to stdout on its error.
@@ -172,40 +158,10 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
     let followed = follow::follow(&options, &target, functions, attached, emit, |_| {})?;
     let ended = options.stop.ended();
     if a.summary {
-        let mut rows = digest.rows();
-        if followed.scale > 1.0 {
-            rows.iter_mut().for_each(|r| r.scale(followed.scale));
-        }
-        if a.json {
-            for r in &rows {
-                writeln!(out, "{}", serde_json::to_string(r)?)?;
-            }
-        } else if digest.is_empty() {
-            say!(
-                "myprobe: no statements{}",
-                if min_us > 0 {
-                    " at or above --min-ms"
-                } else {
-                    ""
-                }
-            );
-        } else {
-            write!(out, "{}", render::digest_table(&rows, a.top))?;
-            write!(out, "\n{}", render::digest_findings(&rows, 5))?;
-        }
+        write_digest(&mut out, &a, &digest, &followed, min_us)?;
     }
-    // JSON readers see where records went missing: a last line with the counts, when anything was lost.
-    let forgot = followed.forgotten_prepared > 0 || followed.forgotten_conns > 0;
-    if a.json && failed.is_none() && (followed.lost.total() > 0 || forgot) {
-        let losses = serde_json::json!({
-            "lost": followed.lost.to_json(),
-            "statements": followed.seen,
-            "forgotten_prepared": followed.forgotten_prepared,
-            "forgotten_connections": followed.forgotten_conns,
-        });
-        if let Err(e) = writeln!(out, "{losses}") {
-            failed = Some(e);
-        }
+    if a.json && failed.is_none() {
+        failed = write_losses(&mut out, &followed).err();
     }
     let written = match failed {
         Some(e) => Err(e),
@@ -216,6 +172,79 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
         r => r.context("writing the records")?,
     }
+    say_summary(&a, &followed, reported, ended);
+    Ok(())
+}
+
+/// Checks the options, and follows every statement when `--min-ms` asks for the slow ones.
+fn check_options(a: &mut QueriesArgs) -> Result<()> {
+    anyhow::ensure!(a.duration != Some(0), "-d must be at least 1 second");
+    anyhow::ensure!(
+        a.min_ms >= 0.0 && a.min_ms.is_finite(),
+        "--min-ms must be a number of milliseconds ≥ 0"
+    );
+    // A threshold asks for the rare statement, which a sample would miss: every one is followed, and those
+    // shorter are dropped in the kernel.
+    if a.min_ms > 0.0 {
+        match a.sample_every {
+            SampleEvery::Auto | SampleEvery::Every(1) => a.sample_every = SampleEvery::Every(1),
+            _ => bail!(
+                "--min-ms follows every statement, so as to miss none of the slow ones: leave out --sample-every"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// `--summary`: the digest, scaled up if statements were sampled, as JSON rows or the table and its findings.
+fn write_digest(
+    out: &mut impl Write,
+    a: &QueriesArgs,
+    digest: &Digest,
+    followed: &Followed,
+    min_us: u64,
+) -> Result<()> {
+    let mut rows = digest.rows();
+    if followed.scale > 1.0 {
+        rows.iter_mut().for_each(|r| r.scale(followed.scale));
+    }
+    if a.json {
+        for r in &rows {
+            writeln!(out, "{}", serde_json::to_string(r)?)?;
+        }
+    } else if digest.is_empty() {
+        say!(
+            "myprobe: no statements{}",
+            if min_us > 0 {
+                " at or above --min-ms"
+            } else {
+                ""
+            }
+        );
+    } else {
+        write!(out, "{}", render::digest_table(&rows, a.top))?;
+        write!(out, "\n{}", render::digest_findings(&rows, 5))?;
+    }
+    Ok(())
+}
+
+/// JSON readers see where records went missing: a last line with the counts, when anything was lost.
+fn write_losses(out: &mut impl Write, followed: &Followed) -> std::io::Result<()> {
+    let forgot = followed.forgotten_prepared > 0 || followed.forgotten_conns > 0;
+    if followed.lost.total() == 0 && !forgot {
+        return Ok(());
+    }
+    let losses = serde_json::json!({
+        "lost": followed.lost.to_json(),
+        "statements": followed.seen,
+        "forgotten_prepared": followed.forgotten_prepared,
+        "forgotten_connections": followed.forgotten_conns,
+    });
+    writeln!(out, "{losses}")
+}
+
+/// The counts on stderr once the records are out: statements traced and reported, the sampling, the notes.
+fn say_summary(a: &QueriesArgs, followed: &Followed, reported: u64, ended: Instant) {
     say!(
         "myprobe: {} statements traced, {reported} reported{}",
         followed.seen,
@@ -246,7 +275,6 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             ended.elapsed().as_secs_f64() * 1000.0
         );
     }
-    Ok(())
 }
 
 fn write_record(out: &mut impl Write, r: &QueryRecord, json: bool) -> std::io::Result<()> {

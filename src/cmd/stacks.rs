@@ -1,6 +1,10 @@
 //! `myprobe stacks`: what every thread of the server is doing right now, read from BPF without stopping it.
 
-use std::{path::PathBuf, time::Instant};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -52,6 +56,21 @@ pub struct StacksArgs {
 }
 
 pub fn run(a: StacksArgs) -> Result<()> {
+    let format = output_format(&a)?;
+    if let Some(file) = &a.resolve {
+        return resolve_text(&a, file, format);
+    }
+    if let Some(core) = &a.core {
+        return read_core(&a, core, format);
+    }
+    if a.root.is_some() {
+        bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
+    }
+    read_running(&a, format)
+}
+
+/// The format `-o`'s extension names, text on stdout without it.
+fn output_format(a: &StacksArgs) -> Result<Format> {
     let format = match a
         .output
         .as_ref()
@@ -63,105 +82,87 @@ pub fn run(a: StacksArgs) -> Result<()> {
         Some("json") => Format::Json,
         _ => bail!("-o: name the file .folded, .txt or .json (for folded stacks or JSON)"),
     };
-    if let Some(file) = &a.resolve {
-        let (text, name) = if file.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .context("reading the stack text from stdin")?;
-            (text, "stdin".to_string())
-        } else {
-            let bytes =
-                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            // Error logs hold whatever clients sent; the stacks are ASCII.
-            (
-                String::from_utf8_lossy(&bytes).into_owned(),
-                file.display().to_string(),
-            )
+    Ok(format)
+}
+
+/// `--resolve`: the threads of stack text, with the crash's summary first on text output.
+fn resolve_text(a: &StacksArgs, file: &Path, format: Format) -> Result<()> {
+    let (text, name) = if file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the stack text from stdin")?;
+        (text, "stdin".to_string())
+    } else {
+        let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        // Error logs hold whatever clients sent; the stacks are ASCII.
+        (
+            String::from_utf8_lossy(&bytes).into_owned(),
+            file.display().to_string(),
+        )
+    };
+    let r = stacks::resolve::resolve(&text, &name, a.exe.as_deref(), a.root.as_deref())?;
+    for w in &r.warnings {
+        say!("myprobe: warning: {w}");
+    }
+    say!(
+        "myprobe: {} threads of {name} ({})",
+        r.threads.len(),
+        r.crash.format
+    );
+    if format == Format::Text && !r.summary.is_empty() {
+        println!("{}", crate::render::terminal_safe(&r.summary));
+    }
+    write_output(a, format, &r.threads)
+}
+
+/// `--core`: the threads of a core file, with a line identifying the crash first on text output.
+fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
+    let c = stacks::core::read(
+        core,
+        a.exe.as_deref(),
+        a.root.as_deref(),
+        a.target.any_process,
+    )?;
+    for w in &c.warnings {
+        say!("myprobe: warning: {w}");
+    }
+    let named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
+    say!(
+        "myprobe: {} threads of the core {}: {}",
+        named.len(),
+        core.display(),
+        c.description
+    );
+    // What identifies the crash, from the stack of the thread that got the signal.
+    let crashed = c
+        .crash
+        .as_ref()
+        .and_then(|(signal, tid)| Some((signal, named.iter().find(|t| t.tid == *tid)?)));
+    if let (Some((signal, t)), Format::Text) = (crashed, &format) {
+        let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
+        let info = stacks::report::CrashInfo {
+            signal: Some(signal.clone()),
+            ..Default::default()
         };
-        let r = stacks::resolve::resolve(&text, &name, a.exe.as_deref(), a.root.as_deref())?;
-        for w in &r.warnings {
-            say!("myprobe: warning: {w}");
-        }
-        say!(
-            "myprobe: {} threads of {name} ({})",
-            r.threads.len(),
-            r.crash.format
+        let site = stacks::report::crash_site(&frames).and_then(|i| frames.get(i).copied());
+        let elements = stacks::report::identify(&frames);
+        println!(
+            "{} (thread {})",
+            crate::render::terminal_safe(&stacks::report::summary_line(&elements, &info, site)),
+            t.tid
         );
-        if format == Format::Text && !r.summary.is_empty() {
-            println!("{}", crate::render::terminal_safe(&r.summary));
-        }
-        return write_output(&a, format, &r.threads);
     }
-    if let Some(core) = &a.core {
-        let c = stacks::core::read(
-            core,
-            a.exe.as_deref(),
-            a.root.as_deref(),
-            a.target.any_process,
-        )?;
-        for w in &c.warnings {
-            say!("myprobe: warning: {w}");
-        }
-        let named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
-        say!(
-            "myprobe: {} threads of the core {}: {}",
-            named.len(),
-            core.display(),
-            c.description
-        );
-        // What identifies the crash, from the stack of the thread that got the signal.
-        let crashed = c
-            .crash
-            .as_ref()
-            .and_then(|(signal, tid)| Some((signal, named.iter().find(|t| t.tid == *tid)?)));
-        if let (Some((signal, t)), Format::Text) = (crashed, &format) {
-            let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
-            let info = stacks::report::CrashInfo {
-                signal: Some(signal.clone()),
-                ..Default::default()
-            };
-            let site = stacks::report::crash_site(&frames).and_then(|i| frames.get(i).copied());
-            let elements = stacks::report::identify(&frames);
-            println!(
-                "{} (thread {})",
-                crate::render::terminal_safe(&stacks::report::summary_line(&elements, &info, site)),
-                t.tid
-            );
-        }
-        return write_output(&a, format, &named);
-    }
-    if a.root.is_some() {
-        bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
-    }
+    write_output(a, format, &named)
+}
+
+/// A running server: a snapshot of its threads' stacks read from BPF, with their statements when it answers.
+fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     let target = a.target.resolve()?;
     // Asked first: a server that does not answer is said, and the threads are read all the same.
-    let statements = if a.no_sql {
-        None
-    } else {
-        match stacks::statements(&a.connect, target.pid) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                say!("myprobe: threads shown without their statements: the server did not answer: {e:#}");
-                None
-            }
-        }
-    };
+    let statements = statements_unless_no_sql(a, target.pid);
     // What the tables lack is said after the snapshot: of a process that exited meanwhile, only that.
     let mut warnings = Vec::new();
-    let unwind = if a.frame_pointers || !cfg!(target_arch = "x86_64") {
-        None
-    } else {
-        match ProcessTables::load(target.pid) {
-            Ok(mut t) => {
-                warnings.append(&mut t.warnings);
-                Some(std::cell::RefCell::new(t))
-            }
-            Err(e) => {
-                warnings.push(format!("stacks are walked by frame pointers: {e:#}"));
-                None
-            }
-        }
-    };
+    let unwind = unwind_tables(a, target.pid, &mut warnings);
     let opts = CollectOptions {
         duration: std::time::Duration::ZERO,
         kernel_stacks: a.kernel,
@@ -199,7 +200,46 @@ pub fn run(a: StacksArgs) -> Result<()> {
     for line in snapshot.lost.report(named.len() as u64) {
         say!("myprobe: warning: {line}");
     }
-    write_output(&a, format, &named)
+    write_output(a, format, &named)
+}
+
+/// Each thread's current statement, by thread id, unless `--no-sql`; a server that does not answer is said
+/// and leaves none.
+fn statements_unless_no_sql(a: &StacksArgs, pid: u32) -> Option<HashMap<u32, String>> {
+    if a.no_sql {
+        return None;
+    }
+    match stacks::statements(&a.connect, pid) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            say!(
+                "myprobe: threads shown without their statements: the server did not answer: {e:#}"
+            );
+            None
+        }
+    }
+}
+
+/// The process's .eh_frame tables to unwind with, unless `--frame-pointers` (or not on x86-64); what they lack,
+/// or why there are none, goes to `warnings`.
+fn unwind_tables(
+    a: &StacksArgs,
+    pid: u32,
+    warnings: &mut Vec<String>,
+) -> Option<std::cell::RefCell<ProcessTables>> {
+    if a.frame_pointers || !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    match ProcessTables::load(pid) {
+        Ok(mut t) => {
+            warnings.append(&mut t.warnings);
+            Some(std::cell::RefCell::new(t))
+        }
+        Err(e) => {
+            warnings.push(format!("stacks are walked by frame pointers: {e:#}"));
+            None
+        }
+    }
 }
 
 /// The threads, as `-o` and `--threads` ask, to stdout or the file.
