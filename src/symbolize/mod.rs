@@ -204,16 +204,16 @@ impl Symbolizer {
     /// Names for a user stack, leaf first, same length as `ips` (one name per address; never drops frames).
     pub fn user_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
         let lookups: Vec<u64> = lookup_addrs(ips);
-        let mut misses: Vec<u64> = lookups
-            .iter()
-            .zip(ips)
-            .filter(|&(a, &ip)| ip != LEAF_ONLY_ROOT && !self.user_cache.contains_key(a))
-            .map(|(&a, _)| a)
-            .collect();
+        let misses = uncached(
+            lookups
+                .iter()
+                .zip(ips)
+                .filter(|&(_, &ip)| ip != LEAF_ONLY_ROOT)
+                .map(|(&a, _)| a),
+            |a| self.user_cache.contains_key(a),
+        );
         if !misses.is_empty() {
             let t0 = Instant::now();
-            misses.sort_unstable();
-            misses.dedup();
             self.resolve_user(&misses);
             self.stats.elapsed += t0.elapsed();
         }
@@ -230,15 +230,11 @@ impl Symbolizer {
     /// Names for a kernel stack, leaf first, each suffixed "_[k]" (the FlameGraph convention).
     pub fn kernel_stack(&mut self, ips: &[u64]) -> Vec<Rc<str>> {
         let lookups: Vec<u64> = lookup_addrs(ips);
-        let mut misses: Vec<u64> = lookups
-            .iter()
-            .copied()
-            .filter(|a| !self.kernel_cache.contains_key(a))
-            .collect();
+        let misses = uncached(lookups.iter().copied(), |a| {
+            self.kernel_cache.contains_key(a)
+        });
         if !misses.is_empty() {
             let t0 = Instant::now();
-            misses.sort_unstable();
-            misses.dedup();
             self.resolve_kernel(&misses);
             self.stats.elapsed += t0.elapsed();
         }
@@ -773,6 +769,14 @@ fn binary_of(m: &Mapping) -> Option<usize> {
         MapKind::File(bin) if m.inode != 0 => Some(bin),
         _ => None,
     }
+}
+
+/// The addresses of `lookups` not in a cache yet (`cached`), each once, in order.
+fn uncached(lookups: impl Iterator<Item = u64>, cached: impl Fn(&u64) -> bool) -> Vec<u64> {
+    let mut misses: Vec<u64> = lookups.filter(|a| !cached(a)).collect();
+    misses.sort_unstable();
+    misses.dedup();
+    misses
 }
 
 /// The addresses to look up for a stack, leaf first: the first as is, the others (return addresses) minus one.
