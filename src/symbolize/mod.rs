@@ -212,11 +212,7 @@ impl Symbolizer {
                 .map(|(&a, _)| a),
             |a| self.user_cache.contains_key(a),
         );
-        if !misses.is_empty() {
-            let t0 = Instant::now();
-            self.resolve_user(&misses);
-            self.stats.elapsed += t0.elapsed();
-        }
+        self.resolve_timed(&misses, Self::resolve_user);
         lookups
             .iter()
             .zip(ips)
@@ -233,11 +229,7 @@ impl Symbolizer {
         let misses = uncached(lookups.iter().copied(), |a| {
             self.kernel_cache.contains_key(a)
         });
-        if !misses.is_empty() {
-            let t0 = Instant::now();
-            self.resolve_kernel(&misses);
-            self.stats.elapsed += t0.elapsed();
-        }
+        self.resolve_timed(&misses, Self::resolve_kernel);
         lookups
             .iter()
             .map(|a| Rc::clone(&self.kernel_cache[a]))
@@ -378,6 +370,15 @@ impl Symbolizer {
         });
         self.binaries[bin].vtables = Some(Rc::clone(&v));
         v
+    }
+
+    /// Resolves the addresses a cache misses with `resolve`, its time counted.
+    fn resolve_timed(&mut self, misses: &[u64], resolve: fn(&mut Self, &[u64])) {
+        if !misses.is_empty() {
+            let t0 = Instant::now();
+            resolve(self, misses);
+            self.stats.elapsed += t0.elapsed();
+        }
     }
 
     fn resolve_user(&mut self, misses: &[u64]) {
@@ -642,13 +643,7 @@ impl Symbolizer {
             .raw
             .symbolize(&Source::Process(src), Input::AbsAddr(addrs))
         {
-            Ok(syms) => syms
-                .into_iter()
-                .map(|s| match s {
-                    Symbolized::Sym(sym) => clean_name(&sym.name),
-                    Symbolized::Unknown(_) => None,
-                })
-                .collect(),
+            Ok(syms) => clean_names(syms),
             Err(_) => {
                 self.stats.errors += 1;
                 vec![None; addrs.len()]
@@ -706,13 +701,7 @@ impl Symbolizer {
             Err(())
         };
         let found: Vec<Option<String>> = match result {
-            Ok(syms) => syms
-                .into_iter()
-                .map(|s| match s {
-                    Symbolized::Sym(sym) => clean_name(&sym.name),
-                    Symbolized::Unknown(_) => None,
-                })
-                .collect(),
+            Ok(syms) => clean_names(syms),
             Err(()) => {
                 if self.kallsyms_ok == Some(true) {
                     // Not again for every stack.
@@ -769,6 +758,16 @@ fn binary_of(m: &Mapping) -> Option<usize> {
         MapKind::File(bin) if m.inode != 0 => Some(bin),
         _ => None,
     }
+}
+
+/// Each symbol's clean name; none for an address blazesym could not name.
+fn clean_names(syms: Vec<Symbolized<'_>>) -> Vec<Option<String>> {
+    syms.into_iter()
+        .map(|s| match s {
+            Symbolized::Sym(sym) => clean_name(&sym.name),
+            Symbolized::Unknown(_) => None,
+        })
+        .collect()
 }
 
 /// The addresses of `lookups` not in a cache yet (`cached`), each once, in order.

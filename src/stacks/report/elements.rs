@@ -190,18 +190,7 @@ mod tests {
     #[test]
     fn nested_routines_in_a_prepared_statement() {
         // EXECUTE s, s = CALL p(), p calls q, q runs SELECT SLEEP(): MariaDB's own frame names.
-        let frames = [
-            "__futex_abstimed_wait_common64",
-            "Interruptible_wait::wait",
-            "Item_func_sleep::val_int",
-            "Type_handler::Item_send_long",
-            "Protocol::send_result_set_row",
-            "select_send::send_data",
-            "JOIN::exec_inner",
-            "JOIN::exec",
-            "mysql_select",
-            "handle_select",
-            "??",
+        let routine = [
             "mysql_execute_command",
             "sp_instr_stmt::exec_core",
             "sp_lex_keeper::reset_lex_and_exec_core",
@@ -209,24 +198,37 @@ mod tests {
             "sp_head::execute",
             "sp_head::execute_procedure",
             "Sql_cmd_call::execute",
-            "mysql_execute_command",
-            "sp_instr_stmt::exec_core",
-            "sp_lex_keeper::reset_lex_and_exec_core",
-            "sp_instr_stmt::execute",
-            "sp_head::execute",
-            "sp_head::execute_procedure",
-            "Sql_cmd_call::execute",
-            "mysql_execute_command",
-            "Prepared_statement::execute",
-            "Prepared_statement::execute_loop",
-            "mysql_sql_stmt_execute",
-            "mysql_execute_command",
-            "mysql_parse",
-            "dispatch_command",
-            "do_command",
-            "do_handle_one_connection",
-            "handle_one_connection",
         ];
+        let frames: Vec<&str> = [
+            &[
+                "__futex_abstimed_wait_common64",
+                "Interruptible_wait::wait",
+                "Item_func_sleep::val_int",
+                "Type_handler::Item_send_long",
+                "Protocol::send_result_set_row",
+                "select_send::send_data",
+                "JOIN::exec_inner",
+                "JOIN::exec",
+                "mysql_select",
+                "handle_select",
+                "??",
+            ][..],
+            &routine,
+            &routine,
+            &[
+                "mysql_execute_command",
+                "Prepared_statement::execute",
+                "Prepared_statement::execute_loop",
+                "mysql_sql_stmt_execute",
+                "mysql_execute_command",
+                "mysql_parse",
+                "dispatch_command",
+                "do_command",
+                "do_handle_one_connection",
+                "handle_one_connection",
+            ],
+        ]
+        .concat();
         let e = identify(&frames);
         assert_eq!(
             e,
