@@ -1783,13 +1783,13 @@ proptest! {
             *l = chars[..i].iter().chain([c].iter()).chain(&chars[i + 1..]).collect();
         }
         let text = picked.join("\n");
-        if let Ok(parsed) = myprobe::stacks::report::parse(&text, "fuzz") {
+        if let Ok(parsed) = myprobe::stacks::text::parse(&text, "fuzz") {
             prop_assert!(parsed.threads.iter().any(|t| !t.frames.is_empty()));
             for t in &parsed.threads {
                 let names: Vec<String> = t.frames.iter().filter_map(|f| f.clean_function()).collect();
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                let e = myprobe::stacks::report::identify(&names);
-                let _ = myprobe::stacks::report::summary_line(&e, &parsed.crash, names.first().copied());
+                let e = myprobe::stacks::text::identify(&names);
+                let _ = myprobe::stacks::text::summary_line(&e, &parsed.crash, names.first().copied());
             }
         }
     }

@@ -377,18 +377,12 @@ pub struct Own {
 impl Own {
     /// This process's CPU time and resident memory.
     pub fn read() -> Own {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
+        let stat = crate::process::Stat::of("self").unwrap_or_default();
         // SAFETY: sysconf has no preconditions.
         let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         // SAFETY: as above.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-        // After the name: utime is field 14 of stat, the 12th here; stime 13th, starttime 20th, rss 22nd.
-        let cpu = field(11).unwrap_or(0) + field(12).unwrap_or(0);
+        let cpu = stat.utime.saturating_add(stat.stime);
         let boot = std::fs::read_to_string("/proc/stat")
             .ok()
             .and_then(|s| {
@@ -398,8 +392,8 @@ impl Own {
             .unwrap_or(0);
         Own {
             cpu_seconds: cpu as f64 / ticks,
-            rss_bytes: field(21).unwrap_or(0).saturating_mul(page),
-            start_time: boot as f64 + field(19).unwrap_or(0) as f64 / ticks,
+            rss_bytes: stat.rss_pages.saturating_mul(page),
+            start_time: boot as f64 + stat.start_time as f64 / ticks,
             target: None,
         }
     }

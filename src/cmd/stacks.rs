@@ -140,15 +140,15 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
         .and_then(|(signal, tid)| Some((signal, named.iter().find(|t| t.tid == *tid)?)));
     if let (Some((signal, t)), Format::Text) = (crashed, &format) {
         let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
-        let info = stacks::report::CrashInfo {
+        let info = stacks::text::CrashInfo {
             signal: Some(signal.clone()),
             ..Default::default()
         };
-        let site = stacks::report::crash_site(&frames).and_then(|i| frames.get(i).copied());
-        let elements = stacks::report::identify(&frames);
+        let site = stacks::text::crash_site(&frames).and_then(|i| frames.get(i).copied());
+        let elements = stacks::text::identify(&frames);
         println!(
             "{} (thread {})",
-            crate::render::terminal_safe(&stacks::report::summary_line(&elements, &info, site)),
+            crate::render::terminal_safe(&stacks::text::summary_line(&elements, &info, site)),
             t.tid
         );
     }

@@ -79,8 +79,39 @@ static WATCHED: std::sync::Mutex<Option<(u32, u64)>> = std::sync::Mutex::new(Non
 /// When the process with this PID started (clock ticks after boot): with the PID, it names one process even
 /// when the PID is reused.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat_field(&stat, 22)?.parse().ok()
+    Stat::of(&pid.to_string()).map(|s| s.start_time)
+}
+
+/// What /proc/PID/stat says of a process, as far as myprobe reads it: the one parse of that file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// CPU time in user and kernel mode, clock ticks.
+    pub utime: u64,
+    pub stime: u64,
+    pub threads: u64,
+    /// When it started, clock ticks after boot.
+    pub start_time: u64,
+    /// Resident memory, pages.
+    pub rss_pages: u64,
+}
+
+impl Stat {
+    /// Parses a /proc/PID/stat line; None if a field is missing.
+    pub fn parse(stat: &str) -> Option<Stat> {
+        let n = |field: usize| stat_field(stat, field)?.parse::<u64>().ok();
+        Some(Stat {
+            utime: n(14)?,
+            stime: n(15)?,
+            threads: n(20)?,
+            start_time: n(22)?,
+            rss_pages: n(24)?,
+        })
+    }
+
+    /// The process `pid` (a number, or `self`) as it is now.
+    pub fn of(pid: &str) -> Option<Stat> {
+        Stat::parse(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
 }
 
 /// Field `n` (from 1, as proc(5) numbers them) of a /proc/PID/stat or /proc/PID/task/TID/stat line; counted after

@@ -4,8 +4,8 @@
 
 pub mod core;
 pub mod core_file;
-pub mod report;
 pub mod resolve;
+pub mod text;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},

@@ -12,7 +12,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    report::{self, CrashInfo, TextFrame},
+    text::{self, CrashInfo, TextFrame},
     ThreadStack,
 };
 use crate::{
@@ -47,7 +47,7 @@ pub fn resolve(
     exe: Option<&Path>,
     root: Option<&Path>,
 ) -> Result<Resolved> {
-    let parsed = report::parse(text, name)?;
+    let parsed = text::parse(text, name)?;
     let mut warnings = Vec::new();
     let mut modules = Modules::place(&parsed.threads, exe, root, &mut warnings);
     if modules.placed.is_empty() && parsed.crash.format.contains("crash report") {
@@ -138,9 +138,9 @@ pub fn resolve(
         .find(crashed)
         .map(|t| {
             let frames: Vec<&str> = t.frames.iter().map(String::as_str).collect();
-            let elements = report::identify(&frames);
-            let site = report::crash_site(&frames).and_then(|i| frames.get(i).copied());
-            report::summary_line(&elements, &parsed.crash, site)
+            let elements = text::identify(&frames);
+            let site = text::crash_site(&frames).and_then(|i| frames.get(i).copied());
+            text::summary_line(&elements, &parsed.crash, site)
         })
         .unwrap_or_default();
     Ok(Resolved {
@@ -174,7 +174,7 @@ struct Modules {
 impl Modules {
     /// Finds each module's file and load base (a frame that gives both its offset in the module and its address).
     fn place(
-        threads: &[report::TextThread],
+        threads: &[text::TextThread],
         exe: Option<&Path>,
         root: Option<&Path>,
         warnings: &mut Vec<String>,
@@ -209,7 +209,7 @@ impl Modules {
     /// libbacktrace report): the server binary (checked against the report's build-id) and the libraries it
     /// needs, each where the addresses of the functions it defines fall inside them.
     fn infer(
-        parsed: &report::ParsedText,
+        parsed: &text::ParsedText,
         exe: Option<&Path>,
         root: Option<&Path>,
         warnings: &mut Vec<String>,
@@ -269,7 +269,7 @@ impl Modules {
             let spans: Vec<(u64, u64, u64)> = frames
                 .iter()
                 .filter_map(|f| {
-                    let name = report::strip_symbol_version(f.function.as_deref()?);
+                    let name = text::strip_symbol_version(f.function.as_deref()?);
                     let &(start, size) = functions.get(name)?;
                     Some((f.addr?, start, size))
                 })

@@ -117,14 +117,11 @@ pub struct ProcessCounters {
 
 /// Parses /proc/PID/stat (the name in parentheses may hold anything).
 pub fn parse_pid_stat(text: &str) -> Option<ProcessCounters> {
-    let after = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields from 3 (state) on: utime 14, stime 15, num_threads 20, rss 24.
-    let n = |field: usize| f.get(field - 3).and_then(|v| v.parse::<u64>().ok());
+    let s = crate::process::Stat::parse(text)?;
     Some(ProcessCounters {
-        cpu_ticks: n(14)?.saturating_add(n(15)?),
-        threads: n(20)?,
-        rss_pages: n(24)?,
+        cpu_ticks: s.utime.saturating_add(s.stime),
+        threads: s.threads,
+        rss_pages: s.rss_pages,
     })
 }
 

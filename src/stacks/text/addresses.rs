@@ -32,7 +32,7 @@ impl Format for Addresses {
 
 #[cfg(test)]
 mod tests {
-    use crate::stacks::report::parse;
+    use crate::stacks::text::parse;
 
     #[test]
     fn bare_address_lists() {

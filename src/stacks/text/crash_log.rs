@@ -347,7 +347,7 @@ fn mark_backtrace_return_addresses(frames: &mut [TextFrame]) {
 
 #[cfg(test)]
 mod tests {
-    use crate::stacks::report::{identify, parse, summary_line, test_support::*, TextFrame};
+    use crate::stacks::text::{identify, parse, summary_line, test_support::*, TextFrame};
 
     fn frame(
         function: Option<&str>,

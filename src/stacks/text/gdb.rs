@@ -134,7 +134,7 @@ fn gdb_frame(body: &str) -> Option<TextFrame> {
 #[cfg(test)]
 mod tests {
     use super::strip_gdb_arguments;
-    use crate::stacks::report::{parse, summary_line, test_support::*, TextFrame};
+    use crate::stacks::text::{parse, summary_line, test_support::*, TextFrame};
 
     #[test]
     fn gdb_two_threads_with_inlined_frames() {

@@ -118,7 +118,7 @@ fn eu_stack_detail(detail: &str, frame: &mut TextFrame) {
 
 #[cfg(test)]
 mod tests {
-    use crate::stacks::report::{parse, test_support::*, TextFrame};
+    use crate::stacks::text::{parse, test_support::*, TextFrame};
 
     #[test]
     fn eu_stack_of_mariadbd() {
