@@ -12,7 +12,7 @@ use syn::visit::Visit;
 const MAX_FUNCTION_LINES: usize = 120;
 
 /// Longer still, each being split: the list only shrinks (a function here that is no longer long fails too).
-const STILL_LONG: &[&str] = &["collect/queries.rs collect", "query/follow.rs follow"];
+const STILL_LONG: &[&str] = &["query/follow.rs follow"];
 
 /// The modules of each layer, from ARCHITECTURE.md's table: `| 3 | collect, client |`.
 fn layers() -> BTreeMap<String, u32> {

@@ -200,13 +200,41 @@ fn syscall_classes() -> [syscall_class; 512] {
     classes
 }
 
-/// The TLS fallback: uprobes on the server's `dispatch_command`, attached when `wanted` becomes true (set by
-/// whoever sees a TLS handshake) or from the start.
+/// The TLS fallback: uprobes on the server's `dispatch_command`, attached once `Control::dispatch_wanted` is true
+/// (set by whoever sees a TLS handshake) or from the start.
 pub struct DispatchProbe<'a> {
     pub binary: &'a Path,
     pub function: &'a Function,
     pub args: crate::server::DispatchArgs,
-    pub wanted: &'a Cell<bool>,
+}
+
+impl DispatchProbe<'_> {
+    /// Attaches the probes once they are wanted, return probe first: an entry probe without it would start
+    /// statements that nothing ends.
+    fn attach_if_wanted(
+        &self,
+        wanted: bool,
+        progs: &skel::QueriesProgs,
+        pid: u32,
+        links: &mut Vec<Link>,
+    ) -> Result<()> {
+        if !wanted || !links.is_empty() {
+            return Ok(());
+        }
+        for (prog, retprobe) in [
+            (&progs.on_dispatch_return, true),
+            (&progs.on_dispatch, false),
+        ] {
+            links.push(attach_uprobe(
+                prog,
+                retprobe,
+                pid,
+                self.binary,
+                self.function,
+            )?);
+        }
+        Ok(())
+    }
 }
 
 /// TLS connections' plaintext: uprobes on the server's own `vio_ssl_read` and `vio_ssl_write` (MariaDB's and MySQL's
@@ -219,6 +247,26 @@ pub struct TlsProbe<'a> {
 }
 
 impl<'a> TlsProbe<'a> {
+    /// Attaches the probes, and says whether they are in place: a failure leaves TLS connections unread, not the
+    /// others.
+    fn attach_said(
+        &self,
+        progs: &skel::QueriesProgs,
+        pid: u32,
+        on_event: &mut impl FnMut(Event),
+    ) -> Vec<Link> {
+        match self.attach(progs, pid) {
+            Ok(links) => {
+                on_event(Event::TlsProbe(Ok(())));
+                links
+            }
+            Err(e) => {
+                on_event(Event::TlsProbe(Err(format!("{e:#}"))));
+                Vec::new()
+            }
+        }
+    }
+
     /// Attaches the return probe of each call, then its entry probe: an entry without its return would leave its
     /// thread in the call.
     fn attach(&self, progs: &skel::QueriesProgs, pid: u32) -> Result<Vec<Link>> {
@@ -236,12 +284,125 @@ impl<'a> TlsProbe<'a> {
 }
 
 /// The texts of statements prepared before tracing: a uprobe on the server's function that runs each execution
-/// (`Server::statement_execute`), attached while `wish` says it is wanted (and statements are followed), detached
-/// a second after it no longer is.
+/// (`Server::statement_execute`), attached while `Control::execute` says it is wanted (and statements are
+/// followed), detached a second after it no longer is.
 pub struct ExecuteProbe<'a> {
     pub binary: &'a Path,
     pub function: &'a Function,
-    pub wish: &'a Cell<ExecuteWish>,
+}
+
+/// The execution probe's link, attached while wanted, detached a linger after it no longer is; and whether
+/// attaching it failed (it is not tried again).
+#[derive(Default)]
+struct ExecuteLink {
+    link: Option<Link>,
+    unwanted_since: Option<Instant>,
+    failed: bool,
+}
+
+impl ExecuteLink {
+    /// Follows the probe's wish at a tick. `attached`: statements are followed now (a sampled trace's period).
+    fn follow(
+        &mut self,
+        probe: &ExecuteProbe<'_>,
+        wish: ExecuteWish,
+        skel: &mut skel::QueriesSkel<'_>,
+        attached: bool,
+        pid: u32,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<()> {
+        let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+        bss.statement_text_offset = wish.text_offset;
+        self.unwanted_since = match wish.wanted {
+            true => None,
+            false => self.unwanted_since.or(Some(Instant::now())),
+        };
+        let linger_over =
+            (self.unwanted_since).is_some_and(|t| t.elapsed() >= EXECUTE_PROBE_LINGER);
+        if self.link.is_some() && (!attached || linger_over) {
+            self.link = None;
+            on_event(Event::ExecuteProbe(false));
+        } else if self.link.is_none() && attached && wish.wanted && !self.failed {
+            // Not fatal: a server that just exited, or a binary replaced under its path.
+            let prog = &skel.progs.on_execute;
+            match attach_uprobe(prog, false, pid, probe.binary, probe.function) {
+                Ok(link) => {
+                    self.link = Some(link);
+                    on_event(Event::ExecuteProbe(true));
+                }
+                Err(err) => {
+                    self.failed = true;
+                    on_event(Event::ExecuteProbeFailed(format!("{err:#}")));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The socket and scheduler tracepoints, held here rather than in the skeleton: a sampled trace (the agent, or a
+/// busy server's statements) detaches them between periods. Statements start only within a period; at its end
+/// those in flight are followed to their end (`closing`), then the tracepoints are detached until the next.
+struct Tracepoints {
+    links: Vec<Link>,
+    attached: bool,
+    /// The period ended: the tracepoints are detached once no statement is in flight.
+    draining: bool,
+    /// The cycle said last (`Event::Cycle`).
+    cycle: u32,
+}
+
+impl Tracepoints {
+    /// Follows a sampled trace's periods at a tick, given the statements traced since the last (`adaptive`: the
+    /// cycle follows their rate, and a change of sampling is said).
+    fn follow_period(
+        &mut self,
+        p: &mut SamplePeriods,
+        statements: u64,
+        adaptive: bool,
+        skel: &mut skel::QueriesSkel<'_>,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<()> {
+        p.count(statements);
+        let sampled = p.every() > 1;
+        if let Some(open) = p.due() {
+            let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+            bss.closing = !open;
+            if open && !self.attached {
+                bss.attach_period = bss.attach_period.wrapping_add(1);
+                self.links = attach_by_section(skel.object())
+                    .context("attaching to the socket and scheduler tracepoints")?;
+                self.attached = true;
+            }
+            self.draining = !open;
+            p.set(open);
+            on_event(Event::Period(open));
+        }
+        // Records are stamped with the cycle as they end, so saying it once after the edge is enough.
+        if self.cycle != p.every() {
+            self.cycle = p.every();
+            on_event(Event::Cycle(self.cycle));
+        }
+        if self.draining && in_flight(&skel.progs.in_flight)?.is_empty() {
+            self.links.clear();
+            (self.attached, self.draining) = (false, false);
+        }
+        if adaptive && sampled != (p.every() > 1) {
+            say_sampling(p);
+        }
+        Ok(())
+    }
+}
+
+/// What the side that reads the statements asks of the collector: one handle, read at every poll.
+#[derive(Debug, Default)]
+pub struct Control {
+    /// The TLS fallback's uprobes are wanted: a TLS handshake was seen, or `--uprobes`.
+    pub dispatch_wanted: Cell<bool>,
+    /// Executions' replies are kept long enough for their column definitions (`RawStatement::reply`).
+    pub want_results: Cell<bool>,
+    /// What the execution probe is to do.
+    pub execute: Cell<ExecuteWish>,
 }
 
 /// What user space asks of the execution probe, read at every poll.
@@ -275,19 +436,131 @@ pub struct StatementOptions {
 }
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
-/// called once the probes are in place); returns what was lost. `want_results`: executions' replies are kept
-/// long enough for their column definitions (`RawStatement::reply`), read at every poll. Sampled
+/// called once the probes are in place); returns what was lost. `control` is read at every poll. Sampled
 /// (`CollectOptions::duty`), the time traced over the time statements were followed comes with what was lost.
 pub fn collect(
     opts: &CollectOptions,
     statements: StatementOptions,
-    want_results: &Cell<bool>,
+    control: &Control,
     probes: ServerProbes,
     attached: impl FnOnce(),
     mut on_event: impl FnMut(Event),
 ) -> Result<Traced> {
+    let ServerProbes {
+        dispatch,
+        tls,
+        execute,
+    } = probes;
     let mut object = MaybeUninit::uninit();
-    let mut open = open_object(QueriesSkelBuilder::default(), &mut object, opts)?;
+    let mut skel = load(&mut object, opts, statements, dispatch.as_ref())?;
+    let mut installed = Installed::default();
+    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+    let mut tracepoints = Tracepoints {
+        links: attach_by_section(skel.object())
+            .context("attaching to the socket and scheduler tracepoints")?,
+        attached: true,
+        draining: false,
+        cycle: opts.duty.map_or(1, |d| d.every),
+    };
+
+    let mut dispatch_links: Vec<Link> = Vec::new();
+    let attach_dispatch = |progs: &skel::QueriesProgs, links: &mut Vec<Link>| -> Result<()> {
+        dispatch.as_ref().map_or(Ok(()), |d| {
+            d.attach_if_wanted(control.dispatch_wanted.get(), progs, opts.pid, links)
+        })
+    };
+    // For the whole trace (a sampled one's closed periods too): each attach costs the server a few milliseconds.
+    let tls_links = match &tls {
+        Some(t) => t.attach_said(&skel.progs, opts.pid, &mut on_event),
+        None => Vec::new(),
+    };
+    attach_dispatch(&skel.progs, &mut dispatch_links)?;
+    attached();
+
+    // Called by the reader and by the tick (losses).
+    let on_event = std::cell::RefCell::new(on_event);
+    // Statements traced since the last tick: an adaptive duty's rate.
+    let statements = Cell::new(0u64);
+    let reader = ring::reader(&skel.maps.events, |data| {
+        if let Some(e) = decode(data) {
+            statements.set(statements.get() + matches!(e, Event::Statement(_)) as u64);
+            (on_event.borrow_mut())(e);
+        }
+    })?;
+    let mut lost_said = Lost::default();
+    // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
+    // followed to their end (`closing`), then the tracepoints detached until the next period.
+    let mut periods = opts.duty.map(SamplePeriods::of);
+    let mut execute_link = ExecuteLink::default();
+    let result = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
+        if dispatch_links.is_empty() {
+            attach_dispatch(&skel.progs, &mut dispatch_links)?;
+            if !dispatch_links.is_empty() {
+                (on_event.borrow_mut())(Event::DispatchProbe);
+            }
+        }
+        if let Some(e) = &execute {
+            let on_event = &mut *on_event.borrow_mut();
+            let (wish, attached) = (control.execute.get(), tracepoints.attached);
+            execute_link.follow(e, wish, &mut skel, attached, opts.pid, on_event)?;
+        }
+        if let Some(p) = periods.as_mut() {
+            let adaptive = opts.duty.is_some_and(|d| d.max_rate.is_some());
+            let on_event = &mut *on_event.borrow_mut();
+            tracepoints.follow_period(p, statements.take(), adaptive, &mut skel, on_event)?;
+        }
+        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+            bss.want_results = control.want_results.get();
+        }
+        if tracepoints.attached {
+            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        }
+        let l = Skeleton::lost(&skel);
+        if l != lost_said {
+            lost_said = l;
+            (on_event.borrow_mut())(Event::Lost(l));
+        }
+        (on_event.borrow_mut())(Event::Tick);
+        // While draining, the statements in flight are looked for as often as before; else woken for the next
+        // period's edge on time, whatever the poll interval.
+        let due = if tracepoints.draining {
+            Some(Instant::now() + DRAIN_CHECK)
+        } else {
+            periods.as_ref().and_then(SamplePeriods::next_change)
+        };
+        Ok(ring::Tick {
+            status: status_line(elapsed, opts.duration, periods.as_ref(), &l),
+            due,
+        })
+    });
+    if let Some(p) = periods.as_mut() {
+        p.end();
+    }
+    detach(dispatch_links, tls_links, execute_link, tracepoints);
+    result?;
+    reader.consume().context("reading the ring buffer")?;
+    drop(reader);
+    let mut on_event = on_event.into_inner();
+    report_in_flight(&skel.progs.in_flight, &mut on_event);
+    Ok(Traced {
+        lost: Skeleton::lost(&skel),
+        scale: periods.map_or(1.0, |p| p.scale()),
+        below_min: skel
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(0, |b| b.below_min_statements),
+    })
+}
+
+/// Opens the programs, sets what they read (`.rodata`), chooses them and loads them.
+fn load<'obj>(
+    object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+    opts: &CollectOptions,
+    statements: StatementOptions,
+    dispatch: Option<&DispatchProbe<'_>>,
+) -> Result<skel::QueriesSkel<'obj>> {
+    let mut open = open_object(QueriesSkelBuilder::default(), object, opts)?;
     set_common::<Skeleton>(&mut open, opts)?;
     open.maps
         .events
@@ -315,12 +588,7 @@ pub fn collect(
     let runq_from_sched_info = opts.features().sched_info;
     rodata.runq_from_sched_info = runq_from_sched_info;
     open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
-    let ServerProbes {
-        dispatch,
-        tls,
-        execute,
-    } = probes;
-    if let Some(d) = &dispatch {
+    if let Some(d) = dispatch {
         rodata.dispatch_abi = match d.args {
             crate::server::DispatchArgs::Packet => dispatch_abi::DISPATCH_MARIADB,
             crate::server::DispatchArgs::ComData => dispatch_abi::DISPATCH_MYSQL,
@@ -341,192 +609,25 @@ pub fn collect(
         prog.set_autoattach(false);
     }
     super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
-    let mut skel = open
-        .load()
-        .context("loading the query tracing programs into the kernel")?;
-    let mut installed = Installed::default();
-    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
-    // Held here rather than in the skeleton: a sampled trace detaches and attaches them again.
-    let mut links = attach_by_section(skel.object())
-        .context("attaching to the socket and scheduler tracepoints")?;
+    open.load()
+        .context("loading the query tracing programs into the kernel")
+}
 
-    // Return probe attached first: an entry probe without it would start statements that nothing ends.
-    let mut dispatch_links: Vec<Link> = Vec::new();
-    let attach_dispatch = |progs: &skel::QueriesProgs, links: &mut Vec<Link>| -> Result<()> {
-        let Some(d) = dispatch
-            .as_ref()
-            .filter(|d| d.wanted.get() && links.is_empty())
-        else {
-            return Ok(());
-        };
-        for (prog, retprobe) in [
-            (&progs.on_dispatch_return, true),
-            (&progs.on_dispatch, false),
-        ] {
-            links.push(attach_uprobe(
-                prog, retprobe, opts.pid, d.binary, d.function,
-            )?);
-        }
-        Ok(())
-    };
-    // For the whole trace (a sampled one's closed periods too): each attach costs the server a few milliseconds.
-    let tls_links = match &tls {
-        Some(t) => match t.attach(&skel.progs, opts.pid) {
-            Ok(links) => {
-                on_event(Event::TlsProbe(Ok(())));
-                links
-            }
-            Err(e) => {
-                on_event(Event::TlsProbe(Err(format!("{e:#}"))));
-                Vec::new()
-            }
-        },
-        None => Vec::new(),
-    };
-    attach_dispatch(&skel.progs, &mut dispatch_links)?;
-    attached();
+/// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
+/// return probe first), the TLS probes the other way (the entry probes first); then the tracepoints, so that
+/// nothing is sent after the last read of the ring buffer and the threads' state is still when read.
+fn detach(dispatch: Vec<Link>, tls: Vec<Link>, execute: ExecuteLink, tracepoints: Tracepoints) {
+    dispatch.into_iter().for_each(drop);
+    tls.into_iter().rev().for_each(drop);
+    drop(execute);
+    drop(tracepoints);
+}
 
-    // Called by the reader and by the tick (losses).
-    let on_event = std::cell::RefCell::new(on_event);
-    // Statements traced since the last tick: an adaptive duty's rate.
-    let statements = Cell::new(0u64);
-    let reader = ring::reader(&skel.maps.events, |data| {
-        if let Some(e) = decode(data) {
-            statements.set(statements.get() + matches!(e, Event::Statement(_)) as u64);
-            (on_event.borrow_mut())(e);
-        }
-    })?;
-    let mut lost_said = Lost::default();
-    // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
-    // followed to their end (`closing`), then the tracepoints detached until the next period.
-    let mut periods = opts.duty.map(SamplePeriods::of);
-    let mut cycle = opts.duty.map_or(1, |d| d.every);
-    let (mut attached, mut draining) = (true, false);
-    // The execution probe, since when it is no longer wanted, and whether attaching it failed.
-    let (mut execute_link, mut unwanted_since) = (None::<Link>, None::<Instant>);
-    let mut execute_failed = false;
-    let result = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
-        if dispatch_links.is_empty() {
-            attach_dispatch(&skel.progs, &mut dispatch_links)?;
-            if !dispatch_links.is_empty() {
-                (on_event.borrow_mut())(Event::DispatchProbe);
-            }
-        }
-        if let Some(e) = &execute {
-            let wish = e.wish.get();
-            let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
-            bss.statement_text_offset = wish.text_offset;
-            unwanted_since = match wish.wanted {
-                true => None,
-                false => unwanted_since.or(Some(Instant::now())),
-            };
-            let linger_over = unwanted_since.is_some_and(|t| t.elapsed() >= EXECUTE_PROBE_LINGER);
-            if execute_link.is_some() && (!attached || linger_over) {
-                execute_link = None;
-                (on_event.borrow_mut())(Event::ExecuteProbe(false));
-            } else if execute_link.is_none() && attached && wish.wanted && !execute_failed {
-                // Not fatal: a server that just exited, or a binary replaced under its path.
-                let prog = &skel.progs.on_execute;
-                match attach_uprobe(prog, false, opts.pid, e.binary, e.function) {
-                    Ok(link) => {
-                        execute_link = Some(link);
-                        (on_event.borrow_mut())(Event::ExecuteProbe(true));
-                    }
-                    Err(err) => {
-                        execute_failed = true;
-                        (on_event.borrow_mut())(Event::ExecuteProbeFailed(format!("{err:#}")));
-                    }
-                }
-            }
-        }
-        if let Some(p) = periods.as_mut() {
-            p.count(statements.take());
-            let sampled = p.every() > 1;
-            if let Some(open) = p.due() {
-                let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
-                bss.closing = !open;
-                if open && !attached {
-                    bss.attach_period = bss.attach_period.wrapping_add(1);
-                    links = attach_by_section(skel.object())
-                        .context("attaching to the socket and scheduler tracepoints")?;
-                    attached = true;
-                }
-                draining = !open;
-                p.set(open);
-                (on_event.borrow_mut())(Event::Period(open));
-            }
-            // Records are stamped with the cycle as they end, so saying it once after the edge is enough.
-            if cycle != p.every() {
-                cycle = p.every();
-                (on_event.borrow_mut())(Event::Cycle(cycle));
-            }
-            if draining && in_flight(&skel.progs.in_flight)?.is_empty() {
-                links.clear();
-                (attached, draining) = (false, false);
-            }
-            if opts.duty.is_some_and(|d| d.max_rate.is_some()) && sampled != (p.every() > 1) {
-                say_sampling(p);
-            }
-        }
-        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-            bss.want_results = want_results.get();
-        }
-        if attached {
-            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
-        }
-        let l = Skeleton::lost(&skel);
-        if l != lost_said {
-            lost_said = l;
-            (on_event.borrow_mut())(Event::Lost(l));
-        }
-        (on_event.borrow_mut())(Event::Tick);
-        let secs = if opts.duration.as_secs() > 1 << 40 {
-            String::new()
-        } else {
-            format!("/{}", opts.duration.as_secs())
-        };
-        let sampled = periods
-            .as_ref()
-            .filter(|p| p.every() > 1)
-            .map(|p| format!(", 1 s in {}", p.every()))
-            .unwrap_or_default();
-        // While draining, the statements in flight are looked for as often as before; else woken for the next
-        // period's edge on time, whatever the poll interval.
-        let due = if draining {
-            Some(Instant::now() + DRAIN_CHECK)
-        } else {
-            periods.as_ref().and_then(SamplePeriods::next_change)
-        };
-        Ok(ring::Tick {
-            status: format!(
-                "queries: {:>4}{secs} s{sampled}, {} lost",
-                elapsed.as_secs(),
-                l.total()
-            ),
-            due,
-        })
-    });
-    if let Some(p) = periods.as_mut() {
-        p.end();
-    }
-    // Return probe first, as it was attached first; then the tracepoints, so that nothing is sent after the
-    // last read of the ring buffer and the threads' state is still when read.
-    for link in dispatch_links.drain(..) {
-        drop(link);
-    }
-    // Entry probes first, as they were attached last.
-    for link in tls_links.into_iter().rev() {
-        drop(link);
-    }
-    drop(execute_link);
-    drop(links);
-    result?;
-    reader.consume().context("reading the ring buffer")?;
-    drop(reader);
-    let mut on_event = on_event.into_inner();
-    // A statement still running now is often the reason for tracing at all: report it, as in flight.
+/// The statements running when tracing ended (often the reason for tracing at all), as in flight, and those just
+/// replied.
+fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(Event)) {
     let now = super::monotonic_ns();
-    match in_flight(&skel.progs.in_flight) {
+    match in_flight(iterator) {
         Ok(threads) => {
             for st in threads {
                 let mut counters = st.c;
@@ -551,15 +652,29 @@ pub fn collect(
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
     }
-    Ok(Traced {
-        lost: Skeleton::lost(&skel),
-        scale: periods.map_or(1.0, |p| p.scale()),
-        below_min: skel
-            .maps
-            .bss_data
-            .as_deref()
-            .map_or(0, |b| b.below_min_statements),
-    })
+}
+
+/// The progress line: time traced, of how long, the sampling, what was lost.
+fn status_line(
+    elapsed: Duration,
+    duration: Duration,
+    periods: Option<&SamplePeriods>,
+    lost: &Lost,
+) -> String {
+    let secs = if duration.as_secs() > 1 << 40 {
+        String::new()
+    } else {
+        format!("/{}", duration.as_secs())
+    };
+    let sampled = periods
+        .filter(|p| p.every() > 1)
+        .map(|p| format!(", 1 s in {}", p.every()))
+        .unwrap_or_default();
+    format!(
+        "queries: {:>4}{secs} s{sampled}, {} lost",
+        elapsed.as_secs(),
+        lost.total()
+    )
 }
 
 /// Attaches `prog` to `function` of `binary` in process `pid`, as an entry or a return probe.

@@ -12,7 +12,7 @@ use crate::{
     collect::{
         self,
         periods::{CpuBudget, Duty, OwnCpu},
-        queries::{DispatchProbe, Event, ExecuteProbe, ExecuteWish},
+        queries::{DispatchProbe, Event, ExecuteProbe},
         CollectOptions,
     },
     process::{probes, Target},
@@ -303,7 +303,8 @@ pub fn follow(
         )
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let wanted = Cell::new(a.uprobes);
+    let control = collect::queries::Control::default();
+    control.dispatch_wanted.set(a.uprobes);
     // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
     let tls = functions
         .tls
@@ -319,7 +320,6 @@ pub fn follow(
         binary: &target.binary,
         function: &d.function,
         args: d.args,
-        wanted: &wanted,
     });
     let mut tracker = Tracker::new(a.raw_sql).for_server(target.flavor.server());
     let mut sites = waits::SiteNames::new(target.pid);
@@ -328,7 +328,6 @@ pub fn follow(
         unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
         emit(record);
     };
-    let want_results = Cell::new(false);
     // Connected before tracing, read only when texts are wanted.
     let mut texts = PreparedTexts::default();
     // The server's function that runs each execution of a prepared statement: where the texts of statements
@@ -349,11 +348,9 @@ pub fn follow(
             execute_function.as_ref().map(|f| f.demangled.clone()),
         );
     }
-    let execute_wish = Cell::new(ExecuteWish::default());
     let execute_probe = execute_function.as_ref().map(|function| ExecuteProbe {
         binary: &target.binary,
         function,
-        wish: &execute_wish,
     });
     // What each statement traced stands for: its period's cycle (`Event::Cycle`).
     let mut stands_for = duty.map_or(1, |d| d.every);
@@ -365,7 +362,7 @@ pub fn follow(
     let traced = collect::queries::collect(
         &opts,
         statements,
-        &want_results,
+        &control,
         collect::queries::ServerProbes {
             dispatch: probe,
             tls,
@@ -376,13 +373,13 @@ pub fn follow(
             let event = match event {
                 Event::Executed(e) => {
                     texts.executed(e);
-                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                    return control.execute.set(texts.execute_wish(control.dispatch_wanted.get()));
                 }
                 Event::Tick => {
                     // Read by the collector at its next poll; asked here, not at each record (a clock read).
-                    want_results.set(tracker.wants_results());
+                    control.want_results.set(tracker.wants_results());
                     texts.tick(&mut tracker, &mut emit);
-                    return execute_wish.set(texts.execute_wish(wanted.get()));
+                    return control.execute.set(texts.execute_wish(control.dispatch_wanted.get()));
                 }
                 Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
                 Event::DispatchProbe => {
@@ -429,8 +426,8 @@ pub fn follow(
                         }
                     }
                     // Said once the uprobes are attached (`Event::DispatchProbe`).
-                    Notice::Tls { .. } if !wanted.get() => {
-                        wanted.set(true);
+                    Notice::Tls { .. } if !control.dispatch_wanted.get() => {
+                        control.dispatch_wanted.set(true);
                         if dispatch.is_none() {
                             say!(
                                 "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
@@ -461,7 +458,9 @@ pub fn follow(
             let unknown_execution = record.prepared.is_some() && record.query.is_none();
             texts.add(&mut tracker, record, &mut emit);
             if unknown_execution {
-                execute_wish.set(texts.execute_wish(wanted.get()));
+                control
+                    .execute
+                    .set(texts.execute_wish(control.dispatch_wanted.get()));
             }
         },
     )?;
