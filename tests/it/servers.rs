@@ -107,7 +107,12 @@ fn stacks_show_statements(db: &TestDb) -> String {
 /// What every server gives alike: stacks through the command loop, waits, statements, the threads' statements,
 /// stat's server columns (`counting`: those of its counters that the load must move), a traced function, a report;
 /// then `own`, the server's own checks, still under load.
-fn every_command(db: &TestDb, counting: &[&str], own: impl FnOnce()) -> Vec<serde_json::Value> {
+/// Returns `queries`' records and what it said on stderr.
+fn every_command(
+    db: &TestDb,
+    counting: &[&str],
+    own: impl FnOnce(),
+) -> (Vec<serde_json::Value>, String) {
     assert_in_own_pid_namespace(db);
     let load = db.running_load();
 
@@ -200,7 +205,7 @@ fn every_command(db: &TestDb, counting: &[&str], own: impl FnOnce()) -> Vec<serd
 
     own();
     load.finish();
-    records
+    (records, stderr)
 }
 
 /// The agent, tracing every statement: /metrics counts those of the load by fingerprint.
@@ -267,7 +272,7 @@ fn mariadb_11_8_in_its_own_pid_namespace() {
         return;
     };
     // Its redo log is memory-mapped: written without fsyncs (innodb_log_file_mmap).
-    let records = every_command(&db, &["Questions", "Innodb_os_log_written"], || {
+    let (records, stderr) = every_command(&db, &["Questions", "Innodb_os_log_written"], || {
         // performance_schema is off, MariaDB's default: one line says so.
         let out = pfs_waits(&db);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -279,7 +284,7 @@ fn mariadb_11_8_in_its_own_pid_namespace() {
     let (executions, named) = prepared_named(&records);
     assert!(
         named > 0 && named * 2 > executions,
-        "{named} of {executions} executions of statements prepared before tracing named"
+        "{named} of {executions} executions of statements prepared before tracing named; queries said:\n{stderr}"
     );
 }
 
@@ -288,7 +293,7 @@ fn mysql_9_7() {
     let Some(db) = server_or_skip("mysql-9.7") else {
         return;
     };
-    let records = every_command(&db, &["Questions", "Innodb_os_log_fsyncs"], || {
+    let (records, stderr) = every_command(&db, &["Questions", "Innodb_os_log_fsyncs"], || {
         // performance_schema is on, MySQL's default.
         let out = pfs_waits(&db);
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -308,7 +313,7 @@ fn mysql_9_7() {
     assert!(executions > 100, "too few executions: {executions}");
     assert!(
         named as f64 >= 0.999 * executions as f64,
-        "{named} of {executions} executions of statements prepared before tracing named"
+        "{named} of {executions} executions of statements prepared before tracing named; queries said:\n{stderr}"
     );
 }
 
