@@ -182,8 +182,13 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
 }
 
 fn not_traced(kind: Kind, e: &anyhow::Error, missing: &mut Vec<String>) {
-    say!("myprobe: warning: {} not traced: {e:#}", kind.label());
-    missing.push(format!("{}: not traced: {e:#}", kind.label()));
+    let what = match kind {
+        Kind::Cpu => "on-CPU profile",
+        Kind::Offcpu => "off-CPU profile",
+        other => other.label(),
+    };
+    say!("myprobe: warning: {what} not traced: {e:#}");
+    missing.push(format!("{what}: not traced: {e:#}"));
 }
 
 /// Runs every collector until `o.duration` has passed since all that could attach did (or Ctrl-C, or the
