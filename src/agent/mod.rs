@@ -419,11 +419,11 @@ fn read_slices(
 ) -> Vec<String> {
     let mut window = Window::new();
     let mut failed = Vec::new();
-    while running.running() > 0 {
-        match sliced.recv_timeout(WAKE) {
-            Ok(slice) => add_slice(shared, &mut window, &slice),
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(WAKE),
+    // Until every collector has ended (the server exited, or the agent stops), and those that ended early have
+    // been joined and said. The plan holds a sender of the slices: the channel stays open, a wait is a timeout.
+    while !(running.profiles.is_empty() && running.statements.is_finished()) {
+        if let Ok(slice) = sliced.recv_timeout(WAKE) {
+            add_slice(shared, &mut window, &slice);
         }
         // Slices wait here while a window is written: every one in before a request is answered.
         while let Ok(slice) = sliced.try_recv() {

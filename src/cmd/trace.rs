@@ -173,10 +173,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
         );
     }
     let secs = traced.collected.traced.as_secs_f64();
-    let timed = options
-        .probes
-        .iter()
-        .any(|p| matches!(p.place, Place::Function(_)));
+    let timed = options.timed();
     let show = arg.map(|(_, kind)| match kind {
         ArgKind::ARG_STR_KIND => ArgShow::Str,
         ArgKind::ARG_PTR => ArgShow::Ptr,
@@ -234,10 +231,6 @@ fn trace_options(
     Keys { by, arg, errval }: Keys,
 ) -> Result<TraceOptions> {
     let probes = trace::points::resolve(target, modules, a.functions.as_deref().unwrap_or(""))?;
-    let functions = probes
-        .iter()
-        .filter(|p| matches!(p.place, Place::Function(_)))
-        .count();
     let stepped: Vec<&str> = probes
         .iter()
         .filter(|p| matches!(&p.place, Place::Function(e) if !e.emulated))
@@ -251,10 +244,7 @@ fn trace_options(
             stepped.join(", ")
         );
     }
-    if a.inside && functions == 0 {
-        bail!("--inside needs a function: a static probe has no inside");
-    }
-    Ok(TraceOptions {
+    let options = TraceOptions {
         probes,
         arg,
         errval,
@@ -262,7 +252,11 @@ fn trace_options(
         by_stack: by == By::Stack,
         inside: a.inside,
         max_rate: a.max_rate,
-    })
+    };
+    if a.inside && !options.timed() {
+        bail!("--inside needs a function: a static probe has no inside");
+    }
+    Ok(options)
 }
 
 /// The tables: per function and key, the latency histograms, what happened inside.
@@ -274,10 +268,7 @@ fn tables(
     by: By,
     show: Option<ArgShow>,
 ) -> String {
-    let timed = options
-        .probes
-        .iter()
-        .any(|p| matches!(p.place, Place::Function(_)));
+    let timed = options.timed();
     let mut names = HashMap::new();
     let pid = target.pid;
     let mut thread_name = |tid: u32| {

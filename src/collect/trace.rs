@@ -63,6 +63,15 @@ pub struct TraceOptions {
     pub max_rate: u64,
 }
 
+impl TraceOptions {
+    /// Whether calls are timed: a function is, a static probe is only counted.
+    pub fn timed(&self) -> bool {
+        self.probes
+            .iter()
+            .any(|p| matches!(p.place, Place::Function(_)))
+    }
+}
+
 /// Calls summed for one key.
 #[derive(Clone, Debug, Default)]
 pub struct KeyedStats {

@@ -78,6 +78,20 @@ impl FollowOptions {
             ring: collect::ring::RingOptions::default(),
         }
     }
+
+    /// A collector's options on `pid` under these terms (the kernel's BTF, its memory, the run's stop, the ring
+    /// buffer's reading), traced until stopped: the statements' own, and those of the collectors run beside them.
+    pub fn collect_options(&self, pid: u32) -> CollectOptions {
+        CollectOptions {
+            ring: self.ring,
+            ..CollectOptions::new(
+                pid,
+                self.btf.clone(),
+                self.max_kernel_mem_mib.saturating_mul(1 << 20),
+                self.stop.clone(),
+            )
+        }
+    }
 }
 
 /// Statements followed one second in N (`--sample-every`), or in as many as the rate of statements asks.
@@ -294,13 +308,7 @@ pub fn follow(
         duration: a.duration.unwrap_or(Duration::MAX),
         unwind,
         duty,
-        ring: a.ring,
-        ..CollectOptions::new(
-            target.pid,
-            a.btf.clone(),
-            a.max_kernel_mem_mib.saturating_mul(1 << 20),
-            a.stop.clone(),
-        )
+        ..a.collect_options(target.pid)
     };
     let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
     let control = collect::queries::Control::default();

@@ -303,12 +303,7 @@ fn snapshot(
     let opts = CollectOptions {
         duration: Duration::ZERO,
         unwind: tables.map(RefCell::new),
-        ..CollectOptions::new(
-            target.pid,
-            o.queries.btf.clone(),
-            o.queries.max_kernel_mem_mib.saturating_mul(1 << 20),
-            o.queries.stop.clone(),
-        )
+        ..o.queries.collect_options(target.pid)
     };
     let snapshot = match collect::threads::snapshot(&opts) {
         Ok(s) if !s.threads.is_empty() && process::target_exited().is_none() => s,

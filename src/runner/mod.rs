@@ -83,19 +83,12 @@ impl Plan<'_> {
         tables: Option<&ProcessTables>,
         duty: Option<Duty>,
     ) -> CollectOptions {
-        let s = &self.statements;
         CollectOptions {
             unwind: tables.cloned().map(RefCell::new),
             attached: self.attached.clone(),
             slices: self.slices.clone(),
             duty,
-            ring: s.ring,
-            ..CollectOptions::new(
-                self.target.pid,
-                s.btf.clone(),
-                s.max_kernel_mem_mib.saturating_mul(1 << 20),
-                s.stop.clone(),
-            )
+            ..self.statements.collect_options(self.target.pid)
         }
     }
 
