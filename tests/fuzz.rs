@@ -11,7 +11,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
-use myprobe::collect::queries::{Event, RawStatement};
+use myprobe::collect::queries::{RawStatement, Wire};
 use myprobe::profile::{folded, Profile, Unit};
 use myprobe::query::{dispatch_fd, Tracker, MAX_CONNS, MAX_PREPARED_PER_CONN};
 use myprobe::wire::fingerprint::{fingerprint, fingerprint_bytes, normalize, normalize_bytes};
@@ -1458,8 +1458,8 @@ prop_compose! {
     }
 }
 
-fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
-    Event::PacketIn {
+fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Wire {
+    Wire::PacketIn {
         tid: 1,
         fd,
         seq,
@@ -1469,14 +1469,14 @@ fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
     }
 }
 
-fn event() -> impl Strategy<Value = Event> {
+fn event() -> impl Strategy<Value = Wire> {
     prop_oneof![
-        2 => (fd(), greeting_spec()).prop_map(|(fd, g)| Event::PacketOut {
+        2 => (fd(), greeting_spec()).prop_map(|(fd, g)| Wire::PacketOut {
             tid: 1,
             fd,
             bytes: packet(0, &g.full()),
         }),
-        1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Event::PacketOut { tid: 1, fd, bytes }),
+        1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Wire::PacketOut { tid: 1, fd, bytes }),
         2 => (fd(), handshake_payload()).prop_map(|(fd, payload)| packet_in(fd, 1, payload)),
         1 => (fd(), any::<u8>(), bytes(40)).prop_map(|(fd, seq, payload)| packet_in(fd, seq, payload)),
         2 => (fd(), statement_id()).prop_map(|(fd, id)| {
@@ -1484,7 +1484,7 @@ fn event() -> impl Strategy<Value = Event> {
         }),
         // A command read ahead with the statement before it (a pipelined statement).
         1 => (fd(), request()).prop_map(|(fd, payload)| packet_in(fd, 0, payload)),
-        8 => raw_statement().prop_map(Event::Statement),
+        8 => raw_statement().prop_map(Wire::Statement),
     ]
 }
 
@@ -1510,7 +1510,7 @@ proptest! {
         let mut prepared_ids = HashSet::new();
         for event in events {
             match &event {
-                Event::Statement(s) => {
+                Wire::Statement(s) => {
                     statements.push(lossy(&s.request));
                     fed.push(s.request.clone());
                     // A statement seen at dispatch_command is its thread's connection.
@@ -1523,7 +1523,7 @@ proptest! {
                         }
                     }
                 }
-                Event::PacketIn { tid, fd, seq, payload, .. } => {
+                Wire::PacketIn { tid, fd, seq, payload, .. } => {
                     if *seq == 0 {
                         statements.push(lossy(payload)); // a command read ahead
                     }
@@ -1533,17 +1533,7 @@ proptest! {
                         fds.insert(dispatch_fd(*tid));
                     }
                 }
-                Event::Stack { .. }
-                | Event::Lost(_)
-                | Event::Period(_)
-                | Event::Cycle(_)
-                | Event::Executed(_)
-                | Event::ExecuteProbe(_)
-            | Event::DispatchProbe
-            | Event::TlsProbe(_)
-            | Event::ExecuteProbeFailed(_)
-            | Event::Tick => {}
-                Event::PacketOut { tid, fd, bytes } => {
+                Wire::PacketOut { tid, fd, bytes } => {
                     fed.push(bytes.clone());
                     // A greeting opens the connection on its socket and on its thread.
                     fds.extend([*fd, dispatch_fd(*tid)]);
@@ -1618,13 +1608,13 @@ proptest! {
         let mut prepared = 0;
         for i in 0..conns.max(prepares * prepare_every) {
             if i < conns {
-                t.handle(Event::PacketOut { tid: 1, fd: first_fd + i as i32, bytes: greeting.clone() });
+                t.handle(Wire::PacketOut { tid: 1, fd: first_fd + i as i32, bytes: greeting.clone() });
             }
             if i % prepare_every == 0 && prepared < prepares {
                 let mut reply = vec![0x00];
                 reply.extend_from_slice(&(prepared as u32).to_le_bytes());
                 reply.extend_from_slice(&[0; 7]);
-                t.handle(Event::Statement(RawStatement {
+                t.handle(Wire::Statement(RawStatement {
                     tid: 1,
                     fd: busy_fd,
                     packet_len: 9,

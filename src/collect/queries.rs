@@ -80,8 +80,26 @@ pub struct RawStatement {
     pub pipelined: bool,
 }
 
+/// What the statements' collector hands on as it arrives: the server's data (what it read on the wire, stacks,
+/// executions), then what the collector says of itself, then time passing.
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// What the statement tracker reads (`query::Tracker::handle`).
+    Wire(Wire),
+    /// A stack (the longest lock wait's of statements: `Counters::lock_stack`), sent once, before the first
+    /// statement that names it.
+    Stack { id: u64, stack: RawStack },
+    /// An execution of a prepared statement began, seen by the execution probe ([`ExecuteProbe`]).
+    Executed(Executed),
+    /// What the collector did or lost: no data, said for the consumer's notes and decisions.
+    Status(Status),
+    /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
+    Tick,
+}
+
+/// A statement, or a packet outside one: what was read on a connection.
+#[derive(Clone, Debug)]
+pub enum Wire {
     Statement(RawStatement),
     /// A client packet outside a statement (handshake response, or a command read ahead with the one before
     /// it, at sequence 0): sequence id, the length its header gives, and its payload (maybe the beginning).
@@ -99,12 +117,11 @@ pub enum Event {
         fd: i32,
         bytes: Vec<u8>,
     },
-    /// A stack (the longest lock wait's of statements: `Counters::lock_stack`), sent once, before the first
-    /// statement that names it.
-    Stack {
-        id: u64,
-        stack: RawStack,
-    },
+}
+
+/// What the collector says of itself as it traces.
+#[derive(Clone, Debug)]
+pub enum Status {
     /// What was lost so far, when it changed (read every tick): losses are said as tracing goes.
     Lost(Lost),
     /// Sampled (`CollectOptions::duty`): statements start again (true), or no longer (false) until the next
@@ -113,8 +130,6 @@ pub enum Event {
     /// Sampled: from now on a statement traced stands for this many (`SamplePeriods::every`: its period is one
     /// in that many), until the next `Cycle`. Said when it changes from the duty's `every`.
     Cycle(u32),
-    /// An execution of a prepared statement began, seen by the execution probe ([`ExecuteProbe`]).
-    Executed(Executed),
     /// The TLS fallback's uprobes were attached while tracing (not from the start).
     DispatchProbe,
     /// The uprobes on the server's TLS read and write ([`TlsProbe`]) were attached (Ok) or could not be (why):
@@ -124,8 +139,6 @@ pub enum Event {
     ExecuteProbe(bool),
     /// The execution probe could not be attached (why): it is not tried again.
     ExecuteProbeFailed(String),
-    /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
-    Tick,
 }
 
 /// An execution of a prepared statement, seen at the server's function that runs it: the statement object,
@@ -257,11 +270,11 @@ impl<'a> TlsProbe<'a> {
     ) -> Vec<Link> {
         match self.attach(progs, pid) {
             Ok(links) => {
-                on_event(Event::TlsProbe(Ok(())));
+                on_event(Event::Status(Status::TlsProbe(Ok(()))));
                 links
             }
             Err(e) => {
-                on_event(Event::TlsProbe(Err(format!("{e:#}"))));
+                on_event(Event::Status(Status::TlsProbe(Err(format!("{e:#}")))));
                 Vec::new()
             }
         }
@@ -321,18 +334,20 @@ impl ExecuteLink {
             (self.unwanted_since).is_some_and(|t| t.elapsed() >= EXECUTE_PROBE_LINGER);
         if self.link.is_some() && (!attached || linger_over) {
             self.link = None;
-            on_event(Event::ExecuteProbe(false));
+            on_event(Event::Status(Status::ExecuteProbe(false)));
         } else if self.link.is_none() && attached && wish.wanted && !self.failed {
             // Not fatal: a server that just exited, or a binary replaced under its path.
             let prog = &skel.progs.on_execute;
             match attach_uprobe(prog, false, pid, probe.binary, probe.function) {
                 Ok(link) => {
                     self.link = Some(link);
-                    on_event(Event::ExecuteProbe(true));
+                    on_event(Event::Status(Status::ExecuteProbe(true)));
                 }
                 Err(err) => {
                     self.failed = true;
-                    on_event(Event::ExecuteProbeFailed(format!("{err:#}")));
+                    on_event(Event::Status(Status::ExecuteProbeFailed(format!(
+                        "{err:#}"
+                    ))));
                 }
             }
         }
@@ -348,7 +363,7 @@ struct Tracepoints {
     attached: bool,
     /// The period ended: the tracepoints are detached once no statement is in flight.
     draining: bool,
-    /// The cycle said last (`Event::Cycle`).
+    /// The cycle said last (`Status::Cycle`).
     cycle: u32,
 }
 
@@ -376,12 +391,12 @@ impl Tracepoints {
             }
             self.draining = !open;
             p.set(open);
-            on_event(Event::Period(open));
+            on_event(Event::Status(Status::Period(open)));
         }
         // Records are stamped with the cycle as they end, so saying it once after the edge is enough.
         if self.cycle != p.every() {
             self.cycle = p.every();
-            on_event(Event::Cycle(self.cycle));
+            on_event(Event::Status(Status::Cycle(self.cycle)));
         }
         if self.draining && in_flight(&skel.progs.in_flight)?.is_empty() {
             self.links.clear();
@@ -398,11 +413,31 @@ impl Tracepoints {
 #[derive(Debug, Default)]
 pub struct Control {
     /// The TLS fallback's uprobes are wanted: a TLS handshake was seen, or `--uprobes`.
-    pub dispatch_wanted: Cell<bool>,
+    dispatch_wanted: Cell<bool>,
     /// Executions' replies are kept long enough for their column definitions (`RawStatement::reply`).
-    pub want_results: Cell<bool>,
+    want_results: Cell<bool>,
     /// What the execution probe is to do.
-    pub execute: Cell<ExecuteWish>,
+    execute: Cell<ExecuteWish>,
+}
+
+impl Control {
+    /// The TLS fallback's uprobes are wanted from now on.
+    pub fn want_dispatch(&self) {
+        self.dispatch_wanted.set(true);
+    }
+
+    pub fn dispatch_wanted(&self) -> bool {
+        self.dispatch_wanted.get()
+    }
+
+    /// Whether executions' replies are kept long enough for their column definitions.
+    pub fn keep_results(&self, wanted: bool) {
+        self.want_results.set(wanted);
+    }
+
+    pub fn ask_execute(&self, wish: ExecuteWish) {
+        self.execute.set(wish);
+    }
 }
 
 /// What user space asks of the execution probe, read at every poll.
@@ -483,7 +518,7 @@ pub fn collect(
     let statements = Cell::new(0u64);
     let reader = ring::reader(&skel.maps.events, |data| {
         if let Some(e) = decode(data) {
-            statements.set(statements.get() + matches!(e, Event::Statement(_)) as u64);
+            statements.set(statements.get() + matches!(e, Event::Wire(Wire::Statement(_))) as u64);
             (on_event.borrow_mut())(e);
         }
     })?;
@@ -496,7 +531,7 @@ pub fn collect(
         if dispatch_links.is_empty() {
             attach_dispatch(&skel.progs, &mut dispatch_links)?;
             if !dispatch_links.is_empty() {
-                (on_event.borrow_mut())(Event::DispatchProbe);
+                (on_event.borrow_mut())(Event::Status(Status::DispatchProbe));
             }
         }
         if let Some(e) = &execute {
@@ -518,7 +553,7 @@ pub fn collect(
         let l = Skeleton::lost(&skel);
         if l != lost_said {
             lost_said = l;
-            (on_event.borrow_mut())(Event::Lost(l));
+            (on_event.borrow_mut())(Event::Status(Status::Lost(l)));
         }
         (on_event.borrow_mut())(Event::Tick);
         // While draining, the statements in flight are looked for as often as before; else woken for the next
@@ -638,12 +673,12 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
                             *part = part.saturating_add(now.saturating_sub(st.since));
                         }
                         if let Some(s) = statement(&st.ev, counters, now, true) {
-                            on_event(Event::Statement(s));
+                            on_event(Event::Wire(Wire::Statement(s)));
                         }
                     }
                     phase::PHASE_REPLIED => {
                         if let Some(s) = statement(&st.ev, st.ev.c, st.ev.end_ns, false) {
-                            on_event(Event::Statement(s));
+                            on_event(Event::Wire(Wire::Statement(s)));
                         }
                     }
                     _ => {}
@@ -815,17 +850,17 @@ fn decode(data: &[u8]) -> Option<Event> {
         if head + e.text_len as usize + e.result_len as usize > data.len() {
             return None;
         }
-        event_of(e)
+        event_of(e).map(Event::Wire)
     })
 }
 
-fn event_of(e: &query_event) -> Option<Event> {
+fn event_of(e: &query_event) -> Option<Wire> {
     let text = || e.text.get(..e.text_len as usize).map(<[u8]>::to_vec);
     match e.kind {
         query_event_kind::EVENT_STATEMENT => {
-            statement(e, e.c, e.end_ns, false).map(Event::Statement)
+            statement(e, e.c, e.end_ns, false).map(Wire::Statement)
         }
-        query_event_kind::EVENT_PACKET_IN => Some(Event::PacketIn {
+        query_event_kind::EVENT_PACKET_IN => Some(Wire::PacketIn {
             tid: e.tid,
             fd: e.fd,
             seq: e.seq,
@@ -833,7 +868,7 @@ fn event_of(e: &query_event) -> Option<Event> {
             payload: text()?,
             ts_ns: e.start_ns,
         }),
-        query_event_kind::EVENT_PACKET_OUT => Some(Event::PacketOut {
+        query_event_kind::EVENT_PACKET_OUT => Some(Wire::PacketOut {
             tid: e.tid,
             fd: e.fd,
             bytes: text()?,

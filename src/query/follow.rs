@@ -3,7 +3,10 @@
 //! wait sites), joined with the texts of statements prepared before tracing ([`PreparedTexts`]), and handed to the
 //! caller, under the options of [`FollowOptions`], whichever command set them.
 
-use std::{cell::Cell, path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 
@@ -12,7 +15,7 @@ use crate::{
     collect::{
         self,
         periods::{CpuBudget, Duty, OwnCpu},
-        queries::{DispatchProbe, Event, ExecuteProbe},
+        queries::{Control, DispatchProbe, Event, ExecuteProbe, Status, Wire},
         CollectOptions,
     },
     process::{probes, Target},
@@ -291,8 +294,8 @@ pub fn follow(
     target: &Target,
     functions: ServerFunctions,
     attached: impl FnOnce(),
-    mut emit: impl FnMut(QueryRecord),
-    mut on_lost: impl FnMut(collect::Lost),
+    emit: impl FnMut(QueryRecord),
+    on_lost: impl FnMut(collect::Lost),
 ) -> Result<Followed> {
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
     let unwind = if !a.wait_sites {
@@ -310,37 +313,35 @@ pub fn follow(
         duty,
         ..a.collect_options(target.pid)
     };
-    let mut locks = DataSymbolizer::new(target.pid).context("reading the server's memory map")?;
-    let control = collect::queries::Control::default();
-    control.dispatch_wanted.set(a.uprobes);
-    // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
-    let tls = functions
-        .tls
-        .map(|(read, write)| collect::queries::TlsProbe {
-            binary: &target.binary,
-            read,
-            write,
-        });
-    let dispatch = functions.dispatch;
-    let tls_followed = Cell::new(false);
-    let mut tls_said = false;
-    let probe = dispatch.as_ref().map(|d| DispatchProbe {
-        binary: &target.binary,
-        function: &d.function,
-        args: d.args,
-    });
-    let mut tracker = Tracker::new(a.raw_sql).for_server(target.flavor.server());
-    let mut sites = waits::SiteNames::new(target.pid);
-    let (mut seen, mut unknown_prepared) = (0u64, 0u64);
-    let mut emit = |record: QueryRecord| {
-        unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
-        emit(record);
-    };
-    // Connected before tracing, read only when texts are wanted.
-    let mut texts = PreparedTexts::default();
+    let control = Control::default();
+    if a.uprobes {
+        control.want_dispatch();
+    }
     // The server's function that runs each execution of a prepared statement: where the texts of statements
     // prepared before tracing are read when the server keeps no table of them.
     let execute_function = a.connect.as_ref().and(functions.execute);
+    let mut stages = Stages {
+        control: &control,
+        exe: &target.exe,
+        dispatch: functions
+            .dispatch
+            .as_ref()
+            .map(|d| d.function.demangled.as_str()),
+        tracker: Tracker::new(a.raw_sql).for_server(target.flavor.server()),
+        // Connected before tracing, read only when texts are wanted.
+        texts: PreparedTexts::default(),
+        sites: waits::SiteNames::new(target.pid),
+        locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
+        sink: Sink {
+            emit,
+            unknown_prepared: 0,
+        },
+        on_lost,
+        stands_for: duty.map_or(1, |d| d.every),
+        tls_followed: false,
+        tls_said: false,
+        seen: 0,
+    };
     if let Some(connect) = &a.connect {
         if execute_function.is_none() {
             say!(
@@ -350,142 +351,209 @@ pub fn follow(
                 target.flavor.server().statement_execute()
             );
         }
-        texts.start(
-            connect,
-            target.pid,
-            execute_function.as_ref().map(|f| f.demangled.clone()),
-        );
+        let execute_name = execute_function.as_ref().map(|f| f.demangled.clone());
+        stages.texts.start(connect, target.pid, execute_name);
     }
-    let execute_probe = execute_function.as_ref().map(|function| ExecuteProbe {
-        binary: &target.binary,
-        function,
-    });
-    // What each statement traced stands for: its period's cycle (`Event::Cycle`).
-    let mut stands_for = duty.map_or(1, |d| d.every);
+    let probes = collect::queries::ServerProbes {
+        dispatch: functions.dispatch.as_ref().map(|d| DispatchProbe {
+            binary: &target.binary,
+            function: &d.function,
+            args: d.args,
+        }),
+        // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
+        tls: functions
+            .tls
+            .map(|(read, write)| collect::queries::TlsProbe {
+                binary: &target.binary,
+                read,
+                write,
+            }),
+        execute: execute_function.as_ref().map(|function| ExecuteProbe {
+            binary: &target.binary,
+            function,
+        }),
+    };
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
         syscall_cpu: a.syscall_cpu,
         min_statement_ns: a.min_statement_ns,
     };
-    let traced = collect::queries::collect(
-        &opts,
-        statements,
-        &control,
-        collect::queries::ServerProbes {
-            dispatch: probe,
-            tls,
-            execute: execute_probe,
-        },
-        attached,
-        |event| {
-            let event = match event {
-                Event::Executed(e) => {
-                    texts.executed(e);
-                    return control.execute.set(texts.execute_wish(control.dispatch_wanted.get()));
-                }
-                Event::Tick => {
-                    // Read by the collector at its next poll; asked here, not at each record (a clock read).
-                    control.want_results.set(tracker.wants_results());
-                    texts.tick(&mut tracker, &mut emit);
-                    return control.execute.set(texts.execute_wish(control.dispatch_wanted.get()));
-                }
-                Event::ExecuteProbe(attached) => return texts.execute_probe(attached),
-                Event::DispatchProbe => {
-                    if let Some(d) = &dispatch {
-                        say!(
-                            "myprobe: a client uses TLS: its statements are encrypted on the socket; following them \
-                             through uprobes on {} from now on (--uprobes does from the start)",
-                            d.function.demangled
-                        );
-                    }
-                    return;
-                }
-                Event::ExecuteProbeFailed(why) => return texts.execute_probe_failed(&why),
-                Event::TlsProbe(Ok(())) => return tls_followed.set(true),
-                Event::TlsProbe(Err(why)) => {
-                    return say!(
-                        "myprobe: warning: TLS connections will be followed at dispatch_command, not at the \
-                         server's vio_ssl_read and vio_ssl_write: {why}"
-                    )
-                }
-                event => event,
-            };
-            match &event {
-                Event::Stack { id, stack } => return sites.add(*id, stack),
-                Event::Lost(lost) => return on_lost(*lost),
-                // Between sampled periods no statement is traced: the process list is not read either.
-                Event::Period(true) => return texts.resume(),
-                Event::Period(false) => return texts.pause(&mut tracker, &mut emit),
-                Event::Cycle(every) => {
-                    stands_for = *every;
-                    return;
-                }
-                _ => {}
-            }
-            let record = tracker.handle(event);
-            for n in tracker.notices.drain(..) {
-                match n {
-                    Notice::Tls { .. } if tls_followed.get() => {
-                        if !std::mem::replace(&mut tls_said, true) {
-                            say!(
-                                "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
-                                 server's vio_ssl_read and vio_ssl_write"
-                            );
-                        }
-                    }
-                    // Said once the uprobes are attached (`Event::DispatchProbe`).
-                    Notice::Tls { .. } if !control.dispatch_wanted.get() => {
-                        control.dispatch_wanted.set(true);
-                        if dispatch.is_none() {
-                            say!(
-                                "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
-                                 statements are not traced",
-                                target.exe.display()
-                            );
-                        }
-                    }
-                    Notice::Tls { .. } => {}
-                }
-            }
-            let Some(mut record) = record else { return };
-            seen += 1;
-            record.stands_for = stands_for;
-            if record.lock_stack != 0 {
-                record.lock_site = sites.of(record.lock_stack);
-            }
-            if record.lock_addr_raw != 0 {
-                let symbol = locks.name(record.lock_addr_raw);
-                record.lock_symbol = Some(waits::lock_name(
-                    &symbol,
-                    locks.names_no_variable(&symbol),
-                    record.lock_addr_raw,
-                    record.lock_site.as_deref(),
-                ));
-            }
-            // What the execution probe is to do changes with an execution of unknown text (else at a tick).
-            let unknown_execution = record.prepared.is_some() && record.query.is_none();
-            texts.add(&mut tracker, record, &mut emit);
-            if unknown_execution {
-                control
-                    .execute
-                    .set(texts.execute_wish(control.dispatch_wanted.get()));
-            }
-        },
-    )?;
-    texts.finish(&mut tracker, &mut emit);
-    if let Some(line) = texts.summary() {
-        say!("myprobe: {line}");
+    let traced =
+        collect::queries::collect(&opts, statements, &control, probes, attached, |event| {
+            stages.event(event)
+        })?;
+    Ok(stages.finish(traced))
+}
+
+/// The stages the collector's events flow through, once each: the statement tracker (framing and protocol), then
+/// the names (texts of statements prepared before tracing, wait sites, lock words), then the sink. What they
+/// decide goes back to the collector through `control`.
+struct Stages<'a, E, L> {
+    control: &'a Control,
+    exe: &'a Path,
+    /// The TLS fallback's function, when the server has it.
+    dispatch: Option<&'a str>,
+    tracker: Tracker,
+    texts: PreparedTexts,
+    sites: waits::SiteNames,
+    locks: DataSymbolizer,
+    sink: Sink<E>,
+    on_lost: L,
+    /// What each statement traced stands for: its period's cycle (`Status::Cycle`).
+    stands_for: u32,
+    /// TLS connections are read at the server's own TLS read and write.
+    tls_followed: bool,
+    tls_said: bool,
+    seen: u64,
+}
+
+/// The caller's `emit`, counting what it was given.
+struct Sink<E> {
+    emit: E,
+    /// Executions of statements prepared before tracing whose text stayed unknown.
+    unknown_prepared: u64,
+}
+
+impl<E: FnMut(QueryRecord)> Sink<E> {
+    fn emit(&mut self, record: QueryRecord) {
+        self.unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
+        (self.emit)(record);
     }
-    Ok(Followed {
-        // myprobe's own reads of the process list are not the server's statements.
-        seen: (seen + traced.below_min).saturating_sub(texts.own_statements),
-        below_min: traced.below_min,
-        lost: traced.lost,
-        unknown_prepared,
-        forgotten_prepared: tracker.forgotten_prepared,
-        forgotten_conns: tracker.forgotten_conns,
-        scale: traced.scale,
-    })
+}
+
+impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
+    fn event(&mut self, event: Event) {
+        match event {
+            Event::Wire(wire) => self.wire(wire),
+            Event::Stack { id, stack } => self.sites.add(id, &stack),
+            Event::Executed(e) => {
+                self.texts.executed(e);
+                self.ask_execute();
+            }
+            Event::Status(status) => self.status(status),
+            Event::Tick => {
+                // Read by the collector at its next poll; asked here, not at each record (a clock read).
+                self.control.keep_results(self.tracker.wants_results());
+                let sink = &mut self.sink;
+                self.texts.tick(&mut self.tracker, &mut |r| sink.emit(r));
+                self.ask_execute();
+            }
+        }
+    }
+
+    /// What the execution probe is to do now.
+    fn ask_execute(&self) {
+        let wish = self.texts.execute_wish(self.control.dispatch_wanted());
+        self.control.ask_execute(wish);
+    }
+
+    fn status(&mut self, status: Status) {
+        match status {
+            Status::Lost(lost) => (self.on_lost)(lost),
+            // Between sampled periods no statement is traced: the process list is not read either.
+            Status::Period(true) => self.texts.resume(),
+            Status::Period(false) => {
+                let sink = &mut self.sink;
+                self.texts.pause(&mut self.tracker, &mut |r| sink.emit(r));
+            }
+            Status::Cycle(every) => self.stands_for = every,
+            Status::ExecuteProbe(attached) => self.texts.execute_probe(attached),
+            Status::ExecuteProbeFailed(why) => self.texts.execute_probe_failed(&why),
+            Status::DispatchProbe => {
+                if let Some(function) = self.dispatch {
+                    say!(
+                        "myprobe: a client uses TLS: its statements are encrypted on the socket; following them \
+                         through uprobes on {function} from now on (--uprobes does from the start)"
+                    );
+                }
+            }
+            Status::TlsProbe(Ok(())) => self.tls_followed = true,
+            Status::TlsProbe(Err(why)) => say!(
+                "myprobe: warning: TLS connections will be followed at dispatch_command, not at the server's \
+                 vio_ssl_read and vio_ssl_write: {why}"
+            ),
+        }
+    }
+
+    fn wire(&mut self, wire: Wire) {
+        let record = self.tracker.handle(wire);
+        for notice in std::mem::take(&mut self.tracker.notices) {
+            self.notice(notice);
+        }
+        if let Some(record) = record {
+            self.named(record);
+        }
+    }
+
+    fn notice(&mut self, notice: Notice) {
+        match notice {
+            Notice::Tls { .. } if self.tls_followed => {
+                if !std::mem::replace(&mut self.tls_said, true) {
+                    say!(
+                        "myprobe: a client uses TLS: its statements are followed in their plaintext, at the \
+                         server's vio_ssl_read and vio_ssl_write"
+                    );
+                }
+            }
+            // Said once the uprobes are attached (`Status::DispatchProbe`).
+            Notice::Tls { .. } if !self.control.dispatch_wanted() => {
+                self.control.want_dispatch();
+                if self.dispatch.is_none() {
+                    say!(
+                        "myprobe: warning: a client uses TLS and {} has no dispatch_command symbol: its \
+                         statements are not traced",
+                        self.exe.display()
+                    );
+                }
+            }
+            Notice::Tls { .. } => {}
+        }
+    }
+
+    /// A statement's record: its wait site and lock named, then its text looked for.
+    fn named(&mut self, mut record: QueryRecord) {
+        self.seen += 1;
+        record.stands_for = self.stands_for;
+        if record.lock_stack != 0 {
+            record.lock_site = self.sites.of(record.lock_stack);
+        }
+        if record.lock_addr_raw != 0 {
+            let symbol = self.locks.name(record.lock_addr_raw);
+            record.lock_symbol = Some(waits::lock_name(
+                &symbol,
+                self.locks.names_no_variable(&symbol),
+                record.lock_addr_raw,
+                record.lock_site.as_deref(),
+            ));
+        }
+        // What the execution probe is to do changes with an execution of unknown text (else at a tick).
+        let unknown_execution = record.prepared.is_some() && record.query.is_none();
+        let sink = &mut self.sink;
+        self.texts
+            .add(&mut self.tracker, record, &mut |r| sink.emit(r));
+        if unknown_execution {
+            self.ask_execute();
+        }
+    }
+
+    /// Tracing ended: the records still held are written, and what was counted is returned.
+    fn finish(mut self, traced: collect::queries::Traced) -> Followed {
+        let sink = &mut self.sink;
+        self.texts.finish(&mut self.tracker, &mut |r| sink.emit(r));
+        if let Some(line) = self.texts.summary() {
+            say!("myprobe: {line}");
+        }
+        Followed {
+            // myprobe's own reads of the process list are not the server's statements.
+            seen: (self.seen + traced.below_min).saturating_sub(self.texts.own_statements),
+            below_min: traced.below_min,
+            lost: traced.lost,
+            unknown_prepared: self.sink.unknown_prepared,
+            forgotten_prepared: self.tracker.forgotten_prepared,
+            forgotten_conns: self.tracker.forgotten_conns,
+            scale: traced.scale,
+        }
+    }
 }
 
 #[cfg(test)]

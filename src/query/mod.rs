@@ -14,7 +14,7 @@ use std::{
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::collect::queries::{Counters, Event, RawStatement, TimePart};
+use crate::collect::queries::{Counters, RawStatement, TimePart, Wire};
 use crate::wire::{
     fingerprint,
     protocol::{self, Reply},
@@ -511,20 +511,10 @@ impl Tracker {
             .is_some_and(|t| t.elapsed() < RESULTS_WANTED_FOR)
     }
 
-    /// Feeds one event; returns a record for a statement.
-    pub fn handle(&mut self, event: Event) -> Option<QueryRecord> {
+    /// Feeds what was read on a connection; returns a record for a statement.
+    pub fn handle(&mut self, event: Wire) -> Option<QueryRecord> {
         match event {
-            Event::Stack { .. }
-            | Event::Lost(_)
-            | Event::Period(_)
-            | Event::Cycle(_)
-            | Event::Executed(_)
-            | Event::ExecuteProbe(_)
-            | Event::DispatchProbe
-            | Event::TlsProbe(_)
-            | Event::ExecuteProbeFailed(_)
-            | Event::Tick => None,
-            Event::PacketOut { tid, fd, bytes } => {
+            Wire::PacketOut { tid, fd, bytes } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
                 // thread, as statements seen at dispatch_command know it.
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
@@ -540,7 +530,7 @@ impl Tracker {
                 }
                 None
             }
-            Event::PacketIn {
+            Wire::PacketIn {
                 tid,
                 fd,
                 seq,
@@ -594,7 +584,7 @@ impl Tracker {
                 }
                 None
             }
-            Event::Statement(s) => Some(self.record(s)),
+            Wire::Statement(s) => Some(self.record(s)),
         }
     }
 
@@ -801,8 +791,8 @@ mod tests {
     }
 
     /// A statement of thread `tid` on socket `fd` (-1: seen at dispatch_command), with its request and reply.
-    fn statement(tid: u32, fd: i32, request: &[u8], reply: Vec<u8>) -> Event {
-        Event::Statement(RawStatement {
+    fn statement(tid: u32, fd: i32, request: &[u8], reply: Vec<u8>) -> Wire {
+        Wire::Statement(RawStatement {
             tid,
             fd,
             packet_len: request.len() as u32,
@@ -817,7 +807,7 @@ mod tests {
     }
 
     /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.
-    fn prepared(id: u32) -> Event {
+    fn prepared(id: u32) -> Wire {
         let mut reply = vec![12, 0, 0, 1, 0];
         reply.extend(id.to_le_bytes());
         reply.extend([0; 7]);
@@ -892,7 +882,7 @@ mod tests {
     }
 
     /// A statement seen at dispatch_command (no socket) on thread 9: `request` is the command and its arguments.
-    fn dispatched(request: &[u8]) -> Event {
+    fn dispatched(request: &[u8]) -> Wire {
         statement(9, -1, request, Vec::new())
     }
 
@@ -909,7 +899,7 @@ mod tests {
         packet.push(0);
         packet.extend(&greeting);
         let mut t = Tracker::new(true);
-        t.handle(Event::PacketOut {
+        t.handle(Wire::PacketOut {
             tid: 9,
             fd: 5,
             bytes: packet,
@@ -929,8 +919,8 @@ mod tests {
     }
 
     /// A client packet of sequence `seq` on socket `fd`, outside any statement.
-    fn client_packet(fd: i32, seq: u8, payload: Vec<u8>) -> Event {
-        Event::PacketIn {
+    fn client_packet(fd: i32, seq: u8, payload: Vec<u8>) -> Wire {
+        Wire::PacketIn {
             tid: 1,
             fd,
             seq,
@@ -956,7 +946,7 @@ mod tests {
     }
 
     /// A handshake response of `user` asking for the compressed protocol with zstd, on socket `fd`.
-    fn compressed_handshake(fd: i32, user: &str) -> Event {
+    fn compressed_handshake(fd: i32, user: &str) -> Wire {
         let caps = protocol::CLIENT_ZSTD_COMPRESSION_ALGORITHM;
         client_packet(fd, 1, handshake_response(caps, Some(user)))
     }
@@ -983,11 +973,11 @@ mod tests {
         let mut t = Tracker::new(false);
         t.handle(compressed_handshake(7, "alice"));
         assert!(t.notices.is_empty());
-        let Event::Statement(mut s) = prepared(1) else {
+        let Wire::Statement(mut s) = prepared(1) else {
             unreachable!()
         };
         s.fd = 7;
-        let r = t.handle(Event::Statement(s)).unwrap();
+        let r = t.handle(Wire::Statement(s)).unwrap();
         assert_eq!(r.user.as_deref(), Some("alice"));
         for fd in 0..(MAX_CONNS as i32 + 100) {
             t.handle(compressed_handshake(fd, "mallory"));
@@ -1000,13 +990,13 @@ mod tests {
     fn per_statement_counts_do_not_wrap() {
         // A binlog dump is one statement for as long as the replica is connected.
         let mut t = Tracker::new(true);
-        let Event::Statement(mut s) = prepared(1) else {
+        let Wire::Statement(mut s) = prepared(1) else {
             unreachable!()
         };
         s.counters.lock_waits = u64::from(u32::MAX) + 2;
         s.counters.syncs = u64::from(u32::MAX) + 3;
         s.counters.syscalls = u64::from(u32::MAX) + 4;
-        let r = t.handle(Event::Statement(s)).unwrap();
+        let r = t.handle(Wire::Statement(s)).unwrap();
         assert_eq!(
             (r.lock_waits, r.syncs, r.syscalls),
             (4_294_967_297, 4_294_967_298, 4_294_967_299)
