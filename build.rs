@@ -8,6 +8,7 @@
 use std::{
     env, fs,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicUsize, Ordering},
 };
 
 use libbpf_cargo::SkeletonBuilder;
@@ -47,43 +48,60 @@ fn main() {
         .expect("src/bpf exists")
         .map(|e| e.expect("readable").path())
         .collect();
-    entries.sort();
-    for path in &entries {
-        let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
-            continue;
-        };
-        if let Some(name) = file.strip_suffix(".bpf.c") {
-            let skel = out.join(format!("{name}.skel.rs"));
-            build_skeleton(path, &out.join(format!("{name}.bpf.o")), &clang_args, &skel);
-            if COMPAT_OBJECTS.contains(&name) {
-                let dir = out.join("compat");
-                fs::create_dir_all(&dir).expect("OUT_DIR is writable");
-                let compat_skel = dir.join(format!("{name}.skel.rs"));
-                let mut compat_args = clang_args.to_vec();
-                compat_args.push("-DMYPROBE_COMPAT".to_string());
-                build_skeleton(
-                    path,
-                    &dir.join(format!("{name}.bpf.o")),
-                    &compat_args,
-                    &compat_skel,
-                );
-                join_compat(&skel, &compat_skel, path);
-            }
-        } else if file.ends_with(".h") && file != "vmlinux.h" {
-            // Self-contained: a header includes what it uses, so any order of includes compiles.
-            let check = out.join(format!("header_{}.bpf.c", file.trim_end_matches(".h")));
-            let root = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-            fs::write(&check, format!("#include \"{root}/src/bpf/{file}\"\n"))
-                .expect("OUT_DIR is writable");
-            SkeletonBuilder::new()
-                .source(&check)
-                .obj(check.with_extension("o"))
-                .clang_args(&clang_args)
-                .build()
-                .unwrap_or_else(|e| {
-                    panic!("{} does not compile on its own: {e:#}", path.display())
-                });
+    // The programs first (the longest compiles), then the headers' checks.
+    entries.sort_by_key(|p| (!p.to_string_lossy().ends_with(".bpf.c"), p.clone()));
+    // Each clang on a job of cargo's: the build script is on every build's critical path.
+    let jobs = env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, entries.len().max(1));
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                while let Some(path) = entries.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    build_entry(path, &out, &clang_args);
+                }
+            });
         }
+    });
+}
+
+/// Builds one file of src/bpf: a program's object and skeleton (twice for `COMPAT_OBJECTS`), or a header's check.
+fn build_entry(path: &Path, out: &Path, clang_args: &[String]) {
+    let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+        return;
+    };
+    if let Some(name) = file.strip_suffix(".bpf.c") {
+        let skel = out.join(format!("{name}.skel.rs"));
+        build_skeleton(path, &out.join(format!("{name}.bpf.o")), clang_args, &skel);
+        if COMPAT_OBJECTS.contains(&name) {
+            let dir = out.join("compat");
+            fs::create_dir_all(&dir).expect("OUT_DIR is writable");
+            let compat_skel = dir.join(format!("{name}.skel.rs"));
+            let mut compat_args = clang_args.to_vec();
+            compat_args.push("-DMYPROBE_COMPAT".to_string());
+            build_skeleton(
+                path,
+                &dir.join(format!("{name}.bpf.o")),
+                &compat_args,
+                &compat_skel,
+            );
+            join_compat(&skel, &compat_skel, path);
+        }
+    } else if file.ends_with(".h") && file != "vmlinux.h" {
+        // Self-contained: a header includes what it uses, so any order of includes compiles.
+        let check = out.join(format!("header_{}.bpf.c", file.trim_end_matches(".h")));
+        let root = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+        fs::write(&check, format!("#include \"{root}/src/bpf/{file}\"\n"))
+            .expect("OUT_DIR is writable");
+        SkeletonBuilder::new()
+            .source(&check)
+            .obj(check.with_extension("o"))
+            .clang_args(clang_args)
+            .build()
+            .unwrap_or_else(|e| panic!("{} does not compile on its own: {e:#}", path.display()));
     }
 }
 

@@ -11,7 +11,6 @@ use syn::visit::Visit;
 
 const MAX_FUNCTION_LINES: usize = 120;
 
-
 /// The modules of each layer, from ARCHITECTURE.md's table: `| 3 | collect, client |`.
 fn layers() -> BTreeMap<String, u32> {
     let text =

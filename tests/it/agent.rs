@@ -270,7 +270,6 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
                 "http://127.0.0.1:{agent_port}/debug/pprof/profile?seconds=5"
             ))
             .env("PPROF_TMPDIR", &*dir)
-            .env("HOME", &*dir)
             .output()
             .expect("running go tool pprof");
         let loaded = load.running();
