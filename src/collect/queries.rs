@@ -359,8 +359,8 @@ impl ExecuteLink {
 /// busy server's statements) detaches them between periods. Statements start only within a period; at its end
 /// those in flight are followed to their end (`closing`), then the tracepoints are detached until the next.
 struct Tracepoints {
+    /// Empty between periods, never while attached (the switch tracepoint is always one of them).
     links: Vec<Link>,
-    attached: bool,
     /// The period ended: the tracepoints are detached once no statement is in flight.
     draining: bool,
     /// The cycle said last (`Status::Cycle`).
@@ -368,6 +368,11 @@ struct Tracepoints {
 }
 
 impl Tracepoints {
+    /// Statements are followed now (within a sampled trace's period, or its drain).
+    fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
     /// Follows a sampled trace's periods at a tick, given the statements traced since the last (`adaptive`: the
     /// cycle follows their rate, and a change of sampling is said).
     fn follow_period(
@@ -383,11 +388,10 @@ impl Tracepoints {
         if let Some(open) = p.due() {
             let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
             bss.closing = !open;
-            if open && !self.attached {
+            if open && !self.attached() {
                 bss.attach_period = bss.attach_period.wrapping_add(1);
                 self.links = attach_by_section(skel.object())
                     .context("attaching to the socket and scheduler tracepoints")?;
-                self.attached = true;
             }
             self.draining = !open;
             p.set(open);
@@ -400,7 +404,7 @@ impl Tracepoints {
         }
         if self.draining && in_flight(&skel.progs.in_flight)?.is_empty() {
             self.links.clear();
-            (self.attached, self.draining) = (false, false);
+            self.draining = false;
         }
         if adaptive && sampled != (p.every() > 1) {
             say_sampling(p);
@@ -493,7 +497,6 @@ pub fn collect(
     let mut tracepoints = Tracepoints {
         links: attach_by_section(skel.object())
             .context("attaching to the socket and scheduler tracepoints")?,
-        attached: true,
         draining: false,
         cycle: opts.duty.map_or(1, |d| d.every),
     };
@@ -536,7 +539,7 @@ pub fn collect(
         }
         if let Some(e) = &execute {
             let on_event = &mut *on_event.borrow_mut();
-            let (wish, attached) = (control.execute.get(), tracepoints.attached);
+            let (wish, attached) = (control.execute.get(), tracepoints.attached());
             execute_link.follow(e, wish, &mut skel, attached, opts.pid, on_event)?;
         }
         if let Some(p) = periods.as_mut() {
@@ -547,7 +550,7 @@ pub fn collect(
         if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
             bss.want_results = control.want_results.get();
         }
-        if tracepoints.attached {
+        if tracepoints.attached() {
             refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
         }
         let l = Skeleton::lost(&skel);

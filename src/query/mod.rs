@@ -512,8 +512,8 @@ impl Tracker {
     }
 
     /// Feeds what was read on a connection; returns a record for a statement.
-    pub fn handle(&mut self, event: Wire) -> Option<QueryRecord> {
-        match event {
+    pub fn handle(&mut self, wire: Wire) -> Option<QueryRecord> {
+        match wire {
             Wire::PacketOut { tid, fd, bytes } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
                 // thread, as statements seen at dispatch_command know it.
