@@ -106,6 +106,10 @@ pub fn other_server(kind: &str) -> Option<TestDb> {
     })
 }
 
+/// The transactions a second of the tests' sysbench loads: a busy server, and CPU left for the tests that run
+/// beside it (flat out, four threads took both of a 2-CPU host's CPUs, and a test's own work waited for them).
+const LOAD_RATE: u32 = 200;
+
 impl TestDb {
     /// Starts another throwaway server in `dir` with extra mariadbd options; it is stopped and removed on drop.
     pub fn start_another(&self, dir: &Path, options: &[&str]) -> OtherServer {
@@ -206,10 +210,12 @@ impl TestDb {
         load
     }
 
-    /// Starts the sysbench test `workload` (`oltp_write_only`, …) for `secs` seconds, in the background.
+    /// Starts the sysbench test `workload` (`oltp_write_only`, …) for `secs` seconds, in the background, at
+    /// `LOAD_RATE`.
     pub fn load_workload(&self, secs: u32, workload: &str) -> Load {
         let child = Command::new(&self.testdb)
             .env("MYPROBE_TESTDB_WORKLOAD", workload)
+            .env("MYPROBE_TESTDB_RATE", LOAD_RATE.to_string())
             .arg("load")
             .arg(&self.dir)
             .arg(secs.to_string())
