@@ -35,6 +35,7 @@ pub mod render;
 pub mod report;
 pub mod runner;
 pub mod server;
+pub mod sessions;
 pub mod stacks;
 pub mod stat;
 pub mod symbolize;

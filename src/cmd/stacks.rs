@@ -45,7 +45,7 @@ pub struct StacksArgs {
     /// count) or JSON (`.json`: every thread)
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Never connect to the server: threads are shown without their statements
+    /// Never connect to the server: its connections' statements are read from its memory instead
     #[arg(long)]
     pub no_sql: bool,
     /// Walk stacks by frame pointers only, without loading the process's .eh_frame tables into the kernel
@@ -112,7 +112,7 @@ fn resolve_text(a: &StacksArgs, file: &Path, format: Format) -> Result<()> {
     if format == Format::Text && !r.summary.is_empty() {
         println!("{}", crate::render::terminal_safe(&r.summary));
     }
-    write_output(a, format, &r.threads)
+    write_output(a, format, &r.threads, None)
 }
 
 /// `--core`: the threads of a core file, with a line identifying the crash first on text output.
@@ -152,7 +152,7 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
             t.tid
         );
     }
-    write_output(a, format, &named)
+    write_output(a, format, &named, None)
 }
 
 /// A running server: a snapshot of its threads' stacks read from BPF, with their statements when it answers.
@@ -192,6 +192,12 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
             t.statement = statements.get(&t.tid).cloned();
         }
     }
+    // Without the server's word, what its memory says its connections run.
+    let sessions = if statements.is_none() {
+        sessions_from_memory(&target)
+    } else {
+        None
+    };
     say!(
         "myprobe: {} threads of {target} read in {} ms, none stopped",
         named.len(),
@@ -200,7 +206,38 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     for line in snapshot.lost.report(named.len() as u64) {
         say!("myprobe: warning: {line}");
     }
-    write_output(a, format, &named)
+    let sessions = sessions.map(|sessions| {
+        if format != Format::Text {
+            say!(
+                "myprobe: {} connections read from the server's memory, {} running a statement: shown on \
+                 stdout, without -o",
+                sessions.len(),
+                sessions.iter().filter(|s| s.query.is_some()).count()
+            );
+        }
+        stacks::render_sessions(&sessions)
+    });
+    write_output(a, format, &named, sessions.as_deref())
+}
+
+/// The server's connections read from its memory; what failed is said, and leaves none.
+fn sessions_from_memory(target: &process::Target) -> Option<Vec<crate::sessions::Session>> {
+    let read = || -> Result<Vec<crate::sessions::Session>> {
+        let layout = crate::sessions::Layout::of_process(
+            target.pid,
+            &target.binary,
+            target.flavor.server(),
+        )?;
+        let mem = process::memory::ProcMemory::open(target.pid)?;
+        crate::sessions::read(&mem, &layout)
+    };
+    match read() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            say!("myprobe: the connections could not be read from the server's memory: {e:#}");
+            None
+        }
+    }
 }
 
 /// Each thread's current statement, by thread id, unless `--no-sql`; a server that does not answer is said
@@ -242,11 +279,21 @@ fn unwind_tables(
     }
 }
 
-/// The threads, as `-o` and `--threads` ask, to stdout or the file.
-fn write_output(a: &StacksArgs, format: Format, named: &[stacks::ThreadStack]) -> Result<()> {
+/// The threads, as `-o` and `--threads` ask, to stdout or the file; in text, followed by `sessions` (the
+/// connections read from memory).
+fn write_output(
+    a: &StacksArgs,
+    format: Format,
+    named: &[stacks::ThreadStack],
+    sessions: Option<&str>,
+) -> Result<()> {
+    let with_sessions = |text: String| match sessions {
+        Some(s) => format!("{text}\n{s}"),
+        None => text,
+    };
     let text = match format {
-        Format::Text if a.threads => stacks::render_threads(named),
-        Format::Text => stacks::render_groups(named),
+        Format::Text if a.threads => with_sessions(stacks::render_threads(named)),
+        Format::Text => with_sessions(stacks::render_groups(named)),
         Format::Folded => stacks::folded(named),
         Format::Json => serde_json::to_string_pretty(named)? + "\n",
     };
@@ -266,7 +313,7 @@ fn write_output(a: &StacksArgs, format: Format, named: &[stacks::ThreadStack]) -
     Ok(())
 }
 
-#[derive(PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Format {
     Text,
     Folded,

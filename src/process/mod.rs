@@ -1,6 +1,7 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
 pub mod maps;
+pub mod memory;
 pub mod probes;
 pub mod tids;
 
@@ -252,40 +253,17 @@ fn server_version(pid: u32, comm: &str) -> (Flavor, String) {
 /// Longest `server_version` read (MariaDB's and MySQL's SERVER_VERSION_LENGTH is 60).
 const SERVER_VERSION_MAX: usize = 64;
 
-/// The NUL-terminated string at the runtime address of the binary's `server_version` symbol. The binary is read
-/// through a cache of the ranges parsed (headers and symbol tables), not whole: a server binary is tens of MiB.
+/// The NUL-terminated string at the runtime address of the binary's `server_version` symbol.
 fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    let cache = object::read::ReadCache::new(binary);
-    let elf = object::File::parse(&cache).ok()?;
-    let symbol = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.name() == Ok("server_version") && s.is_definition())?;
-    let vaddr = symbol.address();
-    // The load bias, which every segment shares: where the segment loaded from the file's start is mapped,
-    // less its address in the file. Through it the variable is found even past its segment's file part (in
-    // .bss, as in MySQL 9.7's build), and small binaries whose segments share file pages are not misread.
-    let first_vaddr = elf
-        .segments()
-        .filter(|seg| seg.file_range().0 == 0)
-        .map(|seg| seg.address())
-        .min()?;
-    const PAGE: u64 = 4096;
-    let exe_inode = binary.metadata().ok()?.ino();
-    let maps = maps::ProcMaps::read(pid).ok()?;
-    let mapped = maps
-        .maps()
-        .iter()
-        .filter(|m| m.inode == exe_inode && m.offset == 0)
-        .map(|m| m.start)
-        .min()?;
-    let bias = mapped.checked_sub(first_vaddr & !(PAGE - 1))?;
-    let address = vaddr.checked_add(bias)?;
+    use memory::Memory;
+    let mapped = memory::mapped_start(pid, binary)?;
+    let address = memory::symbol_addresses(binary, mapped, &["server_version"])
+        .ok()?
+        .pop()??;
     let mut bytes = [0u8; SERVER_VERSION_MAX];
-    let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let n = mem.read_at(&mut bytes, address).ok()?;
+    let n = memory::ProcMemory::open(pid)
+        .ok()?
+        .read(address, &mut bytes);
     let text = bytes[..n].split(|&b| b == 0).next()?;
     // Printable ASCII, spaces too: `11.8.9-MariaDB-0+deb13u1 from Debian`.
     let printable = !text.is_empty() && text.iter().all(|b| (b' '..=b'~').contains(b));

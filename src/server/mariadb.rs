@@ -5,7 +5,7 @@
 
 use super::{
     common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    StatusCounter, WaitKind,
+    SessionList, Sessions, StatusCounter, WaitKind,
 };
 
 pub struct MariaDb;
@@ -108,5 +108,19 @@ impl Server for MariaDb {
     fn statement_execute(&self) -> &'static str {
         // sql/sql_prepare.cc, 10.x and 11.x; called by execute_loop and execute_bulk_loop.
         "Prepared_statement::execute(String*, bool)"
+    }
+
+    fn sessions(&self) -> &'static Sessions {
+        // sql/sql_class.h: `THD_list server_threads` (an I_List<THD>, sql_list.h's base_ilist: `first`, then the
+        // end marker `last`, an ilink); THD's first base is Statement, an ilink (vptr, prev, next); 10.x, 11.x.
+        &Sessions {
+            list: SessionList::Linked {
+                head: "server_threads",
+                next: 0x10,
+            },
+            vtable: "_ZTV3THD",
+            id: "thd_get_thread_id",
+            query: "thd_query_string",
+        }
     }
 }

@@ -54,6 +54,43 @@ pub trait Server: Sync {
     /// statement object as `this` (which keeps the text it was prepared with): where `query::executed` reads the
     /// texts of statements prepared before tracing.
     fn statement_execute(&self) -> &'static str;
+
+    /// Where its connections' objects (`THD`) are in its memory, and the exported functions whose code says
+    /// where their fields are.
+    fn sessions(&self) -> &'static Sessions;
+}
+
+/// How a server's connections are found in its memory: the list it keeps of them, the vtable each one's first
+/// word points into, and its accessors (exported for plugins) of each field read.
+#[derive(Debug)]
+pub struct Sessions {
+    pub list: SessionList,
+    /// The symbol of the connection class's vtable: an object's first word is its address plus 16 (the
+    /// Itanium ABI's offset-to-top and type info come first).
+    pub vtable: &'static str,
+    /// The accessor of the connection id (`mov eax|rax, [rdi+OFFSET]`: its width is the field's).
+    pub id: &'static str,
+    /// The accessor of the statement's text, a `{ const char *str; size_t length; }` at the offset it reads.
+    pub query: &'static str,
+}
+
+/// The list of connections a server keeps.
+#[derive(Debug)]
+pub enum SessionList {
+    /// An intrusive doubly linked list (MariaDB's `I_List<THD>`) at the variable `head`: the first element's
+    /// address at its +0, the end marker at its +8; each element's address is the object's, and its next is at
+    /// `next` from it.
+    Linked { head: &'static str, next: u64 },
+    /// `partitions` arrays of object pointers, `stride` bytes apart, at the address the variable `manager`
+    /// holds (MySQL's `Global_THD_manager::thd_list`, each a `Prealloced_array<THD*, inline>`: an `i32` at +4
+    /// that is the inline count when not negative, the pointers inline from +8; else a pointer at +8 and a
+    /// count at +16).
+    Partitioned {
+        manager: &'static str,
+        partitions: u64,
+        stride: u64,
+        inline: u64,
+    },
 }
 
 /// How a server's crash report (what its fatal signal handler writes to the error log) is told from another

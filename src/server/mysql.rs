@@ -5,7 +5,7 @@
 
 use super::{
     common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    StatusCounter, WaitKind,
+    SessionList, Sessions, StatusCounter, WaitKind,
 };
 
 pub struct MySql;
@@ -104,5 +104,22 @@ impl Server for MySql {
     fn statement_execute(&self) -> &'static str {
         // sql/sql_prepare.cc, 8.0 to 9.x; called by execute_loop.
         "Prepared_statement::execute(THD*, String*, bool)"
+    }
+
+    fn sessions(&self) -> &'static Sessions {
+        // sql/mysqld_thd_manager.h: `static Global_THD_manager *thd_manager`, whose first member is
+        // `THD_array thd_list[NUM_PARTITIONS]` (8), each a Prealloced_array<THD*, 60> (include/prealloced_array.h);
+        // as `Global_THD_manager::do_for_all_thd` walks them in 9.x.
+        &Sessions {
+            list: SessionList::Partitioned {
+                manager: "_ZN18Global_THD_manager11thd_managerE",
+                partitions: 8,
+                stride: 0x1e8,
+                inline: 60,
+            },
+            vtable: "_ZTV3THD",
+            id: "thd_get_thread_id",
+            query: "_Z16thd_query_unsafeP3THD",
+        }
     }
 }

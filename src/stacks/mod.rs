@@ -263,6 +263,36 @@ pub fn statements(
     Ok(statements)
 }
 
+/// The connections read from the server's memory (`sessions`), those running a statement first, by id: a line
+/// each with its statement (normalized as the process list's are), then the count of the idle.
+pub fn render_sessions(sessions: &[crate::sessions::Session]) -> String {
+    use crate::sessions::Query;
+    let mut running: Vec<_> = sessions.iter().filter(|s| s.query.is_some()).collect();
+    running.sort_by_key(|s| s.id);
+    let mut out = format!(
+        "connections read from the server's memory: {} running a statement, {} idle\n",
+        running.len(),
+        sessions.len() - running.len()
+    );
+    for s in running {
+        let text = match &s.query {
+            Some(Query::Text(t)) => crate::wire::fingerprint::normalize(t),
+            Some(Query::Truncated(t)) => {
+                format!("{} (truncated)", crate::wire::fingerprint::normalize(t))
+            }
+            Some(Query::Changing) => "(its statement changed while read)".to_string(),
+            None => unreachable!("filtered"),
+        };
+        let _ = writeln!(
+            out,
+            "  connection {}: {}",
+            s.id,
+            crate::render::terminal_safe(&text)
+        );
+    }
+    out
+}
+
 /// Threads with identical frames, merged: most threads first.
 pub struct Group<'a> {
     pub frames: &'a [String],

@@ -713,3 +713,71 @@ fn a_process_that_exits_during_the_snapshot_is_one_clear_line() {
     }
     assert!(gone > 0, "no process exited before its snapshot ended");
 }
+
+/// SIGSTOP for a test's part; SIGCONT when dropped, also when the test fails.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_stopped_server_s_statements_are_read_from_its_memory() {
+    // A hung server answers no SQL: the statements its connections run are read from its memory, on each server.
+    servers_alone();
+    let mut servers = vec![("mariadb-10.11", testdb())];
+    for kind in ["mariadb-11.8", "mysql-9.7"] {
+        servers.extend(other_server(kind).map(|db| (kind, db)));
+    }
+    for (kind, db) in &servers {
+        let mut sleeping = Vec::new();
+        for i in 0..3 {
+            let mut session = db.session();
+            let id = session.connection_id();
+            let text = format!("SELECT SLEEP(30), 'myprobe-memory-{kind}-{i}'");
+            session.send(&text);
+            sleeping.push((session, id, text));
+        }
+        let mut idle = db.session();
+        let idle_id = idle.connection_id();
+        let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(30), %'";
+        db.wait_until(count, || db.sql(count).trim() == "3");
+        let out = {
+            // SAFETY: as in Stopped's drop.
+            assert_eq!(unsafe { libc::kill(db.pid as i32, libc::SIGSTOP) }, 0);
+            let _stopped = Stopped(db.pid);
+            myprobe()
+                .args(["stacks", "-p", &db.pid.to_string(), "--no-sql"])
+                .output()
+                .unwrap()
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{kind}: {stderr}");
+        let section = stdout
+            .split_once("connections read from the server's memory: ")
+            .unwrap_or_else(|| panic!("{kind}: no connections read: {stdout}\n{stderr}"))
+            .1;
+        for (_, id, text) in &sleeping {
+            let line = format!(
+                "  connection {id}: {}\n",
+                myprobe::wire::fingerprint::normalize(text)
+            );
+            assert!(
+                section.contains(&line),
+                "{kind}: no `{line}` in {section}\n{stderr}"
+            );
+        }
+        assert!(
+            !section.contains(&format!("  connection {idle_id}:")),
+            "{kind}: the idle connection {idle_id} runs nothing: {section}"
+        );
+        for (_, id, _) in &sleeping {
+            db.sql(&format!("KILL {id}"));
+        }
+        drop(idle);
+    }
+}

@@ -1,0 +1,209 @@
+//! Another process's memory, read without stopping it (`/proc/PID/mem`, which root reads as ptrace would, the
+//! process running on), and where a binary's variables and functions are in it.
+
+use std::{fs, os::unix::fs::FileExt, path::Path};
+
+use anyhow::{Context, Result};
+
+/// Memory read by address: a running process's, or a core's.
+pub trait Memory {
+    /// Reads up to `buf.len()` bytes at `addr`; how many were read (fewer where the mapping ends, 0 where nothing
+    /// is mapped).
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize;
+
+    /// The `len` bytes at `addr`, all of them or none.
+    fn bytes(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        (self.read(addr, &mut buf) == len).then_some(buf)
+    }
+
+    fn u64_at(&self, addr: u64) -> Option<u64> {
+        let mut word = [0u8; 8];
+        (self.read(addr, &mut word) == 8).then(|| u64::from_le_bytes(word))
+    }
+
+    fn u32_at(&self, addr: u64) -> Option<u32> {
+        let mut word = [0u8; 4];
+        (self.read(addr, &mut word) == 4).then(|| u32::from_le_bytes(word))
+    }
+}
+
+/// A running process's memory.
+pub struct ProcMemory(fs::File);
+
+impl ProcMemory {
+    pub fn open(pid: u32) -> Result<ProcMemory> {
+        let path = format!("/proc/{pid}/mem");
+        fs::File::open(&path)
+            .map(ProcMemory)
+            .with_context(|| format!("reading the memory of PID {pid} ({path}): run as root"))
+    }
+}
+
+impl Memory for ProcMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.read_at(&mut buf[done..], addr + done as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => done += n,
+            }
+        }
+        done
+    }
+}
+
+/// What a binary's code says of a field: the displacement off its first argument's register (`rdi`) of the
+/// first memory operand of the function `name` (an accessor such as `thd_get_thread_id`: `mov rax, [rdi+0x3f18]`,
+/// or `lea rax, [rdi+0x68]`), with the operand's size in bytes (0 for `lea`, which reads nothing); `None` where
+/// the function is not defined, or its first instructions read no such field.
+pub fn accessor_field(binary: &Path, name: &str) -> Result<Option<(u64, usize)>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let file = fs::File::open(binary).with_context(|| format!("opening {}", binary.display()))?;
+    let cache = object::read::ReadCache::new(&file);
+    let elf =
+        object::File::parse(&cache).with_context(|| format!("parsing {}", binary.display()))?;
+    let Some(symbol) = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.name() == Ok(name) && s.is_definition() && s.size() > 0)
+    else {
+        return Ok(None);
+    };
+    let Some(section) = symbol
+        .section_index()
+        .and_then(|i| elf.section_by_index(i).ok())
+    else {
+        return Ok(None);
+    };
+    let size = symbol.size().min(64);
+    let code = section
+        .data_range(symbol.address(), size)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    Ok(first_field_of_rdi(code))
+}
+
+/// The first memory operand based on `rdi` alone among the first instructions of `code`, before any branch.
+#[cfg(target_arch = "x86_64")]
+fn first_field_of_rdi(code: &[u8]) -> Option<(u64, usize)> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    for _ in 0..4 {
+        if !decoder.can_decode() {
+            return None;
+        }
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        let of_rdi = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory)
+            && insn.memory_base() == Register::RDI
+            && insn.memory_index() == Register::None;
+        if of_rdi {
+            let size = if insn.mnemonic() == Mnemonic::Lea {
+                0
+            } else {
+                insn.memory_size().size()
+            };
+            return Some((insn.memory_displacement64(), size));
+        }
+        if insn.flow_control() != FlowControl::Next {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn first_field_of_rdi(_code: &[u8]) -> Option<(u64, usize)> {
+    None
+}
+
+/// The runtime addresses, in a process that maps `binary` from `mapped` (the start of its mapping of the file's
+/// first page), of the symbols `names` (dynamic symbols first, then the symbol table's); `None` for each not
+/// defined. The binary is read through a cache of the ranges parsed, not whole: a server binary is tens of MiB.
+pub fn symbol_addresses(
+    binary: &fs::File,
+    mapped: u64,
+    names: &[&str],
+) -> Result<Vec<Option<u64>>> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let cache = object::read::ReadCache::new(binary);
+    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    // The load bias, which every segment shares: where the segment loaded from the file's start is mapped,
+    // less its address in the file. Through it a variable is found even past its segment's file part (in .bss).
+    let first_vaddr = elf
+        .segments()
+        .filter(|seg| seg.file_range().0 == 0)
+        .map(|seg| seg.address())
+        .min()
+        .context("the binary has no segment loaded from its start")?;
+    const PAGE: u64 = 4096;
+    let bias = mapped
+        .checked_sub(first_vaddr & !(PAGE - 1))
+        .context("the binary is mapped below its own addresses")?;
+    let mut found = vec![None; names.len()];
+    for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
+        if !symbol.is_definition() {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            if found[i].is_none() {
+                found[i] = symbol.address().checked_add(bias);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Where process `pid` maps the first page of `binary` (the file, known by its inode).
+pub fn mapped_start(pid: u32, binary: &fs::File) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = binary.metadata().ok()?.ino();
+    let maps = super::maps::ProcMaps::read(pid).ok()?;
+    maps.maps()
+        .iter()
+        .filter(|m| m.inode == inode && m.offset == 0)
+        .map(|m| m.start)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accessors_give_their_field() {
+        // endbr64; mov rax, [rdi+0x3f18]; ret
+        let id = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x87, 0x18, 0x3f, 0x00, 0x00, 0xc3,
+        ];
+        assert_eq!(first_field_of_rdi(&id), Some((0x3f18, 8)));
+        // mov eax, [rdi+0x25d0]; ret
+        let id32 = [0x8b, 0x87, 0xd0, 0x25, 0x00, 0x00, 0xc3];
+        assert_eq!(first_field_of_rdi(&id32), Some((0x25d0, 4)));
+        // lea rax, [rdi+0x68]; ret
+        let lea = [0x48, 0x8d, 0x47, 0x68, 0xc3];
+        assert_eq!(first_field_of_rdi(&lea), Some((0x68, 0)));
+        // mov rax, [rsi+0x10]; ret: not the first argument's
+        let rsi = [0x48, 0x8b, 0x46, 0x10, 0xc3];
+        assert_eq!(first_field_of_rdi(&rsi), None);
+        // ret first: nothing read
+        assert_eq!(first_field_of_rdi(&[0xc3, 0x48, 0x8d, 0x47, 0x68]), None);
+        assert_eq!(first_field_of_rdi(&[]), None);
+    }
+
+    #[test]
+    fn this_process_memory_reads_back() {
+        let value: u64 = 0x1122_3344_5566_7788;
+        let mem = ProcMemory::open(std::process::id()).unwrap();
+        let addr = &value as *const u64 as u64;
+        assert_eq!(mem.u64_at(addr), Some(value));
+        assert_eq!(mem.u32_at(addr), Some(0x5566_7788));
+        assert_eq!(mem.u64_at(0), None);
+        assert_eq!(mem.bytes(8, 4), None);
+    }
+}

@@ -1,0 +1,280 @@
+//! The server's connections read from its memory, as gdb would from a core, without asking the server anything:
+//! what a hung server, which answers no SQL, is running. Each connection object (`THD`) is found through the
+//! list the server keeps of them (`Server::sessions`), checked by its first word (the class's vtable), and its
+//! fields are read at the offsets the server's own exported accessors read them at (`thd_get_thread_id`,
+//! `thd_query_string`): the binary says where they are, for its own build. What does not hold together (a
+//! list that does not end, ids not distinct, a text's pointer outside memory) is said, never shown.
+
+use std::{collections::HashSet, fs, path::Path};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::{
+    process::memory::{self, Memory},
+    server::{Server, SessionList},
+};
+
+/// A connection as its object holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    /// The object's address.
+    pub thd: u64,
+    /// The connection id (`CONNECTION_ID()`, PROCESSLIST's `ID`).
+    pub id: u64,
+    /// The statement it runs, as the server holds it; `None` when it runs none.
+    pub query: Option<Query>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Query {
+    Text(String),
+    /// Longer than what is read: its first `TEXT_MAX` bytes.
+    Truncated(String),
+    /// The connection changed its statement while it was read.
+    Changing,
+}
+
+/// Most connections walked: past it, the list is taken for not ending.
+const SESSIONS_MAX: usize = 200_000;
+
+/// The longest text read of a statement.
+pub const TEXT_MAX: usize = 64 * 1024;
+
+/// Where a process's connections and their fields are.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    list: List,
+    /// An object's first word.
+    vtable_word: u64,
+    id_offset: u64,
+    id_width: usize,
+    query_offset: u64,
+}
+
+#[derive(Clone, Debug)]
+enum List {
+    Linked {
+        head: u64,
+        next: u64,
+    },
+    Partitioned {
+        manager: u64,
+        partitions: u64,
+        stride: u64,
+        inline: u64,
+    },
+}
+
+impl Layout {
+    /// The layout of process `pid`, which runs `binary`, a `server`: its symbols placed where the process maps
+    /// the binary.
+    pub fn of_process(pid: u32, binary: &Path, server: &dyn Server) -> Result<Layout> {
+        let file =
+            fs::File::open(binary).with_context(|| format!("opening {}", binary.display()))?;
+        let mapped = memory::mapped_start(pid, &file)
+            .with_context(|| format!("PID {pid} does not map {}", binary.display()))?;
+        Layout::at(&file, binary, mapped, server)
+    }
+
+    /// The layout of a process that maps `binary` (opened as `file`) from `mapped`.
+    pub fn at(file: &fs::File, binary: &Path, mapped: u64, server: &dyn Server) -> Result<Layout> {
+        let spec = server.sessions();
+        let list_symbol = match spec.list {
+            SessionList::Linked { head, .. } => head,
+            SessionList::Partitioned { manager, .. } => manager,
+        };
+        let names = [list_symbol, spec.vtable];
+        let found = memory::symbol_addresses(file, mapped, &names)
+            .with_context(|| format!("reading the symbols of {}", binary.display()))?;
+        let symbol = |i: usize| {
+            found[i].with_context(|| {
+                format!(
+                    "{} defines no symbol {}: its connections cannot be found in its memory",
+                    binary.display(),
+                    names[i]
+                )
+            })
+        };
+        let (list_at, vtable) = (symbol(0)?, symbol(1)?);
+        let accessor = |name: &str| {
+            memory::accessor_field(binary, name)?.with_context(|| {
+                format!(
+                    "{} has no function {name} that reads a field of its argument: where its connections \
+                     keep it is not known",
+                    binary.display()
+                )
+            })
+        };
+        let (id_offset, id_width) = accessor(spec.id)?;
+        ensure!(
+            matches!(id_width, 4 | 8),
+            "{} reads a connection id of {id_width} bytes: not one myprobe knows",
+            spec.id
+        );
+        let (query_offset, _) = accessor(spec.query)?;
+        let list = match spec.list {
+            SessionList::Linked { next, .. } => List::Linked {
+                head: list_at,
+                next,
+            },
+            SessionList::Partitioned {
+                partitions,
+                stride,
+                inline,
+                ..
+            } => List::Partitioned {
+                manager: list_at,
+                partitions,
+                stride,
+                inline,
+            },
+        };
+        Ok(Layout {
+            list,
+            vtable_word: vtable + 16,
+            id_offset,
+            id_width,
+            query_offset,
+        })
+    }
+}
+
+/// Every connection of the process whose memory is `mem`. A running server changes its list while it is read:
+/// a walk that does not hold together is taken again, up to three times.
+pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
+    let mut last = None;
+    for _ in 0..3 {
+        match objects(mem, layout).and_then(|thds| sessions(mem, layout, &thds)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("tried"))
+}
+
+/// The addresses of the connection objects.
+fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
+    let word = |addr: u64| {
+        mem.u64_at(addr)
+            .with_context(|| format!("the server's memory at {addr:#x} is not readable"))
+    };
+    let mut thds = Vec::new();
+    match layout.list {
+        List::Linked { head, next } => {
+            let end = head + 8;
+            let mut at = word(head)?;
+            while at != end {
+                ensure!(
+                    thds.len() < SESSIONS_MAX,
+                    "the list of connections does not end"
+                );
+                thds.push(at);
+                at = word(at + next)?;
+            }
+        }
+        List::Partitioned {
+            manager,
+            partitions,
+            stride,
+            inline,
+        } => {
+            let manager = word(manager)?;
+            ensure!(manager != 0, "the server has no list of connections yet");
+            for part in 0..partitions {
+                let array = manager + part * stride;
+                let inline_count = mem
+                    .u32_at(array + 4)
+                    .context("the list of connections is not readable")?
+                    as i32;
+                let (first, count) = match u64::try_from(inline_count) {
+                    Ok(n) if n <= inline => (array + 8, n),
+                    Ok(n) => bail!("{n} connections inline, past the {inline} an array holds"),
+                    Err(_) => (word(array + 8)?, word(array + 16)?),
+                };
+                ensure!(
+                    thds.len() as u64 + count <= SESSIONS_MAX as u64,
+                    "{count} connections in one part of the list: not a count"
+                );
+                let bytes = mem
+                    .bytes(first, count as usize * 8)
+                    .context("the list of connections is not readable")?;
+                thds.extend(
+                    bytes
+                        .chunks_exact(8)
+                        .map(|w| u64::from_le_bytes(w.try_into().unwrap())),
+                );
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    for &thd in &thds {
+        ensure!(
+            seen.insert(thd),
+            "the list of connections holds {thd:#x} twice"
+        );
+        ensure!(
+            mem.u64_at(thd) == Some(layout.vtable_word),
+            "the list of connections holds {thd:#x}, which is not a connection"
+        );
+    }
+    Ok(thds)
+}
+
+/// Each object's fields.
+fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Session>> {
+    let mut ids = HashSet::new();
+    let mut out = Vec::with_capacity(thds.len());
+    for &thd in thds {
+        let at = thd + layout.id_offset;
+        let id = match layout.id_width {
+            4 => mem.u32_at(at).map(u64::from),
+            _ => mem.u64_at(at),
+        }
+        .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
+        ensure!(
+            ids.insert(id),
+            "two connections have the id {id}: their objects are not laid out as the accessors say"
+        );
+        out.push(Session {
+            thd,
+            id,
+            query: query(mem, thd + layout.query_offset)?,
+        });
+    }
+    Ok(out)
+}
+
+/// The statement text whose `{ str, length }` is at `at`, read between two reads of them that agree.
+fn query(mem: &impl Memory, at: u64) -> Result<Option<Query>> {
+    let pair = || -> Result<(u64, u64)> {
+        let b = mem
+            .bytes(at, 16)
+            .context("a statement's text is not readable")?;
+        Ok((
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            u64::from_le_bytes(b[8..].try_into().unwrap()),
+        ))
+    };
+    let (str_at, len) = pair()?;
+    if str_at == 0 || len == 0 {
+        return Ok(None);
+    }
+    let kept = usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX);
+    let Some(bytes) = mem.bytes(str_at, kept) else {
+        // Freed between the reads, or not a text at all.
+        ensure!(
+            pair()? != (str_at, len),
+            "a statement's text at {str_at:#x} is not in memory"
+        );
+        return Ok(Some(Query::Changing));
+    };
+    if pair()? != (str_at, len) {
+        return Ok(Some(Query::Changing));
+    }
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    Ok(Some(if kept as u64 == len {
+        Query::Text(text)
+    } else {
+        Query::Truncated(text)
+    }))
+}
