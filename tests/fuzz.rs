@@ -1784,3 +1784,121 @@ proptest! {
         }
     }
 }
+
+// Connections read from a server's memory
+
+/// Memory holding `data` from `base`, and nothing elsewhere.
+struct Image {
+    base: u64,
+    data: Vec<u8>,
+}
+
+impl myprobe::process::memory::Memory for Image {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let Some(off) = addr
+            .checked_sub(self.base)
+            .and_then(|o| usize::try_from(o).ok())
+        else {
+            return 0;
+        };
+        let Some(rest) = self.data.get(off..) else {
+            return 0;
+        };
+        let n = buf.len().min(rest.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        n
+    }
+}
+
+const IMAGE_BASE: u64 = 0x10_000;
+const THD_VTABLE: u64 = 0x7f00_0000_1000;
+/// An object's size, and where its id and statement are.
+const THD_SIZE: u64 = 0x100;
+const THD_ID: u64 = 0x40;
+const THD_QUERY: u64 = 0x68;
+
+fn linked_layout(head: u64) -> myprobe::sessions::Layout {
+    let list = myprobe::server::SessionList::Linked {
+        head: "server_threads",
+        next: 0x10,
+    };
+    myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY)
+}
+
+/// A MariaDB-shaped image: the list's head at its start (first object, then the end marker), one object per
+/// text (ids from 1), the texts after them.
+fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
+    let put = |data: &mut Vec<u8>, at: u64, v: u64| {
+        let at = (at - IMAGE_BASE) as usize;
+        data[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    let objects = IMAGE_BASE + 0x40;
+    let mut data = vec![0u8; 0x40 + texts.len() * THD_SIZE as usize];
+    let end = IMAGE_BASE + 8;
+    put(
+        &mut data,
+        IMAGE_BASE,
+        if texts.is_empty() { end } else { objects },
+    );
+    for (i, text) in texts.iter().enumerate() {
+        let thd = objects + i as u64 * THD_SIZE;
+        put(&mut data, thd, THD_VTABLE + 16);
+        let next = if i + 1 == texts.len() {
+            end
+        } else {
+            thd + THD_SIZE
+        };
+        put(&mut data, thd + 0x10, next);
+        put(&mut data, thd + THD_ID, i as u64 + 1);
+        if let Some(t) = text {
+            let at = IMAGE_BASE + data.len() as u64;
+            data.extend_from_slice(t);
+            put(&mut data, thd + THD_QUERY, at);
+            put(&mut data, thd + THD_QUERY + 8, t.len() as u64);
+        }
+    }
+    Image {
+        base: IMAGE_BASE,
+        data,
+    }
+}
+
+proptest! {
+    #![proptest_config(config(2_000))]
+
+    /// Memory that holds no connection object gives no statement, whatever its list's head points at.
+    #[test]
+    fn sessions_of_random_memory(data in bytes(4096), head in any::<Index>()) {
+        prop_assume!(!contains_bytes(&data, &(THD_VTABLE + 16).to_le_bytes()));
+        let head = IMAGE_BASE + head.index(data.len().max(1)) as u64;
+        let image = Image { base: IMAGE_BASE, data };
+        if let Ok(sessions) = myprobe::sessions::read(&image, &linked_layout(head)) {
+            prop_assert!(sessions.is_empty(), "{:?}", sessions);
+        }
+    }
+
+    /// Objects built whole are read exactly; cut anywhere, they are refused or read as built, never made up.
+    #[test]
+    fn sessions_of_a_cut_image(
+        texts in vec(proptest::option::of(vec(any::<u8>(), 1..40)), 0..6),
+        cut in any::<Index>(),
+    ) {
+        use myprobe::sessions::Query;
+        let image = linked_image(&texts);
+        let want: Vec<(u64, Option<Query>)> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u64 + 1, t.as_ref().map(|t| Query::Text(lossy(t)))))
+            .collect();
+        let got = myprobe::sessions::read(&image, &linked_layout(IMAGE_BASE)).unwrap();
+        let got: Vec<_> = got.into_iter().map(|s| (s.id, s.query)).collect();
+        prop_assert_eq!(&got, &want);
+        let mut cut_image = image;
+        let keep = cut.index(cut_image.data.len() + 1);
+        cut_image.data.truncate(keep);
+        if let Ok(sessions) = myprobe::sessions::read(&cut_image, &linked_layout(IMAGE_BASE)) {
+            let got: Vec<_> = sessions.into_iter().map(|s| (s.id, s.query)).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

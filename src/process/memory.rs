@@ -44,7 +44,10 @@ impl Memory for ProcMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
         let mut done = 0;
         while done < buf.len() {
-            match self.0.read_at(&mut buf[done..], addr + done as u64) {
+            match self
+                .0
+                .read_at(&mut buf[done..], addr.wrapping_add(done as u64))
+            {
                 Ok(0) | Err(_) => break,
                 Ok(n) => done += n,
             }

@@ -112,7 +112,26 @@ impl Layout {
             spec.id
         );
         let (query_offset, _) = accessor(spec.query)?;
-        let list = match spec.list {
+        Ok(Layout::new(
+            &spec.list,
+            list_at,
+            vtable,
+            (id_offset, id_width),
+            query_offset,
+        ))
+    }
+
+    /// The layout of `list` at `list_at` (its head, or the variable holding its manager's address), of objects
+    /// whose vtable is at `vtable`, with the id (offset, width) and the statement's `{ str, length }` at
+    /// `query_offset`.
+    pub fn new(
+        list: &SessionList,
+        list_at: u64,
+        vtable: u64,
+        (id_offset, id_width): (u64, usize),
+        query_offset: u64,
+    ) -> Layout {
+        let list = match *list {
             SessionList::Linked { next, .. } => List::Linked {
                 head: list_at,
                 next,
@@ -129,13 +148,13 @@ impl Layout {
                 inline,
             },
         };
-        Ok(Layout {
+        Layout {
             list,
-            vtable_word: vtable + 16,
+            vtable_word: vtable.wrapping_add(16),
             id_offset,
             id_width,
             query_offset,
-        })
+        }
     }
 }
 
@@ -161,7 +180,7 @@ fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
     let mut thds = Vec::new();
     match layout.list {
         List::Linked { head, next } => {
-            let end = head + 8;
+            let end = head.wrapping_add(8);
             let mut at = word(head)?;
             while at != end {
                 ensure!(
@@ -169,7 +188,7 @@ fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
                     "the list of connections does not end"
                 );
                 thds.push(at);
-                at = word(at + next)?;
+                at = word(at.wrapping_add(next))?;
             }
         }
         List::Partitioned {
@@ -181,18 +200,18 @@ fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
             let manager = word(manager)?;
             ensure!(manager != 0, "the server has no list of connections yet");
             for part in 0..partitions {
-                let array = manager + part * stride;
+                let array = manager.wrapping_add(part * stride);
                 let inline_count = mem
-                    .u32_at(array + 4)
+                    .u32_at(array.wrapping_add(4))
                     .context("the list of connections is not readable")?
                     as i32;
                 let (first, count) = match u64::try_from(inline_count) {
-                    Ok(n) if n <= inline => (array + 8, n),
+                    Ok(n) if n <= inline => (array.wrapping_add(8), n),
                     Ok(n) => bail!("{n} connections inline, past the {inline} an array holds"),
-                    Err(_) => (word(array + 8)?, word(array + 16)?),
+                    Err(_) => (word(array.wrapping_add(8))?, word(array.wrapping_add(16))?),
                 };
                 ensure!(
-                    thds.len() as u64 + count <= SESSIONS_MAX as u64,
+                    count <= (SESSIONS_MAX - thds.len()) as u64,
                     "{count} connections in one part of the list: not a count"
                 );
                 let bytes = mem
@@ -225,7 +244,7 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
     let mut ids = HashSet::new();
     let mut out = Vec::with_capacity(thds.len());
     for &thd in thds {
-        let at = thd + layout.id_offset;
+        let at = thd.wrapping_add(layout.id_offset);
         let id = match layout.id_width {
             4 => mem.u32_at(at).map(u64::from),
             _ => mem.u64_at(at),
@@ -238,7 +257,7 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
         out.push(Session {
             thd,
             id,
-            query: query(mem, thd + layout.query_offset)?,
+            query: query(mem, thd.wrapping_add(layout.query_offset))?,
         });
     }
     Ok(out)
