@@ -732,7 +732,8 @@ fn seed_rows<S: StackSkeleton>(
 ) {
     /// COMPAT_ROW_FRAMES of unwind.h.
     const ROW_FRAMES: usize = 4;
-    let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+    use crate::process::memory::Memory;
+    let Ok(mem) = crate::process::memory::ProcMemory::open(pid) else {
         return;
     };
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -757,7 +758,7 @@ fn seed_rows<S: StackSkeleton>(
             continue;
         };
         let regs = crate::unwind::replay::Registers { ip: pc, sp, bp: 0 };
-        let read = |addr| crate::process::read_u64(&mem, addr);
+        let read = |addr| mem.u64_at(addr);
         let frames = crate::unwind::replay::unwind(tables, regs, read, ROW_FRAMES);
         for (i, ip) in frames.into_iter().enumerate() {
             let at = if i == 0 { ip } else { ip.wrapping_sub(1) };

@@ -83,7 +83,7 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
         install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
     }
     let mem = compat
-        .then(|| std::fs::File::open(format!("/proc/{}/mem", opts.pid)).ok())
+        .then(|| crate::process::memory::ProcMemory::open(opts.pid).ok())
         .flatten();
     let empty = ProcessTables::default();
     let tables = opts.unwind.as_ref().map(|t| t.borrow());
@@ -109,18 +109,18 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
 /// The compat build's user stack of `r` and its futex's words, read from the process's memory (`mem`): unwound
 /// by the tables where they have rows (as unwind.h would), else by frame pointers.
 fn read_from_memory(
-    mem: &std::fs::File,
+    mem: &crate::process::memory::ProcMemory,
     tables: &ProcessTables,
     r: &thread_record,
     t: &mut ThreadRecord,
 ) {
-    use std::os::unix::fs::FileExt;
+    use crate::process::memory::Memory;
     let regs = Registers {
         ip: r.user_ip,
         sp: r.user_sp,
         bp: r.user_bp,
     };
-    let read = |addr| crate::process::read_u64(mem, addr);
+    let read = |addr| mem.u64_at(addr);
     let user = unwind(tables, regs, read, MAX_USER_FRAMES);
     let kernel = t.stack.ips[usize::from(t.stack.user_len)..].to_vec();
     t.stack = RawStack {
@@ -131,8 +131,7 @@ fn read_from_memory(
         .syscall
         .filter(|(nr, args)| *nr == libc::SYS_futex && args[0] != 0)
     {
-        let mut words = [0u8; 12];
-        if mem.read_exact_at(&mut words, args[0]).is_ok() {
+        if let Some(words) = mem.bytes(args[0], 12) {
             t.futex = Some(Futex {
                 addr: args[0],
                 word: u32::from_le_bytes(words[..4].try_into().expect("4 bytes")),

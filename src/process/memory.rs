@@ -1,7 +1,7 @@
 //! Another process's memory, read without stopping it (`/proc/PID/mem`, which root reads as ptrace would, the
 //! process running on), and where a binary's variables and functions are in it.
 
-use std::{fs, os::unix::fs::FileExt, path::Path};
+use std::{fs, os::unix::fs::FileExt};
 
 use anyhow::{Context, Result};
 
@@ -56,36 +56,37 @@ impl Memory for ProcMemory {
     }
 }
 
-/// What a binary's code says of a field: the displacement off its first argument's register (`rdi`) of the
-/// first memory operand of the function `name` (an accessor such as `thd_get_thread_id`: `mov rax, [rdi+0x3f18]`,
-/// or `lea rax, [rdi+0x68]`), with the operand's size in bytes (0 for `lea`, which reads nothing); `None` where
-/// the function is not defined, or its first instructions read no such field.
-pub fn accessor_field(binary: &Path, name: &str) -> Result<Option<(u64, usize)>> {
+/// What a binary's code says of fields: for each function of `names` (an accessor such as `thd_get_thread_id`:
+/// `mov rax, [rdi+0x3f18]`, or `lea rax, [rdi+0x68]`), the displacement off its first argument's register (`rdi`)
+/// of its first memory operand, with the operand's size in bytes (0 for `lea`, which reads nothing); `None` for
+/// each not defined, or whose first instructions read no such field. The binary is parsed once for all.
+pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<(u64, usize)>>> {
     use object::{Object, ObjectSection, ObjectSymbol};
-    let file = fs::File::open(binary).with_context(|| format!("opening {}", binary.display()))?;
-    let cache = object::read::ReadCache::new(&file);
-    let elf =
-        object::File::parse(&cache).with_context(|| format!("parsing {}", binary.display()))?;
-    let Some(symbol) = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.name() == Ok(name) && s.is_definition() && s.size() > 0)
-    else {
-        return Ok(None);
-    };
-    let Some(section) = symbol
-        .section_index()
-        .and_then(|i| elf.section_by_index(i).ok())
-    else {
-        return Ok(None);
-    };
-    let size = symbol.size().min(64);
-    let code = section
-        .data_range(symbol.address(), size)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    Ok(first_field_of_rdi(code))
+    let cache = object::read::ReadCache::new(binary);
+    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    let mut found = vec![None; names.len()];
+    for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
+        let Ok(name) = symbol.name() else { continue };
+        let Some(i) = names.iter().position(|n| *n == name) else {
+            continue;
+        };
+        if found[i].is_some() || !symbol.is_definition() || symbol.size() == 0 {
+            continue;
+        }
+        let Some(section) = symbol
+            .section_index()
+            .and_then(|i| elf.section_by_index(i).ok())
+        else {
+            continue;
+        };
+        let code = section
+            .data_range(symbol.address(), symbol.size().min(64))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        found[i] = first_field_of_rdi(code);
+    }
+    Ok(found)
 }
 
 /// The first memory operand based on `rdi` alone among the first instructions of `code`, before any branch.

@@ -270,15 +270,6 @@ fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
     printable.then(|| String::from_utf8_lossy(text).into_owned())
 }
 
-/// The 64-bit word at `addr` of a process's memory (`mem`: its /proc/PID/mem, which root reads without stopping
-/// it); `None` where it is not mapped.
-pub fn read_u64(mem: &fs::File, addr: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt;
-    let mut word = [0u8; 8];
-    mem.read_exact_at(&mut word, addr).ok()?;
-    Some(u64::from_le_bytes(word))
-}
-
 /// Whether `needle` occurs in the file, read a chunk at a time (chunks overlap by the needle's length, so a match
 /// across a boundary is found).
 fn file_contains(file: &fs::File, needle: &[u8]) -> std::io::Result<bool> {

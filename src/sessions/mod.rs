@@ -96,22 +96,26 @@ impl Layout {
             })
         };
         let (list_at, vtable) = (symbol(0)?, symbol(1)?);
-        let accessor = |name: &str| {
-            memory::accessor_field(binary, name)?.with_context(|| {
+        let accessors = [spec.id, spec.query];
+        let fields = memory::accessor_fields(file, &accessors)
+            .with_context(|| format!("reading the code of {}", binary.display()))?;
+        let field = |i: usize| {
+            fields[i].with_context(|| {
                 format!(
-                    "{} has no function {name} that reads a field of its argument: where its connections \
-                     keep it is not known",
-                    binary.display()
+                    "{} has no function {} that reads a field of its argument: where its connections keep it \
+                     is not known",
+                    binary.display(),
+                    accessors[i]
                 )
             })
         };
-        let (id_offset, id_width) = accessor(spec.id)?;
+        let (id_offset, id_width) = field(0)?;
         ensure!(
             matches!(id_width, 4 | 8),
             "{} reads a connection id of {id_width} bytes: not one myprobe knows",
             spec.id
         );
-        let (query_offset, _) = accessor(spec.query)?;
+        let (query_offset, _) = field(1)?;
         Ok(Layout::new(
             &spec.list,
             list_at,

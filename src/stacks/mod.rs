@@ -267,26 +267,27 @@ pub fn statements(
 /// each with its statement (normalized as the process list's are), then the count of the idle.
 pub fn render_sessions(sessions: &[crate::sessions::Session]) -> String {
     use crate::sessions::Query;
-    let mut running: Vec<_> = sessions.iter().filter(|s| s.query.is_some()).collect();
-    running.sort_by_key(|s| s.id);
+    let mut running: Vec<(u64, &Query)> = sessions
+        .iter()
+        .filter_map(|s| Some((s.id, s.query.as_ref()?)))
+        .collect();
+    running.sort_by_key(|&(id, _)| id);
     let mut out = format!(
         "connections read from the server's memory: {} running a statement, {} idle\n",
         running.len(),
         sessions.len() - running.len()
     );
-    for s in running {
-        let text = match &s.query {
-            Some(Query::Text(t)) => crate::wire::fingerprint::normalize(t),
-            Some(Query::Truncated(t)) => {
+    for (id, query) in running {
+        let text = match query {
+            Query::Text(t) => crate::wire::fingerprint::normalize(t),
+            Query::Truncated(t) => {
                 format!("{} (truncated)", crate::wire::fingerprint::normalize(t))
             }
-            Some(Query::Changing) => "(its statement changed while read)".to_string(),
-            None => unreachable!("filtered"),
+            Query::Changing => "(its statement changed while read)".to_string(),
         };
         let _ = writeln!(
             out,
-            "  connection {}: {}",
-            s.id,
+            "  connection {id}: {}",
             crate::render::terminal_safe(&text)
         );
     }
