@@ -22,12 +22,30 @@ fn go() -> std::path::PathBuf {
     on_path.unwrap_or_else(|| "/usr/local/go/bin/go".into())
 }
 
-/// One agent test at a time: each starts a server, an agent (unwind tables, four BPF objects) and sysbench
-/// on a machine that may have two CPUs.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Two agent tests at a time: each starts a server, an agent (unwind tables, four BPF objects) and sysbench, on a
+/// machine that may have two CPUs; a third waits for one of them to end.
+static AGENTS_RUNNING: (std::sync::Mutex<u32>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
 
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+/// The calling test's turn among the agent tests, until the guard drops.
+struct AgentTurn;
+
+impl Drop for AgentTurn {
+    fn drop(&mut self) {
+        let (running, ended) = &AGENTS_RUNNING;
+        *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        ended.notify_one();
+    }
+}
+
+fn agent_turn() -> AgentTurn {
+    let (running, ended) = &AGENTS_RUNNING;
+    let mut n = running.lock().unwrap_or_else(|e| e.into_inner());
+    while *n >= 2 {
+        n = ended.wait(n).unwrap_or_else(|e| e.into_inner());
+    }
+    *n += 1;
+    AgentTurn
 }
 
 /// A port free now, on the loopback.
@@ -217,10 +235,13 @@ const PARTS: &str =
 
 #[test]
 fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
-    crate::common::servers_alone();
-    let _alone = one_at_a_time();
     let db = testdb();
+    let _turn = agent_turn();
     let dir = tempdir("agent");
+    // A server of its own: the statements scraped are this test's load's, and other tests' loads run meanwhile.
+    let server = db.start_another(&dir.join("db"), &[]);
+    let db = &server.0;
+    db.prepare(2, 10_000);
     let agent_port = free_port();
     // Every statement traced: irate() compares the last two scrapes, a second apart, which a period traced one
     // second in ten (the default) would mostly leave equal.
@@ -421,15 +442,18 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 
 #[test]
 fn sampled_statements_are_scaled_to_the_servers_count() {
-    crate::common::servers_alone();
     // Statements are traced one second in N or more: as many as keep those traced within --max-statements a
     // second, chosen after each second traced, and each counts for the cycle it was traced in. Over whole cycles
     // the agent's count is the server's own (Questions), within what the load's rate varies from second to
     // second. The limit is set from the load's own rate so that the agent chooses cycles of about 8, past the 5
     // asked, on any machine.
-    let _alone = one_at_a_time();
     let db = testdb();
+    let _turn = agent_turn();
     let dir = tempdir("agent-sampled");
+    // A server of its own: its count of statements (Questions) is this test's load's alone.
+    let server = db.start_another(&dir.join("db"), &[]);
+    let db = &server.0;
+    db.prepare(2, 10_000);
     let port = free_port();
     let questions = || db.questions();
     let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
@@ -496,7 +520,7 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
 fn a_restarted_server_is_attached_again() {
     // The servers first, then the agents' turn: the order every agent test takes them in.
     let db = testdb();
-    let _alone = one_at_a_time();
+    let _turn = agent_turn();
     let dir = tempdir("agent-restart");
     let server = db.start_another(&dir.join("db"), &[]);
     let port = free_port();
@@ -521,7 +545,7 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     // sees every close that fails. The descriptors and the memory stay flat from window to window and across
     // the restart, where every collector is loaded again.
     let db = testdb();
-    let _alone = one_at_a_time();
+    let _turn = agent_turn();
     let dir = tempdir("agent-flat");
     let first = db.start_another(&dir.join("db"), &[]);
     first.0.prepare(1, 10000);

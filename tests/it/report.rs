@@ -44,7 +44,8 @@ fn unescape(s: &str) -> String {
         .replace("&amp;", "&")
 }
 
-/// Where the test keeps what it made for a person to look at: `target/tmp/report/`.
+/// Where the test keeps what it made for a person to look at: `tmp/report/` of the target directory (make test:
+/// /var/cache/myprobe/target/tmp/report/).
 fn artefacts() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report");
     std::fs::create_dir_all(&dir).unwrap();
