@@ -229,6 +229,9 @@ fn sessions_from_memory(target: &process::Target) -> Option<Vec<crate::sessions:
             target.flavor.server(),
         )?;
         let mem = process::memory::ProcMemory::open(target.pid)?;
+        if let Some(unknown) = layout.unknown() {
+            say!("myprobe: {unknown}");
+        }
         crate::sessions::read(&mem, &layout)
     };
     match read() {

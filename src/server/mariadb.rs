@@ -121,6 +121,8 @@ impl Server for MariaDb {
             vtable: "_ZTV3THD",
             id: "thd_get_thread_id",
             query: "thd_query_string",
+            command: "thd_current_command",
+            db: Some("thd_current_db"),
         }
     }
 }

@@ -72,6 +72,12 @@ pub struct Sessions {
     pub id: &'static str,
     /// The accessor of the statement's text, a `{ const char *str; size_t length; }` at the offset it reads.
     pub query: &'static str,
+    /// The accessor (or setter) of the command the connection runs, a 32-bit `enum_server_command` (the protocol's
+    /// command numbers: 0, Sleep, when idle).
+    pub command: &'static str,
+    /// The accessor of the connection's default database, a `{ const char *str; size_t length; }`; `None` where
+    /// the server exports none.
+    pub db: Option<&'static str>,
 }
 
 /// The list of connections a server keeps.

@@ -120,6 +120,9 @@ impl Server for MySql {
             vtable: "_ZTV3THD",
             id: "thd_get_thread_id",
             query: "_Z16thd_query_unsafeP3THD",
+            // THD::set_command stores the field first; no exported function reads the database alone.
+            command: "_ZN3THD11set_commandE19enum_server_command",
+            db: None,
         }
     }
 }

@@ -23,6 +23,10 @@ pub struct Session {
     pub id: u64,
     /// The statement it runs, as the server holds it; `None` when it runs none.
     pub query: Option<Query>,
+    /// The command it runs (the protocol's name: `Query`, `Execute`, `Sleep`, …), where the layout knows it.
+    pub command: Option<&'static str>,
+    /// Its default database, where the layout knows it and it has one.
+    pub db: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +53,8 @@ pub struct Layout {
     id_offset: u64,
     id_width: usize,
     query_offset: u64,
+    command_offset: Option<u64>,
+    db_offset: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -116,13 +122,45 @@ impl Layout {
             spec.id
         );
         let (query_offset, _) = field(1)?;
-        Ok(Layout::new(
+        let mut layout = Layout::new(
             &spec.list,
             list_at,
             vtable,
             (id_offset, id_width),
             query_offset,
-        ))
+        );
+        // Said where shown (`Layout::unknown`), not an error: the connections and their statements are still read.
+        let optional: Vec<&str> = [Some(spec.command), spec.db]
+            .into_iter()
+            .flatten()
+            .collect();
+        let found = memory::accessor_fields(file, &optional)
+            .with_context(|| format!("reading the code of {}", binary.display()))?;
+        layout.command_offset = found[0]
+            .filter(|&(_, width)| width == 4)
+            .map(|(off, _)| off);
+        layout.db_offset = spec
+            .db
+            .and(found.get(1).copied().flatten())
+            .map(|(off, _)| off);
+        Ok(layout)
+    }
+
+    /// What this layout cannot read of a connection, in a line (`None`: everything shown).
+    pub fn unknown(&self) -> Option<String> {
+        let missing: Vec<&str> = [
+            self.command_offset.is_none().then_some("command"),
+            self.db_offset.is_none().then_some("database"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "the server exports no function that reads its connections' {}: not shown",
+                missing.join(" or ")
+            )
+        })
     }
 
     /// The layout of `list` at `list_at` (its head, or the variable holding its manager's address), of objects
@@ -158,6 +196,8 @@ impl Layout {
             id_offset,
             id_width,
             query_offset,
+            command_offset: None,
+            db_offset: None,
         }
     }
 }
@@ -258,10 +298,24 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
             ids.insert(id),
             "two connections have the id {id}: their objects are not laid out as the accessors say"
         );
+        let command = layout
+            .command_offset
+            .and_then(|off| mem.u32_at(thd.wrapping_add(off)))
+            .and_then(|c| u8::try_from(c).ok())
+            .map(crate::wire::protocol::command_name);
+        let db = match layout.db_offset {
+            Some(off) => match query(mem, thd.wrapping_add(off))? {
+                Some(Query::Text(db)) => Some(db),
+                _ => None,
+            },
+            None => None,
+        };
         out.push(Session {
             thd,
             id,
             query: query(mem, thd.wrapping_add(layout.query_offset))?,
+            command,
+            db,
         });
     }
     Ok(out)

@@ -267,17 +267,17 @@ pub fn statements(
 /// each with its statement (normalized as the process list's are), then the count of the idle.
 pub fn render_sessions(sessions: &[crate::sessions::Session]) -> String {
     use crate::sessions::Query;
-    let mut running: Vec<(u64, &Query)> = sessions
+    let mut running: Vec<(&crate::sessions::Session, &Query)> = sessions
         .iter()
-        .filter_map(|s| Some((s.id, s.query.as_ref()?)))
+        .filter_map(|s| Some((s, s.query.as_ref()?)))
         .collect();
-    running.sort_by_key(|&(id, _)| id);
+    running.sort_by_key(|&(s, _)| s.id);
     let mut out = format!(
         "connections read from the server's memory: {} running a statement, {} idle\n",
         running.len(),
         sessions.len() - running.len()
     );
-    for (id, query) in running {
+    for (session, query) in running {
         let text = match query {
             Query::Text(t) => crate::wire::fingerprint::normalize(t),
             Query::Truncated(t) => {
@@ -285,9 +285,20 @@ pub fn render_sessions(sessions: &[crate::sessions::Session]) -> String {
             }
             Query::Changing => "(its statement changed while read)".to_string(),
         };
+        // What PROCESSLIST would say beside it: its database and command, where they were read.
+        let context: Vec<&str> = [session.db.as_deref(), session.command]
+            .into_iter()
+            .flatten()
+            .collect();
+        let context = match context.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", context.join(", ")),
+        };
         let _ = writeln!(
             out,
-            "  connection {id}: {}",
+            "  connection {}{}: {}",
+            session.id,
+            crate::render::terminal_safe(&context),
             crate::render::terminal_safe(&text)
         );
     }
