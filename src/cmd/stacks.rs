@@ -215,7 +215,10 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
                 sessions.iter().filter(|s| s.query.is_some()).count()
             );
         }
-        stacks::render_sessions(&sessions)
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        stacks::render_sessions(&sessions, now_us)
     });
     write_output(a, format, &named, sessions.as_deref())
 }

@@ -123,6 +123,8 @@ impl Server for MariaDb {
             query: "thd_query_string",
             command: "thd_current_command",
             db: Some("thd_current_db"),
+            // start_time * 1000000 + start_time_sec_part
+            started: "thd_start_utime",
         }
     }
 }

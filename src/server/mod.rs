@@ -78,6 +78,9 @@ pub struct Sessions {
     /// The accessor of the connection's default database, a `{ const char *str; size_t length; }`; `None` where
     /// the server exports none.
     pub db: Option<&'static str>,
+    /// A function whose first read of its argument is the start of the connection's command on the wall clock,
+    /// 64-bit seconds since the epoch, followed by its 64-bit microseconds.
+    pub started: &'static str,
 }
 
 /// The list of connections a server keeps.

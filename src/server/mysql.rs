@@ -123,6 +123,8 @@ impl Server for MySql {
             // THD::set_command stores the field first; no exported function reads the database alone.
             command: "_ZN3THD11set_commandE19enum_server_command",
             db: None,
+            // start_time, a timeval
+            started: "_ZN3THD25query_start_timeval_truncEj",
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct Session {
     pub command: Option<&'static str>,
     /// Its default database, where the layout knows it and it has one.
     pub db: Option<String>,
+    /// When its command began, in microseconds since the epoch (an idle connection's: its last command's), where
+    /// the layout knows it.
+    pub started_us: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +58,7 @@ pub struct Layout {
     query_offset: u64,
     command_offset: Option<u64>,
     db_offset: Option<u64>,
+    started_offset: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -130,18 +134,25 @@ impl Layout {
             query_offset,
         );
         // Said where shown (`Layout::unknown`), not an error: the connections and their statements are still read.
-        let optional: Vec<&str> = [Some(spec.command), spec.db]
+        let optional: Vec<&str> = [Some(spec.command), Some(spec.started), spec.db]
             .into_iter()
             .flatten()
             .collect();
         let found = memory::accessor_fields(file, &optional)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
-        layout.command_offset = found[0]
-            .filter(|&(_, width)| width == 4)
-            .map(|(off, _)| off);
+        let offset = |i: usize, width: usize| {
+            found
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|&(_, w)| w == width)
+                .map(|(off, _)| off)
+        };
+        layout.command_offset = offset(0, 4);
+        layout.started_offset = offset(1, 8);
         layout.db_offset = spec
             .db
-            .and(found.get(1).copied().flatten())
+            .and_then(|_| found.get(2).copied().flatten())
             .map(|(off, _)| off);
         Ok(layout)
     }
@@ -150,6 +161,7 @@ impl Layout {
     pub fn unknown(&self) -> Option<String> {
         let missing: Vec<&str> = [
             self.command_offset.is_none().then_some("command"),
+            self.started_offset.is_none().then_some("command's start"),
             self.db_offset.is_none().then_some("database"),
         ]
         .into_iter()
@@ -198,6 +210,7 @@ impl Layout {
             query_offset,
             command_offset: None,
             db_offset: None,
+            started_offset: None,
         }
     }
 }
@@ -316,9 +329,21 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
             query: query(mem, thd.wrapping_add(layout.query_offset))?,
             command,
             db,
+            started_us: layout
+                .started_offset
+                .and_then(|off| started_us(mem, thd.wrapping_add(off))),
         });
     }
     Ok(out)
+}
+
+/// The wall-clock time of `{ seconds; microseconds }` at `at`, in microseconds; `None` unless it is one (a command
+/// not yet begun is 0).
+fn started_us(mem: &impl Memory, at: u64) -> Option<u64> {
+    let (secs, micros) = (mem.u64_at(at)?, mem.u64_at(at.wrapping_add(8))?);
+    // 2001 to 2286: a time, not another field.
+    ((1_000_000_000..10_000_000_000).contains(&secs) && micros < 1_000_000)
+        .then(|| secs * 1_000_000 + micros)
 }
 
 /// The statement text whose `{ str, length }` is at `at`, read between two reads of them that agree.

@@ -764,23 +764,35 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
         // Beside each statement, its database and command, as PROCESSLIST says them; MySQL exports no function
         // that reads the database alone: said on stderr.
         let context = match kind.starts_with("mariadb") {
-            true => "sbtest, Query",
+            true => "sbtest, Query, ",
             false => {
                 assert!(
                     stderr.contains("connections' database: not shown"),
                     "{kind}: {stderr}"
                 );
-                "Query"
+                "Query, "
             }
         };
+        // Its time in the command: whole seconds since the sleep began, which is less than 30 s ago.
+        let seconds = |line: &str| -> Option<u64> {
+            let rest = line.strip_prefix(context)?;
+            let (n, _) = rest.split_once(" s): ")?;
+            n.parse().ok()
+        };
         for (_, id, text) in &sleeping {
-            let line = format!(
-                "  connection {id} ({context}): {}\n",
-                myprobe::wire::fingerprint::normalize(text)
+            let (prefix, statement) = (
+                format!("  connection {id} ("),
+                format!(": {}", myprobe::wire::fingerprint::normalize(text)),
             );
+            let line = section
+                .lines()
+                .find(|l| l.starts_with(&prefix) && l.ends_with(&statement))
+                .unwrap_or_else(|| {
+                    panic!("{kind}: no `{prefix}…{statement}` in {section}\n{stderr}")
+                });
             assert!(
-                section.contains(&line),
-                "{kind}: no `{line}` in {section}\n{stderr}"
+                seconds(&line[prefix.len()..]).is_some_and(|s| s < 30),
+                "{kind}: `{line}` says no database, command and time {context}N s"
             );
         }
         assert!(
