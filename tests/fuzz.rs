@@ -1816,17 +1816,28 @@ const THD_VTABLE: u64 = 0x7f00_0000_1000;
 const THD_SIZE: u64 = 0x100;
 const THD_ID: u64 = 0x40;
 const THD_QUERY: u64 = 0x68;
+/// The command (32 bits), its start (seconds, microseconds) and the database (`{ str, length }`).
+const THD_COMMAND: u64 = 0x80;
+const THD_STARTED: u64 = 0x90;
+const THD_DB: u64 = 0xa0;
+/// Each object's command's start: this many seconds since the epoch, and its id in microseconds.
+const STARTED_SECS: u64 = 1_700_000_000;
 
 fn linked_layout(head: u64) -> myprobe::sessions::Layout {
     let list = myprobe::server::SessionList::Linked {
         head: "server_threads",
         next: 0x10,
     };
-    myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY)
+    myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY).with_fields(
+        Some(THD_COMMAND),
+        Some(THD_STARTED),
+        Some(THD_DB),
+    )
 }
 
 /// A MariaDB-shaped image: the list's head at its start (first object, then the end marker), one object per
-/// text (ids from 1), the texts after them.
+/// text (ids from 1), the texts after them. An object with a text runs a Query in database `db`, one without is
+/// idle (Sleep, no database).
 fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
     let put = |data: &mut Vec<u8>, at: u64, v: u64| {
         let at = (at - IMAGE_BASE) as usize;
@@ -1850,11 +1861,18 @@ fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
         };
         put(&mut data, thd + 0x10, next);
         put(&mut data, thd + THD_ID, i as u64 + 1);
+        put(&mut data, thd + THD_STARTED, STARTED_SECS);
+        put(&mut data, thd + THD_STARTED + 8, i as u64 + 1);
         if let Some(t) = text {
             let at = IMAGE_BASE + data.len() as u64;
             data.extend_from_slice(t);
             put(&mut data, thd + THD_QUERY, at);
             put(&mut data, thd + THD_QUERY + 8, t.len() as u64);
+            put(&mut data, thd + THD_COMMAND, 3);
+            let at = IMAGE_BASE + data.len() as u64;
+            data.extend_from_slice(b"db");
+            put(&mut data, thd + THD_DB, at);
+            put(&mut data, thd + THD_DB + 8, 2);
         }
     }
     Image {
@@ -1883,22 +1901,34 @@ proptest! {
         texts in vec(proptest::option::of(vec(any::<u8>(), 1..40)), 0..6),
         cut in any::<Index>(),
     ) {
-        use myprobe::sessions::Query;
+        use myprobe::sessions::{Query, Session};
         let image = linked_image(&texts);
-        let want: Vec<(u64, Option<Query>)> = texts
+        let want: Vec<Session> = texts
             .iter()
             .enumerate()
-            .map(|(i, t)| (i as u64 + 1, t.as_ref().map(|t| Query::Text(lossy(t)))))
+            .map(|(i, t)| Session {
+                thd: IMAGE_BASE + 0x40 + i as u64 * THD_SIZE,
+                id: i as u64 + 1,
+                query: t.as_ref().map(|t| Query::Text(lossy(t))),
+                command: Some(if t.is_some() { "Query" } else { "Sleep" }),
+                db: t.as_ref().map(|_| "db".to_string()),
+                started_us: Some(STARTED_SECS * 1_000_000 + i as u64 + 1),
+            })
             .collect();
         let got = myprobe::sessions::read(&image, &linked_layout(IMAGE_BASE)).unwrap();
-        let got: Vec<_> = got.into_iter().map(|s| (s.id, s.query)).collect();
         prop_assert_eq!(&got, &want);
         let mut cut_image = image;
         let keep = cut.index(cut_image.data.len() + 1);
         cut_image.data.truncate(keep);
         if let Ok(sessions) = myprobe::sessions::read(&cut_image, &linked_layout(IMAGE_BASE)) {
-            let got: Vec<_> = sessions.into_iter().map(|s| (s.id, s.query)).collect();
-            prop_assert_eq!(got, want);
+            // The statement as built; a field cut off is not shown, never another.
+            prop_assert_eq!(sessions.len(), want.len());
+            for (got, want) in sessions.iter().zip(&want) {
+                prop_assert_eq!((got.thd, got.id, &got.query), (want.thd, want.id, &want.query));
+                prop_assert!(got.command.is_none() || got.command == want.command, "{:?}", got);
+                prop_assert!(got.db.is_none() || got.db == want.db, "{:?}", got);
+                prop_assert!(got.started_us.is_none() || got.started_us == want.started_us, "{:?}", got);
+            }
         }
     }
 }

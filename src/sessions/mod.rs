@@ -126,7 +126,7 @@ impl Layout {
             spec.id
         );
         let (query_offset, _) = field(1)?;
-        let mut layout = Layout::new(
+        let layout = Layout::new(
             &spec.list,
             list_at,
             vtable,
@@ -148,13 +148,20 @@ impl Layout {
                 .filter(|&(_, w)| w == width)
                 .map(|(off, _)| off)
         };
-        layout.command_offset = offset(0, 4);
-        layout.started_offset = offset(1, 8);
-        layout.db_offset = spec
-            .db
-            .and_then(|_| found.get(2).copied().flatten())
-            .map(|(off, _)| off);
-        Ok(layout)
+        let db = spec.db.and_then(|_| found.get(2).copied().flatten());
+        Ok(layout.with_fields(offset(0, 4), offset(1, 8), db.map(|(off, _)| off)))
+    }
+
+    /// The same, with the command (32 bits), its start (`{ seconds; microseconds }`) and the database
+    /// (`{ str, length }`) at these offsets, where known.
+    pub fn with_fields(
+        mut self,
+        command: Option<u64>,
+        started: Option<u64>,
+        db: Option<u64>,
+    ) -> Layout {
+        (self.command_offset, self.started_offset, self.db_offset) = (command, started, db);
+        self
     }
 
     /// What this layout cannot read of a connection, in a line (`None`: everything shown).
