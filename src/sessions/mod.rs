@@ -106,7 +106,12 @@ impl Layout {
             })
         };
         let (list_at, vtable) = (symbol(0)?, symbol(1)?);
-        let accessors = [spec.id, spec.query];
+        // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
+        // then the command, its start and the database, which are not (`Layout::unknown` says what is missing).
+        let accessors: Vec<&str> = [spec.id, spec.query, spec.command, spec.started]
+            .into_iter()
+            .chain(spec.db)
+            .collect();
         let fields = memory::accessor_fields(file, &accessors)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
         let field = |i: usize| {
@@ -126,30 +131,17 @@ impl Layout {
             spec.id
         );
         let (query_offset, _) = field(1)?;
-        let layout = Layout::new(
+        let of_width =
+            |i: usize, width: usize| fields[i].filter(|&(_, w)| w == width).map(|(off, _)| off);
+        let db = fields.get(4).copied().flatten().map(|(off, _)| off);
+        Ok(Layout::new(
             &spec.list,
             list_at,
             vtable,
             (id_offset, id_width),
             query_offset,
-        );
-        // Said where shown (`Layout::unknown`), not an error: the connections and their statements are still read.
-        let optional: Vec<&str> = [Some(spec.command), Some(spec.started), spec.db]
-            .into_iter()
-            .flatten()
-            .collect();
-        let found = memory::accessor_fields(file, &optional)
-            .with_context(|| format!("reading the code of {}", binary.display()))?;
-        let offset = |i: usize, width: usize| {
-            found
-                .get(i)
-                .copied()
-                .flatten()
-                .filter(|&(_, w)| w == width)
-                .map(|(off, _)| off)
-        };
-        let db = spec.db.and_then(|_| found.get(2).copied().flatten());
-        Ok(layout.with_fields(offset(0, 4), offset(1, 8), db.map(|(off, _)| off)))
+        )
+        .with_fields(of_width(2, 4), of_width(3, 8), db))
     }
 
     /// The same, with the command (32 bits), its start (`{ seconds; microseconds }`) and the database
@@ -353,12 +345,13 @@ fn started_us(mem: &impl Memory, at: u64) -> Option<u64> {
         .then(|| secs * 1_000_000 + micros)
 }
 
-/// The statement text whose `{ str, length }` is at `at`, read between two reads of them that agree.
+/// The text whose `{ str, length }` is at `at` (a statement's, a database's), read between two reads of them
+/// that agree.
 fn query(mem: &impl Memory, at: u64) -> Result<Option<Query>> {
     let pair = || -> Result<(u64, u64)> {
         let b = mem
             .bytes(at, 16)
-            .context("a statement's text is not readable")?;
+            .with_context(|| format!("a connection's text at {at:#x} is not readable"))?;
         Ok((
             u64::from_le_bytes(b[..8].try_into().unwrap()),
             u64::from_le_bytes(b[8..].try_into().unwrap()),
@@ -373,7 +366,7 @@ fn query(mem: &impl Memory, at: u64) -> Result<Option<Query>> {
         // Freed between the reads, or not a text at all.
         ensure!(
             pair()? != (str_at, len),
-            "a statement's text at {str_at:#x} is not in memory"
+            "a connection's text at {str_at:#x} is not in memory"
         );
         return Ok(Some(Query::Changing));
     };
