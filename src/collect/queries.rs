@@ -139,6 +139,8 @@ pub enum Status {
     ExecuteProbe(bool),
     /// The execution probe could not be attached (why): it is not tried again.
     ExecuteProbeFailed(String),
+    /// The execution probe reads the statements' texts from now on (`ExecuteWish::text_offset` given to it).
+    ExecuteTexts,
 }
 
 /// An execution of a prepared statement, seen at the server's function that runs it: the statement object,
@@ -325,7 +327,11 @@ impl ExecuteLink {
         on_event: &mut dyn FnMut(Event),
     ) -> Result<()> {
         let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+        let reads_texts = bss.statement_text_offset == 0 && wish.text_offset != 0;
         bss.statement_text_offset = wish.text_offset;
+        if reads_texts {
+            on_event(Event::Status(Status::ExecuteTexts));
+        }
         self.unwanted_since = match wish.wanted {
             true => None,
             false => self.unwanted_since.or(Some(Instant::now())),

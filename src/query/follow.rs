@@ -459,6 +459,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             Status::Cycle(every) => self.stands_for = every,
             Status::ExecuteProbe(attached) => self.texts.execute_probe(attached),
             Status::ExecuteProbeFailed(why) => self.texts.execute_probe_failed(&why),
+            Status::ExecuteTexts => self.texts.execute_texts(),
             Status::DispatchProbe => {
                 if let Some(function) = self.dispatch {
                     say!(

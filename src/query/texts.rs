@@ -741,6 +741,18 @@ impl PreparedTexts {
         self.calibrated(failed);
     }
 
+    /// The execution probe reads the texts from now on: said (not before, or executions right after the line
+    /// would still come without their text).
+    pub fn execute_texts(&mut self) {
+        if let Some(line) = self.found_offset.take() {
+            say!("{line}");
+        }
+        if self.probe_attached {
+            self.probe_ready = Some(Instant::now());
+            self.probe_ready_ns = collect::monotonic_ns();
+        }
+    }
+
     /// An execution seen by the execution probe.
     pub fn executed(&mut self, e: Executed) {
         let calibrated = self.executed.as_mut().and_then(|x| x.event(e));
@@ -753,8 +765,7 @@ impl PreparedTexts {
         let function = self.execute_function.as_deref().unwrap_or("?");
         match calibrated {
             None => {}
-            // Said, and the probe ready, at the next tick: the probe reads the texts once the tick has given it
-            // the offset.
+            // Said, and the probe ready, once the collector has given the probe the offset (`execute_texts`).
             Some(Calibrated::Offset(offset)) => {
                 self.found_offset = Some(format!(
                     "myprobe: the texts of statements prepared before tracing are read at their executions, from \
@@ -811,13 +822,6 @@ impl PreparedTexts {
     /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
     /// whether or not statements come.
     pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        if let Some(line) = self.found_offset.take() {
-            say!("{line}");
-            if self.probe_attached {
-                self.probe_ready = Some(Instant::now());
-                self.probe_ready_ns = collect::monotonic_ns();
-            }
-        }
         if self.last_new.elapsed() >= SLOW_AFTER {
             self.interval_us
                 .store(SLOW_SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
