@@ -1820,6 +1820,9 @@ const THD_QUERY: u64 = 0x68;
 const THD_COMMAND: u64 = 0x80;
 const THD_STARTED: u64 = 0x90;
 const THD_DB: u64 = 0xa0;
+/// A pointer to its security context, which it holds at `THD_SECURITY` (the host's `char *`, then the user's).
+const THD_SECURITY_POINTER: u64 = 0xb0;
+const THD_SECURITY: u64 = 0xc0;
 /// Each object's command's start: this many seconds since the epoch, and its id in microseconds.
 const STARTED_SECS: u64 = 1_700_000_000;
 
@@ -1828,16 +1831,19 @@ fn linked_layout(head: u64) -> myprobe::sessions::Layout {
         head: "server_threads",
         next: 0x10,
     };
-    myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY).with_fields(
-        Some(THD_COMMAND),
-        Some(THD_STARTED),
-        Some(THD_DB),
-    )
+    let name = |at: u64| myprobe::sessions::TextField {
+        pointers: vec![THD_SECURITY_POINTER],
+        at,
+        form: myprobe::sessions::TextForm::CString,
+    };
+    myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY)
+        .with_fields(Some(THD_COMMAND), Some(THD_STARTED), Some(THD_DB))
+        .with_names(Some(name(8)), Some(name(0)))
 }
 
 /// A MariaDB-shaped image: the list's head at its start (first object, then the end marker), one object per
-/// text (ids from 1), the texts after them. An object with a text runs a Query in database `db`, one without is
-/// idle (Sleep, no database).
+/// text (ids from 1), the texts after them. An object with a text runs a Query in database `db`, as user `uID`
+/// from `localhost`; one without is idle (Sleep, no database, no security context).
 fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
     let put = |data: &mut Vec<u8>, at: u64, v: u64| {
         let at = (at - IMAGE_BASE) as usize;
@@ -1873,6 +1879,13 @@ fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
             data.extend_from_slice(b"db");
             put(&mut data, thd + THD_DB, at);
             put(&mut data, thd + THD_DB + 8, 2);
+            put(&mut data, thd + THD_SECURITY_POINTER, thd + THD_SECURITY);
+            for (at, name) in [(0, "localhost".to_string()), (8, format!("u{}", i + 1))] {
+                let name_at = IMAGE_BASE + data.len() as u64;
+                data.extend_from_slice(name.as_bytes());
+                data.push(0);
+                put(&mut data, thd + THD_SECURITY + at, name_at);
+            }
         }
     }
     Image {
@@ -1913,6 +1926,8 @@ proptest! {
                 command: Some(if t.is_some() { "Query" } else { "Sleep" }),
                 db: t.as_ref().map(|_| "db".to_string()),
                 started_us: Some(STARTED_SECS * 1_000_000 + i as u64 + 1),
+                user: t.as_ref().map(|_| format!("u{}", i + 1)),
+                host: t.as_ref().map(|_| "localhost".to_string()),
             })
             .collect();
         let got = myprobe::sessions::read(&image, &linked_layout(IMAGE_BASE)).unwrap();
@@ -1928,6 +1943,8 @@ proptest! {
                 prop_assert!(got.command.is_none() || got.command == want.command, "{:?}", got);
                 prop_assert!(got.db.is_none() || got.db == want.db, "{:?}", got);
                 prop_assert!(got.started_us.is_none() || got.started_us == want.started_us, "{:?}", got);
+                prop_assert!(got.user.is_none() || got.user == want.user, "{:?}", got);
+                prop_assert!(got.host.is_none() || got.host == want.host, "{:?}", got);
             }
         }
     }

@@ -56,11 +56,23 @@ impl Memory for ProcMemory {
     }
 }
 
+/// A field an accessor reads off its first argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// Its displacement from the argument.
+    pub offset: u64,
+    /// The operand's size in bytes (0 for `lea`, which reads nothing).
+    pub width: usize,
+    /// Where the field is a pointer the function goes on through (`mov rax, [rdi+0x25f8]; test rax, rax; je …;
+    /// mov rax, [rax+8]`): the displacement of each read through it in turn.
+    pub through: Vec<u64>,
+}
+
 /// What a binary's code says of fields: for each function of `names` (an accessor such as `thd_get_thread_id`:
-/// `mov rax, [rdi+0x3f18]`, or `lea rax, [rdi+0x68]`), the displacement off its first argument's register (`rdi`)
-/// of its first memory operand, with the operand's size in bytes (0 for `lea`, which reads nothing); `None` for
-/// each not defined, or whose first instructions read no such field. The binary is parsed once for all.
-pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<(u64, usize)>>> {
+/// `mov rax, [rdi+0x3f18]`, or `lea rax, [rdi+0x68]`), its first memory operand off its first argument's
+/// register (`rdi`); `None` for each not defined, or whose first instructions read no such field. The binary is
+/// parsed once for all.
+pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<Field>>> {
     use object::{Object, ObjectSection, ObjectSymbol};
     let cache = object::read::ReadCache::new(binary);
     let elf = object::File::parse(&cache).context("parsing the binary")?;
@@ -89,39 +101,87 @@ pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<(
     Ok(found)
 }
 
-/// The first memory operand based on `rdi` alone among the first instructions of `code`, before any branch.
+/// The first memory operand based on `rdi` alone among the first instructions of `code` (a conditional branch's
+/// fall-through followed: a null check), then the reads through the register it loaded, as long as each loads
+/// the next pointer.
 #[cfg(target_arch = "x86_64")]
-fn first_field_of_rdi(code: &[u8]) -> Option<(u64, usize)> {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
-    for _ in 0..4 {
+    let mut field: Option<Field> = None;
+    // The register holding the pointer last loaded (a 64-bit `mov` into a register), while it is followed.
+    let mut pointer = Register::None;
+    let read_of = |insn: &Instruction, base: Register| {
+        (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory)
+            && insn.memory_base() == base
+            && insn.memory_index() == Register::None
+    };
+    let loads_pointer = |insn: &Instruction| {
+        (insn.mnemonic() == Mnemonic::Mov
+            && insn.op0_kind() == OpKind::Register
+            && insn.memory_size().size() == 8)
+            .then(|| insn.op0_register())
+    };
+    for _ in 0..8 {
         if !decoder.can_decode() {
-            return None;
+            break;
         }
         let insn = decoder.decode();
         if insn.is_invalid() {
-            return None;
+            break;
         }
-        let of_rdi = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory)
-            && insn.memory_base() == Register::RDI
-            && insn.memory_index() == Register::None;
-        if of_rdi {
-            let size = if insn.mnemonic() == Mnemonic::Lea {
-                0
-            } else {
-                insn.memory_size().size()
-            };
-            return Some((insn.memory_displacement64(), size));
+        match &mut field {
+            None if read_of(&insn, Register::RDI) => {
+                let width = if insn.mnemonic() == Mnemonic::Lea {
+                    0
+                } else {
+                    insn.memory_size().size()
+                };
+                pointer = loads_pointer(&insn).unwrap_or(Register::None);
+                field = Some(Field {
+                    offset: insn.memory_displacement64(),
+                    width,
+                    through: Vec::new(),
+                });
+            }
+            Some(f)
+                if pointer != Register::None
+                    && insn.mnemonic() == Mnemonic::Mov
+                    && insn.op0_kind() == OpKind::Register
+                    && read_of(&insn, pointer) =>
+            {
+                f.through.push(insn.memory_displacement64());
+                pointer = loads_pointer(&insn).unwrap_or(Register::None);
+            }
+            // Anything else that writes the pointer's register ends the chain.
+            Some(_) if pointer != Register::None && writes(&insn, pointer) => {
+                pointer = Register::None
+            }
+            _ => {}
         }
-        if insn.flow_control() != FlowControl::Next {
-            return None;
+        match insn.flow_control() {
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+            _ => break,
         }
     }
-    None
+    field
+}
+
+/// Whether `insn` writes `reg` (or its 32-bit half), as its destination.
+#[cfg(target_arch = "x86_64")]
+fn writes(insn: &iced_x86::Instruction, reg: iced_x86::Register) -> bool {
+    use iced_x86::OpKind;
+    insn.op_count() > 0
+        && insn.op0_kind() == OpKind::Register
+        && insn.op0_register().full_register() == reg.full_register()
+        && !matches!(
+            insn.mnemonic(),
+            iced_x86::Mnemonic::Test | iced_x86::Mnemonic::Cmp
+        )
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn first_field_of_rdi(_code: &[u8]) -> Option<(u64, usize)> {
+fn first_field_of_rdi(_code: &[u8]) -> Option<Field> {
     None
 }
 
@@ -179,25 +239,55 @@ pub fn mapped_start(pid: u32, binary: &fs::File) -> Option<u64> {
 mod tests {
     use super::*;
 
+    fn field(offset: u64, width: usize, through: &[u64]) -> Option<Field> {
+        Some(Field {
+            offset,
+            width,
+            through: through.to_vec(),
+        })
+    }
+
     #[test]
     fn accessors_give_their_field() {
         // endbr64; mov rax, [rdi+0x3f18]; ret
         let id = [
             0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x87, 0x18, 0x3f, 0x00, 0x00, 0xc3,
         ];
-        assert_eq!(first_field_of_rdi(&id), Some((0x3f18, 8)));
+        assert_eq!(first_field_of_rdi(&id), field(0x3f18, 8, &[]));
         // mov eax, [rdi+0x25d0]; ret
         let id32 = [0x8b, 0x87, 0xd0, 0x25, 0x00, 0x00, 0xc3];
-        assert_eq!(first_field_of_rdi(&id32), Some((0x25d0, 4)));
+        assert_eq!(first_field_of_rdi(&id32), field(0x25d0, 4, &[]));
         // lea rax, [rdi+0x68]; ret
         let lea = [0x48, 0x8d, 0x47, 0x68, 0xc3];
-        assert_eq!(first_field_of_rdi(&lea), Some((0x68, 0)));
+        assert_eq!(first_field_of_rdi(&lea), field(0x68, 0, &[]));
         // mov rax, [rsi+0x10]; ret: not the first argument's
         let rsi = [0x48, 0x8b, 0x46, 0x10, 0xc3];
         assert_eq!(first_field_of_rdi(&rsi), None);
         // ret first: nothing read
         assert_eq!(first_field_of_rdi(&[0xc3, 0x48, 0x8d, 0x47, 0x68]), None);
         assert_eq!(first_field_of_rdi(&[]), None);
+    }
+
+    #[test]
+    fn a_pointer_is_followed_through_its_null_check() {
+        // MariaDB's thd_user_name: mov rax, [rdi+0x25f8]; test rax, rax; je +4; mov rax, [rax+8]; ret
+        let user = [
+            0x48, 0x8b, 0x87, 0xf8, 0x25, 0x00, 0x00, 0x48, 0x85, 0xc0, 0x74, 0x04, 0x48, 0x8b,
+            0x40, 0x08, 0xc3,
+        ];
+        assert_eq!(first_field_of_rdi(&user), field(0x25f8, 8, &[8]));
+        // MySQL's thd_get_security_context: test rsi, rsi; je +0x17; mov rax, [rdi+0x1800]; mov [rsi], rax;
+        // xor eax, eax; ret: a branch before, and the pointer stored, not followed
+        let sctx = [
+            0x48, 0x85, 0xf6, 0x74, 0x17, 0x48, 0x8b, 0x87, 0x00, 0x18, 0x00, 0x00, 0x48, 0x89,
+            0x06, 0x31, 0xc0, 0xc3,
+        ];
+        assert_eq!(first_field_of_rdi(&sctx), field(0x1800, 8, &[]));
+        // mov rax, [rdi+0x10]; mov rax, rdx; mov rcx, [rax+8]; ret: rax no longer holds the pointer
+        let overwritten = [
+            0x48, 0x8b, 0x47, 0x10, 0x48, 0x89, 0xd0, 0x48, 0x8b, 0x48, 0x08, 0xc3,
+        ];
+        assert_eq!(first_field_of_rdi(&overwritten), field(0x10, 8, &[]));
     }
 
     #[test]

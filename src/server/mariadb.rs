@@ -5,7 +5,7 @@
 
 use super::{
     common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    SessionList, Sessions, StatusCounter, WaitKind,
+    SessionList, Sessions, StatusCounter, TextAccessor, WaitKind,
 };
 
 pub struct MariaDb;
@@ -125,6 +125,9 @@ impl Server for MariaDb {
             db: Some("thd_current_db"),
             // start_time * 1000000 + start_time_sec_part
             started: "thd_start_utime",
+            // security_ctx->user, security_ctx->host
+            user: TextAccessor::CString("thd_user_name"),
+            host: TextAccessor::CString("thd_client_host"),
         }
     }
 }

@@ -81,6 +81,21 @@ pub struct Sessions {
     /// A function whose first read of its argument is the start of the connection's command on the wall clock,
     /// 64-bit seconds since the epoch, followed by its 64-bit microseconds.
     pub started: &'static str,
+    /// Where the connection's user and client host are, as the server's exported functions read them.
+    pub user: TextAccessor,
+    pub host: TextAccessor,
+}
+
+/// How a server's functions reach a text of a connection.
+#[derive(Debug)]
+pub enum TextAccessor {
+    /// A function of the connection that returns the text's `char *` (NUL-terminated), through the pointers it
+    /// follows (MariaDB's `thd_user_name`: the security context's, then its `user`).
+    CString(&'static str),
+    /// A function that reads a pointer of the connection (its first read), then a function of the object pointed
+    /// to whose first read is a `{ const char *str; size_t length; }` (MySQL's security context and its
+    /// `m_user`).
+    Through(&'static str, &'static str),
 }
 
 /// The list of connections a server keeps.

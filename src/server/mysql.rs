@@ -5,7 +5,7 @@
 
 use super::{
     common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    SessionList, Sessions, StatusCounter, WaitKind,
+    SessionList, Sessions, StatusCounter, TextAccessor, WaitKind,
 };
 
 pub struct MySql;
@@ -125,6 +125,15 @@ impl Server for MySql {
             db: None,
             // start_time, a timeval
             started: "_ZN3THD25query_start_timeval_truncEj",
+            // m_security_ctx, then its m_user and m_host (Strings: the pointer, then the length)
+            user: TextAccessor::Through(
+                "_Z24thd_get_security_contextP3THDPP16Security_context",
+                "_ZN16Security_context12set_user_ptrEPKcm",
+            ),
+            host: TextAccessor::Through(
+                "_Z24thd_get_security_contextP3THDPP16Security_context",
+                "_ZN16Security_context12set_host_ptrEPKcm",
+            ),
         }
     }
 }

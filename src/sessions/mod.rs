@@ -2,7 +2,8 @@
 //! what a hung server, which answers no SQL, is running. Each connection object (`THD`) is found through the
 //! list the server keeps of them (`Server::sessions`), checked by its first word (the class's vtable), and its
 //! fields are read at the offsets the server's own exported accessors read them at (`thd_get_thread_id`,
-//! `thd_query_string`): the binary says where they are, for its own build. What does not hold together (a
+//! `thd_query_string`; through the pointers they follow, as `thd_user_name` does its security context's): the
+//! binary says where they are, for its own build. What does not hold together (a
 //! list that does not end, ids not distinct, a text's pointer outside memory) is said, never shown.
 
 use std::{collections::HashSet, fs, path::Path};
@@ -11,7 +12,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
     process::memory::{self, Memory},
-    server::{Server, SessionList},
+    server::{Server, SessionList, TextAccessor},
 };
 
 /// A connection as its object holds it.
@@ -30,6 +31,9 @@ pub struct Session {
     /// When its command began, in microseconds since the epoch (an idle connection's: its last command's), where
     /// the layout knows it.
     pub started_us: Option<u64>,
+    /// The user it logged in as, and the host it came from, where the layout knows them and it has them.
+    pub user: Option<String>,
+    pub host: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +51,9 @@ const SESSIONS_MAX: usize = 200_000;
 /// The longest text read of a statement.
 pub const TEXT_MAX: usize = 64 * 1024;
 
+/// The longest user or host name read (MariaDB's and MySQL's host names are at most 255 bytes).
+const NAME_MAX: usize = 256;
+
 /// Where a process's connections and their fields are.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -59,6 +66,63 @@ pub struct Layout {
     command_offset: Option<u64>,
     db_offset: Option<u64>,
     started_offset: Option<u64>,
+    user: Option<TextField>,
+    host: Option<TextField>,
+}
+
+/// A text reached from the object through pointers: each at its displacement from the last object reached, the
+/// text at `at` in the last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextField {
+    pub pointers: Vec<u64>,
+    pub at: u64,
+    pub form: TextForm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextForm {
+    /// A `char *`, NUL-terminated.
+    CString,
+    /// A `{ const char *str; size_t length; }`.
+    StrLen,
+}
+
+impl TextField {
+    /// Where the accessor `accessor` says its text is, given the fields its functions (`names`) read.
+    fn of(
+        accessor: &TextAccessor,
+        field: impl Fn(&str) -> Option<memory::Field>,
+    ) -> Option<TextField> {
+        match *accessor {
+            // Each read through the last pointer loads the next; the last loads the text's address.
+            TextAccessor::CString(f) => {
+                let f = field(f).filter(|f| f.width == 8)?;
+                let mut reads: Vec<u64> = std::iter::once(f.offset).chain(f.through).collect();
+                let at = reads.pop()?;
+                Some(TextField {
+                    pointers: reads,
+                    at,
+                    form: TextForm::CString,
+                })
+            }
+            TextAccessor::Through(pointer, text) => {
+                let p = field(pointer).filter(|f| f.width == 8)?;
+                let t = field(text).filter(|f| f.width == 8)?;
+                Some(TextField {
+                    pointers: std::iter::once(p.offset).chain(p.through).collect(),
+                    at: t.offset,
+                    form: TextForm::StrLen,
+                })
+            }
+        }
+    }
+
+    fn names(accessor: &TextAccessor) -> Vec<&'static str> {
+        match *accessor {
+            TextAccessor::CString(f) => vec![f],
+            TextAccessor::Through(p, t) => vec![p, t],
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -108,14 +172,16 @@ impl Layout {
         let (list_at, vtable) = (symbol(0)?, symbol(1)?);
         // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
         // then the command, its start and the database, which are not (`Layout::unknown` says what is missing).
-        let accessors: Vec<&str> = [spec.id, spec.query, spec.command, spec.started]
+        let mut accessors: Vec<&str> = [spec.id, spec.query, spec.command, spec.started]
             .into_iter()
             .chain(spec.db)
             .collect();
+        accessors.extend(TextField::names(&spec.user));
+        accessors.extend(TextField::names(&spec.host));
         let fields = memory::accessor_fields(file, &accessors)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
         let field = |i: usize| {
-            fields[i].with_context(|| {
+            fields[i].clone().with_context(|| {
                 format!(
                     "{} has no function {} that reads a field of its argument: where its connections keep it \
                      is not known",
@@ -124,16 +190,30 @@ impl Layout {
                 )
             })
         };
-        let (id_offset, id_width) = field(0)?;
+        let memory::Field {
+            offset: id_offset,
+            width: id_width,
+            ..
+        } = field(0)?;
         ensure!(
             matches!(id_width, 4 | 8),
             "{} reads a connection id of {id_width} bytes: not one myprobe knows",
             spec.id
         );
-        let (query_offset, _) = field(1)?;
-        let of_width =
-            |i: usize, width: usize| fields[i].filter(|&(_, w)| w == width).map(|(off, _)| off);
-        let db = fields.get(4).copied().flatten().map(|(off, _)| off);
+        let query_offset = field(1)?.offset;
+        let of_width = |i: usize, width: usize| {
+            fields[i]
+                .as_ref()
+                .filter(|f| f.width == width)
+                .map(|f| f.offset)
+        };
+        let db = spec.db.and(fields[4].as_ref()).map(|f| f.offset);
+        let by_name = |name: &str| {
+            let i = accessors.iter().position(|a| *a == name)?;
+            fields[i].clone()
+        };
+        let user = TextField::of(&spec.user, by_name);
+        let host = TextField::of(&spec.host, by_name);
         Ok(Layout::new(
             &spec.list,
             list_at,
@@ -141,7 +221,8 @@ impl Layout {
             (id_offset, id_width),
             query_offset,
         )
-        .with_fields(of_width(2, 4), of_width(3, 8), db))
+        .with_fields(of_width(2, 4), of_width(3, 8), db)
+        .with_names(user, host))
     }
 
     /// The same, with the command (32 bits), its start (`{ seconds; microseconds }`) and the database
@@ -156,12 +237,20 @@ impl Layout {
         self
     }
 
+    /// The same, with the user and the client's host where these say.
+    pub fn with_names(mut self, user: Option<TextField>, host: Option<TextField>) -> Layout {
+        (self.user, self.host) = (user, host);
+        self
+    }
+
     /// What this layout cannot read of a connection, in a line (`None`: everything shown).
     pub fn unknown(&self) -> Option<String> {
         let missing: Vec<&str> = [
             self.command_offset.is_none().then_some("command"),
             self.started_offset.is_none().then_some("command's start"),
             self.db_offset.is_none().then_some("database"),
+            self.user.is_none().then_some("user"),
+            self.host.is_none().then_some("host"),
         ]
         .into_iter()
         .flatten()
@@ -210,6 +299,8 @@ impl Layout {
             command_offset: None,
             db_offset: None,
             started_offset: None,
+            user: None,
+            host: None,
         }
     }
 }
@@ -331,6 +422,8 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
             started_us: layout
                 .started_offset
                 .and_then(|off| started_us(mem, thd.wrapping_add(off))),
+            user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
+            host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
         });
     }
     Ok(out)
@@ -343,6 +436,32 @@ fn started_us(mem: &impl Memory, at: u64) -> Option<u64> {
     // 2001 to 2286: a time, not another field.
     ((1_000_000_000..10_000_000_000).contains(&secs) && micros < 1_000_000)
         .then(|| secs * 1_000_000 + micros)
+}
+
+/// A user's or host's name at `field` of the object at `thd`; `None` where a pointer is null, or the name is not
+/// one (unreadable, unterminated, longer than `NAME_MAX`, or with control characters).
+fn name(mem: &impl Memory, thd: u64, field: &TextField) -> Option<String> {
+    let mut object = thd;
+    for &d in &field.pointers {
+        object = mem.u64_at(object.wrapping_add(d)).filter(|&p| p != 0)?;
+    }
+    let at = object.wrapping_add(field.at);
+    let bytes = match field.form {
+        TextForm::StrLen => match query(mem, at).ok()?? {
+            Query::Text(t) if t.len() <= NAME_MAX => t.into_bytes(),
+            _ => return None,
+        },
+        TextForm::CString => {
+            let str_at = mem.u64_at(at).filter(|&p| p != 0)?;
+            let mut buf = vec![0u8; NAME_MAX + 1];
+            let n = mem.read(str_at, &mut buf);
+            let end = buf[..n].iter().position(|&b| b == 0)?;
+            buf.truncate(end);
+            buf
+        }
+    };
+    let name = String::from_utf8(bytes).ok()?;
+    (!name.is_empty() && !name.chars().any(char::is_control)).then_some(name)
 }
 
 /// The text whose `{ str, length }` is at `at` (a statement's, a database's), read between two reads of them

@@ -264,8 +264,8 @@ pub fn statements(
 }
 
 /// The connections read from the server's memory (`sessions`), those running a statement first, by id: a line
-/// each with its statement (normalized as the process list's are) and, where read, its database, command and
-/// time in it at `now_us` (microseconds since the epoch), then the count of the idle.
+/// each with its statement (normalized as the process list's are) and, where read, its user and host, database,
+/// command and time in it at `now_us` (microseconds since the epoch), then the count of the idle.
 pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: u64) -> String {
     use crate::sessions::Query;
     let mut running: Vec<(&crate::sessions::Session, &Query)> = sessions
@@ -294,10 +294,14 @@ pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: u64) -> St
             .into_iter()
             .flatten()
             .collect();
-        let context = match context.is_empty() {
+        let mut context = match context.is_empty() {
             true => String::new(),
             false => format!(" ({})", context.join(", ")),
         };
+        if let Some(user) = &session.user {
+            let host = session.host.as_ref().map(|h| format!("@{h}"));
+            context = format!(" {user}{}{context}", host.unwrap_or_default());
+        }
         let _ = writeln!(
             out,
             "  connection {}{}: {}",

@@ -581,17 +581,22 @@ fn sysbench_connected_before_tracing_has_its_texts() {
     db.wait_for("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'sbtest' AND COMMAND = 'Execute'");
     // Its records, of the connections there before tracing and still there after: other tests run sysbench on
     // the same server, and a load that ends while traced leaves its last executions unnamed, rightly (a statement
-    // of unknown text is named at its next execution, and has none).
-    let sysbench = || -> Vec<u64> {
-        db.sql("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
+    // of unknown text is named at its next execution, and has none). By connection id where the record has one
+    // (a thread serves another connection once one closes), else by thread (connected before tracing, its id may
+    // not be read in time).
+    let sysbench = || -> Vec<(u64, u64)> {
+        db.sql("SELECT ID, TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
             .lines()
-            .filter_map(|l| l.trim().parse().ok())
+            .filter_map(|l| {
+                let (id, tid) = l.trim().split_once('\t')?;
+                Some((id.parse().ok()?, tid.parse().ok()?))
+            })
             .collect()
     };
     let before = sysbench();
     let tracer = trace(&db, &["-d", "5"]);
     let (out, err) = tracer.wait();
-    let sysbench: Vec<u64> = sysbench()
+    let sysbench: Vec<(u64, u64)> = sysbench()
         .into_iter()
         .filter(|c| before.contains(c))
         .collect();
@@ -601,13 +606,19 @@ fn sysbench_connected_before_tracing_has_its_texts() {
     let records: Vec<_> = all
         .iter()
         .filter(|r| r.get("duration_us").is_some())
-        .filter(|r| r["conn"].as_u64().is_some_and(|c| sysbench.contains(&c)))
+        .filter(|r| {
+            sysbench.iter().any(|&(id, tid)| match r["conn"].as_u64() {
+                Some(conn) => conn == id,
+                None => r["tid"] == tid,
+            })
+        })
         .collect();
     let with_text = records.iter().filter(|r| !r["query"].is_null()).count();
     assert!(
         records.len() > 1000,
-        "{} records\nstderr:\n{err}",
-        records.len()
+        "{} records of sysbench's connections {sysbench:?} (of {} records)\nstderr:\n{err}",
+        records.len(),
+        all.len()
     );
     // Read at the executions themselves (performance_schema is off): the probe is attached at the first execution
     // of a statement of unknown text, and its offset calibrated on myprobe's own statements, which on a busy host

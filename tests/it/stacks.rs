@@ -745,6 +745,18 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
         let idle_id = idle.connection_id();
         let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(30), %'";
         db.wait_until(count, || db.sql(count).trim() == "3");
+        // Who each is, as PROCESSLIST says: its user and host (`localhost`, over the socket).
+        let who = |id: u64| {
+            db.sql(&format!(
+                "SELECT CONCAT(USER, '@', HOST) FROM information_schema.PROCESSLIST WHERE ID = {id}"
+            ))
+            .trim()
+            .to_string()
+        };
+        let sleeping: Vec<_> = sleeping
+            .into_iter()
+            .map(|(session, id, text)| (session, id, text, who(id)))
+            .collect();
         let out = {
             // SAFETY: as in Stopped's drop.
             assert_eq!(unsafe { libc::kill(db.pid as i32, libc::SIGSTOP) }, 0);
@@ -761,7 +773,7 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             .split_once("connections read from the server's memory: ")
             .unwrap_or_else(|| panic!("{kind}: no connections read: {stdout}\n{stderr}"))
             .1;
-        // Beside each statement, its database and command, as PROCESSLIST says them; MySQL exports no function
+        // Beside each statement, its user and host, database and command, as PROCESSLIST says them; MySQL exports no function
         // that reads the database alone: said on stderr.
         let context = match kind.starts_with("mariadb") {
             true => "sbtest, Query, ",
@@ -779,9 +791,9 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             let (n, _) = rest.split_once(" s): ")?;
             n.parse().ok()
         };
-        for (_, id, text) in &sleeping {
+        for (_, id, text, who) in &sleeping {
             let (prefix, statement) = (
-                format!("  connection {id} ("),
+                format!("  connection {id} {who} ("),
                 format!(": {}", myprobe::wire::fingerprint::normalize(text)),
             );
             let line = section
@@ -799,7 +811,7 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             !section.contains(&format!("  connection {idle_id} ")),
             "{kind}: the idle connection {idle_id} runs nothing: {section}"
         );
-        for (_, id, _) in &sleeping {
+        for (_, id, _, _) in &sleeping {
             db.sql(&format!("KILL {id}"));
         }
         drop(idle);
