@@ -152,7 +152,17 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
             t.tid
         );
     }
-    write_output(a, format, &named, None)
+    let sessions = c.sessions.map(|sessions| {
+        if format != Format::Text {
+            say!(
+                "myprobe: {} connections read from the core, {} running a statement: shown on stdout, without -o",
+                sessions.len(),
+                sessions.iter().filter(|s| s.query.is_some()).count()
+            );
+        }
+        stacks::render_sessions(&sessions, c.dumped_us)
+    });
+    write_output(a, format, &named, sessions.as_deref())
 }
 
 /// A running server: a snapshot of its threads' stacks read from BPF, with their statements when it answers.
@@ -218,7 +228,7 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        stacks::render_sessions(&sessions, now_us)
+        stacks::render_sessions(&sessions, Some(now_us))
     });
     write_output(a, format, &named, sessions.as_deref())
 }

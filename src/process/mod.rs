@@ -255,15 +255,21 @@ const SERVER_VERSION_MAX: usize = 64;
 
 /// The NUL-terminated string at the runtime address of the binary's `server_version` symbol.
 fn version_in_memory(pid: u32, binary: &fs::File) -> Option<String> {
-    use memory::Memory;
     let mapped = memory::mapped_start(pid, binary)?;
+    server_version_at(&memory::ProcMemory::open(pid).ok()?, binary, mapped)
+}
+
+/// The server's `server_version` in `mem`, a process's or a core's that maps `binary` from `mapped`.
+pub fn server_version_at(
+    mem: &impl memory::Memory,
+    binary: &fs::File,
+    mapped: u64,
+) -> Option<String> {
     let address = memory::symbol_addresses(binary, mapped, &["server_version"])
         .ok()?
         .pop()??;
     let mut bytes = [0u8; SERVER_VERSION_MAX];
-    let n = memory::ProcMemory::open(pid)
-        .ok()?
-        .read(address, &mut bytes);
+    let n = mem.read(address, &mut bytes);
     let text = bytes[..n].split(|&b| b == 0).next()?;
     // Printable ASCII, spaces too: `11.8.9-MariaDB-0+deb13u1 from Debian`.
     let printable = !text.is_empty() && text.iter().all(|b| (b' '..=b'~').contains(b));

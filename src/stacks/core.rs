@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use object::Object as _;
 
 use super::core_file::Core;
+use crate::process::memory::Memory;
 use crate::{
     collect::{
         threads::{Futex, ThreadRecord},
@@ -33,6 +34,12 @@ pub struct CoreThreads {
     pub crash: Option<(String, u32)>,
     /// What the binaries on this machine lack, for stderr.
     pub warnings: Vec<String>,
+    /// The server's connections as the core holds them (`None`: not a server's core, or they could not be read:
+    /// said in `warnings`).
+    pub sessions: Option<Vec<crate::sessions::Session>>,
+    /// When the core was written (its file's time), in microseconds since the epoch: the time its statements'
+    /// durations end at.
+    pub dumped_us: Option<u64>,
 }
 
 /// Reads the core at `path`. `exe` is the binary it was dumped from, when not at the path the core names;
@@ -111,6 +118,23 @@ pub fn read(
             }
         })
         .collect();
+    let is_server =
+        PROCESS_NAMES.contains(&core.name.as_str()) || PROCESS_NAMES.contains(&exe_name.as_str());
+    let sessions = match is_server.then(|| sessions_of(&core, &core_exe, &exe_name, &open)) {
+        Some(Ok(sessions)) => Some(sessions),
+        Some(Err(e)) => {
+            warnings.push(format!(
+                "the connections could not be read from the core: {e:#}"
+            ));
+            None
+        }
+        None => None,
+    };
+    let dumped_us = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_micros() as u64);
     let mut description = format!("{} ({})", core.name, core_exe.display());
     let crash = (core.signal != 0).then(|| (signal_name(core.signal.into()), core.threads[0].tid));
     if let Some((signal, tid)) = &crash {
@@ -123,7 +147,81 @@ pub fn read(
         description,
         crash,
         warnings,
+        sessions,
+        dumped_us,
     })
+}
+
+/// The connections of the server whose core is `core`, dumped from `exe` (named `exe_name`; `open` says where
+/// the file is here): its version, from the core's memory, says which server's layout to read them with.
+fn sessions_of(
+    core: &Core,
+    exe: &Path,
+    exe_name: &str,
+    open: &impl Fn(&Path) -> PathBuf,
+) -> Result<Vec<crate::sessions::Session>> {
+    let binary = open(exe);
+    let file =
+        std::fs::File::open(&binary).with_context(|| format!("opening {}", binary.display()))?;
+    let mapped = core
+        .mapped_start(exe)
+        .with_context(|| format!("the core does not map {} from its start", exe.display()))?;
+    let version = crate::process::server_version_at(core, &file, mapped).unwrap_or_default();
+    let server = crate::server::Flavor::of(&version, Some(exe_name), || false).server();
+    let layout = crate::sessions::Layout::at(&file, &binary, mapped, server)?;
+    if let Some(unknown) = layout.unknown() {
+        say!("myprobe: {unknown}");
+    }
+    crate::sessions::read(&WithFiles::new(core, open), &layout)
+}
+
+/// A core's memory, and where it kept none, the files it maps as they are on this machine: a core leaves out
+/// what the process never wrote of its files (the server's constant strings, such as the host `localhost`), as
+/// gdb reads those from the files too.
+struct WithFiles<'a> {
+    core: &'a Core,
+    /// Each file mapping: its start, end, offset in the file, and the file (`None`: not here).
+    files: Vec<(u64, u64, u64, Option<std::fs::File>)>,
+}
+
+impl<'a> WithFiles<'a> {
+    fn new(core: &'a Core, open: &impl Fn(&Path) -> PathBuf) -> WithFiles<'a> {
+        let mut opened: std::collections::HashMap<&Path, Option<std::fs::File>> =
+            std::collections::HashMap::new();
+        let files = core
+            .files
+            .iter()
+            .map(|f| {
+                let file = opened
+                    .entry(&f.path)
+                    .or_insert_with(|| std::fs::File::open(open(&f.path)).ok())
+                    .as_ref()
+                    .and_then(|file| file.try_clone().ok());
+                (f.start, f.end, f.offset, file)
+            })
+            .collect();
+        WithFiles { core, files }
+    }
+}
+
+impl Memory for WithFiles<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        use std::os::unix::fs::FileExt;
+        let n = self.core.read(addr, buf);
+        if n > 0 {
+            return n;
+        }
+        let Some((start, end, offset, Some(file))) = self
+            .files
+            .iter()
+            .find(|(start, end, _, file)| (*start..*end).contains(&addr) && file.is_some())
+        else {
+            return 0;
+        };
+        let len = buf.len().min((end - addr) as usize);
+        let at = offset.saturating_add(addr - start);
+        file.read_at(&mut buf[..len], at).unwrap_or(0)
+    }
 }
 
 /// Checks the binaries against the build-ids the core recorded: `--exe` must be the core's executable (an

@@ -90,6 +90,31 @@ const FNAME_LEN: usize = 16;
 /// NT_AUXV's entry point tag.
 const AT_ENTRY: u64 = 9;
 
+/// The process's memory as the core holds it: what it did not keep (a mapping's file-backed code, memory
+/// filtered out) reads as not mapped.
+impl crate::process::memory::Memory for Core {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = addr.wrapping_add(done as u64);
+            let Some(&(vaddr, _, size)) = self
+                .memory
+                .iter()
+                .find(|&&(v, _, size)| at >= v && at - v < size as u64)
+            else {
+                break;
+            };
+            let n = (buf.len() - done).min(size - (at - vaddr) as usize);
+            let Some(bytes) = self.read_bytes(at, n) else {
+                break;
+            };
+            buf[done..done + n].copy_from_slice(bytes);
+            done += n;
+        }
+        done
+    }
+}
+
 impl Core {
     /// Reads the core at `path`; an error in one line for a file that is not a core, or not a whole one.
     pub fn read(path: &Path) -> Result<Core> {
@@ -200,6 +225,15 @@ impl Core {
         // The segment's file offset comes from the core file: it may point anywhere, even past 2^64.
         let start = off.checked_add(at)?;
         self.data.get(start..start.checked_add(len)?)
+    }
+
+    /// Where the core maps `path` from its first byte.
+    pub fn mapped_start(&self, path: &Path) -> Option<u64> {
+        self.files
+            .iter()
+            .filter(|f| f.offset == 0 && f.path == path)
+            .map(|f| f.start)
+            .min()
     }
 
     /// The 8 bytes at `addr`, if the core holds them.

@@ -265,8 +265,8 @@ pub fn statements(
 
 /// The connections read from the server's memory (`sessions`), those running a statement first, by id: a line
 /// each with its statement (normalized as the process list's are) and, where read, its user and host, database,
-/// command and time in it at `now_us` (microseconds since the epoch), then the count of the idle.
-pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: u64) -> String {
+/// command and time in it at `now_us` (microseconds since the epoch, where known), then the count of the idle.
+pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: Option<u64>) -> String {
     use crate::sessions::Query;
     let mut running: Vec<(&crate::sessions::Session, &Query)> = sessions
         .iter()
@@ -289,7 +289,8 @@ pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: u64) -> St
         // What PROCESSLIST would say beside it: its database, command and time, where they were read.
         let time = session
             .started_us
-            .map(|t| format!("{} s", now_us.saturating_sub(t) / 1_000_000));
+            .zip(now_us)
+            .map(|(t, now)| format!("{} s", now.saturating_sub(t) / 1_000_000));
         let context: Vec<&str> = [session.db.as_deref(), session.command, time.as_deref()]
             .into_iter()
             .flatten()

@@ -476,6 +476,7 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         )
         .parse()
         .unwrap();
+    let id = s.connection_id();
     start_crashing_statement(&mut s);
     let mut watch = server.0.session();
     for _ in 0..200 {
@@ -575,4 +576,23 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         })
         .count();
     assert!(named_threads >= 2, "{threads:?}");
+    // The connections, read from the core's memory (and from the root's binary, what the core left out): the
+    // crashed one's statement, the procedure's, by its user from its host; MySQL exports no function that reads
+    // the database alone.
+    let run = myprobe()
+        .args(["stacks", "--core"])
+        .arg(&core)
+        .args(["--root", &root])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("  connection {id} ")))
+        .unwrap_or_else(|| panic!("no connection {id} in:\n{out}"));
+    assert!(
+        line.contains(" root@localhost (Query, ")
+            && line.ends_with(": SELECT SLEEP(?) INTO @slept"),
+        "{line}"
+    );
 }
