@@ -586,10 +586,7 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&run.stdout);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&format!("  connection {id} ")))
-        .unwrap_or_else(|| panic!("no connection {id} in:\n{out}"));
+    let line = connection_line(&out, id);
     assert!(
         line.contains(" root@localhost (Query, ")
             && line.ends_with(": SELECT SLEEP(?) INTO @slept"),

@@ -676,10 +676,7 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     assert!(summary.ends_with(&format!("(thread {tid})")), "{summary}");
     // The connections, read from the core's memory as seed 003's gdb macro reads them: the crashed one's
     // statement, the procedure's, as the server held it, by the user and in the database it runs in.
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&format!("  connection {id} ")))
-        .unwrap_or_else(|| panic!("no connection {id} in:\n{out}"));
+    let line = connection_line(&out, id);
     assert!(
         line.contains("root@localhost (crash, Query, ")
             && line.ends_with(": SELECT SLEEP(?) INTO @slept"),

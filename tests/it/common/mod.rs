@@ -539,6 +539,13 @@ pub fn start_crashing_statement(s: &mut Session) {
     s.send("PREPARE napping FROM 'CALL crash.nap()'; EXECUTE napping");
 }
 
+/// The line `stacks` gives connection `id` among the connections it read from a server's memory, in `out`.
+pub fn connection_line(out: &str, id: u64) -> &str {
+    out.lines()
+        .find(|l| l.starts_with(&format!("  connection {id} ")))
+        .unwrap_or_else(|| panic!("no connection {id} in:\n{out}"))
+}
+
 /// `stacks --resolve`'s output for the crash of [`start_crashing_statement`]: its first line names what
 /// identifies it, and the frames are named from the signal handler to the command loop. Returns stdout.
 pub fn assert_crash_resolved(run: &std::process::Output) -> String {
