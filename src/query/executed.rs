@@ -98,6 +98,14 @@ impl ExecutedTexts {
         matches!(self.calibration, Calibration::Failed)
     }
 
+    /// Whether the offset is still being looked for (myprobe's own statements asked for, or run).
+    pub fn calibrating(&self) -> bool {
+        matches!(
+            self.calibration,
+            Calibration::Asked | Calibration::Ran { .. }
+        )
+    }
+
     /// The probe is attached: true the first time, when myprobe's own statements are to run now.
     pub fn attached(&mut self) -> bool {
         let first = matches!(self.calibration, Calibration::NotStarted);
@@ -297,16 +305,23 @@ mod tests {
         let a = object(CALIBRATION_TEXTS[0], 0x70);
         let b = object(CALIBRATION_TEXTS[1], 0x70);
         let mut t = texts();
+        assert!(!t.calibrating());
         assert!(t.attached());
         assert!(!t.attached());
+        assert!(t.calibrating());
         // One object arrives before the ids are known, the other after; another connection's statement 5 too.
         assert_eq!(t.event(executed(4, &a)), None);
         let other = object("SELECT c FROM sbtest1 WHERE id=?", 0x70);
         assert_eq!(t.event(executed(5, &other)), None);
         let ran = vec![(4, CALIBRATION_TEXTS[0]), (5, CALIBRATION_TEXTS[1])];
         assert_eq!(t.own_statements_ran(Ok(ran)), None);
+        assert!(
+            t.calibrating(),
+            "the objects of its own statements are awaited"
+        );
         assert_eq!(t.event(executed(5, &b)), Some(Calibrated::Offset(0x70)));
         assert_eq!(t.offset(), 0x70);
+        assert!(!t.calibrating());
     }
 
     #[test]

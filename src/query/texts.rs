@@ -962,6 +962,18 @@ impl PreparedTexts {
         let named = self.named;
         let execute_failed = self.executed.as_ref().is_some_and(ExecutedTexts::failed);
         let implausible = self.executed.as_ref().map_or(0, |x| x.implausible);
+        // A busy host may not run myprobe's own statements within a short trace: what is unknown is said why.
+        if self
+            .executed
+            .as_ref()
+            .is_some_and(ExecutedTexts::calibrating)
+        {
+            say!(
+                "myprobe: the texts of statements prepared before tracing were still being looked for in the \
+                 server's statement objects when tracing ended (its executions on myprobe's own statements had not \
+                 all been seen): trace longer to have them"
+            );
+        }
         if implausible > 0 {
             say!(
                 "myprobe: warning: {implausible} texts read at executions had an impossible length, and were not \
