@@ -88,7 +88,7 @@ pub enum TextForm {
 }
 
 impl TextField {
-    /// Where the accessor `accessor` says its text is, given the fields its functions (`names`) read.
+    /// Where the accessor `accessor` says its text is, given `field`, what each of its functions reads.
     fn of(
         accessor: &TextAccessor,
         field: impl Fn(&str) -> Option<memory::Field>,
@@ -171,7 +171,8 @@ impl Layout {
         };
         let (list_at, vtable) = (symbol(0)?, symbol(1)?);
         // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
-        // then the command, its start and the database, which are not (`Layout::unknown` says what is missing).
+        // then the command, its start, the database, the user and the host, which are not (`Layout::unknown` says
+        // what is missing).
         let mut accessors: Vec<&str> = [spec.id, spec.query, spec.command, spec.started]
             .into_iter()
             .chain(spec.db)

@@ -180,27 +180,34 @@ fn sessions_of(
 /// gdb reads those from the files too.
 struct WithFiles<'a> {
     core: &'a Core,
-    /// Each file mapping: its start, end, offset in the file, and the file (`None`: not here).
-    files: Vec<(u64, u64, u64, Option<std::fs::File>)>,
+    /// Each file mapping: its start, end, offset in the file, and its file among `opened` (`None`: not here).
+    files: Vec<(u64, u64, u64, Option<usize>)>,
+    /// Each file opened once, however many mappings it has.
+    opened: Vec<std::fs::File>,
 }
 
 impl<'a> WithFiles<'a> {
     fn new(core: &'a Core, open: &impl Fn(&Path) -> PathBuf) -> WithFiles<'a> {
-        let mut opened: std::collections::HashMap<&Path, Option<std::fs::File>> =
+        let mut by_path: std::collections::HashMap<&Path, Option<usize>> =
             std::collections::HashMap::new();
+        let mut opened = Vec::new();
         let files = core
             .files
             .iter()
             .map(|f| {
-                let file = opened
-                    .entry(&f.path)
-                    .or_insert_with(|| std::fs::File::open(open(&f.path)).ok())
-                    .as_ref()
-                    .and_then(|file| file.try_clone().ok());
+                let file = *by_path.entry(&f.path).or_insert_with(|| {
+                    let file = std::fs::File::open(open(&f.path)).ok()?;
+                    opened.push(file);
+                    Some(opened.len() - 1)
+                });
                 (f.start, f.end, f.offset, file)
             })
             .collect();
-        WithFiles { core, files }
+        WithFiles {
+            core,
+            files,
+            opened,
+        }
     }
 }
 
@@ -211,7 +218,7 @@ impl Memory for WithFiles<'_> {
         if n > 0 {
             return n;
         }
-        let Some((start, end, offset, Some(file))) = self
+        let Some(&(start, end, offset, Some(file))) = self
             .files
             .iter()
             .find(|(start, end, _, file)| (*start..*end).contains(&addr) && file.is_some())
@@ -220,7 +227,7 @@ impl Memory for WithFiles<'_> {
         };
         let len = buf.len().min((end - addr) as usize);
         let at = offset.saturating_add(addr - start);
-        file.read_at(&mut buf[..len], at).unwrap_or(0)
+        self.opened[file].read_at(&mut buf[..len], at).unwrap_or(0)
     }
 }
 
