@@ -152,16 +152,9 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
             t.tid
         );
     }
-    let sessions = c.sessions.map(|sessions| {
-        if format != Format::Text {
-            say!(
-                "myprobe: {} connections read from the core, {} running a statement: shown on stdout, without -o",
-                sessions.len(),
-                sessions.iter().filter(|s| s.query.is_some()).count()
-            );
-        }
-        stacks::render_sessions(&sessions, c.dumped_us)
-    });
+    let sessions = c
+        .sessions
+        .map(|s| sessions_text(&s, format, "the core", c.dumped_us));
     write_output(a, format, &named, sessions.as_deref())
 }
 
@@ -216,21 +209,29 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     for line in snapshot.lost.report(named.len() as u64) {
         say!("myprobe: warning: {line}");
     }
-    let sessions = sessions.map(|sessions| {
-        if format != Format::Text {
-            say!(
-                "myprobe: {} connections read from the server's memory, {} running a statement: shown on \
-                 stdout, without -o",
-                sessions.len(),
-                sessions.iter().filter(|s| s.query.is_some()).count()
-            );
-        }
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        stacks::render_sessions(&sessions, Some(now_us))
-    });
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let sessions = sessions.map(|s| sessions_text(&s, format, "the server's memory", Some(now_us)));
     write_output(a, format, &named, sessions.as_deref())
+}
+
+/// The connections read `from` (the server's memory, a core), as text after the stacks, with their times at
+/// `now_us`; only said on stderr where the stacks go to a file in another format.
+fn sessions_text(
+    sessions: &[crate::sessions::Session],
+    format: Format,
+    from: &str,
+    now_us: Option<u64>,
+) -> String {
+    if format != Format::Text {
+        say!(
+            "myprobe: {} connections read from {from}, {} running a statement: shown on stdout, without -o",
+            sessions.len(),
+            sessions.iter().filter(|s| s.query.is_some()).count()
+        );
+    }
+    stacks::render_sessions(sessions, now_us)
 }
 
 /// The server's connections read from its memory; what failed is said, and leaves none.

@@ -181,13 +181,16 @@ impl Layout {
         accessors.extend(TextField::names(&spec.host));
         let fields = memory::accessor_fields(file, &accessors)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
-        let field = |i: usize| {
-            fields[i].clone().with_context(|| {
+        let by_name = |name: &str| {
+            let i = accessors.iter().position(|a| *a == name)?;
+            fields[i].clone()
+        };
+        let needed = |name: &str| {
+            by_name(name).with_context(|| {
                 format!(
-                    "{} has no function {} that reads a field of its argument: where its connections keep it \
-                     is not known",
+                    "{} has no function {name} that reads a field of its argument: where its connections keep \
+                     it is not known",
                     binary.display(),
-                    accessors[i]
                 )
             })
         };
@@ -195,24 +198,16 @@ impl Layout {
             offset: id_offset,
             width: id_width,
             ..
-        } = field(0)?;
+        } = needed(spec.id)?;
         ensure!(
             matches!(id_width, 4 | 8),
             "{} reads a connection id of {id_width} bytes: not one myprobe knows",
             spec.id
         );
-        let query_offset = field(1)?.offset;
-        let of_width = |i: usize, width: usize| {
-            fields[i]
-                .as_ref()
-                .filter(|f| f.width == width)
-                .map(|f| f.offset)
-        };
-        let db = spec.db.and(fields[4].as_ref()).map(|f| f.offset);
-        let by_name = |name: &str| {
-            let i = accessors.iter().position(|a| *a == name)?;
-            fields[i].clone()
-        };
+        let query_offset = needed(spec.query)?.offset;
+        let of_width =
+            |name: &str, width: usize| by_name(name).filter(|f| f.width == width).map(|f| f.offset);
+        let db = spec.db.and_then(by_name).map(|f| f.offset);
         let user = TextField::of(&spec.user, by_name);
         let host = TextField::of(&spec.host, by_name);
         Ok(Layout::new(
@@ -222,7 +217,7 @@ impl Layout {
             (id_offset, id_width),
             query_offset,
         )
-        .with_fields(of_width(2, 4), of_width(3, 8), db)
+        .with_fields(of_width(spec.command, 4), of_width(spec.started, 8), db)
         .with_names(user, host))
     }
 

@@ -65,10 +65,9 @@ pub fn read(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !any_process
-        && !PROCESS_NAMES.contains(&core.name.as_str())
-        && !PROCESS_NAMES.contains(&exe_name.as_str())
-    {
+    let is_server =
+        PROCESS_NAMES.contains(&core.name.as_str()) || PROCESS_NAMES.contains(&exe_name.as_str());
+    if !any_process && !is_server {
         bail!(
             "{} is a core of {}, not of a MySQL or MariaDB server (mariadbd/mysqld); pass --any-process to \
              read it anyway",
@@ -118,8 +117,6 @@ pub fn read(
             }
         })
         .collect();
-    let is_server =
-        PROCESS_NAMES.contains(&core.name.as_str()) || PROCESS_NAMES.contains(&exe_name.as_str());
     let sessions = match is_server.then(|| sessions_of(&core, &core_exe, &exe_name, &open)) {
         Some(Ok(sessions)) => Some(sessions),
         Some(Err(e)) => {
