@@ -1439,10 +1439,12 @@ prop_compose! {
         start_ns in prop_oneof![3 => 0u64..1 << 62, 1 => any::<u64>()],
         duration_ns in prop_oneof![3 => 0u64..1 << 40, 1 => any::<u64>()],
         in_flight in proptest::bool::weighted(0.1),
+        socket_ino in socket_ino(),
     ) -> RawStatement {
         RawStatement {
             tid,
             fd,
+            socket_ino,
             packet_len: packet_len.unwrap_or(request.len() as u32),
             reply: match prepared {
                 Some(id) if request.first() == Some(&p::COM_STMT_PREPARE) => prepare_ok(id),
@@ -1458,10 +1460,16 @@ prop_compose! {
     }
 }
 
-fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Wire {
+/// A socket's inode: a few, so that connections on one descriptor meet; 0, not known.
+fn socket_ino() -> impl Strategy<Value = u64> {
+    0u64..4
+}
+
+fn packet_in(fd: i32, socket_ino: u64, seq: u8, payload: Vec<u8>) -> Wire {
     Wire::PacketIn {
         tid: 1,
         fd,
+        socket_ino,
         seq,
         packet_len: payload.len() as u32,
         payload,
@@ -1471,19 +1479,23 @@ fn packet_in(fd: i32, seq: u8, payload: Vec<u8>) -> Wire {
 
 fn event() -> impl Strategy<Value = Wire> {
     prop_oneof![
-        2 => (fd(), greeting_spec()).prop_map(|(fd, g)| Wire::PacketOut {
+        2 => (fd(), socket_ino(), greeting_spec()).prop_map(|(fd, socket_ino, g)| Wire::PacketOut {
             tid: 1,
             fd,
+            socket_ino,
             bytes: packet(0, &g.full()),
         }),
-        1 => (fd(), bytes(40)).prop_map(|(fd, bytes)| Wire::PacketOut { tid: 1, fd, bytes }),
-        2 => (fd(), handshake_payload()).prop_map(|(fd, payload)| packet_in(fd, 1, payload)),
-        1 => (fd(), any::<u8>(), bytes(40)).prop_map(|(fd, seq, payload)| packet_in(fd, seq, payload)),
-        2 => (fd(), statement_id()).prop_map(|(fd, id)| {
-            packet_in(fd, 0, [&[p::COM_STMT_CLOSE][..], &id.to_le_bytes()].concat())
+        1 => (fd(), socket_ino(), bytes(40))
+            .prop_map(|(fd, socket_ino, bytes)| Wire::PacketOut { tid: 1, fd, socket_ino, bytes }),
+        2 => (fd(), socket_ino(), handshake_payload())
+            .prop_map(|(fd, ino, payload)| packet_in(fd, ino, 1, payload)),
+        1 => (fd(), socket_ino(), any::<u8>(), bytes(40))
+            .prop_map(|(fd, ino, seq, payload)| packet_in(fd, ino, seq, payload)),
+        2 => (fd(), socket_ino(), statement_id()).prop_map(|(fd, ino, id)| {
+            packet_in(fd, ino, 0, [&[p::COM_STMT_CLOSE][..], &id.to_le_bytes()].concat())
         }),
         // A command read ahead with the statement before it (a pipelined statement).
-        1 => (fd(), request()).prop_map(|(fd, payload)| packet_in(fd, 0, payload)),
+        1 => (fd(), socket_ino(), request()).prop_map(|(fd, ino, payload)| packet_in(fd, ino, 0, payload)),
         8 => raw_statement().prop_map(Wire::Statement),
     ]
 }
@@ -1533,7 +1545,7 @@ proptest! {
                         fds.insert(dispatch_fd(*tid));
                     }
                 }
-                Wire::PacketOut { tid, fd, bytes } => {
+                Wire::PacketOut { tid, fd, bytes, .. } => {
                     fed.push(bytes.clone());
                     // A greeting opens the connection on its socket and on its thread.
                     fds.extend([*fd, dispatch_fd(*tid)]);
@@ -1608,7 +1620,12 @@ proptest! {
         let mut prepared = 0;
         for i in 0..conns.max(prepares * prepare_every) {
             if i < conns {
-                t.handle(Wire::PacketOut { tid: 1, fd: first_fd + i as i32, bytes: greeting.clone() });
+                t.handle(Wire::PacketOut {
+                    tid: 1,
+                    fd: first_fd + i as i32,
+                    socket_ino: i as u64 + 1,
+                    bytes: greeting.clone(),
+                });
             }
             if i % prepare_every == 0 && prepared < prepares {
                 let mut reply = vec![0x00];
@@ -1617,6 +1634,7 @@ proptest! {
                 t.handle(Wire::Statement(RawStatement {
                     tid: 1,
                     fd: busy_fd,
+                    socket_ino: 0,
                     packet_len: 9,
                     request: b"\x16SELECT ?".to_vec(),
                     reply: packet(1, &reply),

@@ -156,6 +156,8 @@ struct query_thread {
 	__u64 tls_buf;          /* the call's plaintext */
 	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
+	__u64 blocked_at;       /* when it last blocked in a statement, */
+	enum time_part blocked_part; /* and the part that wait went to */
 	__u64 regs;             /* where the thread's registers are kept when it enters the kernel (0: not known yet) */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -363,10 +365,17 @@ static __always_inline void capture_text(struct query_event *e, __u64 src, long 
 	e->text_len = len;
 }
 
+/* A connection's socket by its inode number, which the kernel gives each new socket afresh: its `struct sock`
+ * is freed with the connection, and the next connection's is often made at the same address. */
+static __always_inline __u64 socket_ino(__u64 sk)
+{
+	return sk ? BPF_CORE_READ((struct sock *)sk, sk_socket, file, f_inode, i_ino) : 0;
+}
+
 /* A packet outside any statement (handshake, authentication), sent for user space to parse: for PACKET_IN the
  * payload (its header is in packet_len/seq), for PACKET_OUT the bytes sent, headers included. */
-static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 packet_len, __u8 seq, __u64 buf,
-					long n, __u64 now)
+static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u64 sk, __u32 packet_len, __u8 seq,
+					__u64 buf, long n, __u64 now)
 {
 	__u32 zero = 0;
 	struct query_event *e = bpf_map_lookup_elem(&packets, &zero);
@@ -375,6 +384,7 @@ static __always_inline void send_packet(__u32 kind, __u32 tid, __s32 fd, __u32 p
 	e->kind = kind;
 	e->tid = tid;
 	e->fd = fd;
+	e->socket_ino = socket_ino(sk);
 	e->packet_len = packet_len;
 	e->seq = seq;
 	e->compressed = 0;
@@ -410,6 +420,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->ev.kind = EVENT_STATEMENT;
 	st->ev.tid = tid;
 	st->ev.fd = st->fd;
+	st->ev.socket_ino = socket_ino(st->call_sk);
 	st->ev.packet_len = st->header_len;
 	st->ev.seq = 0;
 	st->ev.start_ns = st->header_ts;
@@ -434,14 +445,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 		st->phase = PHASE_IDLE;
 	/* User space forgets the statement closed (its prepared statements would only grow). */
 	if (cmd == COM_STMT_CLOSE)
-		send_packet(EVENT_PACKET_IN, tid, st->fd, st->header_len, 0, buf, n, now);
-}
-
-/* A connection's socket by its inode number, which the kernel counts up for each new socket: its `struct sock`
- * is freed with the connection, and the next connection's is often made at the same address. */
-static __always_inline __u64 socket_ino(__u64 sk)
-{
-	return sk ? BPF_CORE_READ((struct sock *)sk, sk_socket, file, f_inode, i_ino) : 0;
+		send_packet(EVENT_PACKET_IN, tid, st->fd, st->call_sk, st->header_len, 0, buf, n, now);
 }
 
 /* A connection whose bytes on the socket are not followed: the X protocol's, or TLS. */
@@ -564,6 +568,58 @@ static __always_inline void connection_ended(struct query_thread *st, __u64 now)
 	finish_statement(st);
 }
 
+/* The statement's connection ended unseen, and its thread went on to serve another (a KILL on MySQL: the server
+ * closes the socket without a word, and no close is followed): the statement ended at the latest when its
+ * thread last blocked, to wait for that connection. A record ready (its reply sent) is as of its last send. */
+static __always_inline void connection_vanished(struct query_thread *st, __u64 now)
+{
+	st->hdr_have = 0;
+	st->skip = 0;
+	if (st->phase == PHASE_REPLIED) {
+		finish_statement(st);
+		return;
+	}
+	charge(st, now, st->part);
+	__u64 end = st->blocked_at > st->ev.start_ns && st->blocked_at < now ? st->blocked_at : now;
+	/* The time since, given back: from the part its last wait went to, then from its time on a CPU. */
+	__u64 extra = now - end;
+	__u64 *waited = &st->c.part_ns[st->blocked_part < PARTS ? st->blocked_part : PART_OTHER];
+	__u64 back = extra < *waited ? extra : *waited;
+	*waited -= back;
+	extra -= back;
+	__u64 *on_cpu = &st->c.part_ns[PART_USER];
+	*on_cpu -= extra < *on_cpu ? extra : *on_cpu;
+	if (st->blocked_part == PART_LOCK && now > end) {
+		/* That wait was not the statement's: its longest lock wait is not known any more. */
+		if (st->c.lock_waits)
+			st->c.lock_waits--;
+		if (st->c.lock_max_ns > end - st->ev.start_ns) {
+			st->c.lock_max_ns = 0;
+			st->c.lock_addr = 0;
+			st->c.lock_stack = 0;
+		}
+	}
+	st->ev.end_ns = end;
+	st->ev.c = st->c;
+	st->phase = PHASE_REPLIED;
+	finish_statement(st);
+}
+
+/* Whether a send of a thread in a statement is a greeting, on another connection than the statement's: it serves
+ * a new one, and the statement's ended unseen. At sequence 0 a server's packet is a greeting (protocol 10, then its
+ * version) or, on the statement's own socket, a row of a result whose sequence went round. */
+static __always_inline bool greets_another_connection(struct query_thread *st, __s32 fd, __u64 buf, long n)
+{
+	__u8 h[6];
+	if (n < (long)sizeof(h) || bpf_probe_read_user(h, sizeof(h), (void *)buf) || h[3] != 0 || h[4] != 10 ||
+	    h[5] < '0' || h[5] > '9')
+		return false;
+	if (fd != st->fd)
+		return true;
+	__u64 ino = socket_ino(st->call_sk);
+	return ino && st->ev.socket_ino && ino != st->ev.socket_ino;
+}
+
 /* With `syscall_cpu`: a statement's time on a CPU inside a syscall goes to its class (sys for the others). Every
  * syscall of the host comes here: other processes' are turned away by the first instructions. */
 SEC("tp_btf/sys_enter")
@@ -600,7 +656,7 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 {
 	if (n > st->header_len)
 		n = st->header_len;
-	send_packet(EVENT_PACKET_IN, tid, fd, st->header_len, st->header_seq, buf, n, now);
+	send_packet(EVENT_PACKET_IN, tid, fd, st->call_sk, st->header_len, st->header_seq, buf, n, now);
 	/* A TLS request (the response cut at its 32 bytes): what follows on the socket is encrypted, its plaintext
 	 * followed at vio_ssl_read and vio_ssl_write (or at dispatch_command); read as packets, the ciphertext would start
 	 * statements that hide the real ones. A handshake response (at sequence 1, or 2 after a TLS request) asking
@@ -664,7 +720,8 @@ __noinline int read_ahead(struct query_thread *st, struct read_ahead_args *a)
 		long len = h[0] | (h[1] << 8) | (h[2] << 16);
 		off += 4;
 		left -= 4;
-		send_packet(EVENT_PACKET_IN, a->tid, a->fd, len, h[3], a->buf + off, left < len ? left : len, a->now);
+		send_packet(EVENT_PACKET_IN, a->tid, a->fd, st->call_sk, len, h[3], a->buf + off, left < len ? left : len,
+			    a->now);
 		if (len > left) {
 			st->skip = len - left;
 			st->hdr_fd = a->fd;
@@ -958,11 +1015,21 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 	if (!counted && n <= 0)
 		return;
 	__u64 now = bpf_ktime_get_ns();
+	/* The client closed its connection before the reply (the rest of a request that never comes): the server
+	 * cannot answer. */
+	if (counted && recv && ret == 0 && fd == st->fd) {
+		connection_ended(st, now);
+		return;
+	}
+	if (counted && !recv && n > 0 && greets_another_connection(st, fd, buf, n)) {
+		connection_vanished(st, now);
+		counted = false;
+	}
 
 	if (recv && n > 0)
 		on_recv(st, tid, fd, buf, n, now, false);
 	else if (!recv && n > 0 && !counted && !ignored(st, fd))
-		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, buf, n, now);
+		send_packet(EVENT_PACKET_OUT, tid, fd, st->call_sk, st->header_len, st->header_seq, buf, n, now);
 
 	if (!counted)
 		return;
@@ -1003,6 +1070,9 @@ static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 		if (!st->tls_call) {
 			if (st->phase == PHASE_REPLIED)
 				finish_statement(st);
+			else if (ret == 0 && in_statement(st) && st->ev.socket_ino &&
+				 socket_ino((__u64)sk) == st->ev.socket_ino)
+				connection_ended(st, bpf_ktime_get_ns()); /* the client closed it before the reply */
 			else if (in_statement(st))
 				count_net_call(st, bpf_ktime_get_ns(), ret, false);
 			return 0;
@@ -1148,6 +1218,7 @@ int BPF_KPROBE(on_dispatch, __u64 arg0, __u64 arg1, __u64 arg2, __u64 arg3)
 	if (command == COM_QUIT || command == COM_STMT_SEND_LONG_DATA || command == COM_STMT_CLOSE || closing)
 		return 0;
 	st->fd = -1;
+	st->call_sk = 0; /* its socket is not known here */
 	st->header_len = len + 1;
 	st->header_ts = now;
 	start_statement(st, tid, 0, 0, now);
@@ -1245,7 +1316,7 @@ int BPF_KRETPROBE(on_tls_return, long ret)
 	}
 	st->tls_synced = 1; /* the next read begins a request */
 	if (!in_statement(st))
-		send_packet(EVENT_PACKET_OUT, tid, fd, st->header_len, st->header_seq, st->tls_buf, n, now);
+		send_packet(EVENT_PACKET_OUT, tid, fd, st->call_sk, st->header_len, st->header_seq, st->tls_buf, n, now);
 	else if (fd == st->fd)
 		reply_sent(st, st->tls_buf, n, now);
 	return 0;
@@ -1330,6 +1401,8 @@ SCHED_SWITCH_PROG(on_switch)
 				} else {
 					charge(st, now, part);
 					st->place = PLACE_BLOCKED;
+					st->blocked_at = now;
+					st->blocked_part = part;
 					if (runq_from_sched_info)
 						st->runq_before = prev->sched_info.run_delay;
 				}

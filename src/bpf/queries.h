@@ -82,6 +82,7 @@ struct query_event {
 	__u32 packet_len;     /* request payload length from its header (the text may be truncated) */
 	__u64 start_ns;       /* CLOCK_MONOTONIC */
 	__u64 end_ns;
+	__u64 socket_ino;     /* the inode of its socket, when known (0: not known): a descriptor's number is reused */
 	struct query_counters c;
 	__u32 inflated_len;       /* a compressed request deflated: its length inflated (text[] holds the deflated bytes) */
 	__u16 text_len;

@@ -65,6 +65,8 @@ pub use skel::types::time_part as TimePart;
 pub struct RawStatement {
     pub tid: u32,
     pub fd: i32,
+    /// The inode of its socket, 0 if not known: `fd`'s number is the next connection's once this one closes.
+    pub socket_ino: u64,
     /// Request payload length from its header; `request` holds its first bytes (command byte first).
     pub packet_len: u32,
     pub request: Vec<u8>,
@@ -106,6 +108,7 @@ pub enum Wire {
     PacketIn {
         tid: u32,
         fd: i32,
+        socket_ino: u64,
         seq: u8,
         packet_len: u32,
         payload: Vec<u8>,
@@ -115,6 +118,7 @@ pub enum Wire {
     PacketOut {
         tid: u32,
         fd: i32,
+        socket_ino: u64,
         bytes: Vec<u8>,
     },
 }
@@ -820,6 +824,7 @@ fn statement(
     Some(RawStatement {
         tid: e.tid,
         fd: e.fd,
+        socket_ino: e.socket_ino,
         packet_len,
         request,
         reply,
@@ -872,6 +877,7 @@ fn event_of(e: &query_event) -> Option<Wire> {
         query_event_kind::EVENT_PACKET_IN => Some(Wire::PacketIn {
             tid: e.tid,
             fd: e.fd,
+            socket_ino: e.socket_ino,
             seq: e.seq,
             packet_len: e.packet_len,
             payload: text()?,
@@ -880,6 +886,7 @@ fn event_of(e: &query_event) -> Option<Wire> {
         query_event_kind::EVENT_PACKET_OUT => Some(Wire::PacketOut {
             tid: e.tid,
             fd: e.fd,
+            socket_ino: e.socket_ino,
             bytes: text()?,
         }),
         _ => None,

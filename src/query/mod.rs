@@ -223,6 +223,11 @@ struct Conn {
     last_prepared: Option<u32>,
     /// It asked for TLS: its next packet, at sequence 2, is its handshake response (read in its plaintext).
     tls_requested: bool,
+    /// The inode of its socket, 0 if not known.
+    socket_ino: u64,
+    /// The connection on the same descriptor before this one, for its records that come after this one began
+    /// (a statement whose connection ended unseen is sent when its thread greets the next).
+    previous: Option<Box<Conn>>,
 }
 
 /// The statement id by which a MariaDB client executes the statement it prepared last, without waiting for the
@@ -231,6 +236,18 @@ struct Conn {
 pub const LAST_PREPARED: u32 = u32::MAX;
 
 impl Conn {
+    /// The descriptor now names another connection, on the socket of inode `ino`: this one becomes its previous.
+    fn reopened(&mut self, ino: u64) {
+        let old = std::mem::take(self);
+        self.socket_ino = ino;
+        if old.socket_ino != 0 && old.socket_ino != ino {
+            self.previous = Some(Box::new(Conn {
+                previous: None,
+                ..old
+            }));
+        }
+    }
+
     /// The statement an execution's id stands for.
     fn statement_id(&self, id: u32) -> u32 {
         match (id, self.last_prepared) {
@@ -514,17 +531,21 @@ impl Tracker {
     /// Feeds what was read on a connection; returns a record for a statement.
     pub fn handle(&mut self, wire: Wire) -> Option<QueryRecord> {
         match wire {
-            Wire::PacketOut { tid, fd, bytes } => {
+            Wire::PacketOut {
+                tid,
+                fd,
+                socket_ino,
+                bytes,
+            } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
                 // thread, as statements seen at dispatch_command know it.
                 let (_, seq, payload) = protocol::split_packet(&bytes)?;
                 if seq == 0 {
                     if let Some(g) = protocol::parse_greeting(payload) {
-                        for key in [fd, dispatch_fd(tid)] {
-                            *self.conn_entry(key) = Conn {
-                                id: Some(g.connection_id),
-                                ..Conn::default()
-                            };
+                        for (key, ino) in [(fd, socket_ino), (dispatch_fd(tid), 0)] {
+                            let conn = self.conn_entry(key);
+                            conn.reopened(ino);
+                            conn.id = Some(g.connection_id);
                         }
                     }
                 }
@@ -533,6 +554,7 @@ impl Tracker {
             Wire::PacketIn {
                 tid,
                 fd,
+                socket_ino,
                 seq,
                 packet_len,
                 payload,
@@ -549,6 +571,7 @@ impl Tracker {
                     return Some(self.record(RawStatement {
                         tid,
                         fd,
+                        socket_ino,
                         packet_len,
                         request: payload,
                         reply: Vec::new(),
@@ -570,7 +593,7 @@ impl Tracker {
                         .then(|| protocol::parse_handshake_response(&payload))
                         .flatten()
                     {
-                        let conn = self.conn_entry(fd);
+                        let conn = self.conn_at(fd, socket_ino);
                         if h.ssl_request && seq == 1 {
                             conn.tls_requested = true;
                             let id = conn.id;
@@ -591,7 +614,11 @@ impl Tracker {
     /// The connections remembered and the most prepared statements remembered on one of them: what
     /// [`MAX_CONNS`] and [`MAX_PREPARED_PER_CONN`] bound.
     pub fn memory_bounds(&self) -> (usize, usize) {
-        let prepared = self.conns.values().map(|c| c.prepared.len()).max();
+        // Each keeps at most one connection before it (`Conn::previous`), whose statements count too.
+        let prepared = (self.conns.values())
+            .flat_map(|c| std::iter::once(c).chain(c.previous.as_deref()))
+            .map(|c| c.prepared.len())
+            .max();
         (self.conns.len(), prepared.unwrap_or(0))
     }
 
@@ -599,6 +626,24 @@ impl Tracker {
         // A long-closed socket is as likely to go as any: its user and db are forgotten.
         self.forgotten_conns += make_room(&mut self.conns, &fd, MAX_CONNS);
         self.conns.entry(fd).or_default()
+    }
+
+    /// The connection on descriptor `fd` whose socket has inode `ino` (0: not known, the one there now).
+    fn conn_at(&mut self, fd: i32, ino: u64) -> &mut Conn {
+        let conn = self.conn_entry(fd);
+        if ino == 0 || conn.socket_ino == ino {
+            return conn;
+        }
+        if conn.socket_ino == 0 {
+            conn.socket_ino = ino;
+            return conn;
+        }
+        if conn.previous.as_ref().is_some_and(|p| p.socket_ino == ino) {
+            return conn.previous.as_deref_mut().expect("checked just before");
+        }
+        // Another connection, whose greeting went by unseen: opened before tracing, the one known there is over.
+        conn.reopened(ino);
+        conn
     }
 
     fn record(&mut self, s: RawStatement) -> QueryRecord {
@@ -610,7 +655,7 @@ impl Tracker {
         let socket = if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) };
         let raw_sql = self.raw_sql;
         let server_takes_attributes = self.query_attributes;
-        let conn = self.conn_entry(socket);
+        let conn = self.conn_at(socket, s.socket_ino);
         let request = conn.request(&s, cmd, socket, server_takes_attributes);
         // What the statement changes in its connection, once the server accepted it.
         let forgot_prepared = if ok {
@@ -795,6 +840,7 @@ mod tests {
         Wire::Statement(RawStatement {
             tid,
             fd,
+            socket_ino: 0,
             packet_len: request.len() as u32,
             request: request.to_vec(),
             reply,
@@ -886,24 +932,65 @@ mod tests {
         statement(9, -1, request, Vec::new())
     }
 
-    #[test]
-    fn statements_seen_at_dispatch_command_belong_to_their_threads_connection() {
-        // The greeting of connection 42 on thread 9.
+    /// The server's greeting of connection `id` on socket `fd` (of inode `ino`) of thread `tid`.
+    fn greeting(tid: u32, fd: i32, ino: u64, id: u32) -> Wire {
         let mut greeting = vec![10];
         greeting.extend(b"9.7.4\0");
-        greeting.extend(42u32.to_le_bytes());
+        greeting.extend(id.to_le_bytes());
         greeting.extend([b'x'; 8]);
         greeting.extend([0, 0xff, 0xf7, 8, 2, 0, 0xff, 0xdf, 21]);
         greeting.extend([0; 10]);
         let mut packet = (greeting.len() as u32).to_le_bytes()[..3].to_vec();
         packet.push(0);
         packet.extend(&greeting);
-        let mut t = Tracker::new(true);
-        t.handle(Wire::PacketOut {
-            tid: 9,
-            fd: 5,
+        Wire::PacketOut {
+            tid,
+            fd,
+            socket_ino: ino,
             bytes: packet,
-        });
+        }
+    }
+
+    #[test]
+    fn a_statement_sent_after_the_next_connection_on_its_descriptor_began_is_its_own_connections() {
+        let mut t = Tracker::new(true);
+        let on = |fd: i32, ino: u64, text: &[u8]| {
+            let Wire::Statement(mut s) = statement(1, fd, text, Vec::new()) else {
+                unreachable!()
+            };
+            s.socket_ino = ino;
+            Wire::Statement(s)
+        };
+        t.handle(greeting(1, 5, 100, 42));
+        assert_eq!(
+            t.handle(on(5, 100, b"\x03SELECT 1")).unwrap().conn,
+            Some(42)
+        );
+        // Connection 43 on the same descriptor, then a late record of 42's, then 43's.
+        t.handle(greeting(2, 5, 101, 43));
+        assert_eq!(
+            t.handle(on(5, 100, b"\x03SELECT 2")).unwrap().conn,
+            Some(42)
+        );
+        assert_eq!(
+            t.handle(on(5, 101, b"\x03SELECT 3")).unwrap().conn,
+            Some(43)
+        );
+        // Where the socket is not known, the connection there now.
+        assert_eq!(t.handle(on(5, 0, b"\x03SELECT 4")).unwrap().conn, Some(43));
+        // A socket never greeted (opened before tracing) is a connection of its own, not 43.
+        assert_eq!(t.handle(on(5, 102, b"\x03SELECT 5")).unwrap().conn, None);
+        assert_eq!(
+            t.handle(on(5, 101, b"\x03SELECT 6")).unwrap().conn,
+            Some(43)
+        );
+    }
+
+    #[test]
+    fn statements_seen_at_dispatch_command_belong_to_their_threads_connection() {
+        // The greeting of connection 42 on thread 9.
+        let mut t = Tracker::new(true);
+        t.handle(greeting(9, 5, 0, 42));
         let query = t.handle(dispatched(b"\x03SELECT 1")).unwrap();
         assert_eq!((query.conn, query.socket), (Some(42), dispatch_fd(9)));
         t.learn_connection(dispatch_fd(9), 42, "alice", Some("shop"));
@@ -923,6 +1010,7 @@ mod tests {
         Wire::PacketIn {
             tid: 1,
             fd,
+            socket_ino: 0,
             seq,
             packet_len: payload.len() as u32,
             payload,

@@ -507,9 +507,13 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
         "{rate:.0} statements a second, at most {max} traced: cycles of more than 5 chosen\n{text}"
     );
     let (agent, server) = (settled[2].0 - settled[0].0, settled[2].1 - settled[0].1);
+    // Within a factor of 2 either way, what a second's rate varies on a busy host: the load is paced (sysbench
+    // --rate), and the work it could not do while the probes were attached (their uprobes written into the
+    // server's code) it does in the second traced. Not scaled, the count would be 8 times less; scaled twice, 8
+    // times more.
     let ratio = agent as f64 / server as f64;
     assert!(
-        (0.6..1.6).contains(&ratio),
+        (0.5..2.0).contains(&ratio),
         "over two cycles the agent counted {agent} statements, the server {server}: {settled:?}\n{text}"
     );
     running.stop();

@@ -193,6 +193,98 @@ fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
     assert_eq!(sums, 100, "statements of the reused thread {tid}:\n{err}");
 }
 
+/// The vanishing fixture (tests/fixtures/queries/vanishing.c) against `db` in `mode`: the ids of the connection
+/// that vanished and of the next one on its thread, and when the first vanished.
+fn vanishing_client(db: &TestDb, mode: &str) -> (u64, u64) {
+    let dir = tempdir("vanishing");
+    let exe = dir.join("vanishing");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/queries/vanishing.c"
+    );
+    let cc = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cc -O1 -o {} {src} $(mariadb_config --cflags --libs)",
+            exe.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "compiling the fixture: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let run = Command::new(&exe)
+        .arg(&db.socket)
+        .arg(mode)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let id = |what: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(what)?.split(' ').nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("the fixture said no `{what}`: {out}"))
+    };
+    (id("vanished "), id("next "))
+}
+
+#[test]
+fn a_client_gone_mid_statement_leaves_its_thread_to_the_next_connection_on_every_server() {
+    crate::common::servers_alone();
+    let mut servers = vec![("mariadb-10.11", testdb())];
+    for kind in ["mariadb-11.8", "mysql-9.7"] {
+        servers.extend(other_server(kind).map(|db| (kind, db)));
+    }
+    for (kind, db) in &servers {
+        // Its request cut short (the server reads to the end of the stream), or KILLed in its SLEEP (MySQL
+        // closes the connection without a word).
+        for (mode, vanished_text) in [("cut", "SELECT 'cut short' "), ("kill", "SELECT SLEEP(30)")]
+        {
+            let tracer = raw_sql_tracer(db.pid, &["--json"]);
+            let (vanished, next) = vanishing_client(db, mode);
+            let (out, err) = tracer.stop();
+            let records = json_lines(&out);
+            let conns_of = |pred: &dyn Fn(&str) -> bool| -> Vec<&Value> {
+                records
+                    .iter()
+                    .filter(|r| r["query"].as_str().is_some_and(pred))
+                    .map(|r| &r["conn"])
+                    .collect()
+            };
+            let after = conns_of(&|q| q.starts_with("SELECT 'after', "));
+            assert_eq!(
+                after,
+                vec![&json!(next); 20],
+                "{kind} {mode}: the next connection's\n{err}"
+            );
+            let gone: Vec<_> = records
+                .iter()
+                .filter(|r| r["query"] == vanished_text)
+                .collect();
+            assert_eq!(gone.len(), 1, "{kind} {mode}: {records:?}\n{err}");
+            assert_eq!(
+                gone[0]["conn"],
+                json!(vanished),
+                "{kind} {mode}: {}",
+                gone[0]
+            );
+            // It ended when its connection did, not when the thread next served one, 3 s later.
+            let took = gone[0]["duration_us"].as_u64().unwrap();
+            assert!(
+                took < 3_000_000 && gone[0].get("in_flight").is_none(),
+                "{kind} {mode}: {}",
+                gone[0]
+            );
+        }
+    }
+}
+
 #[test]
 fn every_thread_of_thousands_is_followed() {
     let dir = tempdir("many-threads");

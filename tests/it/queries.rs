@@ -575,15 +575,16 @@ fn statement_prepared_before_tracing_gets_its_text_at_its_executions() {
 
 #[test]
 fn sysbench_connected_before_tracing_has_its_texts() {
-    // A connection pool: sysbench prepares its statements before tracing begins.
+    // A connection pool: sysbench prepares its statements before tracing begins. The server to itself: another
+    // test's load would pass for this one's, and one that ends while traced leaves its last executions unnamed,
+    // rightly (a statement of unknown text is named at its next execution, and has none).
+    crate::common::servers_alone();
     let db = testdb();
     let mut load = db.load(600);
     db.wait_for("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'sbtest' AND COMMAND = 'Execute'");
-    // Its records, of the connections there before tracing and still there after: other tests run sysbench on
-    // the same server, and a load that ends while traced leaves its last executions unnamed, rightly (a statement
-    // of unknown text is named at its next execution, and has none). By connection id where the record has one
-    // (a thread serves another connection once one closes), else by thread (connected before tracing, its id may
-    // not be read in time).
+    // Its records, of the connections there before tracing and still there after. By connection id where the
+    // record has one (a thread serves another connection once one closes), else by thread (connected before
+    // tracing, its id may not be read in time).
     let sysbench = || -> Vec<(u64, u64)> {
         db.sql("SELECT ID, TID FROM information_schema.PROCESSLIST WHERE USER = 'sbtest'")
             .lines()
