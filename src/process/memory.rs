@@ -56,7 +56,7 @@ impl Memory for ProcMemory {
     }
 }
 
-/// A field an accessor reads off its first argument.
+/// A field an accessor reads off its argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
     /// Its displacement from the argument.
@@ -68,18 +68,22 @@ pub struct Field {
     pub through: Vec<u64>,
 }
 
-/// What a binary's code says of fields: for each function of `names` (an accessor such as `thd_get_thread_id`:
-/// `mov rax, [rdi+0x3f18]`, or `lea rax, [rdi+0x68]`), its first memory operand off its first argument's
-/// register (`rdi`); `None` for each not defined, or whose first instructions read no such field. The binary is
+/// What a binary's code says of fields: for each function of `accessors`, given with which of its arguments is
+/// the object (0: the first; an accessor such as `thd_get_thread_id`: `mov rax, [rdi+0x3f18]`, or
+/// `lea rax, [rdi+0x68]`), its first memory operand off that argument's register (System V's: `rdi`, `rsi`, `rdx`,
+/// `rcx`, `r8`, `r9`); `None` for each not defined, or whose first instructions read no such field. The binary is
 /// parsed once for all.
-pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<Field>>> {
+pub fn accessor_fields(
+    binary: &fs::File,
+    accessors: &[(&str, usize)],
+) -> Result<Vec<Option<Field>>> {
     use object::{Object, ObjectSection, ObjectSymbol};
     let cache = object::read::ReadCache::new(binary);
     let elf = object::File::parse(&cache).context("parsing the binary")?;
-    let mut found = vec![None; names.len()];
+    let mut found = vec![None; accessors.len()];
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         let Ok(name) = symbol.name() else { continue };
-        let Some(i) = names.iter().position(|n| *n == name) else {
+        let Some(i) = accessors.iter().position(|(n, _)| *n == name) else {
             continue;
         };
         if found[i].is_some() || !symbol.is_definition() || symbol.size() == 0 {
@@ -96,17 +100,26 @@ pub fn accessor_fields(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<F
             .ok()
             .flatten()
             .unwrap_or_default();
-        found[i] = first_field_of_rdi(code);
+        found[i] = first_field_of(code, accessors[i].1);
     }
     Ok(found)
 }
 
-/// The first memory operand based on `rdi` alone among the first instructions of `code` (a conditional branch's
-/// fall-through followed: a null check), then the reads through the register it loaded, as long as each loads
-/// the next pointer.
+/// The first memory operand based on argument `arg`'s register alone among the first instructions of `code` (a
+/// conditional branch's fall-through followed: a null check), then the reads through the register it loaded, as
+/// long as each loads the next pointer.
 #[cfg(target_arch = "x86_64")]
-fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
+fn first_field_of(code: &[u8], arg: usize) -> Option<Field> {
     use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+    let base = *[
+        Register::RDI,
+        Register::RSI,
+        Register::RDX,
+        Register::RCX,
+        Register::R8,
+        Register::R9,
+    ]
+    .get(arg)?;
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut field: Option<Field> = None;
     // The register holding the pointer last loaded (a 64-bit `mov` into a register), while it is followed.
@@ -131,7 +144,7 @@ fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
             break;
         }
         match &mut field {
-            None if read_of(&insn, Register::RDI) => {
+            None if read_of(&insn, base) => {
                 let width = if insn.mnemonic() == Mnemonic::Lea {
                     0
                 } else {
@@ -181,7 +194,7 @@ fn writes(insn: &iced_x86::Instruction, reg: iced_x86::Register) -> bool {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn first_field_of_rdi(_code: &[u8]) -> Option<Field> {
+fn first_field_of(_code: &[u8], _arg: usize) -> Option<Field> {
     None
 }
 
@@ -238,6 +251,23 @@ pub fn mapped_start(pid: u32, binary: &fs::File) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
+        first_field_of(code, 0)
+    }
+
+    #[test]
+    fn an_accessor_whose_object_is_a_later_argument_gives_its_field() {
+        // MySQL's db_is_default_db(const char *, size_t, const THD *): test rdx, rdx; je; mov rax, [rdx+0x558];
+        // test rax, rax; je; cmp [rdx+0x560], rsi; je
+        let db = [
+            0x48, 0x85, 0xd2, 0x74, 0x15, 0x48, 0x8b, 0x82, 0x58, 0x05, 0x00, 0x00, 0x48, 0x85,
+            0xc0, 0x74, 0x09, 0x48, 0x39, 0xb2, 0x60, 0x05, 0x00, 0x00, 0x74, 0x0a,
+        ];
+        assert_eq!(first_field_of(&db, 2), field(0x558, 8, &[]));
+        assert_eq!(first_field_of(&db, 0), None);
+        assert_eq!(first_field_of(&db, 6), None);
+    }
 
     fn field(offset: u64, width: usize, through: &[u64]) -> Option<Field> {
         Some(Field {

@@ -122,7 +122,7 @@ impl Server for MariaDb {
             id: "thd_get_thread_id",
             query: "thd_query_string",
             command: "thd_current_command",
-            db: Some("thd_current_db"),
+            db: Some(("thd_current_db", 0)),
             // start_time * 1000000 + start_time_sec_part
             started: "thd_start_utime",
             // security_ctx->user, security_ctx->host

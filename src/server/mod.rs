@@ -75,9 +75,9 @@ pub struct Sessions {
     /// The accessor (or setter) of the command the connection runs, a 32-bit `enum_server_command` (the protocol's
     /// command numbers: 0, Sleep, when idle).
     pub command: &'static str,
-    /// The accessor of the connection's default database, a `{ const char *str; size_t length; }`; `None` where
-    /// the server exports none.
-    pub db: Option<&'static str>,
+    /// A function that reads the connection's default database, a `{ const char *str; size_t length; }`, and which
+    /// of its arguments is the connection (0: the first); `None` where the server exports none.
+    pub db: Option<(&'static str, usize)>,
     /// A function whose first read of its argument is the start of the connection's command on the wall clock,
     /// 64-bit seconds since the epoch, followed by its 64-bit microseconds.
     pub started: &'static str,

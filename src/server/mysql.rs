@@ -120,9 +120,10 @@ impl Server for MySql {
             vtable: "_ZTV3THD",
             id: "thd_get_thread_id",
             query: "_Z16thd_query_unsafeP3THD",
-            // THD::set_command stores the field first; no exported function reads the database alone.
+            // THD::set_command stores the field first.
             command: "_ZN3THD11set_commandE19enum_server_command",
-            db: None,
+            // db_is_default_db(const char *, size_t, const THD *) compares with the THD's m_db, which it reads first.
+            db: Some(("_Z16db_is_default_dbPKcmPK3THD", 2)),
             // start_time, a timeval
             started: "_ZN3THD25query_start_timeval_truncEj",
             // m_security_ctx, then its m_user and m_host (Strings: the pointer, then the length)

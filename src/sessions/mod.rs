@@ -173,16 +173,25 @@ impl Layout {
         // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
         // then the command, its start, the database, the user and the host, which are not (`Layout::unknown` says
         // what is missing).
-        let mut accessors: Vec<&str> = [spec.id, spec.query, spec.command, spec.started]
+        let mut accessors: Vec<(&str, usize)> = [spec.id, spec.query, spec.command, spec.started]
             .into_iter()
+            .map(|name| (name, 0))
             .chain(spec.db)
             .collect();
-        accessors.extend(TextField::names(&spec.user));
-        accessors.extend(TextField::names(&spec.host));
+        accessors.extend(
+            TextField::names(&spec.user)
+                .into_iter()
+                .map(|name| (name, 0)),
+        );
+        accessors.extend(
+            TextField::names(&spec.host)
+                .into_iter()
+                .map(|name| (name, 0)),
+        );
         let fields = memory::accessor_fields(file, &accessors)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
         let by_name = |name: &str| {
-            let i = accessors.iter().position(|a| *a == name)?;
+            let i = accessors.iter().position(|(a, _)| *a == name)?;
             fields[i].clone()
         };
         let needed = |name: &str| {
@@ -207,7 +216,10 @@ impl Layout {
         let query_offset = needed(spec.query)?.offset;
         let of_width =
             |name: &str, width: usize| by_name(name).filter(|f| f.width == width).map(|f| f.offset);
-        let db = spec.db.and_then(by_name).map(|f| f.offset);
+        let db = spec
+            .db
+            .and_then(|(name, _)| by_name(name))
+            .map(|f| f.offset);
         let user = TextField::of(&spec.user, by_name);
         let host = TextField::of(&spec.host, by_name);
         Ok(Layout::new(

@@ -577,8 +577,7 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         .count();
     assert!(named_threads >= 2, "{threads:?}");
     // The connections, read from the core's memory (and from the root's binary, what the core left out): the
-    // crashed one's statement, the procedure's, by its user from its host; MySQL exports no function that reads
-    // the database alone.
+    // crashed one's statement, the procedure's, by its user from its host, in the procedure's database.
     let run = myprobe()
         .args(["stacks", "--core"])
         .arg(&core)
@@ -588,7 +587,7 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
     let out = String::from_utf8_lossy(&run.stdout);
     let line = connection_line(&out, id);
     assert!(
-        line.contains(" root@localhost (Query, ")
+        line.contains(" root@localhost (crash, Query, ")
             && line.ends_with(": SELECT SLEEP(?) INTO @slept"),
         "{line}"
     );

@@ -8,6 +8,7 @@ use std::{
 };
 
 use crate::common::*;
+use myprobe::client::{Client, ConnectArgs, Environment};
 use serde_json::Value;
 
 /// The fixture of tests/fixtures/stacks/states.c, started: its process and the thread ids it printed (holder,
@@ -735,25 +736,50 @@ impl Drop for Stopped {
 
 #[test]
 fn a_stopped_server_s_statements_are_read_from_its_memory() {
-    // A hung server answers no SQL: the statements its connections run are read from its memory, on each server.
+    // A hung server answers no SQL: the statements its connections run are read from its memory, on each server,
+    // whatever else its connections do: one sleeps, one holds a row lock in its open transaction, one waits for
+    // that lock, one is idle in a transaction, and 200 are idle.
     servers_alone();
     let mut servers = vec![("mariadb-10.11", testdb())];
     for kind in ["mariadb-11.8", "mysql-9.7"] {
         servers.extend(other_server(kind).map(|db| (kind, db)));
     }
     for (kind, db) in &servers {
-        let mut sleeping = Vec::new();
+        let mut running = Vec::new();
         for i in 0..3 {
             let mut session = db.session_in(Some("sbtest"));
             let id = session.connection_id();
             let text = format!("SELECT SLEEP(30), 'myprobe-memory-{kind}-{i}'");
             session.send(&text);
-            sleeping.push((session, id, text));
+            running.push((session, id, text));
         }
-        let mut idle = db.session();
-        let idle_id = idle.connection_id();
-        let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(30), %'";
-        db.wait_until(count, || db.sql(count).trim() == "3");
+        let mut holder = db.session_in(Some("sbtest"));
+        let holder_id = holder.connection_id();
+        holder.query_row("BEGIN; UPDATE sbtest1 SET k = k + 1 WHERE id = 7; SELECT 'held'");
+        let mut waiter = db.session_in(Some("sbtest"));
+        let waiter_id = waiter.connection_id();
+        let wait =
+            "UPDATE sbtest1 SET k = k + 1 WHERE id = 7 AND 'myprobe-waiter' <> ''".to_string();
+        waiter.send(&wait);
+        running.push((waiter, waiter_id, wait));
+        let mut in_transaction = db.session_in(Some("sbtest"));
+        let in_transaction_id = in_transaction.connection_id();
+        in_transaction.query_row("BEGIN; SELECT COUNT(*) FROM sbtest1 WHERE id < 10");
+        let settings = ConnectArgs {
+            socket: Some(db.socket.clone()),
+            user: Some("root".into()),
+            ..ConnectArgs::default()
+        }
+        .settings_in(&Environment::current(), Some(db.pid))
+        .unwrap();
+        let max_connections = db.sql("SELECT @@GLOBAL.max_connections");
+        db.sql("SET GLOBAL max_connections = 400");
+        let idle: Vec<Client> = (0..200)
+            .map(|_| Client::connect(&settings).unwrap())
+            .collect();
+        let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(30), %' OR \
+                     INFO LIKE 'UPDATE sbtest1 SET k = k + 1 WHERE id = 7 AND %'";
+        db.wait_until(count, || db.sql(count).trim() == "4");
         // Who each is, as PROCESSLIST says: its user and host (`localhost`, over the socket).
         let who = |id: u64| {
             db.sql(&format!(
@@ -762,7 +788,7 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             .trim()
             .to_string()
         };
-        let sleeping: Vec<_> = sleeping
+        let running: Vec<_> = running
             .into_iter()
             .map(|(session, id, text)| (session, id, text, who(id)))
             .collect();
@@ -782,25 +808,26 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             .split_once("connections read from the server's memory: ")
             .unwrap_or_else(|| panic!("{kind}: no connections read: {stdout}\n{stderr}"))
             .1;
-        // Beside each statement, its user and host, database and command, as PROCESSLIST says them; MySQL exports no function
-        // that reads the database alone: said on stderr.
-        let context = match kind.starts_with("mariadb") {
-            true => "sbtest, Query, ",
-            false => {
-                assert!(
-                    stderr.contains("connections' database: not shown"),
-                    "{kind}: {stderr}"
-                );
-                "Query, "
-            }
-        };
-        // Its time in the command: whole seconds since the sleep began, which is less than 30 s ago.
+        // 4 running (and myprobe's none: it asked nothing), the rest idle: the 200, the holder, the one in its
+        // transaction, and whatever else the server serves.
+        let (counts, _) = section.split_once('\n').unwrap_or((section, ""));
+        let idle_count = counts
+            .strip_prefix("4 running a statement, ")
+            .and_then(|rest| rest.strip_suffix(" idle"))
+            .and_then(|n| n.parse::<usize>().ok());
+        assert!(
+            idle_count.is_some_and(|n| n >= 202),
+            "{kind}: {counts}\n{stderr}"
+        );
+        // Beside each statement, its user and host, database and command, as PROCESSLIST says them.
+        let context = "sbtest, Query, ";
+        // Its time in the command: whole seconds since it began, which is less than 30 s ago.
         let seconds = |line: &str| -> Option<u64> {
             let rest = line.strip_prefix(context)?;
             let (n, _) = rest.split_once(" s): ")?;
             n.parse().ok()
         };
-        for (_, id, text, who) in &sleeping {
+        for (_, id, text, who) in &running {
             let (prefix, statement) = (
                 format!("  connection {id} {who} ("),
                 format!(": {}", myprobe::wire::fingerprint::normalize(text)),
@@ -816,13 +843,19 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
                 "{kind}: `{line}` says no database, command and time {context}N s"
             );
         }
-        assert!(
-            !section.contains(&format!("  connection {idle_id} ")),
-            "{kind}: the idle connection {idle_id} runs nothing: {section}"
-        );
-        for (_, id, _, _) in &sleeping {
+        for id in [holder_id, in_transaction_id] {
+            assert!(
+                !section.contains(&format!("  connection {id} ")),
+                "{kind}: connection {id} runs nothing: {section}"
+            );
+        }
+        for (_, id, _, _) in &running {
             db.sql(&format!("KILL {id}"));
         }
-        drop(idle);
+        drop((holder, in_transaction, idle));
+        db.sql(&format!(
+            "SET GLOBAL max_connections = {}",
+            max_connections.trim()
+        ));
     }
 }
