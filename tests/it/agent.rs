@@ -404,11 +404,11 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         let t = total.get(fingerprint).copied().unwrap_or(0.0);
         assert!(t > 0.0, "{fingerprint}: {total:?}");
         // rate() extrapolates each series to the range's ends, but one that was at zero shortly before its
-        // first sample in the range (a rare part: sync, other) less far back: the parts' rates add up to
-        // the total's within that.
+        // first sample in the range (a rare part: sync, other, a row lock's wait) less far back: the parts' rates
+        // add up to the total's within that (5% seen on a busy host; exactly below, with irate and the counters).
         let p = parts.get(fingerprint).copied().unwrap_or(0.0);
         assert!(
-            (p - t).abs() <= t * 0.01,
+            (p - t).abs() <= t * 0.1,
             "{fingerprint}: the parts' rates add up to {p}, the total's rate is {t}"
         );
         // irate() does not extrapolate: the same two scrapes for every series, so the parts add up exactly.
