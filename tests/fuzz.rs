@@ -1844,6 +1844,9 @@ const THD_DB: u64 = 0xa0;
 /// A pointer to its security context, which it holds at `THD_SECURITY` (the host's `char *`, then the user's).
 const THD_SECURITY_POINTER: u64 = 0xb0;
 const THD_SECURITY: u64 = 0xc0;
+/// The `pthread_self()` of the thread serving it: `THREAD_BASE` plus its id in pages.
+const THD_THREAD: u64 = 0xd0;
+const THREAD_BASE: u64 = 0x7f10_0000_0000;
 /// Each object's command's start: this many seconds since the epoch, and its id in microseconds.
 const STARTED_SECS: u64 = 1_700_000_000;
 
@@ -1860,6 +1863,7 @@ fn linked_layout(head: u64) -> myprobe::sessions::Layout {
     myprobe::sessions::Layout::new(&list, head, THD_VTABLE, (THD_ID, 8), THD_QUERY)
         .with_fields(Some(THD_COMMAND), Some(THD_STARTED), Some(THD_DB))
         .with_names(Some(name(8)), Some(name(0)))
+        .with_thread(Some(THD_THREAD))
 }
 
 /// A MariaDB-shaped image: the list's head at its start (first object, then the end marker), one object per
@@ -1890,6 +1894,11 @@ fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
         put(&mut data, thd + THD_ID, i as u64 + 1);
         put(&mut data, thd + THD_STARTED, STARTED_SECS);
         put(&mut data, thd + THD_STARTED + 8, i as u64 + 1);
+        put(
+            &mut data,
+            thd + THD_THREAD,
+            THREAD_BASE + (i as u64 + 1) * 0x1000,
+        );
         if let Some(t) = text {
             let at = IMAGE_BASE + data.len() as u64;
             data.extend_from_slice(t);
@@ -1949,6 +1958,7 @@ proptest! {
                 started_us: Some(STARTED_SECS * 1_000_000 + i as u64 + 1),
                 user: t.as_ref().map(|_| format!("u{}", i + 1)),
                 host: t.as_ref().map(|_| "localhost".to_string()),
+                thread: Some(THREAD_BASE + (i as u64 + 1) * 0x1000),
             })
             .collect();
         let got = myprobe::sessions::read(&image, &linked_layout(IMAGE_BASE)).unwrap();
@@ -1966,6 +1976,7 @@ proptest! {
                 prop_assert!(got.started_us.is_none() || got.started_us == want.started_us, "{:?}", got);
                 prop_assert!(got.user.is_none() || got.user == want.user, "{:?}", got);
                 prop_assert!(got.host.is_none() || got.host == want.host, "{:?}", got);
+                prop_assert!(got.thread.is_none() || got.thread == want.thread, "{:?}", got);
             }
         }
     }

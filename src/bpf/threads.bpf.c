@@ -33,6 +33,7 @@ struct thread_record {
 	__u64 user_ip;      /* the user registers it entered the kernel with: the compat build leaves its user */
 	__u64 user_sp;      /* stack to user space, which unwinds it from these reading /proc/PID/mem */
 	__u64 user_bp;
+	__u64 tls_base;     /* its thread pointer (x86-64's fs base): glibc's pthread_self() */
 	struct stack_event stack;
 };
 
@@ -98,6 +99,11 @@ int snapshot(struct bpf_iter__task *ctx)
 	r->now_ns = BPF_CORE_READ(current_task(), sched_info.last_arrival);
 	r->last_ran_ns = task->sched_info.last_arrival;
 	__builtin_memcpy(r->comm, task->comm, sizeof(r->comm));
+#ifdef __TARGET_ARCH_x86
+	r->tls_base = BPF_CORE_READ(task, thread.fsbase);
+#elif defined(__TARGET_ARCH_arm64)
+	r->tls_base = BPF_CORE_READ(task, thread.uw.tp_value);
+#endif
 	read_syscall(r, task_regs(task));
 	r->futex_read = 0;
 	r->futex_word = 0;

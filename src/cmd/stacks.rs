@@ -126,7 +126,11 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
     for w in &c.warnings {
         say!("myprobe: warning: {w}");
     }
-    let named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
+    let mut named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
+    // Each connection's thread, by the thread pointer the connection keeps: its statement beside its stack.
+    let served = (c.sessions.as_deref())
+        .map(|s| stacks::link_sessions(s, &c.records, &mut named))
+        .unwrap_or_default();
     say!(
         "myprobe: {} threads of the core {}: {}",
         named.len(),
@@ -152,9 +156,9 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
             t.tid
         );
     }
-    let sessions = c
-        .sessions
-        .map(|s| sessions_text(&s, format, "the core", c.dumped_us));
+    let crashed_tid = c.crash.as_ref().map(|(_, tid)| *tid);
+    let sessions = (c.sessions.as_deref())
+        .map(|s| sessions_text(s, format, "the core", c.dumped_us, &served, crashed_tid));
     write_output(a, format, &named, sessions.as_deref())
 }
 
@@ -201,6 +205,9 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     } else {
         None
     };
+    let served = (sessions.as_deref())
+        .map(|s| stacks::link_sessions(s, &snapshot.threads, &mut named))
+        .unwrap_or_default();
     say!(
         "myprobe: {} threads of {target} read in {} ms, none stopped",
         named.len(),
@@ -212,17 +219,29 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
-    let sessions = sessions.map(|s| sessions_text(&s, format, "the server's memory", Some(now_us)));
+    let sessions = (sessions.as_deref()).map(|s| {
+        sessions_text(
+            s,
+            format,
+            "the server's memory",
+            Some(now_us),
+            &served,
+            None,
+        )
+    });
     write_output(a, format, &named, sessions.as_deref())
 }
 
 /// The connections read `from` (the server's memory, a core), as text after the stacks, with their times at
-/// `now_us`; only said on stderr where the stacks go to a file in another format.
+/// `now_us` and their threads (`served`; the `crashed` one marked); only said on stderr where the stacks go to a
+/// file in another format.
 fn sessions_text(
     sessions: &[crate::sessions::Session],
     format: Format,
     from: &str,
     now_us: Option<u64>,
+    served: &std::collections::HashMap<u64, u32>,
+    crashed: Option<u32>,
 ) -> String {
     if format != Format::Text {
         say!(
@@ -231,7 +250,7 @@ fn sessions_text(
             sessions.iter().filter(|s| s.query.is_some()).count()
         );
     }
-    stacks::render_sessions(sessions, now_us)
+    stacks::render_sessions(sessions, now_us, served, crashed)
 }
 
 /// The server's connections read from its memory; what failed is said, and leaves none.

@@ -47,6 +47,9 @@ pub struct ThreadRecord {
     /// In a futex call: the futex's address, its word, and the int 8 bytes after it (a glibc mutex's
     /// `__owner`), when they could be read.
     pub futex: Option<Futex>,
+    /// Its thread pointer (x86-64's fs base, glibc's `pthread_self()`), which the server keeps in the connection it
+    /// serves; 0 where unknown.
+    pub tls_base: u64,
     pub stack: RawStack,
 }
 
@@ -169,6 +172,7 @@ fn record(r: &thread_record) -> ThreadRecord {
             word: r.futex_word,
             next_int: r.futex_owner,
         }),
+        tls_base: r.tls_base,
         stack: RawStack {
             user_len: user as u16,
             ips: e.ips[..user + kernel].into(),

@@ -198,6 +198,136 @@ fn first_field_of(_code: &[u8], _arg: usize) -> Option<Field> {
     None
 }
 
+/// Where `function`, a method, stores what its call of `callee` (an imported function, called through the PLT)
+/// returned: the displacement from its object (`this`, its first argument, or a register it copied it to) of the
+/// first store of `rax` after that call (`mov rbx, rdi; …; call pthread_self@plt; …; mov [rbx+0x3f10], rax`).
+/// `None` when the function or the call is not there, or what follows the call is not such a store.
+pub fn stored_call_result(binary: &fs::File, function: &str, callee: &str) -> Result<Option<u64>> {
+    use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationTarget};
+    let cache = object::read::ReadCache::new(binary);
+    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    // The callee's GOT slots: where its PLT entries jump through.
+    let slots: Vec<u64> = match (elf.dynamic_relocations(), elf.dynamic_symbol_table()) {
+        (Some(relocations), Some(symbols)) => relocations
+            .filter(|(_, r)| match r.target() {
+                RelocationTarget::Symbol(i) => {
+                    symbols.symbol_by_index(i).ok().and_then(|s| s.name().ok()) == Some(callee)
+                }
+                _ => false,
+            })
+            .map(|(slot, _)| slot)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let code_at = |address: u64, len: u64| -> Option<Vec<u8>> {
+        let section = elf
+            .sections()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&address))?;
+        let len = len.min(section.address() + section.size() - address);
+        section
+            .data_range(address, len)
+            .ok()
+            .flatten()
+            .map(<[u8]>::to_vec)
+    };
+    let Some(symbol) = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(function))
+    else {
+        return Ok(None);
+    };
+    let Some(code) = code_at(symbol.address(), symbol.size().min(512)) else {
+        return Ok(None);
+    };
+    // A call's target is the callee's when its first jump goes through one of the callee's slots.
+    let calls_callee = |target: u64| {
+        code_at(target, 32)
+            .is_some_and(|stub| plt_slot(&stub, target).is_some_and(|s| slots.contains(&s)))
+    };
+    Ok(store_after_call(&code, symbol.address(), calls_callee))
+}
+
+/// The GOT slot a PLT entry at `address` (its code `stub`) jumps through: its first indirect `jmp [rip+…]`
+/// (`endbr64; bnd jmp [rip+…]` in `.plt.sec`).
+#[cfg(target_arch = "x86_64")]
+fn plt_slot(stub: &[u8], address: u64) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
+    let mut decoder = Decoder::with_ip(64, stub, address, DecoderOptions::NONE);
+    for _ in 0..3 {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        if insn.flow_control() == FlowControl::IndirectBranch {
+            return (insn.op0_kind() == OpKind::Memory && insn.is_ip_rel_memory_operand())
+                .then(|| insn.ip_rel_memory_address());
+        }
+    }
+    None
+}
+
+/// In `code` (at `address`), the displacement of the first store of `rax` off `this` (`rdi`, or a register it
+/// was copied to) after a call whose target `calls_callee` accepts; `None` if `rax` is written before, or
+/// something else comes in between that ends the straight line (a jump, a return, another call).
+#[cfg(target_arch = "x86_64")]
+fn store_after_call(code: &[u8], address: u64, calls_callee: impl Fn(u64) -> bool) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut this = vec![Register::RDI];
+    let mut called = false;
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        let is_mov = insn.mnemonic() == Mnemonic::Mov;
+        // `mov rbx, rdi`: rbx holds `this` too; a register written otherwise no longer does.
+        if is_mov
+            && insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register
+            && this.contains(&insn.op1_register())
+        {
+            this.push(insn.op0_register());
+        } else if insn.mnemonic() != Mnemonic::Push {
+            this.retain(|r| !writes(&insn, *r));
+        }
+        if !called {
+            if insn.flow_control() == FlowControl::Call && insn.op0_kind() == OpKind::NearBranch64 {
+                called = calls_callee(insn.near_branch_target());
+            }
+            continue;
+        }
+        if is_mov
+            && insn.op0_kind() == OpKind::Memory
+            && insn.op1_kind() == OpKind::Register
+            && insn.op1_register() == Register::RAX
+            && insn.memory_index() == Register::None
+            && this.contains(&insn.memory_base())
+        {
+            return Some(insn.memory_displacement64());
+        }
+        if writes(&insn, Register::RAX) || insn.flow_control() != FlowControl::Next {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn plt_slot(_stub: &[u8], _address: u64) -> Option<u64> {
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn store_after_call(
+    _code: &[u8],
+    _address: u64,
+    _calls_callee: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    None
+}
+
 /// The runtime addresses, in a process that maps `binary` from `mapped` (the start of its mapping of the file's
 /// first page), of the symbols `names` (dynamic symbols first, then the symbol table's); `None` for each not
 /// defined. The binary is read through a cache of the ranges parsed, not whole: a server binary is tens of MiB.
@@ -254,6 +384,31 @@ mod tests {
 
     fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
         first_field_of(code, 0)
+    }
+
+    #[test]
+    fn a_call_s_result_stored_in_the_object_gives_its_field() {
+        // MariaDB's THD::store_globals: push rbx; mov rbx, rdi; call 0x100 (syscall@plt); mov [rbx+0x3f28], eax;
+        // call 0x200 (pthread_self@plt); mov rdx, [rbx+0x1f20]; lea rdi, [rbx+0x1f20]; mov [rbx+0x3f10], rax
+        let code = [
+            0x53, 0x48, 0x89, 0xfb, 0xe8, 0xf7, 0x00, 0x00, 0x00, 0x89, 0x83, 0x28, 0x3f, 0x00,
+            0x00, 0xe8, 0xec, 0x01, 0x00, 0x00, 0x48, 0x8b, 0x93, 0x20, 0x1f, 0x00, 0x00, 0x48,
+            0x8d, 0xbb, 0x20, 0x1f, 0x00, 0x00, 0x48, 0x89, 0x83, 0x10, 0x3f, 0x00, 0x00, 0xc3,
+        ];
+        assert_eq!(store_after_call(&code, 0, |t| t == 0x200), Some(0x3f10));
+        // After syscall's call the first store is of eax, 32 bits, not rax: then a call ends the line.
+        assert_eq!(store_after_call(&code, 0, |t| t == 0x100), None);
+        assert_eq!(store_after_call(&code, 0, |_| false), None);
+        // The same stored off rdi once rdi holds something else: not the object's.
+        let mut other = code;
+        other[36] = 0x87; // mov [rdi+0x3f10], rax
+        assert_eq!(store_after_call(&other, 0, |t| t == 0x200), None);
+        // endbr64; bnd jmp [rip+0x1000]: the slot at 0x50 + 11 + 0x1000
+        let stub = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0x00, 0x10, 0x00, 0x00,
+        ];
+        assert_eq!(plt_slot(&stub, 0x50), Some(0x50 + 11 + 0x1000));
+        assert_eq!(plt_slot(&[0xc3], 0x50), None);
     }
 
     #[test]

@@ -128,6 +128,8 @@ impl Server for MariaDb {
             // security_ctx->user, security_ctx->host
             user: TextAccessor::CString("thd_user_name"),
             host: TextAccessor::CString("thd_client_host"),
+            // THD::store_globals, as each thread takes a connection: real_id= pthread_self()
+            thread: ("_ZN3THD13store_globalsEv", "pthread_self"),
         }
     }
 }

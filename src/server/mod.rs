@@ -84,6 +84,9 @@ pub struct Sessions {
     /// Where the connection's user and client host are, as the server's exported functions read them.
     pub user: TextAccessor,
     pub host: TextAccessor,
+    /// The thread that serves the connection: a method that stores its `pthread_self()` in the object (the
+    /// thread's TLS base, as a core's registers and the kernel's task give it), and the function it calls.
+    pub thread: (&'static str, &'static str),
 }
 
 /// How a server's functions reach a text of a connection.

@@ -135,6 +135,8 @@ impl Server for MySql {
                 "_Z24thd_get_security_contextP3THDPP16Security_context",
                 "_ZN16Security_context12set_host_ptrEPKcm",
             ),
+            // THD::store_globals, as each thread takes a connection: real_id = my_thread_self()
+            thread: ("_ZN3THD13store_globalsEv", "pthread_self"),
         }
     }
 }

@@ -34,6 +34,9 @@ pub struct Session {
     /// The user it logged in as, and the host it came from, where the layout knows them and it has them.
     pub user: Option<String>,
     pub host: Option<String>,
+    /// The thread serving it, by its `pthread_self()` (its TLS base: `fs_base` on x86-64), where the layout
+    /// knows it and a thread serves it.
+    pub thread: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +69,7 @@ pub struct Layout {
     command_offset: Option<u64>,
     db_offset: Option<u64>,
     started_offset: Option<u64>,
+    thread_offset: Option<u64>,
     user: Option<TextField>,
     host: Option<TextField>,
 }
@@ -222,6 +226,9 @@ impl Layout {
             .map(|f| f.offset);
         let user = TextField::of(&spec.user, by_name);
         let host = TextField::of(&spec.host, by_name);
+        let (method, callee) = spec.thread;
+        let thread = memory::stored_call_result(file, method, callee)
+            .with_context(|| format!("reading the code of {}", binary.display()))?;
         Ok(Layout::new(
             &spec.list,
             list_at,
@@ -230,7 +237,14 @@ impl Layout {
             query_offset,
         )
         .with_fields(of_width(spec.command, 4), of_width(spec.started, 8), db)
-        .with_names(user, host))
+        .with_names(user, host)
+        .with_thread(thread))
+    }
+
+    /// The same, with the serving thread's `pthread_self()` at this offset, where known.
+    pub fn with_thread(mut self, thread: Option<u64>) -> Layout {
+        self.thread_offset = thread;
+        self
     }
 
     /// The same, with the command (32 bits), its start (`{ seconds; microseconds }`) and the database
@@ -307,6 +321,7 @@ impl Layout {
             command_offset: None,
             db_offset: None,
             started_offset: None,
+            thread_offset: None,
             user: None,
             host: None,
         }
@@ -432,6 +447,11 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
                 .and_then(|off| started_us(mem, thd.wrapping_add(off))),
             user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
             host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
+            // 0 while no thread serves it (MySQL's restore_globals clears it).
+            thread: layout
+                .thread_offset
+                .and_then(|off| mem.u64_at(thd.wrapping_add(off)))
+                .filter(|&t| t != 0),
         });
     }
     Ok(out)

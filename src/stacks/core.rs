@@ -110,6 +110,7 @@ pub fn read(
                 syscall: (t.syscall >= 0).then_some((t.syscall, t.args)),
                 idle_ns: None,
                 futex,
+                tls_base: t.tls_base,
                 stack: RawStack {
                     user_len: ips.len() as u16,
                     ips: ips.into(),

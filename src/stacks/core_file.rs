@@ -26,6 +26,8 @@ pub struct CoreThread {
     /// The syscall it was in (`orig_rax`), -1 for none, and its arguments.
     pub syscall: i64,
     pub args: [u64; 6],
+    /// Its thread pointer (`fs_base`): glibc's `pthread_self()`.
+    pub tls_base: u64,
 }
 
 /// A file mapping of a core file (NT_FILE).
@@ -84,6 +86,7 @@ const REG_DI: usize = 14;
 const REG_ORIG_AX: usize = 15;
 const REG_IP: usize = 16;
 const REG_SP: usize = 19;
+const REG_FS_BASE: usize = 21;
 /// Offset of pr_fname in x86_64 `struct elf_prpsinfo`, and its size.
 const PR_FNAME: usize = 40;
 const FNAME_LEN: usize = 16;
@@ -385,6 +388,7 @@ fn prstatus(desc: &[u8]) -> Result<(CoreThread, u16)> {
             reg(REG_R8)?,
             reg(REG_R9)?,
         ],
+        tls_base: reg(REG_FS_BASE)?,
     };
     Ok((thread, u16::from_le_bytes(cursig.try_into().unwrap())))
 }

@@ -263,10 +263,54 @@ pub fn statements(
     Ok(statements)
 }
 
+/// The thread serving each connection of `sessions` (by its object's address), among `records`: the one whose
+/// thread pointer the connection keeps. Each of `threads` so served gets its connection's statement, as the
+/// process list would give it.
+pub fn link_sessions(
+    sessions: &[crate::sessions::Session],
+    records: &[ThreadRecord],
+    threads: &mut [ThreadStack],
+) -> HashMap<u64, u32> {
+    let by_tls: HashMap<u64, u32> = records
+        .iter()
+        .filter(|r| r.tls_base != 0)
+        .map(|r| (r.tls_base, r.tid))
+        .collect();
+    let served: HashMap<u64, u32> = sessions
+        .iter()
+        .filter_map(|s| Some((s.thd, *by_tls.get(&s.thread?)?)))
+        .collect();
+    for s in sessions {
+        let (Some(tid), Some(query)) = (served.get(&s.thd), &s.query) else {
+            continue;
+        };
+        if let Some(t) = threads.iter_mut().find(|t| t.tid == *tid) {
+            t.statement = Some(query_text(query));
+        }
+    }
+    served
+}
+
+/// A statement read from memory as the process list's are shown: normalized.
+fn query_text(query: &crate::sessions::Query) -> String {
+    use crate::sessions::Query;
+    match query {
+        Query::Text(t) => crate::wire::fingerprint::normalize(t),
+        Query::Truncated(t) => format!("{} (truncated)", crate::wire::fingerprint::normalize(t)),
+        Query::Changing => "(its statement changed while read)".to_string(),
+    }
+}
+
 /// The connections read from the server's memory (`sessions`), those running a statement first, by id: a line
 /// each with its statement (normalized as the process list's are) and, where read, its user and host, database,
-/// command and time in it at `now_us` (microseconds since the epoch, where known), then the count of the idle.
-pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: Option<u64>) -> String {
+/// command and time in it at `now_us` (microseconds since the epoch, where known), the thread serving it (`served`,
+/// by the object's address) and whether that thread is `crashed`, then the count of the idle.
+pub fn render_sessions(
+    sessions: &[crate::sessions::Session],
+    now_us: Option<u64>,
+    served: &HashMap<u64, u32>,
+    crashed: Option<u32>,
+) -> String {
     use crate::sessions::Query;
     let mut running: Vec<(&crate::sessions::Session, &Query)> = sessions
         .iter()
@@ -279,13 +323,7 @@ pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: Option<u64
         sessions.len() - running.len()
     );
     for (session, query) in running {
-        let text = match query {
-            Query::Text(t) => crate::wire::fingerprint::normalize(t),
-            Query::Truncated(t) => {
-                format!("{} (truncated)", crate::wire::fingerprint::normalize(t))
-            }
-            Query::Changing => "(its statement changed while read)".to_string(),
-        };
+        let text = query_text(query);
         // What PROCESSLIST would say beside it: its database, command and time, where they were read.
         let time = session
             .started_us
@@ -302,6 +340,12 @@ pub fn render_sessions(sessions: &[crate::sessions::Session], now_us: Option<u64
         if let Some(user) = &session.user {
             let host = session.host.as_ref().map(|h| format!("@{h}"));
             context = format!(" {user}{}{context}", host.unwrap_or_default());
+        }
+        if let Some(&tid) = served.get(&session.thd) {
+            context += &format!(", thread {tid}");
+            if crashed == Some(tid) {
+                context += ", which crashed";
+            }
         }
         let _ = writeln!(
             out,

@@ -577,7 +577,8 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         .count();
     assert!(named_threads >= 2, "{threads:?}");
     // The connections, read from the core's memory (and from the root's binary, what the core left out): the
-    // crashed one's statement, the procedure's, by its user from its host, in the procedure's database.
+    // crashed one's statement, the procedure's, by its user from its host, in the procedure's database, on the
+    // thread that crashed (by its id in the server's namespace, as the core has it).
     let run = myprobe()
         .args(["stacks", "--core"])
         .arg(&core)
@@ -588,7 +589,9 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
     let line = connection_line(&out, id);
     assert!(
         line.contains(" root@localhost (crash, Query, ")
-            && line.ends_with(": SELECT SLEEP(?) INTO @slept"),
+            && line.ends_with(&format!(
+                ", thread {tid}, which crashed: SELECT SLEEP(?) INTO @slept"
+            )),
         "{line}"
     );
 }

@@ -676,11 +676,14 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     }
     assert!(summary.ends_with(&format!("(thread {tid})")), "{summary}");
     // The connections, read from the core's memory as seed 003's gdb macro reads them: the crashed one's
-    // statement, the procedure's, as the server held it, by the user and in the database it runs in.
+    // statement, the procedure's, as the server held it, by the user and in the database it runs in, on the
+    // thread that crashed.
     let line = connection_line(&out, id);
     assert!(
         line.contains("root@localhost (crash, Query, ")
-            && line.ends_with(": SELECT SLEEP(?) INTO @slept"),
+            && line.ends_with(&format!(
+                ", thread {tid}, which crashed: SELECT SLEEP(?) INTO @slept"
+            )),
         "{line}"
     );
 }
@@ -821,10 +824,16 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
         );
         // Beside each statement, its user and host, database and command, as PROCESSLIST says them.
         let context = "sbtest, Query, ";
-        // Its time in the command: whole seconds since it began, which is less than 30 s ago.
+        // Its time in the command: whole seconds since it began, which is less than 30 s ago; then the server's
+        // thread that serves it.
         let seconds = |line: &str| -> Option<u64> {
             let rest = line.strip_prefix(context)?;
-            let (n, _) = rest.split_once(" s): ")?;
+            let (n, rest) = rest.split_once(" s), thread ")?;
+            let (tid, _) = rest.split_once(": ")?;
+            let tid: u32 = tid.parse().ok()?;
+            std::path::Path::new(&format!("/proc/{}/task/{tid}", db.pid))
+                .exists()
+                .then_some(())?;
             n.parse().ok()
         };
         for (_, id, text, who) in &running {
@@ -840,7 +849,12 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
                 });
             assert!(
                 seconds(&line[prefix.len()..]).is_some_and(|s| s < 30),
-                "{kind}: `{line}` says no database, command and time {context}N s"
+                "{kind}: `{line}` says no database, command, time and thread {context}N s), thread TID"
+            );
+            // And its thread's stack has it beside.
+            assert!(
+                stdout.contains(&format!("statement{statement}")),
+                "{kind}: no thread runs `{statement}`: {stdout}"
             );
         }
         for id in [holder_id, in_transaction_id] {
