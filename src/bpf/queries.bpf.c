@@ -636,8 +636,8 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	return 0;
 }
 
-/* The local port of socket fd of the current task (0 if unknown, or not an internet socket). */
-static __always_inline __u16 local_port(__s32 fd)
+/* The file of descriptor fd of the current task (NULL if none). */
+static __always_inline struct file *fd_file(__s32 fd)
 {
 	struct task_struct *task = current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
@@ -645,10 +645,29 @@ static __always_inline __u16 local_port(__s32 fd)
 		return 0;
 	struct file **fds = BPF_CORE_READ(fdt, fd);
 	struct file *file;
-	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
+		return 0;
+	return file;
+}
+
+/* The local port of socket fd of the current task (0 if unknown, or not an internet socket). */
+static __always_inline __u16 local_port(__s32 fd)
+{
+	struct file *file = fd_file(fd);
+	if (!file)
 		return 0;
 	struct socket *sock = BPF_CORE_READ(file, private_data);
 	return BPF_CORE_READ(sock, sk, __sk_common.skc_num);
+}
+
+/* Whether the socket of the current task's statement is known and no longer open on its descriptor (closed, or
+ * the descriptor reused). */
+static __always_inline bool statement_socket_closed(struct query_thread *st)
+{
+	if (!st->ev.socket_ino || st->fd < 0 || st->via_dispatch)
+		return false;
+	struct file *file = fd_file(st->fd);
+	return !file || BPF_CORE_READ(file, f_inode, i_ino) != st->ev.socket_ino;
 }
 
 /* A client packet outside a statement (not a command: handshake, authentication) goes to user space. */
@@ -1386,25 +1405,36 @@ SCHED_SWITCH_PROG(on_switch)
 				/* OpenSSL's read and write: the connection's. */
 				if (st->tls_call && (part == PART_READ || part == PART_WRITE))
 					part = PART_NET;
-				if (part == PART_LOCK && !st->lock_block_ts) {
-					/* Where it waits: its registers are still those it entered the kernel with. */
-					st->lock_block_ts = now;
-					st->lock_block_addr = arg0;
-					st->lock_block_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
-				}
-				if (part == PART_SYNC)
-					st->c.syncs++;
-				/* The next request's read blocks (a blocking socket): the statement ended with its
-				 * last send, and is sent now rather than when a request comes. */
-				if (st->phase == PHASE_REPLIED && is_recv(cls) && (__s32)arg0 == st->fd) {
-					finish_statement(st);
+				/* A futex wait once the statement's socket is closed: its connection ended unseen
+				 * (MySQL closes a KILLed one without a word; no close is followed on the socket
+				 * path), and its thread waits for the next connection in the server's thread cache. */
+				if (part == PART_LOCK && statement_socket_closed(st)) {
+					if (st->phase == PHASE_REPLIED)
+						finish_statement(st);
+					else
+						connection_ended(st, now);
 				} else {
-					charge(st, now, part);
-					st->place = PLACE_BLOCKED;
-					st->blocked_at = now;
-					st->blocked_part = part;
-					if (runq_from_sched_info)
-						st->runq_before = prev->sched_info.run_delay;
+					if (part == PART_LOCK && !st->lock_block_ts) {
+						/* Where it waits: its registers are still those it entered the kernel
+						 * with. */
+						st->lock_block_ts = now;
+						st->lock_block_addr = arg0;
+						st->lock_block_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
+					}
+					if (part == PART_SYNC)
+						st->c.syncs++;
+					/* The next request's read blocks (a blocking socket): the statement ended
+					 * with its last send, and is sent now rather than when a request comes. */
+					if (st->phase == PHASE_REPLIED && is_recv(cls) && (__s32)arg0 == st->fd) {
+						finish_statement(st);
+					} else {
+						charge(st, now, part);
+						st->place = PLACE_BLOCKED;
+						st->blocked_at = now;
+						st->blocked_part = part;
+						if (runq_from_sched_info)
+							st->runq_before = prev->sched_info.run_delay;
+					}
 				}
 			}
 		}
