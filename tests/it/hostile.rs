@@ -194,27 +194,10 @@ fn a_connection_killed_mid_statement_frees_its_thread_for_the_next() {
 }
 
 /// The vanishing fixture (tests/fixtures/queries/vanishing.c) against `db` in `mode`: the ids of the connection
-/// that vanished and of the next one on its thread, and when the first vanished.
+/// that vanished and of the next one on its thread.
 fn vanishing_client(db: &TestDb, mode: &str) -> (u64, u64) {
     let dir = tempdir("vanishing");
-    let exe = dir.join("vanishing");
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/queries/vanishing.c"
-    );
-    let cc = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "cc -O1 -o {} {src} $(mariadb_config --cflags --libs)",
-            exe.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "compiling the fixture: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = compile_client_fixture(&dir, "vanishing", "queries/vanishing.c");
     let run = Command::new(&exe)
         .arg(&db.socket)
         .arg(mode)

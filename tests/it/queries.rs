@@ -401,24 +401,7 @@ struct PreparedClient {
 impl PreparedClient {
     fn start(db: &TestDb) -> Self {
         let dir = tempdir("prepared");
-        let exe = dir.join("prepared");
-        let src = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/queries/prepared.c"
-        );
-        let cc = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "cc -O1 -o {} {src} $(mariadb_config --cflags --libs)",
-                exe.display()
-            ))
-            .output()
-            .unwrap();
-        assert!(
-            cc.status.success(),
-            "compiling the fixture: {}",
-            String::from_utf8_lossy(&cc.stderr)
-        );
+        let exe = compile_client_fixture(&dir, "prepared", "queries/prepared.c");
         let mut child = Command::new(&exe)
             .arg(&db.socket)
             .stdin(Stdio::piped())

@@ -887,16 +887,16 @@ impl Drop for Background {
 }
 
 /// Compiles C fixtures of tests/fixtures/ (paths below it; the first is the main one) into `dir/exe` with
-/// `flags` (after `-O1 -g`).
+/// `flags` (after `-O1 -g` and the sources, where libraries go).
 pub fn compile_fixture(dir: &Path, exe: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
     let out = dir.join(exe);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let cc = Command::new("cc")
         .args(["-O1", "-g"])
-        .args(flags)
         .arg("-o")
         .arg(&out)
         .args(sources.iter().map(|s| fixtures.join(s)))
+        .args(flags)
         .output()
         .expect("running cc");
     assert!(
@@ -905,6 +905,23 @@ pub fn compile_fixture(dir: &Path, exe: &str, sources: &[&str], flags: &[&str]) 
         String::from_utf8_lossy(&cc.stderr)
     );
     out
+}
+
+/// Compiles a C fixture of tests/fixtures/ that is a client of the server (MariaDB's Connector/C, which speaks
+/// to every test server) into `dir/exe`.
+pub fn compile_client_fixture(dir: &Path, exe: &str, source: &str) -> PathBuf {
+    let config = Command::new("mariadb_config")
+        .args(["--cflags", "--libs"])
+        .output()
+        .expect("running mariadb_config (libmariadb-dev)");
+    assert!(config.status.success(), "{config:?}");
+    let flags = String::from_utf8_lossy(&config.stdout).into_owned();
+    compile_fixture(
+        dir,
+        exe,
+        &[source],
+        &flags.split_whitespace().collect::<Vec<_>>(),
+    )
 }
 
 /// A fixture process that prints "ready", then does its known work on each line of stdin ("go") and prints
