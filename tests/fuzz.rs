@@ -1456,6 +1456,7 @@ prop_compose! {
             counters: Default::default(),
             in_flight,
             pipelined: false,
+            before_tracing: false,
         }
     }
 }
@@ -1643,6 +1644,7 @@ proptest! {
                     counters: Default::default(),
                     in_flight: false,
                     pipelined: false,
+                    before_tracing: false,
                 }));
                 prepared += 1;
             }
@@ -1847,6 +1849,9 @@ const THD_SECURITY: u64 = 0xc0;
 /// The `pthread_self()` of the thread serving it: `THREAD_BASE` plus its id in pages.
 const THD_THREAD: u64 = 0xd0;
 const THREAD_BASE: u64 = 0x7f10_0000_0000;
+/// Its options, of which `IN_TRANSACTION` says a transaction is open: in those of even index (others set besides).
+const THD_OPTIONS: u64 = 0xe0;
+const IN_TRANSACTION: u64 = 1 << 19;
 /// Each object's command's start: this many seconds since the epoch, and its id in microseconds.
 const STARTED_SECS: u64 = 1_700_000_000;
 
@@ -1864,6 +1869,7 @@ fn linked_layout(head: u64) -> myprobe::sessions::Layout {
         .with_fields(Some(THD_COMMAND), Some(THD_STARTED), Some(THD_DB))
         .with_names(Some(name(8)), Some(name(0)))
         .with_thread(Some(THD_THREAD))
+        .with_transaction(Some((THD_OPTIONS, 8, IN_TRANSACTION)))
 }
 
 /// A MariaDB-shaped image: the list's head at its start (first object, then the end marker), one object per
@@ -1894,6 +1900,8 @@ fn linked_image(texts: &[Option<Vec<u8>>]) -> Image {
         put(&mut data, thd + THD_ID, i as u64 + 1);
         put(&mut data, thd + THD_STARTED, STARTED_SECS);
         put(&mut data, thd + THD_STARTED + 8, i as u64 + 1);
+        let transaction = if i % 2 == 0 { IN_TRANSACTION } else { 0 };
+        put(&mut data, thd + THD_OPTIONS, transaction | 0x3);
         put(
             &mut data,
             thd + THD_THREAD,
@@ -1959,6 +1967,7 @@ proptest! {
                 user: t.as_ref().map(|_| format!("u{}", i + 1)),
                 host: t.as_ref().map(|_| "localhost".to_string()),
                 thread: Some(THREAD_BASE + (i as u64 + 1) * 0x1000),
+                in_transaction: Some(i % 2 == 0),
             })
             .collect();
         let got = myprobe::sessions::read(&image, &linked_layout(IMAGE_BASE)).unwrap();

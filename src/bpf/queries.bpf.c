@@ -149,6 +149,7 @@ struct query_thread {
 	__u64 compressed_ino;   /* its socket's inode, when known */
 	enum tls_call tls_call; /* in vio_ssl_read or vio_ssl_write */
 	__u8 tls_requested;     /* a TLS request was read: the next client packet is the handshake response */
+	__u8 socket_unknown;    /* a statement seeded by start_statements: its socket is its first send's */
 	__u8 tls_synced;        /* the TLS reads' bytes begin where a request does: its connection began while traced,
 				 * or a reply went out since (a read entered before the probes went by unseen, and the
 				 * next is not a header) */
@@ -194,6 +195,16 @@ struct {
 	__type(key, __u32);
 	__type(value, struct executed_event);
 } executions SEC(".maps");
+
+/* The statements running when tracing began (see struct started_statement), filled by user space for one run of
+ * start_statements; entries made only as filled. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct started_statement);
+} started SEC(".maps");
 
 /* Where the server's prepared statement object keeps its text (a pointer, then a 64-bit length), found by user
  * space on statements of its own; 0 while unknown (the object's address is sent instead). */
@@ -411,6 +422,8 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->lock_block_ts = 0;
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 0;
+	st->socket_unknown = 0;
+	st->ev.before_tracing = 0;
 	/* A header read alone began the statement: the time until its body's read is reading the request. */
 	if (st->header_ts < now)
 		st->c.part_ns[PART_NET] = now - st->header_ts;
@@ -618,6 +631,26 @@ static __always_inline bool greets_another_connection(struct query_thread *st, _
 		return true;
 	__u64 ino = socket_ino(st->call_sk);
 	return ino && st->ev.socket_ino && ino != st->ev.socket_ino;
+}
+
+/* A statement that ran when tracing began learns its socket from its thread's first send: its reply. */
+static __always_inline void adopt_socket(struct query_thread *st, __s32 fd)
+{
+	st->socket_unknown = 0;
+	st->fd = fd;
+	st->ev.fd = fd;
+	st->ev.socket_ino = socket_ino(st->call_sk);
+}
+
+/* A statement that ran when tracing began whose thread reads a request before sending anything ended between
+ * user space's read of it and its seeding: it is dropped, unseen (its reply went out before). */
+static __always_inline bool started_and_ended(struct query_thread *st)
+{
+	if (!st->socket_unknown)
+		return false;
+	st->socket_unknown = 0;
+	st->phase = PHASE_IDLE;
+	return true;
 }
 
 /* With `syscall_cpu`: a statement's time on a CPU inside a syscall goes to its class (sys for the others). Every
@@ -1044,6 +1077,12 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 		connection_vanished(st, now);
 		counted = false;
 	}
+	if (counted && n > 0 && st->socket_unknown) {
+		if (!recv)
+			adopt_socket(st, fd);
+		else if (started_and_ended(st))
+			counted = false;
+	}
 
 	if (recv && n > 0)
 		on_recv(st, tid, fd, buf, n, now, false);
@@ -1329,11 +1368,15 @@ int BPF_KRETPROBE(on_tls_return, long ret)
 	__u64 now = bpf_ktime_get_ns();
 	st->call_sk = st->tls_sk;
 	if (call == TLS_READ) {
+		if (in_statement(st))
+			started_and_ended(st);
 		if (st->tls_synced)
 			on_recv(st, tid, fd, st->tls_buf, n, now, true);
 		return 0;
 	}
 	st->tls_synced = 1; /* the next read begins a request */
+	if (in_statement(st) && st->socket_unknown)
+		adopt_socket(st, fd);
 	if (!in_statement(st))
 		send_packet(EVENT_PACKET_OUT, tid, fd, st->call_sk, st->header_len, st->header_seq, st->tls_buf, n, now);
 	else if (fd == st->fd)
@@ -1510,5 +1553,71 @@ int in_flight(struct bpf_iter__task *ctx)
 	struct query_thread *st = task_thread_storage(&threads, task, false, 0);
 	if (st && in_statement(st) && st->period == attach_period)
 		bpf_seq_write(ctx->meta->seq, st, sizeof(*st));
+	return 0;
+}
+
+/* Run once, just after the tracepoints are attached: each thread that runs a statement user space read from the
+ * server's memory (`started`) is put in it, as if it had been followed from the statement's start; its time is
+ * followed from now on, where it is now (on a CPU, or blocked in a syscall: a futex wait is the statement's lock
+ * wait, on the stack user space read). A thread already in a statement (one that began since) is left as it
+ * is. Each thread seeded is written out, by its id. */
+SEC("iter/task")
+int start_statements(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (!task || !task_is_target(task))
+		return 0;
+	__u32 tid = BPF_CORE_READ(task, pid);
+	struct started_statement *s = bpf_map_lookup_elem(&started, &tid);
+	if (!s)
+		return 0;
+	struct query_thread *st = thread_state(task, true);
+	if (!st || in_statement(st))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__builtin_memset(&st->c, 0, sizeof(st->c));
+	st->phase = PHASE_RUNNING;
+	st->via_dispatch = 0;
+	st->socket_unknown = 1;
+	st->fd = -1;
+	st->text_more = 0;
+	st->lock_block_ts = 0;
+	st->ev.kind = EVENT_STATEMENT;
+	st->ev.tid = tid;
+	st->ev.fd = -1;
+	st->ev.socket_ino = 0;
+	st->ev.packet_len = 1;
+	st->ev.seq = 0;
+	st->ev.start_ns = s->start_ns < now ? s->start_ns : now;
+	st->ev.end_ns = 0;
+	st->ev.reply_len = 0;
+	st->ev.result_len = 0;
+	st->ev.compressed = 0;
+	st->ev.inflated_len = 0;
+	st->ev.text[0] = s->command;
+	st->ev.text_len = 1;
+	st->ev.before_tracing = 1;
+	st->since = now;
+	st->place = PLACE_CPU;
+	st->part = PART_USER;
+	if (task_state(task) != TASK_RUNNING) {
+		enum syscall_class cls = SYSCALL_OTHER;
+		__u64 arg0 = 0, arg1 = 0;
+		enum time_part part = PART_OTHER;
+		if (in_syscall(task, &cls, &arg0, &arg1))
+			part = syscall_part(cls, arg1, false);
+		st->place = PLACE_BLOCKED;
+		st->part = part;
+		st->blocked_at = now;
+		st->blocked_part = part;
+		if (runq_from_sched_info)
+			st->runq_before = BPF_CORE_READ(task, sched_info.run_delay);
+		if (part == PART_LOCK) {
+			st->lock_block_ts = now;
+			st->lock_block_addr = arg0;
+			st->lock_block_stack = s->wait_stack;
+		}
+	}
+	bpf_seq_write(ctx->meta->seq, &tid, sizeof(tid));
 	return 0;
 }

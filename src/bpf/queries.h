@@ -91,6 +91,7 @@ struct query_event {
 	__u16 result_len;         /* an execution's reply kept in text[] after the request (reply_len is 0 then) */
 	__u8 compressed;          /* the connection uses the compressed protocol: the reply kept is its framing;
 				   * COMPRESSED_BODY: the request kept is a packet's body, its header sent alone before */
+	__u8 before_tracing;      /* it ran when tracing began (seeded by start_statements): its text is user space's */
 	__u8 reply[REPLY_HEAD];   /* first bytes of the reply, header included */
 	__u8 text[MAX_TEXT];      /* request payload: command byte, then its arguments */
 };
@@ -108,6 +109,14 @@ struct executed_event {
 	__u64 full_len;               /* the text's length as the object gives it (text_len is at most MAX_TEXT) */
 	__u32 text_len;               /* 0 while the offset is unknown */
 	__u8 text[MAX_TEXT];
+};
+
+/* A statement the server ran when tracing began, read from its memory by user space (src/query/started.rs), by
+ * its thread's id: followed from then on as if traced from its start. */
+struct started_statement {
+	__u64 start_ns;     /* its real start, CLOCK_MONOTONIC */
+	__u64 wait_stack;   /* the id of the stack its thread waited on when read (0: none), for a futex wait */
+	__u8 command;       /* COM_QUERY, COM_STMT_EXECUTE, ... */
 };
 
 #define EXECUTED_EVENT_HEADER_BYTES ((unsigned long)&((struct executed_event *)0)->text)

@@ -200,18 +200,27 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
         }
     }
     // Without the server's word, what its memory says its connections run.
+    let sessions_started = Instant::now();
     let sessions = if statements.is_none() {
         sessions_from_memory(&target)
     } else {
         None
     };
+    let sessions_took = sessions.as_ref().map(|s| {
+        format!(
+            "; its {} connections from its memory in {} ms",
+            s.len(),
+            sessions_started.elapsed().as_millis()
+        )
+    });
     let served = (sessions.as_deref())
         .map(|s| stacks::link_sessions(s, &snapshot.threads, &mut named))
         .unwrap_or_default();
     say!(
-        "myprobe: {} threads of {target} read in {} ms, none stopped",
+        "myprobe: {} threads of {target} read in {} ms, none stopped{}",
         named.len(),
-        took.as_millis()
+        took.as_millis(),
+        sessions_took.unwrap_or_default()
     );
     for line in snapshot.lost.report(named.len() as u64) {
         say!("myprobe: warning: {line}");

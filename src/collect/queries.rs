@@ -40,6 +40,8 @@ unsafe impl Plain for query_event {}
 unsafe impl Plain for query_thread {}
 // SAFETY: as above.
 unsafe impl Plain for executed_event {}
+// SAFETY: as above.
+unsafe impl Plain for started_statement {}
 
 /// `query_event::compressed`: the request kept is a packet's body, its header sent alone before (queries.h).
 const COMPRESSED_BODY: u8 = 2;
@@ -80,7 +82,27 @@ pub struct RawStatement {
     /// Read ahead with the statement before it on its thread, and run within that statement's time: no
     /// syscall separates them, so its own time and counters are unknown (zero).
     pub pipelined: bool,
+    /// It ran when tracing began ([`StartedBefore`]): `request` is its command byte alone, its text the caller's;
+    /// `start_ns` is its real start, and its parts are the time since tracing began.
+    pub before_tracing: bool,
 }
+
+/// A statement the server ran when tracing began, read from its memory by the caller: followed from then on as if
+/// traced from its start (queries.bpf.c's `start_statements`).
+#[derive(Clone, Debug)]
+pub struct StartedBefore {
+    pub tid: u32,
+    /// Its real start, CLOCK_MONOTONIC.
+    pub start_ns: u64,
+    /// Its command (`protocol::COM_QUERY`, …).
+    pub command: u8,
+    /// The stack its thread waited on when read, for a futex wait: the statement's lock wait until it ends.
+    pub wait_stack: Option<RawStack>,
+}
+
+/// The stack ids given to the stacks of [`StartedBefore::wait_stack`]: the kernel's are hashes of the frames, and
+/// one with these top bits is as unlikely as any collision.
+const STARTED_STACK_IDS: u64 = 0x5eed << 48;
 
 /// What the statements' collector hands on as it arrives: the server's data (what it read on the wire, stacks,
 /// executions), then what the collector says of itself, then time passing.
@@ -485,14 +507,14 @@ pub struct StatementOptions {
 }
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
-/// called once the probes are in place); returns what was lost. `control` is read at every poll. Sampled
+/// called once the probes are in place, and gives the statements the server ran then); returns what was lost. `control` is read at every poll. Sampled
 /// (`CollectOptions::duty`), the time traced over the time statements were followed comes with what was lost.
 pub fn collect(
     opts: &CollectOptions,
     statements: StatementOptions,
     control: &Control,
     probes: ServerProbes,
-    attached: impl FnOnce(),
+    attached: impl FnOnce() -> Vec<StartedBefore>,
     mut on_event: impl FnMut(Event),
 ) -> Result<Traced> {
     let ServerProbes {
@@ -523,7 +545,7 @@ pub fn collect(
         None => Vec::new(),
     };
     attach_dispatch(&skel.progs, &mut dispatch_links)?;
-    attached();
+    start_statements(&mut skel, attached(), &mut on_event);
 
     // Called by the reader and by the tick (losses).
     let on_event = std::cell::RefCell::new(on_event);
@@ -601,6 +623,55 @@ pub fn collect(
     })
 }
 
+/// Puts the threads of `started` in their statements (`start_statements`), their waits' stacks sent first; a thread
+/// already in another, begun since, is left as it is. A failure is said, and leaves them out.
+fn start_statements(
+    skel: &mut skel::QueriesSkel<'_>,
+    started: Vec<StartedBefore>,
+    on_event: &mut impl FnMut(Event),
+) {
+    if started.is_empty() {
+        return;
+    }
+    if let Err(e) = seed(skel, started, on_event) {
+        say!("myprobe: warning: the statements running when tracing began are left out: {e:#}");
+    }
+}
+
+fn seed(
+    skel: &mut skel::QueriesSkel<'_>,
+    started: Vec<StartedBefore>,
+    on_event: &mut impl FnMut(Event),
+) -> Result<()> {
+    use libbpf_rs::MapCore;
+    for s in started {
+        let wait_stack = match s.wait_stack {
+            Some(stack) => {
+                let id = STARTED_STACK_IDS | u64::from(s.tid);
+                on_event(Event::Stack { id, stack });
+                id
+            }
+            None => 0,
+        };
+        let value = started_statement {
+            start_ns: s.start_ns,
+            wait_stack,
+            command: s.command,
+            ..Default::default()
+        };
+        skel.maps
+            .started
+            .update(
+                &s.tid.to_ne_bytes(),
+                super::maps::as_bytes(std::slice::from_ref(&value)),
+                libbpf_rs::MapFlags::ANY,
+            )
+            .context("filling the map of statements running")?;
+    }
+    super::run_task_iterator(&skel.progs.start_statements)?;
+    Ok(())
+}
+
 /// Opens the programs, sets what they read (`.rodata`), chooses them and loads them.
 fn load<'obj>(
     object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
@@ -642,8 +713,9 @@ fn load<'obj>(
             crate::server::DispatchArgs::ComData => dispatch_abi::DISPATCH_MYSQL,
         };
     }
-    // Run once, when tracing ends.
+    // Run once, when tracing ends; and once when it begins.
     open.progs.in_flight.set_autoattach(false);
+    open.progs.start_statements.set_autoattach(false);
     // Attached by attach_dispatch, to the server's binary.
     open.progs.on_dispatch.set_autoattach(false);
     open.progs.on_dispatch_return.set_autoattach(false);
@@ -684,6 +756,17 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
                         // The time since its last change of part is that part's.
                         if let Some(part) = counters.part_ns.get_mut(st.part.0 as usize) {
                             *part = part.saturating_add(now.saturating_sub(st.since));
+                        }
+                        // A futex wait under way is one of its lock waits, maybe its longest: a statement stuck
+                        // behind a lock is so until the end.
+                        if st.lock_block_ts != 0 {
+                            let took = now.saturating_sub(st.lock_block_ts);
+                            counters.lock_waits += 1;
+                            if took > counters.lock_max_ns {
+                                counters.lock_max_ns = took;
+                                counters.lock_addr = st.lock_block_addr;
+                                counters.lock_stack = st.lock_block_stack;
+                            }
                         }
                         if let Some(s) = statement(&st.ev, counters, now, true) {
                             on_event(Event::Wire(Wire::Statement(s)));
@@ -833,6 +916,7 @@ fn statement(
         counters,
         in_flight,
         pipelined: false,
+        before_tracing: e.before_tracing != 0,
     })
 }
 

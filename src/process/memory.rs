@@ -78,8 +78,8 @@ pub fn accessor_fields(
     accessors: &[(&str, usize)],
 ) -> Result<Vec<Option<Field>>> {
     use object::{Object, ObjectSection, ObjectSymbol};
-    let cache = object::read::ReadCache::new(binary);
-    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
     let mut found = vec![None; accessors.len()];
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         let Ok(name) = symbol.name() else { continue };
@@ -204,8 +204,8 @@ fn first_field_of(_code: &[u8], _arg: usize) -> Option<Field> {
 /// `None` when the function or the call is not there, or what follows the call is not such a store.
 pub fn stored_call_result(binary: &fs::File, function: &str, callee: &str) -> Result<Option<u64>> {
     use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationTarget};
-    let cache = object::read::ReadCache::new(binary);
-    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
     // The callee's GOT slots: where its PLT entries jump through.
     let slots: Vec<u64> = match (elf.dynamic_relocations(), elf.dynamic_symbol_table()) {
         (Some(relocations), Some(symbols)) => relocations
@@ -330,15 +330,15 @@ fn store_after_call(
 
 /// The runtime addresses, in a process that maps `binary` from `mapped` (the start of its mapping of the file's
 /// first page), of the symbols `names` (dynamic symbols first, then the symbol table's); `None` for each not
-/// defined. The binary is read through a cache of the ranges parsed, not whole: a server binary is tens of MiB.
+/// defined.
 pub fn symbol_addresses(
     binary: &fs::File,
     mapped: u64,
     names: &[&str],
 ) -> Result<Vec<Option<u64>>> {
     use object::{Object, ObjectSegment, ObjectSymbol};
-    let cache = object::read::ReadCache::new(binary);
-    let elf = object::File::parse(&cache).context("parsing the binary")?;
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
     // The load bias, which every segment shares: where the segment loaded from the file's start is mapped,
     // less its address in the file. Through it a variable is found even past its segment's file part (in .bss).
     let first_vaddr = elf
@@ -364,6 +364,14 @@ pub fn symbol_addresses(
         }
     }
     Ok(found)
+}
+
+/// `binary` mapped into memory, read in place: its symbols' names are read one by one, and a read of each (`ReadCache`)
+/// took half a second on MySQL's. A running executable cannot be written to (ETXTBSY), so the mapping holds.
+fn map_file(binary: &fs::File) -> Result<memmap2::Mmap> {
+    // SAFETY: read only; the file is the server's executable, which the kernel keeps from being written while it
+    // runs (a core's is read once, by this process alone).
+    unsafe { memmap2::Mmap::map(binary) }.context("mapping the binary into memory")
 }
 
 /// Where process `pid` maps the first page of `binary` (the file, known by its inode).

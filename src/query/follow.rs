@@ -20,7 +20,9 @@ use crate::{
     },
     process::{probes, Target},
     profile::waits,
-    query::{texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED},
+    query::{
+        started::Started, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
+    },
     symbolize::data::DataSymbolizer,
     unwind::ProcessTables,
 };
@@ -314,6 +316,8 @@ pub fn follow(
         ..a.collect_options(target.pid)
     };
     let control = Control::default();
+    // The statements running once the probes are in place, read from the server's memory.
+    let started = std::cell::RefCell::new(Started::default());
     if a.uprobes {
         control.want_dispatch();
     }
@@ -341,6 +345,7 @@ pub fn follow(
         tls_followed: false,
         tls_said: false,
         seen: 0,
+        started: &started,
     };
     if let Some(connect) = &a.connect {
         if execute_function.is_none() {
@@ -378,6 +383,22 @@ pub fn follow(
         syscall_cpu: a.syscall_cpu,
         min_statement_ns: a.min_statement_ns,
     };
+    let attached = || {
+        attached();
+        match Started::read(target, &opts) {
+            Ok((found, seeds)) => {
+                started.replace(found);
+                seeds
+            }
+            Err(e) => {
+                say!(
+                    "myprobe: note: the statements running when tracing began are not shown: their connections \
+                     cannot be read from the server's memory: {e:#}"
+                );
+                Vec::new()
+            }
+        }
+    };
     let traced =
         collect::queries::collect(&opts, statements, &control, probes, attached, |event| {
             stages.event(event)
@@ -405,6 +426,8 @@ struct Stages<'a, E, L> {
     tls_followed: bool,
     tls_said: bool,
     seen: u64,
+    /// The statements running when tracing began, whose records get their text and connection from it.
+    started: &'a std::cell::RefCell<Started>,
 }
 
 /// The caller's `emit`, counting what it was given.
@@ -476,7 +499,12 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         }
     }
 
-    fn wire(&mut self, wire: Wire) {
+    fn wire(&mut self, mut wire: Wire) {
+        if let Wire::Statement(s) = &mut wire {
+            if s.before_tracing && !self.started.borrow_mut().join(s, &mut self.tracker) {
+                return;
+            }
+        }
         let record = self.tracker.handle(wire);
         for notice in std::mem::take(&mut self.tracker.notices) {
             self.notice(notice);

@@ -4,6 +4,7 @@
 pub mod digest;
 pub mod executed;
 pub mod follow;
+pub mod started;
 pub mod texts;
 
 use std::{
@@ -63,6 +64,10 @@ pub struct QueryRecord {
     /// time and counters are unknown: zero).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pipelined: bool,
+    /// It ran when tracing began (read from the server's memory): `duration_us` is from its real start, its parts
+    /// from the start of tracing (the time before is `unseen_us`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub before_tracing: bool,
     #[serde(skip)]
     pub lock_addr_raw: u64,
     /// Sampled: the statements this one stands for, its period being one in that many (0 or 1: all traced).
@@ -580,6 +585,7 @@ impl Tracker {
                         counters: Counters::default(),
                         in_flight: false,
                         pipelined: true,
+                        before_tracing: false,
                     }));
                 } else if seq == 1 || seq == 2 {
                     // At sequence 2: the handshake response that follows a TLS request, read in its plaintext
@@ -706,6 +712,7 @@ impl Tracker {
             truncated,
             in_flight: s.in_flight,
             pipelined: s.pipelined,
+            before_tracing: s.before_tracing,
             lock_addr_raw,
             // Set by whoever knows the period it was traced in (`query::follow::follow`).
             stands_for: 1,
@@ -745,7 +752,7 @@ impl Tracker {
     }
 }
 
-fn realtime_offset_ns() -> i128 {
+pub(crate) fn realtime_offset_ns() -> i128 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -849,6 +856,7 @@ mod tests {
             counters: Default::default(),
             in_flight: false,
             pipelined: false,
+            before_tracing: false,
         })
     }
 

@@ -59,6 +59,9 @@ pub fn line(r: &QueryRecord) -> String {
     if r.in_flight {
         out.push_str("  (still running)");
     }
+    if r.before_tracing {
+        out.push_str("  (began before tracing)");
+    }
     if r.pipelined {
         out.push_str("  (pipelined: within the time of the statement before it)");
     }

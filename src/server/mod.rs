@@ -87,6 +87,9 @@ pub struct Sessions {
     /// The thread that serves the connection: a method that stores its `pthread_self()` in the object (the
     /// thread's TLS base, as a core's registers and the kernel's task give it), and the function it calls.
     pub thread: (&'static str, &'static str),
+    /// Whether the connection is in a transaction: a function whose first read of its argument is a field in
+    /// which these bits say so.
+    pub transaction: (&'static str, u64),
 }
 
 /// How a server's functions reach a text of a connection.

@@ -137,6 +137,8 @@ impl Server for MySql {
             ),
             // THD::store_globals, as each thread takes a connection: real_id = my_thread_self()
             thread: ("_ZN3THD13store_globalsEv", "pthread_self"),
+            // server_status & SERVER_STATUS_IN_TRANS: a multi-statement transaction under way.
+            transaction: ("_Z36thd_in_active_multi_stmt_transactionPK3THD", 1),
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct Session {
     /// The thread serving it, by its `pthread_self()` (its TLS base: `fs_base` on x86-64), where the layout
     /// knows it and a thread serves it.
     pub thread: Option<u64>,
+    /// Whether a transaction of its is open (begun, not yet committed or rolled back), where the layout knows it.
+    pub in_transaction: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +72,8 @@ pub struct Layout {
     db_offset: Option<u64>,
     started_offset: Option<u64>,
     thread_offset: Option<u64>,
+    /// The field that says a transaction is open: its offset, width and bits.
+    transaction: Option<(u64, usize, u64)>,
     user: Option<TextField>,
     host: Option<TextField>,
 }
@@ -177,11 +181,17 @@ impl Layout {
         // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
         // then the command, its start, the database, the user and the host, which are not (`Layout::unknown` says
         // what is missing).
-        let mut accessors: Vec<(&str, usize)> = [spec.id, spec.query, spec.command, spec.started]
-            .into_iter()
-            .map(|name| (name, 0))
-            .chain(spec.db)
-            .collect();
+        let mut accessors: Vec<(&str, usize)> = [
+            spec.id,
+            spec.query,
+            spec.command,
+            spec.started,
+            spec.transaction.0,
+        ]
+        .into_iter()
+        .map(|name| (name, 0))
+        .chain(spec.db)
+        .collect();
         accessors.extend(
             TextField::names(&spec.user)
                 .into_iter()
@@ -226,6 +236,9 @@ impl Layout {
             .map(|f| f.offset);
         let user = TextField::of(&spec.user, by_name);
         let host = TextField::of(&spec.host, by_name);
+        let transaction = by_name(spec.transaction.0)
+            .filter(|f| matches!(f.width, 4 | 8))
+            .map(|f| (f.offset, f.width, spec.transaction.1));
         let (method, callee) = spec.thread;
         let thread = memory::stored_call_result(file, method, callee)
             .with_context(|| format!("reading the code of {}", binary.display()))?;
@@ -238,7 +251,15 @@ impl Layout {
         )
         .with_fields(of_width(spec.command, 4), of_width(spec.started, 8), db)
         .with_names(user, host)
-        .with_thread(thread))
+        .with_thread(thread)
+        .with_transaction(transaction))
+    }
+
+    /// The same, with whether a transaction is open in the field at this offset, of this width, where these bits
+    /// are set, where known.
+    pub fn with_transaction(mut self, transaction: Option<(u64, usize, u64)>) -> Layout {
+        self.transaction = transaction;
+        self
     }
 
     /// The same, with the serving thread's `pthread_self()` at this offset, where known.
@@ -273,6 +294,7 @@ impl Layout {
             self.db_offset.is_none().then_some("database"),
             self.user.is_none().then_some("user"),
             self.host.is_none().then_some("host"),
+            self.transaction.is_none().then_some("transaction"),
         ]
         .into_iter()
         .flatten()
@@ -322,6 +344,7 @@ impl Layout {
             db_offset: None,
             started_offset: None,
             thread_offset: None,
+            transaction: None,
             user: None,
             host: None,
         }
@@ -452,6 +475,14 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
                 .thread_offset
                 .and_then(|off| mem.u64_at(thd.wrapping_add(off)))
                 .filter(|&t| t != 0),
+            in_transaction: layout.transaction.and_then(|(off, width, bits)| {
+                let at = thd.wrapping_add(off);
+                let value = match width {
+                    4 => mem.u32_at(at).map(u64::from),
+                    _ => mem.u64_at(at),
+                };
+                value.map(|v| v & bits != 0)
+            }),
         });
     }
     Ok(out)

@@ -301,38 +301,48 @@ fn query_text(query: &crate::sessions::Query) -> String {
     }
 }
 
-/// The connections read from the server's memory (`sessions`), those running a statement first, by id: a line
-/// each with its statement (normalized as the process list's are) and, where read, its user and host, database,
-/// command and time in it at `now_us` (microseconds since the epoch, where known), the thread serving it (`served`,
-/// by the object's address) and whether that thread is `crashed`, then the count of the idle.
+/// The connections read from the server's memory (`sessions`), those running a statement first, by id, then those
+/// idle in an open transaction (who may hold the locks others wait for): a line each with its statement
+/// (normalized as the process list's are) and, where read, its user and host, database, command and time in it at
+/// `now_us` (microseconds since the epoch, where known; an idle one's: since its last command), whether a
+/// transaction is open, the thread serving it (`served`, by the object's address) and whether that thread is
+/// `crashed`; then the count of the idle.
 pub fn render_sessions(
     sessions: &[crate::sessions::Session],
     now_us: Option<u64>,
     served: &HashMap<u64, u32>,
     crashed: Option<u32>,
 ) -> String {
-    use crate::sessions::Query;
-    let mut running: Vec<(&crate::sessions::Session, &Query)> = sessions
+    let mut running: Vec<&crate::sessions::Session> =
+        sessions.iter().filter(|s| s.query.is_some()).collect();
+    running.sort_by_key(|s| s.id);
+    let mut idle_in_transaction: Vec<&crate::sessions::Session> = sessions
         .iter()
-        .filter_map(|s| Some((s, s.query.as_ref()?)))
+        .filter(|s| s.query.is_none() && s.in_transaction == Some(true))
         .collect();
-    running.sort_by_key(|&(s, _)| s.id);
+    idle_in_transaction.sort_by_key(|s| s.id);
     let mut out = format!(
-        "connections read from the server's memory: {} running a statement, {} idle\n",
+        "connections read from the server's memory: {} running a statement, {} idle ({} in an open transaction)\n",
         running.len(),
-        sessions.len() - running.len()
+        sessions.len() - running.len(),
+        idle_in_transaction.len()
     );
-    for (session, query) in running {
-        let text = query_text(query);
+    for session in running.into_iter().chain(idle_in_transaction) {
         // What PROCESSLIST would say beside it: its database, command and time, where they were read.
         let time = session
             .started_us
             .zip(now_us)
             .map(|(t, now)| format!("{} s", now.saturating_sub(t) / 1_000_000));
-        let context: Vec<&str> = [session.db.as_deref(), session.command, time.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect();
+        let transaction = (session.in_transaction == Some(true)).then_some("in a transaction");
+        let context: Vec<&str> = [
+            session.db.as_deref(),
+            session.command,
+            time.as_deref(),
+            transaction,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let mut context = match context.is_empty() {
             true => String::new(),
             false => format!(" ({})", context.join(", ")),
@@ -347,6 +357,10 @@ pub fn render_sessions(
                 context += ", which crashed";
             }
         }
+        let text = match &session.query {
+            Some(query) => query_text(query),
+            None => "idle in its transaction".to_string(),
+        };
         let _ = writeln!(
             out,
             "  connection {}{}: {}",

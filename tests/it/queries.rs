@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const READY: &str = "tracing the statements";
 
@@ -276,6 +276,71 @@ fn metadata_lock_wait_is_named_by_its_site() {
     let r = &record_of_a_wait(&db, statements, &["--no-wait-sites"]);
     assert!(num(r, "lock_max_us") >= 400_000, "{r}");
     assert!(r["lock_site"].is_null(), "{r}");
+}
+
+#[test]
+fn a_pile_up_behind_a_metadata_lock_that_began_before_tracing_is_listed_on_every_server() {
+    // The statements stuck now are those that began before anyone looked: read from the server's memory when
+    // tracing begins, each is shown with its text, its connection, its wait and its time from its real start.
+    let mut servers = vec![("mariadb-10.11", testdb())];
+    for kind in ["mariadb-11.8", "mysql-9.7"] {
+        servers.extend(other_server(kind).map(|db| (kind, db)));
+    }
+    for (kind, db) in &servers {
+        db.sql("CREATE TABLE IF NOT EXISTS sbtest.mdlpile (id INT PRIMARY KEY) ENGINE=InnoDB");
+        let mut holder = db.session_in(Some("sbtest"));
+        holder.exec("LOCK TABLES mdlpile WRITE");
+        let sent = std::time::Instant::now();
+        let waiters: Vec<(Session, u64, String)> = (0..4)
+            .map(|i| {
+                let mut s = db.session_in(Some("sbtest"));
+                let id = s.connection_id();
+                let text = format!("SELECT COUNT(*), 'pile-{i}' FROM mdlpile");
+                s.send(&text);
+                (s, id, text)
+            })
+            .collect();
+        let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT COUNT(*), ''pile-%' \
+                     AND STATE = 'Waiting for table metadata lock'";
+        db.wait_until(count, || db.sql(count).trim() == "4");
+        let waiting_since = std::time::Instant::now();
+        let tracer = trace(db, &["-d", "5", "--raw-sql"]);
+        let (out, err) = tracer.wait();
+        let (least, most) = (waiting_since.elapsed(), sent.elapsed());
+        holder.exec("UNLOCK TABLES");
+        let records = json_lines(&out);
+        for (_, id, text) in &waiters {
+            let mine: Vec<&Value> = records.iter().filter(|r| r["conn"] == *id).collect();
+            assert_eq!(mine.len(), 1, "{kind}: connection {id}: {records:?}\n{err}");
+            let r = mine[0];
+            assert_eq!(r["query"], text.as_str(), "{kind}: {r}");
+            assert_eq!(
+                (&r["user"], &r["db"], &r["in_flight"], &r["before_tracing"]),
+                (&json!("root"), &json!("sbtest"), &json!(true), &json!(true)),
+                "{kind}: {r}"
+            );
+            // From its real start: longer than it was seen waiting (less the time the tracer took to exit),
+            // shorter than since it was sent.
+            let d = Duration::from_micros(num(r, "duration_us"));
+            assert!(
+                d + Duration::from_millis(1500) >= least && d <= most,
+                "{kind}: {d:?} not within {least:?}..{most:?}: {r}"
+            );
+            // The time before tracing is not seen; the time since is its wait for the lock, named.
+            assert!(
+                num(r, "unseen_us") > 0 && num(r, "lock_us") >= 4_000_000,
+                "{kind}: {r}"
+            );
+            let site = r["lock_site"].as_str().unwrap_or_default();
+            assert!(
+                is_mdl_site(site),
+                "{kind}: not the metadata lock's site: {r}"
+            );
+        }
+        for (mut s, _, _) in waiters {
+            s.read_line();
+        }
+    }
 }
 
 #[test]
