@@ -285,8 +285,8 @@ fn sessions_from_memory(target: &process::Target) -> Option<Vec<crate::sessions:
     }
 }
 
-/// Each thread's current statement, by thread id, unless `--no-sql`; a server that does not answer is said
-/// and leaves none.
+/// Each thread's current statement, by thread id, unless `--no-sql`; a server that does not answer (or names no
+/// thread for its statements) is said and leaves none: its statements are then read from its memory.
 fn statements_unless_no_sql(a: &StacksArgs, pid: u32) -> Option<HashMap<u32, String>> {
     if a.no_sql {
         return None;
@@ -294,9 +294,7 @@ fn statements_unless_no_sql(a: &StacksArgs, pid: u32) -> Option<HashMap<u32, Str
     match stacks::statements(&a.connect, pid) {
         Ok(s) => Some(s),
         Err(e) => {
-            say!(
-                "myprobe: threads shown without their statements: the server did not answer: {e:#}"
-            );
+            say!("myprobe: the statements are read from the server's memory: {e:#}");
             None
         }
     }

@@ -33,6 +33,9 @@ impl Started {
     /// Reads `target`'s connections from its memory, and the threads serving those that run a statement (with the
     /// stack each waits on: `opts`'s unwinding): what the collector is to follow from now on.
     pub fn read(target: &Target, opts: &CollectOptions) -> Result<(Started, Vec<StartedBefore>)> {
+        if !target.flavor.is_server() {
+            return Ok((Started::default(), Vec::new()));
+        }
         let server = target.flavor.server();
         let layout = Layout::of_process(target.pid, &target.binary, server)?;
         let mem = ProcMemory::open(target.pid)?;

@@ -160,7 +160,7 @@ pub const PART_PHRASES: [&str; 10] = [
     "waits for disk sync",
     "waits on the client's socket (the network, or the client itself)",
     "waits in other syscalls or page faults",
-    "was not seen by the tracer",
+    "was not seen by the tracer (before tracing began, or within the statement before)",
 ];
 
 /// One sentence per fingerprint of the `top` first: its dominant part, and where it waits for locks.

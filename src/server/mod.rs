@@ -328,6 +328,11 @@ impl Flavor {
         }
     }
 
+    /// A database server, whose connections its memory holds (not a process traced with `--any-process`).
+    pub fn is_server(self) -> bool {
+        self != Flavor::Other
+    }
+
     /// The database system as OpenTelemetry's `db.system` names it.
     pub fn db_system(self) -> &'static str {
         match self {

@@ -233,27 +233,41 @@ fn describe_syscall(nr: i64, args: &[u64; 6]) -> String {
 }
 
 /// The statements of the server's process list, by the OS thread that runs them; `Err` says why there are
-/// none (the server did not answer, or no access).
+/// none (the server did not answer, no access, or it names no thread for them).
 pub fn statements(
     args: &crate::client::ConnectArgs,
     pid: u32,
 ) -> anyhow::Result<HashMap<u32, String>> {
     let mut client = crate::client::connect(args, Some(pid))?;
     let list = client.processlist()?;
+    // Its own connection is always in it, but where the list is a table performance_schema fills.
+    if list.rows.is_empty() {
+        anyhow::bail!("its process list is empty, without even this connection (MySQL with performance_schema off)");
+    }
     let mut tids = crate::process::tids::TidMap::new(pid);
-    let mut unmapped = 0;
-    let statements = list
+    let (mut unmapped, mut threadless) = (0, 0);
+    let statements: HashMap<u32, String> = list
         .rows
         .into_iter()
         .filter_map(|r| {
             let text = r.info?;
-            let Some(tid) = tids.host(r.tid?) else {
+            let Some(tid) = r.tid else {
+                threadless += 1;
+                return None;
+            };
+            let Some(tid) = tids.host(tid) else {
                 unmapped += 1;
                 return None;
             };
             Some((tid, crate::wire::fingerprint::normalize(&text)))
         })
         .collect();
+    if threadless > 0 && statements.is_empty() {
+        anyhow::bail!(
+            "its process list names no thread for the {threadless} statements it runs (MySQL with \
+             performance_schema off)"
+        );
+    }
     if unmapped > 0 {
         say!(
             "myprobe: {unmapped} statements of the process list left out: the server names their threads by ids \

@@ -595,3 +595,65 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         "{line}"
     );
 }
+
+#[test]
+fn mysql_with_performance_schema_off_shows_its_statements_from_memory() {
+    // Its process list names no thread for a statement: `stacks` reads the statements from the server's memory,
+    // and `queries` the one running when tracing began, as with performance_schema on.
+    let Some(db) = server_or_skip("mysql-9.7") else {
+        return;
+    };
+    let dir = tempdir("servers-pfs-off");
+    let server = db.start_another_with(
+        &dir.join("db"),
+        &[
+            ("MYPROBE_TESTDB_SERVER", "mysql-9.7"),
+            ("MYPROBE_TESTDB_INIT", "1"),
+        ],
+        &["--performance-schema=OFF", "--innodb-buffer-pool-size=16M"],
+    );
+    let pid = server.0.pid.to_string();
+    let mut s = server.0.session();
+    let id = s.connection_id();
+    s.send("SELECT SLEEP(30), 'performance_schema off'");
+    server.0.wait_for(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(30), %' \
+         AND STATE = 'User sleep'",
+    );
+    let run = myprobe().args(["stacks", "-p", &pid]).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("performance_schema off"), "{err}");
+    let line = connection_line(&out, id);
+    assert!(
+        line.starts_with(&format!("  connection {id} root@localhost (Query, "))
+            && line.ends_with(": SELECT SLEEP(?), ?"),
+        "{line}"
+    );
+    assert!(out.contains("statement: SELECT SLEEP(?), ?"), "{out}");
+    let tracer = Background::start(
+        &["queries", "-p", &pid, "--json", "-d", "2"],
+        "tracing the statements",
+    );
+    let (out, err) = tracer.wait();
+    let records = json_lines(&out);
+    let mine: Vec<_> = records.iter().filter(|r| r["conn"] == id).collect();
+    assert_eq!(mine.len(), 1, "{records:?}\n{err}");
+    assert_eq!(
+        (
+            &mine[0]["query"],
+            &mine[0]["before_tracing"],
+            &mine[0]["in_flight"]
+        ),
+        (
+            &serde_json::json!("SELECT SLEEP(?), ?"),
+            &serde_json::json!(true),
+            &serde_json::json!(true)
+        ),
+        "{}",
+        mine[0]
+    );
+}

@@ -686,6 +686,38 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
             )),
         "{line}"
     );
+    // The same core cut short (a disk that filled, a copy stopped), at points from its end to its headers: refused
+    // in a line that says so, never a panic, and never a statement the server did not run.
+    let cut = dir.join("cut.core");
+    std::fs::copy(&core, &cut).unwrap();
+    let len = std::fs::metadata(&cut).unwrap().len();
+    for fraction in [0.999, 0.9, 0.6, 0.3, 0.05, 0.001] {
+        let file = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+        file.set_len((len as f64 * fraction) as u64).unwrap();
+        drop(file);
+        let run = myprobe()
+            .args(["stacks", "--core"])
+            .arg(&cut)
+            .output()
+            .unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        assert!(!err.contains("panicked"), "{fraction}: {err}");
+        if !run.status.success() {
+            // Refused as a whole, saying why: its threads' stacks would be missing, not empty.
+            assert!(err.contains("the core is truncated"), "{fraction}: {err}");
+            continue;
+        }
+        for line in out.lines().filter(|l| l.starts_with("  connection ")) {
+            assert!(
+                line.ends_with(": SELECT SLEEP(?) INTO @slept")
+                    || line.ends_with(": idle in its transaction"),
+                "{fraction}: {line}\n{err}"
+            );
+        }
+    }
 }
 
 #[test]
