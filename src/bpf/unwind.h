@@ -66,18 +66,20 @@ struct unwind_mapping {
 
 #ifdef __TARGET_ARCH_x86
 
-/* Sized by user space before loading (at least 1 entry). */
+/* Sized by user space before loading (at least 1 entry), and written by it in place (mmapped). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");
 
-/* Sized by user space before loading (at least 1 entry). */
+/* Sized by user space before loading (at least 1 entry), and written by it in place (mmapped). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, __u32);
 } unwind_pages SEC(".maps");

@@ -599,7 +599,9 @@ pub(crate) struct Installed {
 }
 
 /// Writes `items[*done..]`, converted, into an array map at the same indexes, as far as it holds; returns
-/// how far it got.
+/// how far it got. The map is written in place where the kernel lets it be mapped (`BPF_F_MMAPABLE`): a
+/// server's hundreds of thousands of rows cost a syscall's checks each through the batch call (a fifth of a
+/// snapshot's time).
 fn append_array<U, T: Plain>(
     map: &dyn MapCore,
     done: &mut usize,
@@ -608,6 +610,22 @@ fn append_array<U, T: Plain>(
 ) -> Result<usize> {
     let end = items.len().min(map.max_entries() as usize);
     let start = (*done).min(end);
+    if start == end {
+        return Ok(end);
+    }
+    // The kernel lays an array's values 8-byte aligned.
+    let stride = (map.value_size() as usize + 7) & !7;
+    if map.value_size() as usize == std::mem::size_of::<T>() {
+        if let Ok(mut values) = mapped_array(map, stride) {
+            for (i, item) in items[start..end].iter().enumerate() {
+                let at = (start + i) * stride;
+                values[at..at + std::mem::size_of::<T>()]
+                    .copy_from_slice(as_bytes(std::slice::from_ref(&convert(item))));
+            }
+            *done = end;
+            return Ok(end);
+        }
+    }
     for (i, chunk) in items[start..end].chunks(65536).enumerate() {
         let first = (start + i * 65536) as u32;
         let keys: Vec<u8> = (first..first + chunk.len() as u32)
@@ -625,6 +643,19 @@ fn append_array<U, T: Plain>(
     }
     *done = end;
     Ok(end)
+}
+
+/// The values of `map`, an array of values `stride` bytes apart, mapped for writing.
+fn mapped_array(map: &dyn MapCore, stride: usize) -> std::io::Result<memmap2::MmapMut> {
+    use std::os::fd::AsRawFd;
+    let len = map.max_entries() as usize * stride;
+    // SAFETY: the map is an array made mmapable, `len` bytes of values the kernel keeps for its life; only the
+    // values not yet published to the programs (`unwind_mappings`) are written, and nothing else maps them.
+    unsafe {
+        memmap2::MmapOptions::new()
+            .len(len)
+            .map_mut(map.as_fd().as_raw_fd())
+    }
 }
 
 /// Loads the unwind tables into a collector's maps and turns unwinding on; called again after

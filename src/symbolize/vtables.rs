@@ -28,7 +28,7 @@
 //! where its function pointers end, so an array of functions right after it would be taken for more of its
 //! slots (their names are then trusted only as above); 64-bit x86-64 and AArch64 ELF files.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fs::File;
 use std::path::Path;
 
@@ -166,11 +166,11 @@ impl<'d> Image<'d> {
             endian,
             data: Vec::new(),
             code: Vec::new(),
-            relocated: HashMap::new(),
+            relocated: HashMap::default(),
             absolute: header.e_type(endian) == elf::ET_EXEC,
-            functions: HashMap::new(),
-            object_starts: HashSet::new(),
-            vtable_symbols: HashMap::new(),
+            functions: HashMap::default(),
+            object_starts: HashSet::default(),
+            vtable_symbols: HashMap::default(),
             typeinfo_vptrs: Vec::new(),
         };
         image.read_sections(elf);
@@ -250,7 +250,7 @@ impl<'d> Image<'d> {
         abs64: u32,
     ) {
         let (endian, data, sections) = (self.endian, elf.data(), elf.elf_section_table());
-        let mut symbol_tables = HashMap::new();
+        let mut symbol_tables = HashMap::default();
         for s in sections.iter() {
             if s.sh_flags(endian) & u64::from(elf::SHF_ALLOC) == 0 {
                 continue;
@@ -386,7 +386,7 @@ impl<'d> Image<'d> {
     fn classes(&self) -> HashMap<u64, Class> {
         let pointers = self.pointers();
         // Typeinfo objects: address → (kind, mangled type name, primary base, end).
-        let mut typeinfos: HashMap<u64, (&'d str, Option<u64>)> = HashMap::new();
+        let mut typeinfos: HashMap<u64, (&'d str, Option<u64>)> = HashMap::default();
         let mut extents: Vec<(u64, u64)> = Vec::new();
         for &(at, p) in &pointers {
             let Ptr::TypeinfoVptr(kind) = p else { continue };
@@ -432,8 +432,8 @@ impl<'d> Image<'d> {
             i > 0 && a < extents[i - 1].1
         };
         // Primary vtables: a word pointing to a typeinfo after an offset to top of 0.
-        let mut candidates: HashMap<u64, Vec<u64>> = HashMap::new();
-        let mut headers: HashSet<u64> = HashSet::new();
+        let mut candidates: HashMap<u64, Vec<u64>> = HashMap::default();
+        let mut headers: HashSet<u64> = HashSet::default();
         for &(at, p) in &pointers {
             let Ptr::Addr(ti) = p else { continue };
             if !typeinfos.contains_key(&ti) || in_typeinfo(at) {
@@ -449,7 +449,7 @@ impl<'d> Image<'d> {
             }
             candidates.entry(ti).or_default().push(at + 8);
         }
-        let mut classes = HashMap::new();
+        let mut classes = HashMap::default();
         for (ti, points) in candidates {
             let (mangled, base) = typeinfos[&ti];
             let exported = self.vtable_symbols.get(mangled.as_bytes()).copied();
@@ -542,8 +542,8 @@ impl<'d> Image<'d> {
         }
 
         // Where each function without a symbol is, and which sets matter.
-        let mut unnamed: HashMap<u64, Vec<(usize, usize)>> = HashMap::new();
-        let mut wanted: HashSet<usize> = HashSet::new();
+        let mut unnamed: HashMap<u64, Vec<(usize, usize)>> = HashMap::default();
+        let mut wanted: HashSet<usize> = HashSet::default();
         for (c, class) in list.iter().enumerate() {
             for (i, slot) in class.slots.iter().enumerate() {
                 if let Slot::Fn(f) = *slot {
@@ -555,8 +555,8 @@ impl<'d> Image<'d> {
             }
         }
         // Each wanted set's method, from the symbols of its slots' functions.
-        let mut split: HashMap<&str, Option<(String, String)>> = HashMap::new();
-        let mut method: HashMap<usize, Option<String>> = HashMap::new();
+        let mut split: HashMap<&str, Option<(String, String)>> = HashMap::default();
+        let mut method: HashMap<usize, Option<String>> = HashMap::default();
         for (c, class) in list.iter().enumerate() {
             for (i, slot) in class.slots.iter().enumerate() {
                 let Slot::Fn(f) = *slot else { continue };
@@ -585,7 +585,7 @@ impl<'d> Image<'d> {
             }
         }
 
-        let mut names = HashMap::new();
+        let mut names = HashMap::default();
         for (f, places) in unnamed {
             let methods: HashSet<Option<&String>> = places
                 .iter()
