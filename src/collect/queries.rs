@@ -507,8 +507,9 @@ pub struct StatementOptions {
 }
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
-/// called once the probes are in place, and gives the statements the server ran then); returns what was lost. `control` is read at every poll. Sampled
-/// (`CollectOptions::duty`), the time traced over the time statements were followed comes with what was lost.
+/// called once the probes are in place, and gives the statements the server ran then); returns what was lost.
+/// `control` is read at every poll. Sampled (`CollectOptions::duty`), the time traced over the time statements
+/// were followed comes with what was lost.
 pub fn collect(
     opts: &CollectOptions,
     statements: StatementOptions,

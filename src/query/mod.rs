@@ -724,12 +724,12 @@ impl Tracker {
         }
     }
 
-    /// What the server says of the connection on `socket` (its process list), where its handshake went by
-    /// unseen: its later statements carry it.
-    pub fn learn_connection(&mut self, socket: i32, id: u32, user: &str, db: Option<&str>) {
+    /// What the server says of the connection on `socket` (its process list, or its memory), where its handshake
+    /// went by unseen: its later statements carry it.
+    pub fn learn_connection(&mut self, socket: i32, id: u32, user: Option<&str>, db: Option<&str>) {
         let conn = self.conn_entry(socket);
         conn.id = conn.id.or(Some(id));
-        conn.user = Some(user.into());
+        conn.user = user.map(Text::from);
         conn.db = db.map(Text::from);
     }
 
@@ -1001,7 +1001,7 @@ mod tests {
         t.handle(greeting(9, 5, 0, 42));
         let query = t.handle(dispatched(b"\x03SELECT 1")).unwrap();
         assert_eq!((query.conn, query.socket), (Some(42), dispatch_fd(9)));
-        t.learn_connection(dispatch_fd(9), 42, "alice", Some("shop"));
+        t.learn_connection(dispatch_fd(9), 42, Some("alice"), Some("shop"));
         let mut execute = vec![protocol::COM_STMT_EXECUTE];
         execute.extend(7u32.to_le_bytes());
         let e = t.handle(dispatched(&execute)).unwrap();

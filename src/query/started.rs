@@ -103,7 +103,7 @@ impl Started {
         tracker.learn_connection(
             socket,
             session.id as u32,
-            session.user.as_deref().unwrap_or(""),
+            session.user.as_deref(),
             session.db.as_deref(),
         );
         true

@@ -867,7 +867,12 @@ impl PreparedTexts {
                         else {
                             continue;
                         };
-                        tracker.learn_connection(r.socket, row.id, &row.user, row.db.as_deref());
+                        tracker.learn_connection(
+                            r.socket,
+                            row.id,
+                            Some(&row.user),
+                            row.db.as_deref(),
+                        );
                         r.conn = r.conn.or(Some(row.id));
                         r.user = Some(row.user.as_str().into());
                         r.db = row.db.as_deref().map(Text::from);
