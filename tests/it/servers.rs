@@ -478,6 +478,7 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         .unwrap();
     let id = s.connection_id();
     start_crashing_statement(&mut s);
+    let incident = Incident::start(&server.0);
     let mut watch = server.0.session();
     for _ in 0..200 {
         let sleeping = watch.query_row(&format!(
@@ -594,6 +595,8 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
             )),
         "{line}"
     );
+    // And the others, as the server held them when it crashed.
+    incident.assert_shown(&out);
 }
 
 #[test]

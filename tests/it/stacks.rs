@@ -599,6 +599,7 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     let tid = s.server_tid();
     let id = s.connection_id();
     start_crashing_statement(&mut s);
+    let incident = Incident::start(&server.0);
     let mut watch = server.0.session();
     for _ in 0..200 {
         let state = watch.query_row(&format!(
@@ -686,6 +687,8 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
             )),
         "{line}"
     );
+    // And the others, as the server held them when it crashed.
+    incident.assert_shown(&out);
     // The same core cut short (a disk that filled, a copy stopped), at points from its end to its headers: refused
     // in a line that says so, never a panic, and never a statement the server did not run.
     let cut = dir.join("cut.core");

@@ -539,6 +539,76 @@ pub fn start_crashing_statement(s: &mut Session) {
     s.send("PREPARE napping FROM 'CALL crash.nap()'; EXECUTE napping");
 }
 
+/// What a DBA meets in an incident, on the database `crash` that [`start_crashing_statement`] made: a connection
+/// sleeping, one holding a row lock in its open transaction, one waiting for that lock, and one idle in its
+/// transaction. Their sessions stay open while it lives.
+pub struct Incident {
+    _sessions: Vec<Session>,
+    /// The connections running a statement, and its text as `stacks` shows it (normalized).
+    pub running: Vec<(u64, String)>,
+    /// The connections idle in an open transaction.
+    pub idle_in_transaction: Vec<u64>,
+}
+
+impl Incident {
+    pub fn start(db: &TestDb) -> Incident {
+        db.sql("CREATE TABLE crash.t (id INT PRIMARY KEY, k INT) ENGINE=InnoDB; INSERT INTO crash.t VALUES (1, 0)");
+        let mut sleeper = db.session_in(Some("crash"));
+        let sleeper_id = sleeper.connection_id();
+        sleeper.send("SELECT SLEEP(60), 'incident'");
+        let mut holder = db.session_in(Some("crash"));
+        let holder_id = holder.connection_id();
+        holder.query_row("BEGIN; UPDATE t SET k = k + 1 WHERE id = 1; SELECT 'held'");
+        let mut waiter = db.session_in(Some("crash"));
+        let waiter_id = waiter.connection_id();
+        waiter.send("UPDATE t SET k = k + 1 WHERE id = 1 AND 'incident' <> ''");
+        let mut idle = db.session_in(Some("crash"));
+        let idle_id = idle.connection_id();
+        idle.query_row("BEGIN; SELECT COUNT(*) FROM t");
+        db.wait_for_row_lock_wait("incident");
+        db.wait_for(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(60), %' \
+             AND STATE = 'User sleep'",
+        );
+        Incident {
+            _sessions: vec![sleeper, holder, waiter, idle],
+            running: vec![
+                (sleeper_id, "SELECT SLEEP(60), 'incident'"),
+                (
+                    waiter_id,
+                    "UPDATE t SET k = k + 1 WHERE id = 1 AND 'incident' <> ''",
+                ),
+            ]
+            .into_iter()
+            .map(|(id, text)| (id, myprobe::wire::fingerprint::normalize(text)))
+            .collect(),
+            idle_in_transaction: vec![holder_id, idle_id],
+        }
+    }
+
+    /// Checks that `out`, what `stacks` printed, shows each of its connections as it is: its user, database,
+    /// command and statement, or idle in its transaction.
+    pub fn assert_shown(&self, out: &str) {
+        for (id, text) in &self.running {
+            let line = connection_line(out, *id);
+            assert!(
+                line.contains(" root@localhost (crash, Query, ")
+                    && line.ends_with(&format!(": {text}")),
+                "{line}"
+            );
+        }
+        for id in &self.idle_in_transaction {
+            let line = connection_line(out, *id);
+            assert!(
+                line.contains(" root@localhost (crash, Sleep, ")
+                    && line.contains(" s, in a transaction)")
+                    && line.ends_with(": idle in its transaction"),
+                "{line}"
+            );
+        }
+    }
+}
+
 /// The line `stacks` gives connection `id` among the connections it read from a server's memory, in `out`.
 pub fn connection_line(out: &str, id: u64) -> &str {
     out.lines()
