@@ -20,7 +20,8 @@ const CLIENT_WAIT_FRAMES: [&str; 3] = ["my_net_read_packet", "vio_read", "vio_so
 pub fn findings(r: &Report) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(s) = &r.statements {
-        statements(&s.rows, r.traced.as_secs_f64(), &mut out);
+        let running_at_end = r.threads.iter().filter(|t| t.statement.is_some()).count();
+        statements(&s.rows, r.traced.as_secs_f64(), running_at_end, &mut out);
     }
     for p in &r.profiles {
         match p.id {
@@ -70,9 +71,23 @@ pub fn findings(r: &Report) -> Vec<String> {
     out
 }
 
-fn statements(rows: &[crate::query::digest::DigestRow], secs: f64, out: &mut Vec<String>) {
+/// The statements' sentences; `running_at_end`: the threads running a statement when tracing ended, which an idle
+/// server has none of.
+fn statements(
+    rows: &[crate::query::digest::DigestRow],
+    secs: f64,
+    running_at_end: usize,
+    out: &mut Vec<String>,
+) {
     let total = rows.iter().map(|r| r.total_us).fold(0, u64::saturating_add);
     let count = rows.iter().map(|r| r.count).fold(0, u64::saturating_add);
+    if (count == 0 || total == 0) && running_at_end > 0 {
+        out.push(format!(
+            "No statement was traced, yet {running_at_end} were running when tracing ended: they began before it, \
+             and the server's memory, where they would have been read, could not be (said on stderr)."
+        ));
+        return;
+    }
     if count == 0 || total == 0 {
         out.push(
             "No statement was traced: the server was idle, or its clients use TLS or compression."
@@ -227,5 +242,24 @@ fn threads(r: &Report, out: &mut Vec<String>) {
             "Deadlock: threads {} wait for each other's locks.",
             tids.join(" → ")
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_statement_traced_is_idle_only_when_none_runs() {
+        let mut out = Vec::new();
+        statements(&[], 5.0, 0, &mut out);
+        assert!(out[0].contains("the server was idle"), "{out:?}");
+        let mut out = Vec::new();
+        statements(&[], 5.0, 3, &mut out);
+        assert!(
+            out[0].starts_with("No statement was traced, yet 3 were running")
+                && !out[0].contains("idle"),
+            "{out:?}"
+        );
     }
 }
