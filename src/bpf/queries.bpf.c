@@ -140,6 +140,7 @@ struct query_thread {
 	__u64 lock_block_addr;  /* its futex word */
 	__u64 lock_block_stack; /* and its stack's id */
 	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
+	__u64 statement_sk;     /* the call_sk the statement's request came on (its reply's sends are on it) */
 	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
 	__s32 compressed_fd;    /* a connection that asked for the compressed protocol */
 	__u32 inflated_len;     /* the packet being read: its length inflated, if deflated */
@@ -433,6 +434,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	st->ev.kind = EVENT_STATEMENT;
 	st->ev.tid = tid;
 	st->ev.fd = st->fd;
+	st->statement_sk = st->call_sk;
 	st->ev.socket_ino = socket_ino(st->call_sk);
 	st->ev.packet_len = st->header_len;
 	st->ev.seq = 0;
@@ -639,6 +641,7 @@ static __always_inline void adopt_socket(struct query_thread *st, __s32 fd)
 	st->socket_unknown = 0;
 	st->fd = fd;
 	st->ev.fd = fd;
+	st->statement_sk = st->call_sk;
 	st->ev.socket_ino = socket_ino(st->call_sk);
 }
 
@@ -1073,7 +1076,10 @@ static __always_inline void socket_call(struct query_thread *st, __u32 tid, enum
 		connection_ended(st, now);
 		return;
 	}
-	if (counted && !recv && n > 0 && greets_another_connection(st, fd, buf, n)) {
+	/* A send on the statement's own socket (the same descriptor and socket: a reply) is no greeting: its bytes are
+	 * not read for one. */
+	bool own_socket = fd == st->fd && st->call_sk == st->statement_sk;
+	if (counted && !recv && n > 0 && !own_socket && greets_another_connection(st, fd, buf, n)) {
 		connection_vanished(st, now);
 		counted = false;
 	}
@@ -1580,6 +1586,7 @@ int start_statements(struct bpf_iter__task *ctx)
 	st->via_dispatch = 0;
 	st->socket_unknown = 1;
 	st->fd = -1;
+	st->statement_sk = 0;
 	st->text_more = 0;
 	st->lock_block_ts = 0;
 	st->ev.kind = EVENT_STATEMENT;
