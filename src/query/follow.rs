@@ -542,7 +542,12 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
     /// A statement's record: its wait site and lock named, then its text looked for.
     fn named(&mut self, mut record: QueryRecord) {
         self.seen += 1;
-        record.stands_for = self.stands_for;
+        // One that ran when tracing began was read with all the others then, not sampled: it stands for itself.
+        record.stands_for = if record.before_tracing {
+            1
+        } else {
+            self.stands_for
+        };
         if record.lock_stack != 0 {
             record.lock_site = self.sites.of(record.lock_stack);
         }
