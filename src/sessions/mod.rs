@@ -179,8 +179,8 @@ impl Layout {
         };
         let (list_at, vtable) = (symbol(0)?, symbol(1)?);
         // Every accessor decoded in one parse of the binary: the id and the statement first, which are needed;
-        // then the command, its start, the database, the user and the host, which are not (`Layout::unknown` says
-        // what is missing).
+        // then the command, its start, the database, the user, the host and whether a transaction is open, which
+        // are not (`Layout::unknown` says what is missing).
         let mut accessors: Vec<(&str, usize)> = [
             spec.id,
             spec.query,
