@@ -1566,7 +1566,7 @@ int in_flight(struct bpf_iter__task *ctx)
  * server's memory (`started`) is put in it, as if it had been followed from the statement's start; its time is
  * followed from now on, where it is now (on a CPU, or blocked in a syscall: a futex wait is the statement's lock
  * wait, on the stack user space read). A thread already in a statement (one that began since) is left as it
- * is. Each thread seeded is written out, by its id. */
+ * is. */
 SEC("iter/task")
 int start_statements(struct bpf_iter__task *ctx)
 {
@@ -1625,6 +1625,5 @@ int start_statements(struct bpf_iter__task *ctx)
 			st->lock_block_stack = s->wait_stack;
 		}
 	}
-	bpf_seq_write(ctx->meta->seq, &tid, sizeof(tid));
 	return 0;
 }

@@ -270,11 +270,10 @@ fn sessions_from_memory(target: &process::Target) -> Option<Vec<crate::sessions:
             &target.binary,
             target.flavor.server(),
         )?;
-        let mem = process::memory::ProcMemory::open(target.pid)?;
         if let Some(unknown) = layout.unknown() {
             say!("myprobe: {unknown}");
         }
-        crate::sessions::read(&mem, &layout)
+        crate::sessions::read_process(target.pid, &layout)
     };
     match read() {
         Ok(s) => Some(s),

@@ -13,7 +13,7 @@ use crate::{
         queries::{RawStatement, StartedBefore},
         CollectOptions,
     },
-    process::{memory::ProcMemory, Target},
+    process::Target,
     query::{dispatch_fd, Tracker},
     sessions::{self, Layout, Query, Session},
     wire::protocol,
@@ -38,8 +38,7 @@ impl Started {
         }
         let server = target.flavor.server();
         let layout = Layout::of_process(target.pid, &target.binary, server)?;
-        let mem = ProcMemory::open(target.pid)?;
-        let running: Vec<Session> = sessions::read(&mem, &layout)?
+        let running: Vec<Session> = sessions::read_process(target.pid, &layout)?
             .into_iter()
             .filter(runs_a_statement)
             .collect();
@@ -54,17 +53,12 @@ impl Started {
         let threads = collect::threads::snapshot(opts)
             .context("reading the threads that run statements")?
             .threads;
-        let by_tls: FxHashMap<u64, &collect::threads::ThreadRecord> = threads
-            .iter()
-            .filter(|t| t.tls_base != 0)
-            .map(|t| (t.tls_base, t))
-            .collect();
+        let serving = sessions::serving_threads(&running, &threads);
         let offset_ns = crate::query::realtime_offset_ns();
         let now = collect::monotonic_ns();
         let mut seeds = Vec::new();
         for s in running {
-            let (Some(thread), Some(us)) = (s.thread.and_then(|t| by_tls.get(&t)), s.started_us)
-            else {
+            let (Some(thread), Some(us)) = (serving.get(&s.thd), s.started_us) else {
                 continue;
             };
             let start_ns = (i128::from(us) * 1000 - offset_ns).clamp(0, i128::from(now)) as u64;
@@ -115,9 +109,7 @@ impl Started {
         let layout = &self.layout;
         let at_end = self.at_end.get_or_insert_with(|| {
             let (pid, layout) = layout.as_ref()?;
-            ProcMemory::open(*pid)
-                .and_then(|mem| sessions::read(&mem, layout))
-                .ok()
+            sessions::read_process(*pid, layout).ok()
         });
         let Some(now) = at_end else {
             return true;

@@ -6,12 +6,17 @@
 //! binary says where they are, for its own build. What does not hold together (a
 //! list that does not end, ids not distinct, a text's pointer outside memory) is said, never shown.
 
-use std::{collections::HashSet, fs, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    path::Path,
+};
 
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
-    process::memory::{self, Memory},
+    collect::threads::ThreadRecord,
+    process::memory::{self, Memory, ProcMemory},
     server::{Server, SessionList, TextAccessor},
 };
 
@@ -349,6 +354,28 @@ impl Layout {
             host: None,
         }
     }
+}
+
+/// Every connection of process `pid`, read from `/proc/PID/mem` (see [`read`]).
+pub fn read_process(pid: u32, layout: &Layout) -> Result<Vec<Session>> {
+    read(&ProcMemory::open(pid)?, layout)
+}
+
+/// The thread serving each connection of `sessions` that one serves, by the object's address: the one of
+/// `threads` whose thread pointer the connection keeps.
+pub fn serving_threads<'a>(
+    sessions: &[Session],
+    threads: &'a [ThreadRecord],
+) -> HashMap<u64, &'a ThreadRecord> {
+    let by_tls: HashMap<u64, &ThreadRecord> = threads
+        .iter()
+        .filter(|t| t.tls_base != 0)
+        .map(|t| (t.tls_base, t))
+        .collect();
+    sessions
+        .iter()
+        .filter_map(|s| Some((s.thd, *by_tls.get(&s.thread?)?)))
+        .collect()
 }
 
 /// Every connection of the process whose memory is `mem`. A running server changes its list while it is read:

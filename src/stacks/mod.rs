@@ -285,14 +285,9 @@ pub fn link_sessions(
     records: &[ThreadRecord],
     threads: &mut [ThreadStack],
 ) -> HashMap<u64, u32> {
-    let by_tls: HashMap<u64, u32> = records
-        .iter()
-        .filter(|r| r.tls_base != 0)
-        .map(|r| (r.tls_base, r.tid))
-        .collect();
-    let served: HashMap<u64, u32> = sessions
-        .iter()
-        .filter_map(|s| Some((s.thd, *by_tls.get(&s.thread?)?)))
+    let served: HashMap<u64, u32> = crate::sessions::serving_threads(sessions, records)
+        .into_iter()
+        .map(|(thd, t)| (thd, t.tid))
         .collect();
     for s in sessions {
         let (Some(tid), Some(query)) = (served.get(&s.thd), &s.query) else {
