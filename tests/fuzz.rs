@@ -1497,7 +1497,7 @@ fn event() -> impl Strategy<Value = Wire> {
         }),
         // A command read ahead with the statement before it (a pipelined statement).
         1 => (fd(), socket_ino(), request()).prop_map(|(fd, ino, payload)| packet_in(fd, ino, 0, payload)),
-        8 => raw_statement().prop_map(Wire::Statement),
+        8 => raw_statement().prop_map(|s| Wire::Statement(Box::new(s))),
     ]
 }
 
@@ -1632,7 +1632,7 @@ proptest! {
                 let mut reply = vec![0x00];
                 reply.extend_from_slice(&(prepared as u32).to_le_bytes());
                 reply.extend_from_slice(&[0; 7]);
-                t.handle(Wire::Statement(RawStatement {
+                t.handle(Wire::Statement(Box::new(RawStatement {
                     tid: 1,
                     fd: busy_fd,
                     socket_ino: 0,
@@ -1645,7 +1645,7 @@ proptest! {
                     in_flight: false,
                     pipelined: false,
                     before_tracing: false,
-                }));
+                })));
                 prepared += 1;
             }
             if i % 4096 == 0 {

@@ -32,7 +32,7 @@ pub const OTHER: &str = "other";
 struct Series {
     count: u64,
     errors: u64,
-    parts_us: [u64; 10],
+    parts_us: [u64; crate::query::PARTS],
     total_us: u64,
     /// Statements per bucket of [`LATENCY_BUCKETS`] (not cumulative), and above the last.
     buckets: [u64; LATENCY_BUCKETS.len() + 1],

@@ -139,6 +139,8 @@ struct query_thread {
 	__u64 lock_block_ts;    /* when the futex wait in progress blocked, 0 if it has not */
 	__u64 lock_block_addr;  /* its futex word */
 	__u64 lock_block_stack; /* and its stack's id */
+	__u64 lock_before;      /* the lock part when it blocked */
+	__u32 wait_hint;        /* the type of the last ambiguous thd_wait_begin call in the statement (on_wait_type) */
 	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
 	__u64 statement_sk;     /* the call_sk the statement's request came on (its reply's sends are on it) */
 	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
@@ -356,6 +358,27 @@ static __always_inline enum time_part on_cpu_part(struct task_struct *task)
 	return PART_USER;
 }
 
+/* A futex wait of `ns` in the lock part at stack `stack`: to its slot, or the first free one (none: the part's
+ * remainder). */
+static __always_inline void add_wait(struct query_counters *c, __u64 stack, __u32 hint, __u64 ns)
+{
+	if (!stack)
+		return;
+#pragma unroll
+	for (int i = 0; i < WAIT_SLOTS; i++) {
+		struct wait_slot *w = &c->waits[i];
+		if (w->stack == 0) {
+			w->stack = stack;
+			w->hint = hint;
+		} else if (w->stack != stack || w->hint != hint) {
+			continue;
+		}
+		w->ns += ns;
+		w->waits++;
+		return;
+	}
+}
+
 /* The time since the last change goes to the part it was in; `next` from now on. */
 static __always_inline void charge(struct query_thread *st, __u64 now, enum time_part next)
 {
@@ -421,6 +444,7 @@ static __always_inline void start_statement(struct query_thread *st, __u32 tid, 
 	}
 	__builtin_memset(&st->c, 0, sizeof(st->c));
 	st->lock_block_ts = 0;
+	st->wait_hint = 0;
 	st->phase = PHASE_RUNNING;
 	st->via_dispatch = 0;
 	st->socket_unknown = 0;
@@ -1390,6 +1414,21 @@ int BPF_KRETPROBE(on_tls_return, long ret)
 	return 0;
 }
 
+/* At a call of the server's thd_wait_begin(thd, type) whose type is one of several (InnoDB's lock wait: a row lock
+ * or a table lock), placed on the call instruction itself, where its second argument is set: the waits that follow
+ * in the statement at that function's stacks are of this type. Called only before such a wait. */
+SEC("uprobe")
+int BPF_KPROBE(on_wait_type, __u64 thd, __u64 type)
+{
+	(void)ctx;
+	(void)thd;
+	__u32 tid;
+	struct query_thread *st = current_state(&tid, false);
+	if (st && in_statement(st))
+		st->wait_hint = (__u32)type;
+	return 0;
+}
+
 /* The texts of statements prepared before tracing: at the server's Prepared_statement::execute, attached by
  * user space only while executions of a statement of unknown text come. `this` is the statement object, which
  * keeps the text it was prepared with; sent only for a thread the socket path (or dispatch_command) sees
@@ -1478,6 +1517,7 @@ SCHED_SWITCH_PROG(on_switch)
 						finish_statement(st);
 					} else {
 						charge(st, now, part);
+						st->lock_before = st->c.part_ns[PART_LOCK];
 						st->place = PLACE_BLOCKED;
 						st->blocked_at = now;
 						st->blocked_part = part;
@@ -1512,6 +1552,7 @@ SCHED_SWITCH_PROG(on_switch)
 					c->lock_addr = st->lock_block_addr;
 					c->lock_stack = st->lock_block_stack;
 				}
+				add_wait(c, st->lock_block_stack, st->wait_hint, c->part_ns[PART_LOCK] - st->lock_before);
 			}
 		}
 	}
@@ -1589,6 +1630,7 @@ int start_statements(struct bpf_iter__task *ctx)
 	st->statement_sk = 0;
 	st->text_more = 0;
 	st->lock_block_ts = 0;
+	st->wait_hint = 0;
 	st->ev.kind = EVENT_STATEMENT;
 	st->ev.tid = tid;
 	st->ev.fd = -1;
@@ -1623,6 +1665,7 @@ int start_statements(struct bpf_iter__task *ctx)
 			st->lock_block_ts = now;
 			st->lock_block_addr = arg0;
 			st->lock_block_stack = s->wait_stack;
+			st->lock_before = 0;
 		}
 	}
 	return 0;

@@ -58,8 +58,20 @@ enum time_part : __u8 {
 	PARTS,
 };
 
+/* A statement's futex waits at one stack: the time they took from the lock part. */
+#define WAIT_SLOTS 4
+struct wait_slot {
+	__u64 stack;    /* its id (stack_ids.h), 0: a free slot */
+	__u64 ns;
+	__u32 hint;     /* the type its thread's last ambiguous thd_wait_begin call announced (0: none) */
+	__u32 waits;
+};
+
 struct query_counters {
 	__u64 part_ns[PARTS];
+	/* The lock part by stack, for the first WAIT_SLOTS stacks a statement waits at (the rest: the part's
+	 * remainder). */
+	struct wait_slot waits[WAIT_SLOTS];
 	__u64 lock_max_ns;    /* the longest futex wait, */
 	__u64 lock_addr;      /* its futex word */
 	__u64 lock_stack;     /* and the id of its stack (stack_ids.h), 0 if none */

@@ -124,7 +124,7 @@ pub enum Event {
 /// A statement, or a packet outside one: what was read on a connection.
 #[derive(Clone, Debug)]
 pub enum Wire {
-    Statement(RawStatement),
+    Statement(Box<RawStatement>),
     /// A client packet outside a statement (handshake response, or a command read ahead with the one before
     /// it, at sequence 0): sequence id, the length its header gives, and its payload (maybe the beginning).
     PacketIn {
@@ -491,6 +491,40 @@ pub struct ServerProbes<'a> {
     pub dispatch: Option<DispatchProbe<'a>>,
     pub tls: Option<TlsProbe<'a>>,
     pub execute: Option<ExecuteProbe<'a>>,
+    pub wait_types: Option<WaitTypeProbe<'a>>,
+}
+
+/// The server's calls of `thd_wait_begin` whose type is one of several (InnoDB's lock wait: a row or a table lock),
+/// by their offsets in its binary (`symbolize::wait_calls`): a uprobe on each call instruction gives the type of the
+/// waits that follow (`wait_slot::hint`). Each runs only before such a wait; attached for the whole trace.
+pub struct WaitTypeProbe<'a> {
+    pub binary: &'a Path,
+    pub call_offsets: Vec<u64>,
+}
+
+impl WaitTypeProbe<'_> {
+    /// Attaches them; a failure is said, and leaves those waits named by their stacks alone.
+    fn attach(&self, prog: &libbpf_rs::ProgramMut, pid: u32) -> Vec<Link> {
+        let mut links = Vec::new();
+        for &offset in &self.call_offsets {
+            match prog.attach_uprobe_with_opts(
+                pid as i32,
+                self.binary,
+                offset as usize,
+                UprobeOpts::default(),
+            ) {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    say!(
+                        "myprobe: warning: InnoDB's row and table lock waits are not told apart: attaching a uprobe                          at {offset:#x} of {}: {e:#}",
+                        self.binary.display()
+                    );
+                    break;
+                }
+            }
+        }
+        links
+    }
 }
 
 /// What the statement tracer takes and sends, besides what every collector is given.
@@ -522,6 +556,7 @@ pub fn collect(
         dispatch,
         tls,
         execute,
+        wait_types,
     } = probes;
     let mut object = MaybeUninit::uninit();
     let mut skel = load(&mut object, opts, statements, dispatch.as_ref())?;
@@ -541,10 +576,12 @@ pub fn collect(
         })
     };
     // For the whole trace (a sampled one's closed periods too): each attach costs the server a few milliseconds.
-    let tls_links = match &tls {
-        Some(t) => t.attach_said(&skel.progs, opts.pid, &mut on_event),
-        None => Vec::new(),
-    };
+    let mut tls_links =
+        wait_types.map_or_else(Vec::new, |w| w.attach(&skel.progs.on_wait_type, opts.pid));
+    tls_links.extend(
+        tls.map(|t| t.attach_said(&skel.progs, opts.pid, &mut on_event))
+            .unwrap_or_default(),
+    );
     attach_dispatch(&skel.progs, &mut dispatch_links)?;
     start_statements(&mut skel, attached(), &mut on_event);
 
@@ -721,6 +758,7 @@ fn load<'obj>(
     open.progs.on_dispatch.set_autoattach(false);
     open.progs.on_dispatch_return.set_autoattach(false);
     open.progs.on_execute.set_autoattach(false);
+    open.progs.on_wait_type.set_autoattach(false);
     // Attached by TlsProbe::attach, to the server's binary.
     for prog in [
         &mut open.progs.on_tls_read,
@@ -735,7 +773,7 @@ fn load<'obj>(
 }
 
 /// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
-/// return probe first), the TLS probes the other way (the entry probes first); then the tracepoints, so that
+/// return probe first), the TLS probes the other way (the entry probes first; the wait types' after them); then the tracepoints, so that
 /// nothing is sent after the last read of the ring buffer and the threads' state is still when read.
 fn detach(dispatch: Vec<Link>, tls: Vec<Link>, execute: ExecuteLink, tracepoints: Tracepoints) {
     dispatch.into_iter().for_each(drop);
@@ -768,14 +806,17 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
                                 counters.lock_addr = st.lock_block_addr;
                                 counters.lock_stack = st.lock_block_stack;
                             }
+                            let waited = counters.part_ns[TimePart::PART_LOCK.0 as usize]
+                                .saturating_sub(st.lock_before);
+                            add_wait(&mut counters, st.lock_block_stack, st.wait_hint, waited);
                         }
                         if let Some(s) = statement(&st.ev, counters, now, true) {
-                            on_event(Event::Wire(Wire::Statement(s)));
+                            on_event(Event::Wire(Wire::Statement(Box::new(s))));
                         }
                     }
                     phase::PHASE_REPLIED => {
                         if let Some(s) = statement(&st.ev, st.ev.c, st.ev.end_ns, false) {
-                            on_event(Event::Wire(Wire::Statement(s)));
+                            on_event(Event::Wire(Wire::Statement(Box::new(s))));
                         }
                     }
                     _ => {}
@@ -783,6 +824,23 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
             }
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
+    }
+}
+
+/// As queries.bpf.c's add_wait: a futex wait of `ns` at `stack` to its slot, or the first free one.
+fn add_wait(c: &mut Counters, stack: u64, hint: u32, ns: u64) {
+    if stack == 0 {
+        return;
+    }
+    if let Some(w) = c
+        .waits
+        .iter_mut()
+        .find(|w| w.stack == 0 || (w.stack == stack && w.hint == hint))
+    {
+        w.stack = stack;
+        w.hint = hint;
+        w.ns = w.ns.saturating_add(ns);
+        w.waits += 1;
     }
 }
 
@@ -957,7 +1015,7 @@ fn event_of(e: &query_event) -> Option<Wire> {
     let text = || e.text.get(..e.text_len as usize).map(<[u8]>::to_vec);
     match e.kind {
         query_event_kind::EVENT_STATEMENT => {
-            statement(e, e.c, e.end_ns, false).map(Wire::Statement)
+            statement(e, e.c, e.end_ns, false).map(|s| Wire::Statement(Box::new(s)))
         }
         query_event_kind::EVENT_PACKET_IN => Some(Wire::PacketIn {
             tid: e.tid,

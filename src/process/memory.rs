@@ -336,21 +336,10 @@ pub fn symbol_addresses(
     mapped: u64,
     names: &[&str],
 ) -> Result<Vec<Option<u64>>> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
+    use object::{Object, ObjectSymbol};
     let image = map_file(binary)?;
     let elf = object::File::parse(&*image).context("parsing the binary")?;
-    // The load bias, which every segment shares: where the segment loaded from the file's start is mapped,
-    // less its address in the file. Through it a variable is found even past its segment's file part (in .bss).
-    let first_vaddr = elf
-        .segments()
-        .filter(|seg| seg.file_range().0 == 0)
-        .map(|seg| seg.address())
-        .min()
-        .context("the binary has no segment loaded from its start")?;
-    const PAGE: u64 = 4096;
-    let bias = mapped
-        .checked_sub(first_vaddr & !(PAGE - 1))
-        .context("the binary is mapped below its own addresses")?;
+    let bias = bias(&elf, mapped)?;
     let mut found = vec![None; names.len()];
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if !symbol.is_definition() {
@@ -364,6 +353,31 @@ pub fn symbol_addresses(
         }
     }
     Ok(found)
+}
+
+/// What a process that maps `elf`'s first page at `mapped` adds to its addresses: the load bias, which every
+/// segment shares (where the segment loaded from the file's start is mapped, less its address in the file).
+/// Through it a variable is found even past its segment's file part (in .bss).
+fn bias(elf: &object::File, mapped: u64) -> Result<u64> {
+    use object::{Object, ObjectSegment};
+    let first_vaddr = elf
+        .segments()
+        .filter(|seg| seg.file_range().0 == 0)
+        .map(|seg| seg.address())
+        .min()
+        .context("the binary has no segment loaded from its start")?;
+    const PAGE: u64 = 4096;
+    mapped
+        .checked_sub(first_vaddr & !(PAGE - 1))
+        .context("the binary is mapped below its own addresses")
+}
+
+/// What process `pid` adds to the addresses of `binary`, which it maps (its load bias).
+pub fn load_bias(pid: u32, binary: &fs::File) -> Option<u64> {
+    let mapped = mapped_start(pid, binary)?;
+    let image = map_file(binary).ok()?;
+    let elf = object::File::parse(&*image).ok()?;
+    bias(&elf, mapped).ok()
 }
 
 /// `binary` mapped into memory, read in place: its symbols' names are read one by one, and a read of each (`ReadCache`)

@@ -3,12 +3,12 @@
 //! mutex or rw-lock held by another thread is contention; a condition variable or an event is a thread waiting
 //! for something to do, or to happen).
 
-use std::{collections::HashMap, rc::Rc};
+use std::{collections::HashMap, path::PathBuf, rc::Rc};
 
 use crate::{
     collect::RawStack,
-    server::{self, WaitKind},
-    symbolize::{unnamed_in_binary, Symbolizer},
+    server::{self, Cause, WaitCauses, WaitKind},
+    symbolize::{unnamed_in_binary, wait_calls::ConstantCall, Symbolizer},
 };
 
 /// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
@@ -180,27 +180,115 @@ fn primitive_kind(frames: &[Rc<str>], op: FutexOp) -> WaitKind {
     }
 }
 
+/// What a futex wait's stack says it waits for: one cause, or, where the function around it announces one of
+/// several types to `thd_wait_begin` (InnoDB's lock wait: a row or a table lock), the cause of each type, told
+/// apart by the type the statement's thread last announced (`wait_slot::hint`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StackCause {
+    One(Cause),
+    ByType(Vec<(u32, Cause)>),
+}
+
+impl StackCause {
+    /// The cause, given the type last announced (0: none seen; the first type's then, InnoDB's row lock).
+    pub fn given(&self, hint: u32) -> Cause {
+        match self {
+            StackCause::One(c) => *c,
+            StackCause::ByType(types) => types
+                .iter()
+                .find(|(t, _)| *t == hint)
+                .or(types.first())
+                .map_or(Cause::UnknownWait, |(_, c)| *c),
+        }
+    }
+}
+
+/// The functions of a server that call `thd_wait_begin` with a constant type, by their frames' names, each with
+/// the causes its types are (`WaitCauses::wait_types`).
+pub type Brackets = HashMap<Rc<str>, Vec<(u32, Cause)>>;
+
+/// The cause of a futex wait with `frames` (leaf first) of kind `kind`: a frame of what the statement asked for
+/// (`SLEEP`, `GET_LOCK`), else the innermost frame that names one (a server's wait function, or one that announces
+/// its waits to `thd_wait_begin`), else its primitive's (a mutex held: an internal lock), else unknown.
+pub fn cause(frames: &[Rc<str>], kind: WaitKind, brackets: &Brackets) -> StackCause {
+    let tables = || server::all_lock_names().map(|names| &names.causes);
+    for causes in tables() {
+        for (name, cause) in causes.asked {
+            if frames.iter().any(|f| f.as_ref() == *name) {
+                return StackCause::One(*cause);
+            }
+        }
+    }
+    for f in frames {
+        if let Some((_, cause)) = tables()
+            .flat_map(|c: &WaitCauses| c.around)
+            .find(|(name, _)| f.as_ref() == *name)
+        {
+            return StackCause::One(*cause);
+        }
+        if let Some(types) = brackets.get(f) {
+            return match types.as_slice() {
+                [(_, one)] => StackCause::One(*one),
+                _ => StackCause::ByType(types.clone()),
+            };
+        }
+    }
+    StackCause::One(match kind {
+        WaitKind::MetadataLock => Cause::MetadataLock,
+        WaitKind::Mutex | WaitKind::RwLock | WaitKind::OtherLock => Cause::InternalLock,
+        WaitKind::StatementWait | WaitKind::Condition => Cause::UnknownWait,
+    })
+}
+
+/// The causes of the types each call announces, in the server whose `thd_wait_begin` it calls: InnoDB's lock wait
+/// announces a row lock or a table lock, whose table lock is InnoDB's, not the server's.
+fn causes_of_types(values: &[u32], causes: &WaitCauses) -> Vec<(u32, Cause)> {
+    let innodb = values.contains(&server::causes::THD_WAIT_ROW_LOCK);
+    values
+        .iter()
+        .filter_map(|v| {
+            let (_, cause) = causes.wait_types.iter().find(|(t, _)| t == v)?;
+            Some(match cause {
+                Cause::TableLock if innodb => (*v, Cause::InnodbTableLock),
+                c => (*v, *c),
+            })
+        })
+        .collect()
+}
+
 /// Stacks of lock waits named by their site, at most this many (a server has a few hundred wait sites).
 const MAX_SITES: usize = 65536;
 
-/// The sites of lock waits' stacks, as they arrive: symbolized once each, while tracing.
+/// The server's binary and its calls of `thd_wait_begin` ([`crate::symbolize::wait_calls`]), with its causes.
+pub struct WaitBegins {
+    pub binary: PathBuf,
+    pub calls: Vec<ConstantCall>,
+    pub causes: &'static WaitCauses,
+}
+
+/// The sites and causes of lock waits' stacks, as they arrive: symbolized once each, while tracing.
 pub struct SiteNames {
     pid: u32,
     symbolizer: Option<Symbolizer>,
-    by_stack: HashMap<u64, Option<Rc<str>>>,
+    by_stack: HashMap<u64, Option<(Rc<str>, StackCause)>>,
+    wait_begins: Option<WaitBegins>,
+    brackets: Brackets,
 }
 
 impl SiteNames {
-    /// For the process `pid`, symbolized from the first stack on.
-    pub fn new(pid: u32) -> Self {
+    /// For the process `pid`, symbolized from the first stack on; `wait_begins` name the waits of functions without
+    /// a name of their own.
+    pub fn new(pid: u32, wait_begins: Option<WaitBegins>) -> Self {
         SiteNames {
             pid,
             symbolizer: None,
             by_stack: HashMap::new(),
+            wait_begins,
+            brackets: Brackets::new(),
         }
     }
 
-    /// Names the site of a stack as it arrives.
+    /// Names the site and cause of a stack as it arrives.
     pub fn add(&mut self, id: u64, stack: &RawStack) {
         if self.by_stack.len() >= MAX_SITES {
             self.by_stack.clear();
@@ -214,17 +302,56 @@ impl SiteNames {
                     return;
                 }
             }
+            self.brackets = self.brackets_named();
         }
         let Some(symbolizer) = self.symbolizer.as_mut() else {
             return;
         };
         let frames = symbolizer.user_stack(stack.user());
-        self.by_stack.insert(id, site(&frames).map(Rc::from));
+        let named = site(&frames).map(|site| {
+            let cause = cause(&frames, kind(&frames, FutexOp::Unknown), &self.brackets);
+            (Rc::from(site), cause)
+        });
+        self.by_stack.insert(id, named);
+    }
+
+    /// The functions that announce their waits, by the names their frames have in this process.
+    fn brackets_named(&mut self) -> Brackets {
+        let (Some(w), Some(symbolizer)) = (self.wait_begins.take(), self.symbolizer.as_mut())
+        else {
+            return Brackets::new();
+        };
+        let Some(bias) = std::fs::File::open(&w.binary)
+            .ok()
+            .and_then(|f| crate::process::memory::load_bias(self.pid, &f))
+        else {
+            return Brackets::new();
+        };
+        w.calls
+            .iter()
+            .filter_map(|call| {
+                let at = call.vaddr.checked_add(bias)?;
+                let name = symbolizer.user_stack(&[at]).into_iter().next()?;
+                Some((name, causes_of_types(&call.values, w.causes)))
+            })
+            .filter(|(_, types)| !types.is_empty())
+            .collect()
     }
 
     /// The site of a stack that arrived.
     pub fn of(&self, id: u64) -> Option<String> {
-        self.by_stack.get(&id)?.as_deref().map(str::to_string)
+        self.by_stack
+            .get(&id)?
+            .as_ref()
+            .map(|(site, _)| site.to_string())
+    }
+
+    /// The cause of a wait at a stack that arrived, given the wait type its thread last announced.
+    pub fn cause_of(&self, id: u64, hint: u32) -> Option<Cause> {
+        self.by_stack
+            .get(&id)?
+            .as_ref()
+            .map(|(_, cause)| cause.given(hint))
     }
 }
 

@@ -19,7 +19,7 @@ struct Entry {
     errors: u64,
     latency_us: Histogram<u64>,
     total_us: u64,
-    parts_us: [u64; 10],
+    parts_us: [u64; crate::query::PARTS],
     /// Longest lock waits' time by lock word, and by the site they were waited at.
     lock_symbols: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_sites: HashMap<String, u64, foldhash::fast::RandomState>,
@@ -34,7 +34,7 @@ impl Entry {
             latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2)
                 .expect("valid histogram bounds"),
             total_us: 0,
-            parts_us: [0; 10],
+            parts_us: [0; crate::query::PARTS],
             lock_symbols: HashMap::default(),
             lock_sites: HashMap::default(),
         }
@@ -99,6 +99,7 @@ pub struct Shares {
     pub sync_pct: f64,
     pub net_pct: f64,
     pub other_pct: f64,
+    pub sleep_pct: f64,
     pub unseen_pct: f64,
 }
 
@@ -111,9 +112,10 @@ impl Shares {
             return Shares::default();
         }
         // In millionths of the total (widened: no product overflows), rounded to thousandths.
-        let exact: [u64; 10] = v.map(|x| ((x as u128 * 1_000_000) / total as u128) as u64);
+        let exact: [u64; crate::query::PARTS] =
+            v.map(|x| ((x as u128 * 1_000_000) / total as u128) as u64);
         let p = largest_remainder(&exact, 1000, 1000);
-        let [user, sys, runq, lock, read, write, sync, net, other, unseen] =
+        let [user, sys, runq, lock, read, write, sync, net, other, sleep, unseen] =
             p.map(|x| x as f64 / 10.0);
         Shares {
             user_pct: user,
@@ -125,11 +127,12 @@ impl Shares {
             sync_pct: sync,
             net_pct: net,
             other_pct: other,
+            sleep_pct: sleep,
             unseen_pct: unseen,
         }
     }
 
-    pub fn values(&self) -> [f64; 10] {
+    pub fn values(&self) -> [f64; crate::query::PARTS] {
         [
             self.user_pct,
             self.sys_pct,
@@ -140,6 +143,7 @@ impl Shares {
             self.sync_pct,
             self.net_pct,
             self.other_pct,
+            self.sleep_pct,
             self.unseen_pct,
         ]
     }

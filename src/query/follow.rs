@@ -23,7 +23,10 @@ use crate::{
     query::{
         started::Started, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
     },
-    symbolize::data::DataSymbolizer,
+    symbolize::{
+        data::DataSymbolizer,
+        wait_calls::{calls_with_constant, ConstantCall},
+    },
     unwind::ProcessTables,
 };
 
@@ -225,6 +228,8 @@ pub struct ServerFunctions {
     execute: Option<probes::Function>,
     /// `vio_ssl_read` and `vio_ssl_write`: TLS connections' plaintext.
     tls: Option<(probes::Function, probes::Function)>,
+    /// Its calls of `thd_wait_begin`: what the waits of the functions around them are.
+    wait_calls: Vec<ConstantCall>,
 }
 
 /// The functions of `target`'s server that following its statements probes; with `uprobes` (`--uprobes`), an
@@ -274,10 +279,19 @@ pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunction
         ),
         _ => {}
     }
+    let wait_begin = server.lock_names().causes.wait_begin;
+    let wait_calls = match target.flavor.is_server() {
+        true => calls_with_constant(&target.binary, wait_begin).unwrap_or_else(|e| {
+            say!("myprobe: note: the waits of functions without a name are not named: {e:#}");
+            Vec::new()
+        }),
+        false => Vec::new(),
+    };
     Ok(ServerFunctions {
         dispatch,
         execute,
         tls: tls_read.zip(tls_write),
+        wait_calls,
     })
 }
 
@@ -285,6 +299,46 @@ pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunction
 pub struct DispatchFunction {
     pub function: probes::Function,
     pub args: crate::server::DispatchArgs,
+}
+
+/// The uprobes following statements places on the server: the TLS fallback's, TLS's plaintext, executions of
+/// statements prepared before tracing, and the wait types of InnoDB's lock waits (with `wait_sites`).
+fn server_probes<'a>(
+    target: &'a Target,
+    functions: &'a ServerFunctions,
+    execute_function: Option<&'a probes::Function>,
+    wait_sites: bool,
+) -> collect::queries::ServerProbes<'a> {
+    collect::queries::ServerProbes {
+        dispatch: functions.dispatch.as_ref().map(|d| DispatchProbe {
+            binary: &target.binary,
+            function: &d.function,
+            args: d.args,
+        }),
+        // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
+        tls: functions
+            .tls
+            .as_ref()
+            .map(|(read, write)| collect::queries::TlsProbe {
+                binary: &target.binary,
+                read: read.clone(),
+                write: write.clone(),
+            }),
+        execute: execute_function.map(|function| ExecuteProbe {
+            binary: &target.binary,
+            function,
+        }),
+        // Where a call announces one of several types: which one, for the waits that follow.
+        wait_types: wait_sites.then(|| collect::queries::WaitTypeProbe {
+            binary: &target.binary,
+            call_offsets: functions
+                .wait_calls
+                .iter()
+                .filter(|c| c.values.len() > 1)
+                .map(|c| c.file_offset)
+                .collect(),
+        }),
+    }
 }
 
 /// Follows the statements of `target` as `a` says (its duration, wait sites, connection), with the TLS fallback
@@ -323,7 +377,7 @@ pub fn follow(
     }
     // The server's function that runs each execution of a prepared statement: where the texts of statements
     // prepared before tracing are read when the server keeps no table of them.
-    let execute_function = a.connect.as_ref().and(functions.execute);
+    let execute_function = a.connect.as_ref().and(functions.execute.clone());
     let mut stages = Stages {
         control: &control,
         exe: &target.exe,
@@ -334,7 +388,14 @@ pub fn follow(
         tracker: Tracker::new(a.raw_sql).for_server(target.flavor.server()),
         // Connected before tracing, read only when texts are wanted.
         texts: PreparedTexts::default(),
-        sites: waits::SiteNames::new(target.pid),
+        sites: waits::SiteNames::new(
+            target.pid,
+            Some(waits::WaitBegins {
+                binary: target.binary.clone(),
+                calls: functions.wait_calls.clone(),
+                causes: &target.flavor.server().lock_names().causes,
+            }),
+        ),
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
             emit,
@@ -359,25 +420,7 @@ pub fn follow(
         let execute_name = execute_function.as_ref().map(|f| f.demangled.clone());
         stages.texts.start(connect, target.pid, execute_name);
     }
-    let probes = collect::queries::ServerProbes {
-        dispatch: functions.dispatch.as_ref().map(|d| DispatchProbe {
-            binary: &target.binary,
-            function: &d.function,
-            args: d.args,
-        }),
-        // TLS connections' plaintext at the server's TLS read and write; where that cannot be, at dispatch_command.
-        tls: functions
-            .tls
-            .map(|(read, write)| collect::queries::TlsProbe {
-                binary: &target.binary,
-                read,
-                write,
-            }),
-        execute: execute_function.as_ref().map(|function| ExecuteProbe {
-            binary: &target.binary,
-            function,
-        }),
-    };
+    let probes = server_probes(target, &functions, execute_function.as_ref(), a.wait_sites);
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
         syscall_cpu: a.syscall_cpu,
@@ -551,6 +594,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         if record.lock_stack != 0 {
             record.lock_site = self.sites.of(record.lock_stack);
         }
+        let sites = &self.sites;
+        record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
         if record.lock_addr_raw != 0 {
             let symbol = self.locks.name(record.lock_addr_raw);
             record.lock_symbol = Some(waits::lock_name(

@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::collect::queries::{Counters, RawStatement, TimePart, Wire};
+use crate::server::Cause;
 use crate::wire::{
     fingerprint,
     protocol::{self, Reply},
@@ -48,6 +49,12 @@ pub struct QueryRecord {
     /// Where the longest lock wait happened: the innermost function above the locking primitives
     /// (`profile::waits::site`).
     pub lock_site: Option<String>,
+    /// Why it took its time: what most of the time seen went to ([`QueryRecord::by_cause`]).
+    #[serde(serialize_with = "cause_label")]
+    pub cause: Option<Cause>,
+    /// Its lock waits and sleeps by cause, longest first: what each waited for, how long, and at which site.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<CauseWait>,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub syncs: u64,
@@ -76,6 +83,9 @@ pub struct QueryRecord {
     /// The stack id of the longest lock wait (`collect::queries::Event::Stack`), 0 if none.
     #[serde(skip)]
     pub lock_stack: u64,
+    /// Its futex waits by stack: (stack id, the type its thread last announced, ns in the lock part, waits).
+    #[serde(skip)]
+    pub wait_slots: Vec<(u64, u32, u64, u64)>,
     /// An execution of a prepared statement: its connection's socket and the statement id.
     #[serde(skip)]
     pub prepared: Option<texts::StatementKey>,
@@ -112,16 +122,151 @@ pub struct TimeParts {
     pub net_us: u64,
     /// Blocked anywhere else: other syscalls, page faults.
     pub other_us: u64,
+    /// In `SLEEP()`: asked for by the statement, not a wait on anything (futex waits the kernel side saw as
+    /// locks', moved here once their stack says so).
+    pub sleep_us: u64,
     pub unseen_us: u64,
 }
 
+/// A statement's waits for one cause ([`QueryRecord::waits`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CauseWait {
+    #[serde(serialize_with = "label")]
+    pub cause: Cause,
+    pub us: u64,
+    /// Where its longest stack waits (`profile::waits::site`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+}
+
+fn label<S: serde::Serializer>(cause: &Cause, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(cause.label())
+}
+
+fn cause_label<S: serde::Serializer>(cause: &Option<Cause>, s: S) -> Result<S::Ok, S::Error> {
+    match cause {
+        Some(c) => s.serialize_str(c.label()),
+        None => s.serialize_none(),
+    }
+}
+
+impl QueryRecord {
+    /// Names its waits: each stack's cause and site from `named` (given the stack id and the type its thread
+    /// announced), the time in `SLEEP()` moved out of the lock waits, and the record's cause set.
+    pub fn name_waits(&mut self, named: impl Fn(u64, u32) -> Option<(Cause, Option<String>)>) {
+        let mut waits: Vec<(CauseWait, u64)> = Vec::new();
+        let mut sleeps = 0u64;
+        for &(stack, hint, ns, count) in &self.wait_slots {
+            let (cause, site) = named(stack, hint).unwrap_or((Cause::UnknownWait, None));
+            if cause == Cause::Sleep {
+                // Not a lock wait: neither counted as one nor its longest.
+                sleeps += count;
+                if stack == self.lock_stack {
+                    (self.lock_max_us, self.lock_addr_raw, self.lock_addr) = (0, 0, None);
+                    self.lock_site = None;
+                }
+            }
+            match waits.iter_mut().find(|(w, _)| w.cause == cause) {
+                Some((w, longest)) => {
+                    w.us = w.us.saturating_add(ns);
+                    if ns > *longest {
+                        (w.site, *longest) = (site, ns);
+                    }
+                }
+                None => waits.push((
+                    CauseWait {
+                        cause,
+                        us: ns,
+                        site,
+                    },
+                    ns,
+                )),
+            }
+        }
+        let mut waits: Vec<CauseWait> = waits
+            .into_iter()
+            .map(|(mut w, _)| {
+                w.us = w.us.saturating_add(500) / 1000;
+                w
+            })
+            .filter(|w| w.us > 0)
+            .collect();
+        self.lock_waits = self.lock_waits.saturating_sub(sleeps);
+        // Each wait rounded on its own, the part as a whole: what a few µs of rounding leave is the longest's.
+        let slots = waits.iter().fold(0u64, |a, w| a.saturating_add(w.us));
+        let rounding = self.time.lock_us.saturating_sub(slots);
+        if rounding > 0 && rounding <= self.wait_slots.len() as u64 {
+            if let Some(w) = waits.iter_mut().max_by_key(|w| w.us) {
+                w.us += rounding;
+            }
+        }
+        let slept = waits
+            .iter()
+            .filter(|w| w.cause == Cause::Sleep)
+            .fold(0u64, |a, w| a.saturating_add(w.us));
+        self.time.lock_to_sleep(slept);
+        // What the stacks do not tell (a statement's fifth stack, a wait without one) stays unknown.
+        let named = waits
+            .iter()
+            .filter(|w| w.cause != Cause::Sleep)
+            .fold(0u64, |a, w| a.saturating_add(w.us));
+        if self.time.lock_us > named {
+            waits.push(CauseWait {
+                cause: Cause::UnknownWait,
+                us: self.time.lock_us - named,
+                site: self.lock_site.clone().filter(|_| waits.is_empty()),
+            });
+        }
+        waits.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));
+        self.waits = waits;
+        // The time not seen is no cause: a statement that began before tracing is known by what it was seen doing.
+        let causes = self.by_cause();
+        let seen = causes.iter().filter(|(c, _)| *c != Cause::Unseen);
+        self.cause = seen
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .or(causes.first())
+            .map(|(c, _)| *c);
+    }
+
+    /// Its time by cause, adding up to its duration: on a CPU, its waits by what they waited for (the lock waits
+    /// as [`QueryRecord::waits`] names them), its I/O, the client, and the time not seen.
+    pub fn by_cause(&self) -> Vec<(Cause, u64)> {
+        let t = &self.time;
+        let mut out = vec![
+            (Cause::Cpu, t.user_us.saturating_add(t.sys_us)),
+            (Cause::RunQueue, t.runq_us),
+        ];
+        let mut waited = 0u64;
+        for w in self.waits.iter().filter(|w| w.cause != Cause::Sleep) {
+            let us = w.us.min(t.lock_us - waited);
+            waited += us;
+            out.push((w.cause, us));
+        }
+        out.extend([
+            (Cause::UnknownWait, t.lock_us - waited),
+            (Cause::FileRead, t.read_us),
+            (Cause::FileWrite, t.write_us),
+            (Cause::FileSync, t.sync_us),
+            (Cause::Client, t.net_us),
+            (Cause::Other, t.other_us),
+            (Cause::Sleep, t.sleep_us),
+            (Cause::Unseen, t.unseen_us),
+        ]);
+        out.retain(|(_, us)| *us > 0);
+        out
+    }
+}
+
+/// The parts of a statement's time ([`TimeParts`]).
+pub const PARTS: usize = 11;
+
 impl TimeParts {
     /// The parts' names, in the order of [`TimeParts::values`].
-    pub const NAMES: [&'static str; 10] = [
-        "user", "sys", "runq", "lock", "read", "write", "sync", "net", "other", "unseen",
+    pub const NAMES: [&'static str; PARTS] = [
+        "user", "sys", "runq", "lock", "read", "write", "sync", "net", "other", "sleep", "unseen",
     ];
 
-    pub fn values(&self) -> [u64; 10] {
+    pub fn values(&self) -> [u64; PARTS] {
         [
             self.user_us,
             self.sys_us,
@@ -132,12 +277,13 @@ impl TimeParts {
             self.sync_us,
             self.net_us,
             self.other_us,
+            self.sleep_us,
             self.unseen_us,
         ]
     }
 
-    fn from_values(v: [u64; 10]) -> Self {
-        let [user_us, sys_us, runq_us, lock_us, read_us, write_us, sync_us, net_us, other_us, unseen_us] =
+    fn from_values(v: [u64; PARTS]) -> Self {
+        let [user_us, sys_us, runq_us, lock_us, read_us, write_us, sync_us, net_us, other_us, sleep_us, unseen_us] =
             v;
         TimeParts {
             user_us,
@@ -149,14 +295,22 @@ impl TimeParts {
             sync_us,
             net_us,
             other_us,
+            sleep_us,
             unseen_us,
         }
+    }
+
+    /// Moves up to `us` of the lock waits' time to the sleep's (a wait in `SLEEP()`).
+    pub fn lock_to_sleep(&mut self, us: u64) {
+        let moved = us.min(self.lock_us);
+        self.lock_us -= moved;
+        self.sleep_us += moved;
     }
 
     /// The parts of a statement of `duration_ns` whose seen parts are `part_ns` (in the order of the kernel's
     /// `enum time_part`), and its duration in µs: rounded so that the parts add up to it exactly.
     pub fn of(duration_ns: u64, part_ns: &[u64]) -> (Self, u64) {
-        let mut ns = [0u64; 10];
+        let mut ns = [0u64; PARTS];
         for (slot, part) in [
             TimePart::PART_USER,
             TimePart::PART_SYS,
@@ -174,7 +328,7 @@ impl TimeParts {
             ns[slot] = part_ns.get(part.0 as usize).copied().unwrap_or(0);
         }
         let seen = ns.iter().fold(0u64, |a, &v| a.saturating_add(v));
-        ns[9] = duration_ns.saturating_sub(seen);
+        ns[PARTS - 1] = duration_ns.saturating_sub(seen);
         let total = duration_ns.max(seen);
         let us = largest_remainder(&ns, total.saturating_add(500) / 1000, 1000);
         (Self::from_values(us), total.saturating_add(500) / 1000)
@@ -613,7 +767,7 @@ impl Tracker {
                 }
                 None
             }
-            Wire::Statement(s) => Some(self.record(s)),
+            Wire::Statement(s) => Some(self.record(*s)),
         }
     }
 
@@ -717,6 +871,14 @@ impl Tracker {
             // Set by whoever knows the period it was traced in (`query::follow::follow`).
             stands_for: 1,
             lock_stack: if c.lock_waits > 0 { c.lock_stack } else { 0 },
+            wait_slots: c
+                .waits
+                .iter()
+                .filter(|w| w.stack != 0 && w.ns > 0)
+                .map(|w| (w.stack, w.hint, w.ns, u64::from(w.waits)))
+                .collect(),
+            cause: None,
+            waits: Vec::new(),
             prepared,
             socket,
             start_ns: s.start_ns,
@@ -844,7 +1006,7 @@ mod tests {
 
     /// A statement of thread `tid` on socket `fd` (-1: seen at dispatch_command), with its request and reply.
     fn statement(tid: u32, fd: i32, request: &[u8], reply: Vec<u8>) -> Wire {
-        Wire::Statement(RawStatement {
+        Wire::Statement(Box::new(RawStatement {
             tid,
             fd,
             socket_ino: 0,
@@ -857,7 +1019,7 @@ mod tests {
             in_flight: false,
             pipelined: false,
             before_tracing: false,
-        })
+        }))
     }
 
     /// COM_STMT_PREPARE of `SELECT ?` on socket 5, answered with statement `id`.

@@ -20,7 +20,7 @@ pub fn human_us(us: u64) -> String {
 }
 
 pub const LINE_HEADER: &str =
-    "TIME(UTC)        TID     CONN  USER       DB          DURATION   CPU      RUNQ     LOCK     IO       NET      ERR   QUERY";
+    "TIME(UTC)        TID     CONN  USER       DB          DURATION   CPU      RUNQ     LOCK     IO       NET      ERR   WHY            QUERY";
 
 /// One statement on one line; `-` where nothing is known or nothing was spent.
 pub fn line(r: &QueryRecord) -> String {
@@ -35,7 +35,7 @@ pub fn line(r: &QueryRecord) -> String {
     let mut out = String::with_capacity(160);
     let _ = write!(
         out,
-        "{time:<16} {:<7} {:<5} {:<10} {:<11} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<5} ",
+        "{time:<16} {:<7} {:<5} {:<10} {:<11} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<5} {:<14} ",
         r.tid,
         r.conn.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
         clip(&terminal_safe(r.user.as_deref().unwrap_or("?")), 10),
@@ -51,6 +51,7 @@ pub fn line(r: &QueryRecord) -> String {
             .saturating_add(r.time.sync_us)),
         opt(r.time.net_us),
         r.error.map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
+        clip(r.cause.map_or("-", |c| c.label()), 14),
     );
     if r.command != "Query" && r.query.is_some() {
         let _ = write!(out, "[{}] ", terminal_safe(r.command));
@@ -65,7 +66,8 @@ pub fn line(r: &QueryRecord) -> String {
     if r.pipelined {
         out.push_str("  (pipelined: within the time of the statement before it)");
     }
-    if let Some(sym) = &r.lock_symbol {
+    // A sleep's wait is no lock's.
+    if let Some(sym) = r.lock_symbol.as_ref().filter(|_| r.time.lock_us > 0) {
         let _ = write!(
             out,
             "  (lock: {}, {} waits, max {}",
@@ -150,7 +152,7 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
 
 /// What each part of a statement's time is doing, after "N% of its time".
 /// What each part of a statement's time is, as a phrase (`TimeParts::NAMES` order).
-pub const PART_PHRASES: [&str; 10] = [
+pub const PART_PHRASES: [&str; crate::query::PARTS] = [
     "runs on a CPU in the server's own code",
     "runs on a CPU in the kernel (syscalls)",
     "waits for a CPU (more runnable threads than CPUs)",
@@ -160,6 +162,7 @@ pub const PART_PHRASES: [&str; 10] = [
     "waits for disk sync",
     "waits on the client's socket (the network, or the client itself)",
     "waits in other syscalls or page faults",
+    "sleeps in SLEEP()",
     "was not seen by the tracer (before tracing began, or within the statement before)",
 ];
 

@@ -95,7 +95,7 @@ fn statements(
         );
         return;
     }
-    let mut parts = [0u64; 10];
+    let mut parts = [0u64; crate::query::PARTS];
     for r in rows {
         for (p, v) in parts.iter_mut().zip(r.time.values()) {
             *p = p.saturating_add(v);

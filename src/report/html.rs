@@ -19,13 +19,13 @@ const CSS: &str = include_str!("report.css");
 const JS: &str = include_str!("report.js");
 
 /// The colour of each part of a statement's time, in `TimeParts::NAMES` order.
-const PART_COLOURS: [&str; 10] = [
+const PART_COLOURS: [&str; crate::query::PARTS] = [
     "#e4572e", "#f3a712", "#a8c686", "#8e44ad", "#29335c", "#669bbc", "#1b998b", "#7b9e89",
-    "#b0a990", "#dddddd",
+    "#b0a990", "#c9e4ca", "#dddddd",
 ];
 
 /// What each part means, for the legend (`TimeParts::NAMES` order).
-const PART_LABELS: [&str; 10] = [
+const PART_LABELS: [&str; crate::query::PARTS] = [
     "CPU (user)",
     "CPU (kernel)",
     "run queue",
@@ -35,6 +35,7 @@ const PART_LABELS: [&str; 10] = [
     "fsync",
     "network",
     "other syscalls",
+    "SLEEP()",
     "unseen",
 ];
 

@@ -4,8 +4,8 @@
 //! process list (`query::texts`).
 
 use super::{
-    common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    SessionList, Sessions, StatusCounter, TextAccessor, WaitKind,
+    causes::*, common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames,
+    Server, SessionList, Sessions, StatusCounter, TextAccessor, WaitCauses, WaitKind,
 };
 
 pub struct MariaDb;
@@ -93,6 +93,55 @@ impl Server for MariaDb {
                     "work (an idle pool worker)",
                 ),
             ],
+            causes: WaitCauses {
+                asked: &[
+                    ("Item_func_sleep::val_int", Cause::Sleep),
+                    // sql/item_func.cc: a user lock is a metadata lock of namespace USER_LOCK.
+                    ("Item_func_get_lock::val_int", Cause::UserLock),
+                    ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
+                    ("run_backup_stage", Cause::GlobalLock),
+                    ("Repl_semi_sync_master::commit_trx", Cause::SemiSyncAck),
+                ],
+                around: &[
+                    ("lock_wait", Cause::RowLock),
+                    ("MDL_wait::timed_wait", Cause::MetadataLock),
+                    ("MDL_context::acquire_lock", Cause::MetadataLock),
+                    ("thr_multi_lock", Cause::TableLock),
+                    // storage/innobase/log/log0sync.cc: the redo log's write and flush locks.
+                    ("group_commit_lock::acquire", Cause::RedoLog),
+                    ("log_write_up_to", Cause::RedoLog),
+                    ("net_real_write", Cause::RedoLog),
+                    // sql/log.cc: a follower waits for the leader to write and sync its transaction.
+                    (
+                        "MYSQL_BIN_LOG::queue_for_group_commit",
+                        Cause::BinlogGroupCommit,
+                    ),
+                    (
+                        "MYSQL_BIN_LOG::write_transaction_to_binlog",
+                        Cause::BinlogGroupCommit,
+                    ),
+                    ("buf_flush_wait_flushed", Cause::PageFlush),
+                    ("Relay_log_info::wait_for_pos", Cause::ReplicationWait),
+                    ("gtid_waiting::wait_for_gtid", Cause::ReplicationWait),
+                ],
+                wait_begin: "thd_wait_begin",
+                // lock_wait's THD_WAIT_TABLE_LOCK is InnoDB's table lock (`causes_of_types`).
+                wait_types: &[
+                    (THD_WAIT_SLEEP, Cause::Sleep),
+                    (THD_WAIT_DISKIO, Cause::PageRead),
+                    (THD_WAIT_ROW_LOCK, Cause::RowLock),
+                    (THD_WAIT_GLOBAL_LOCK, Cause::GlobalLock),
+                    (THD_WAIT_META_DATA_LOCK, Cause::MetadataLock),
+                    (THD_WAIT_TABLE_LOCK, Cause::TableLock),
+                    (THD_WAIT_USER_LOCK, Cause::UserLock),
+                    (THD_WAIT_BINLOG, Cause::ReplicationWait),
+                    // log0sync.cc's group_commit_lock: the redo log's group commit.
+                    (THD_WAIT_GROUP_COMMIT, Cause::RedoLog),
+                    (THD_WAIT_SYNC, Cause::FileSync),
+                    // THD_WAIT_NET: vio_io_wait, a socket that would block.
+                    (11, Cause::Client),
+                ],
+            },
         }
     }
 

@@ -2,10 +2,12 @@
 //! running server says of itself (its version string, [`Flavor`]), never by `if mysql` elsewhere; and the words
 //! they share for what a thread waits on ([`WaitKind`]). A leaf: it imports nothing else of myprobe's.
 
+pub mod causes;
 pub mod frames;
 mod mariadb;
 mod mysql;
 
+pub use causes::Cause;
 pub use mariadb::MariaDb;
 pub use mysql::MySql;
 
@@ -206,6 +208,21 @@ impl WaitKind {
 pub struct LockNames {
     pub primitives: &'static [(&'static str, Option<WaitKind>)],
     pub sites: &'static [(&'static str, &'static str)],
+    /// The causes of waits, by functions: `asked` where a frame of the wait's stack is any of them (what the
+    /// statement asked for: `GET_LOCK`'s wait is also a metadata lock's), else `around` by its innermost frame that
+    /// is one (a leader's redo log write within the binlog's group commit is the redo log's).
+    pub causes: WaitCauses,
+}
+
+/// Functions whose frames in a wait's stack name its cause, and the waits `thd_wait_begin` announces.
+pub struct WaitCauses {
+    pub asked: &'static [(&'static str, Cause)],
+    pub around: &'static [(&'static str, Cause)],
+    /// The symbol of `thd_wait_begin(THD *, int type)`, which the server calls before the waits a thread pool
+    /// must know of, and the cause of each type (`causes::THD_WAIT_*`): the functions that call it with a
+    /// constant type name the waits within them, even in a build without their names.
+    pub wait_begin: &'static str,
+    pub wait_types: &'static [(u32, Cause)],
 }
 
 /// Every server's lock names: a stack is read without asking which server it came from (a core, a process

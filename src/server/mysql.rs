@@ -4,8 +4,8 @@
 //! by its connection's thread and the id the protocol gives it (`STATEMENT_ID`), cut at 1024 bytes.
 
 use super::{
-    common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames, Server,
-    SessionList, Sessions, StatusCounter, TextAccessor, WaitKind,
+    causes::*, common_status_counters, counter, CrashReport, Dispatch, DispatchArgs, LockNames,
+    Server, SessionList, Sessions, StatusCounter, TextAccessor, WaitCauses, WaitKind,
 };
 
 pub struct MySql;
@@ -90,6 +90,46 @@ impl Server for MySql {
                 ("log_wait_for_flush", "the redo log's sync"),
                 ("log_wait_for_write", "the redo log's write"),
             ],
+            causes: WaitCauses {
+                asked: &[
+                    ("Item_func_sleep::val_int", Cause::Sleep),
+                    // sql/item_func.cc: a user lock is a metadata lock of namespace USER_LEVEL_LOCK.
+                    ("Item_func_get_lock::val_int", Cause::UserLock),
+                    ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
+                    ("ReplSemiSyncMaster::commitTrx", Cause::SemiSyncAck),
+                ],
+                around: &[
+                    ("lock_wait_suspend_thread", Cause::RowLock),
+                    ("MDL_wait::timed_wait", Cause::MetadataLock),
+                    ("MDL_context::acquire_lock", Cause::MetadataLock),
+                    ("thr_multi_lock", Cause::TableLock),
+                    ("log_wait_for_flush", Cause::RedoLog),
+                    ("log_wait_for_write", Cause::RedoLog),
+                    ("log_write_up_to", Cause::RedoLog),
+                    // sql/rpl_commit_stage_manager.cc: a follower of the binlog's group commit.
+                    ("Commit_stage_manager::enroll_for", Cause::BinlogGroupCommit),
+                    ("srv_conc_enter_innodb", Cause::ConcurrencyQueue),
+                    ("buf_flush_wait_flushed", Cause::PageFlush),
+                    ("buf_flush_wait_batch_end", Cause::PageFlush),
+                    ("Relay_log_info::wait_for_pos", Cause::ReplicationWait),
+                    ("Relay_log_info::wait_for_gtid_set", Cause::ReplicationWait),
+                ],
+                wait_begin: "_Z14thd_wait_beginP3THDi",
+                wait_types: &[
+                    (THD_WAIT_SLEEP, Cause::Sleep),
+                    (THD_WAIT_DISKIO, Cause::PageRead),
+                    (THD_WAIT_ROW_LOCK, Cause::RowLock),
+                    (THD_WAIT_GLOBAL_LOCK, Cause::GlobalLock),
+                    (THD_WAIT_META_DATA_LOCK, Cause::MetadataLock),
+                    (THD_WAIT_TABLE_LOCK, Cause::TableLock),
+                    // srv0conc.cc is its only caller.
+                    (THD_WAIT_USER_LOCK, Cause::ConcurrencyQueue),
+                    (THD_WAIT_BINLOG, Cause::ReplicationWait),
+                    // log0write.cc's log_wait_for_flush.
+                    (THD_WAIT_GROUP_COMMIT, Cause::RedoLog),
+                    (THD_WAIT_SYNC, Cause::FileSync),
+                ],
+            },
         }
     }
 

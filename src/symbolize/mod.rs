@@ -31,6 +31,7 @@ pub(crate) mod elf;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub(crate) mod vtables;
+pub mod wait_calls;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -7,6 +7,7 @@ mod common;
 
 mod agent;
 mod alloc;
+mod causes;
 mod client;
 mod clients;
 mod diff;

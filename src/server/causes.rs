@@ -1,0 +1,201 @@
+//! Why a statement's time goes where it goes, in a DBA's words: the vocabulary every output shares (the queries'
+//! why column and JSON, the report's findings). What names each cause in a server's stacks is its module's
+//! (`LockNames`); the words are here, one set for every server.
+
+use std::fmt;
+
+/// What a statement's time went to: on a CPU, or waiting, and for what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    /// Running on a CPU, in the server's code or in its syscalls.
+    Cpu,
+    /// Runnable, waiting for a CPU.
+    RunQueue,
+    /// An InnoDB row lock another transaction holds.
+    RowLock,
+    /// An InnoDB table lock (LOCK TABLES with innodb_table_locks, AUTO-INC).
+    InnodbTableLock,
+    /// A metadata lock on a table or another object (DDL against open transactions, LOCK TABLES).
+    MetadataLock,
+    /// A table lock of the server's own (thr_lock: MyISAM, Aria, MEMORY).
+    TableLock,
+    /// A user lock, `GET_LOCK()`.
+    UserLock,
+    /// The global read lock or backup lock (`FLUSH TABLES WITH READ LOCK`, `BACKUP STAGE`).
+    GlobalLock,
+    /// The redo log written and synced at commit, by this thread or the group commit's leader.
+    RedoLog,
+    /// The binary log's group commit: another thread writes and syncs the group's transactions.
+    BinlogGroupCommit,
+    /// A page read from disk into the buffer pool.
+    PageRead,
+    /// Dirty pages flushed before the redo log can go on (checkpoint age, flush throttling).
+    PageFlush,
+    /// `innodb_thread_concurrency`'s queue.
+    ConcurrencyQueue,
+    /// A replica's acknowledgement (semi-synchronous replication).
+    SemiSyncAck,
+    /// A replication position or GTID (`MASTER_POS_WAIT`, `MASTER_GTID_WAIT`, `WAIT_FOR_EXECUTED_GTID_SET`).
+    ReplicationWait,
+    /// `SLEEP()`: asked for, not a wait on anything.
+    Sleep,
+    /// A mutex, rw-lock or latch of the server's own, held by another thread.
+    InternalLock,
+    /// A wait whose cause is not known (its site says where).
+    UnknownWait,
+    /// Reading a file (not a page read the server names as such).
+    FileRead,
+    /// Writing a file.
+    FileWrite,
+    /// Syncing a file to disk.
+    FileSync,
+    /// The client's socket: a reply the client is slow to read, a request's data the client is slow to send.
+    Client,
+    /// Blocked in another syscall, or a page fault.
+    Other,
+    /// Before tracing began (or within the statement before it, read ahead).
+    Unseen,
+}
+
+impl Cause {
+    /// Every cause, in the order of the enum.
+    pub const ALL: [Cause; 24] = [
+        Cause::Cpu,
+        Cause::RunQueue,
+        Cause::RowLock,
+        Cause::InnodbTableLock,
+        Cause::MetadataLock,
+        Cause::TableLock,
+        Cause::UserLock,
+        Cause::GlobalLock,
+        Cause::RedoLog,
+        Cause::BinlogGroupCommit,
+        Cause::PageRead,
+        Cause::PageFlush,
+        Cause::ConcurrencyQueue,
+        Cause::SemiSyncAck,
+        Cause::ReplicationWait,
+        Cause::Sleep,
+        Cause::InternalLock,
+        Cause::UnknownWait,
+        Cause::FileRead,
+        Cause::FileWrite,
+        Cause::FileSync,
+        Cause::Client,
+        Cause::Other,
+        Cause::Unseen,
+    ];
+
+    /// Its name in a few words, as a column and a label show it (bounded: a metric's label takes it).
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::Cpu => "CPU",
+            Cause::RunQueue => "run queue",
+            Cause::RowLock => "row lock",
+            Cause::InnodbTableLock => "InnoDB table lock",
+            Cause::MetadataLock => "metadata lock",
+            Cause::TableLock => "table lock",
+            Cause::UserLock => "user lock",
+            Cause::GlobalLock => "global read lock",
+            Cause::RedoLog => "redo log",
+            Cause::BinlogGroupCommit => "binlog group commit",
+            Cause::PageRead => "page read",
+            Cause::PageFlush => "page flush",
+            Cause::ConcurrencyQueue => "InnoDB queue",
+            Cause::SemiSyncAck => "semi-sync ack",
+            Cause::ReplicationWait => "replication wait",
+            Cause::Sleep => "sleep",
+            Cause::InternalLock => "internal lock",
+            Cause::UnknownWait => "unknown wait",
+            Cause::FileRead => "file read",
+            Cause::FileWrite => "file write",
+            Cause::FileSync => "file sync",
+            Cause::Client => "client",
+            Cause::Other => "other",
+            Cause::Unseen => "before tracing",
+        }
+    }
+
+    /// What the time did, after "N% of its time": `waits for a row lock`.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            Cause::Cpu => "runs on a CPU",
+            Cause::RunQueue => "waits for a CPU (more runnable threads than CPUs)",
+            Cause::RowLock => "waits for a row lock",
+            Cause::InnodbTableLock => "waits for an InnoDB table lock",
+            Cause::MetadataLock => "waits for a metadata lock",
+            Cause::TableLock => "waits for a table lock",
+            Cause::UserLock => "waits for a user lock (GET_LOCK)",
+            Cause::GlobalLock => "waits for the global read lock",
+            Cause::RedoLog => "waits for the redo log to be written and synced",
+            Cause::BinlogGroupCommit => "waits for the binlog's group commit",
+            Cause::PageRead => "waits for pages read from disk",
+            Cause::PageFlush => "waits for dirty pages to be flushed",
+            Cause::ConcurrencyQueue => "waits in InnoDB's concurrency queue",
+            Cause::SemiSyncAck => "waits for a replica's acknowledgement",
+            Cause::ReplicationWait => "waits for replication to reach a position",
+            Cause::Sleep => "sleeps in SLEEP()",
+            Cause::InternalLock => "waits for an internal lock of the server",
+            Cause::UnknownWait => "waits for something unknown",
+            Cause::FileRead => "waits for file reads",
+            Cause::FileWrite => "waits for file writes",
+            Cause::FileSync => "waits for files to be synced",
+            Cause::Client => "waits for the client",
+            Cause::Other => "waits in other syscalls or page faults",
+            Cause::Unseen => "was not seen (before tracing began, or within the statement before)",
+        }
+    }
+
+    /// A lock another connection holds: who holds it is worth asking.
+    pub fn has_holder(self) -> bool {
+        matches!(
+            self,
+            Cause::RowLock
+                | Cause::InnodbTableLock
+                | Cause::MetadataLock
+                | Cause::TableLock
+                | Cause::UserLock
+                | Cause::GlobalLock
+        )
+    }
+
+    /// A wait for a lock (as opposed to the CPU, I/O, the client, or a sleep asked for).
+    pub fn is_lock(self) -> bool {
+        self.has_holder() || matches!(self, Cause::InternalLock | Cause::UnknownWait)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// The waits `thd_wait_begin` announces (include/mysql/service_thd_wait.h: the numbers MariaDB and MySQL share
+/// up to 10; MariaDB's 11 is THD_WAIT_NET), each as the cause it is where the server's module has no better
+/// word for its site.
+pub const THD_WAIT_SLEEP: u32 = 1;
+pub const THD_WAIT_DISKIO: u32 = 2;
+pub const THD_WAIT_ROW_LOCK: u32 = 3;
+pub const THD_WAIT_GLOBAL_LOCK: u32 = 4;
+pub const THD_WAIT_META_DATA_LOCK: u32 = 5;
+pub const THD_WAIT_TABLE_LOCK: u32 = 6;
+pub const THD_WAIT_USER_LOCK: u32 = 7;
+pub const THD_WAIT_BINLOG: u32 = 8;
+pub const THD_WAIT_GROUP_COMMIT: u32 = 9;
+pub const THD_WAIT_SYNC: u32 = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cause_has_its_own_label() {
+        let mut labels: Vec<&str> = Cause::ALL.iter().map(|c| c.label()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), Cause::ALL.len());
+        assert!(Cause::ALL.windows(2).all(|w| w[0] < w[1]));
+        assert!(!Cause::Sleep.is_lock() && Cause::RowLock.has_holder());
+    }
+}
