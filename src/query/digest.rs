@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::{largest_remainder, QueryRecord, TimeParts};
+use super::{largest_remainder, CauseWait, QueryRecord, TimeParts};
+use crate::server::Cause;
 
 /// Distinct fingerprints kept at most; the rest are counted under one `(other)` row.
 const MAX_FINGERPRINTS: usize = 10_000;
@@ -20,6 +21,8 @@ struct Entry {
     latency_us: Histogram<u64>,
     total_us: u64,
     parts_us: [u64; crate::query::PARTS],
+    /// The time by cause (`QueryRecord::by_cause`), in the order of `Cause::ALL`.
+    causes_us: [u64; Cause::ALL.len()],
     /// Longest lock waits' time by lock word, and by the site they were waited at.
     lock_symbols: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_sites: HashMap<String, u64, foldhash::fast::RandomState>,
@@ -35,6 +38,7 @@ impl Entry {
                 .expect("valid histogram bounds"),
             total_us: 0,
             parts_us: [0; crate::query::PARTS],
+            causes_us: [0; Cause::ALL.len()],
             lock_symbols: HashMap::default(),
             lock_sites: HashMap::default(),
         }
@@ -69,6 +73,8 @@ pub struct DigestRow {
     /// The lock the statements waited on longest, by name, and the site where they waited on locks longest.
     pub top_lock: Option<String>,
     pub top_lock_site: Option<String>,
+    /// The total by cause, largest first (`us` the cause's time; `site` unset).
+    pub causes: Vec<CauseWait>,
     /// Counts and times scaled up by this from a sample (`queries --sample-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scaled_by: Option<f64>,
@@ -83,7 +89,36 @@ impl DigestRow {
         self.errors = scaled(self.errors);
         self.total_us = scaled(self.total_us);
         self.time = TimeParts::from_values(self.time.values().map(scaled));
+        for c in &mut self.causes {
+            c.us = scaled(c.us);
+        }
         self.scaled_by = Some(by);
+    }
+}
+
+/// The causes with time, largest first.
+fn causes_of(us: &[u64; Cause::ALL.len()]) -> Vec<CauseWait> {
+    let mut causes: Vec<CauseWait> = Cause::ALL
+        .iter()
+        .zip(us)
+        .filter(|(_, us)| **us > 0)
+        .map(|(&cause, &us)| CauseWait {
+            cause,
+            us,
+            site: None,
+        })
+        .collect();
+    causes.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));
+    causes
+}
+
+impl DigestRow {
+    /// What most of its time went to, other than the time not seen, with that time.
+    pub fn top_cause(&self) -> Option<&CauseWait> {
+        self.causes
+            .iter()
+            .find(|c| c.cause != Cause::Unseen)
+            .or(self.causes.first())
     }
 }
 
@@ -181,6 +216,10 @@ impl Digest {
         for (sum, v) in e.parts_us.iter_mut().zip(r.time.values()) {
             *sum = sum.saturating_add(v);
         }
+        for (cause, us) in r.by_cause() {
+            let sum = &mut e.causes_us[cause as usize];
+            *sum = sum.saturating_add(us);
+        }
         for (names, name) in [
             (&mut e.lock_symbols, &r.lock_symbol),
             (&mut e.lock_sites, &r.lock_site),
@@ -224,6 +263,7 @@ impl Digest {
                     shares: Shares::of(&time),
                     top_lock: top(&e.lock_symbols),
                     top_lock_site: top(&e.lock_sites),
+                    causes: causes_of(&e.causes_us),
                     scaled_by: None,
                 }
             })

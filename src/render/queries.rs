@@ -3,10 +3,7 @@
 use std::fmt::Write;
 
 use super::terminal_safe;
-use crate::{
-    profile::waits,
-    query::{digest::DigestRow, QueryRecord, TimeParts},
-};
+use crate::query::{digest::DigestRow, QueryRecord, TimeParts};
 
 /// Microseconds in an adaptive unit, at most 7 characters: `812us`, `3.25ms`, `312.5ms`, `1.234s`, `2m05s`.
 pub fn human_us(us: u64) -> String {
@@ -150,59 +147,44 @@ pub fn digest_table(rows: &[DigestRow], top: usize) -> String {
     out
 }
 
-/// What each part of a statement's time is doing, after "N% of its time".
-/// What each part of a statement's time is, as a phrase (`TimeParts::NAMES` order).
-pub const PART_PHRASES: [&str; crate::query::PARTS] = [
-    "runs on a CPU in the server's own code",
-    "runs on a CPU in the kernel (syscalls)",
-    "waits for a CPU (more runnable threads than CPUs)",
-    "waits for locks",
-    "waits for disk reads",
-    "waits for disk writes",
-    "waits for disk sync",
-    "waits on the client's socket (the network, or the client itself)",
-    "waits in other syscalls or page faults",
-    "sleeps in SLEEP()",
-    "was not seen by the tracer (before tracing began, or within the statement before)",
-];
-
-/// One sentence per fingerprint of the `top` first: its dominant part, and where it waits for locks.
+/// One sentence per fingerprint of the `top` first: what most of its time went to, and where it waits.
 pub fn digest_findings(rows: &[DigestRow], top: usize) -> String {
     let mut out = String::new();
     for r in rows.iter().take(top).filter(|r| r.total_us > 0) {
-        let shares = r.shares.values();
-        let Some((part, pct)) = shares
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        else {
-            continue;
-        };
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "{}: {pct:.0}% of its time {}",
+            "{}: {}.",
             terminal_safe(&clip(&r.fingerprint, 60)),
-            PART_PHRASES[part]
+            terminal_safe(&why(r))
         );
-        let site = r.top_lock_site.as_deref().map(|site| {
-            let meaning = waits::site_meaning(site)
-                .map(|m| format!(" (waiting for {m})"))
-                .unwrap_or_default();
-            format!("in {}{meaning}", terminal_safe(site))
-        });
-        if TimeParts::NAMES[part] == "lock" {
-            if let Some(site) = site {
-                let _ = write!(out, ", {site}");
-            }
-        } else if r.shares.lock_pct >= 10.0 {
-            let _ = write!(out, "; {:.0}% waits for locks", r.shares.lock_pct);
-            if let Some(site) = site {
-                let _ = write!(out, " {site}");
-            }
-        }
-        out.push_str(".\n");
     }
     out
+}
+
+/// What most of a fingerprint's time went to: `62% of its time waits for a row lock (in lock_wait)`; and the
+/// next cause where it is a lock's and takes a tenth or more.
+pub fn why(r: &DigestRow) -> String {
+    let total = r.total_us.max(1) as f64;
+    let pct = |us: u64| us as f64 * 100.0 / total;
+    let Some(top) = r.top_cause() else {
+        return "no time traced".into();
+    };
+    let mut s = format!("{:.0}% of its time {}", pct(top.us), top.cause.phrase());
+    let site = r.top_lock_site.as_deref();
+    if let Some(site) = site.filter(|_| top.cause.is_lock()) {
+        let _ = write!(s, " (in {site})");
+    }
+    if let Some(next) = r
+        .causes
+        .iter()
+        .find(|c| c.cause != top.cause && c.cause.is_lock() && pct(c.us) >= 10.0)
+    {
+        let _ = write!(s, "; {:.0}% {}", pct(next.us), next.cause.phrase());
+        if let Some(site) = site.filter(|_| !top.cause.is_lock()) {
+            let _ = write!(s, " (in {site})");
+        }
+    }
+    s
 }
 
 #[cfg(test)]
@@ -253,6 +235,7 @@ mod tests {
             shares: Default::default(),
             top_lock: None,
             top_lock_site: None,
+            causes: Vec::new(),
             scaled_by: None,
         };
         let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);

@@ -1,16 +1,16 @@
 //! The report's findings: a few sentences, each naming one dominant cost with its figure, from what every
 //! section found. Plain text; the page escapes it.
 
-use std::{collections::HashMap, rc::Rc};
+use std::{collections::HashMap, fmt::Write, rc::Rc};
 
 use super::{ProfileSection, Report};
 use crate::{
     profile::{waits, Profile},
-    query::TimeParts,
     render::{
-        queries::{clip, human_us, PART_PHRASES},
+        queries::{clip, human_us, why},
         summary::function_values,
     },
+    server::Cause,
     stacks::deadlocks,
 };
 
@@ -95,52 +95,44 @@ fn statements(
         );
         return;
     }
-    let mut parts = [0u64; crate::query::PARTS];
-    for r in rows {
-        for (p, v) in parts.iter_mut().zip(r.time.values()) {
-            *p = p.saturating_add(v);
+    // What the statements' time went to, all fingerprints together, by cause.
+    let mut causes: Vec<(Cause, u64)> = Vec::new();
+    for c in rows.iter().flat_map(|r| &r.causes) {
+        match causes.iter_mut().find(|(cause, _)| *cause == c.cause) {
+            Some((_, us)) => *us = us.saturating_add(c.us),
+            None => causes.push((c.cause, c.us)),
         }
     }
-    let (part, &value) = parts
+    causes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let top = causes
         .iter()
-        .enumerate()
-        .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
-        .expect("ten parts");
-    out.push(format!(
-        "{count} statements in {secs:.0} s ({:.0}/s) took {} of server time; {:.0}% of it {} ({}).",
+        .find(|(c, _)| *c != Cause::Unseen)
+        .or(causes.first());
+    let mut s = format!(
+        "{count} statements in {secs:.0} s ({:.0}/s) took {} of server time",
         count as f64 / secs.max(0.001),
         human_us(total),
-        value as f64 * 100.0 / total as f64,
-        PART_PHRASES[part],
-        TimeParts::NAMES[part],
-    ));
+    );
+    if let Some((cause, us)) = top {
+        let _ = write!(
+            s,
+            "; {:.0}% of it {} ({})",
+            *us as f64 * 100.0 / total as f64,
+            cause.phrase(),
+            cause.label()
+        );
+    }
+    s.push('.');
+    out.push(s);
     for r in rows.iter().take(3).filter(|r| r.total_us > 0) {
-        let shares = r.shares.values();
-        let (part, pct) = shares
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-            .expect("ten shares");
-        let mut s = format!(
-            "{} takes {:.0}% of statement time ({} executions, p99 {}); {pct:.0}% of its time {}",
+        out.push(format!(
+            "{} takes {:.0}% of statement time ({} executions, p99 {}); {}.",
             clip(&r.fingerprint, 90),
             r.total_us as f64 * 100.0 / total as f64,
             r.count,
             human_us(r.p99_us),
-            PART_PHRASES[part],
-        );
-        if let Some(site) = r
-            .top_lock_site
-            .as_deref()
-            .filter(|_| r.shares.lock_pct >= 10.0)
-        {
-            let meaning = waits::site_meaning(site)
-                .map(|m| format!(", waiting for {m}"))
-                .unwrap_or_default();
-            s.push_str(&format!(", lock waits mostly in {site}{meaning}"));
-        }
-        s.push('.');
-        out.push(s);
+            why(r),
+        ));
     }
 }
 
