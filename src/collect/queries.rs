@@ -117,8 +117,20 @@ pub enum Event {
     Executed(Executed),
     /// What the collector did or lost: no data, said for the consumer's notes and decisions.
     Status(Status),
+    /// The statements' futex waits under way for longer than `Control::want_long_waits` asks, looked for once a
+    /// second while wanted.
+    LongWaits(Vec<LongWait>),
     /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
     Tick,
+}
+
+/// A statement's futex wait under way: its thread, its stack's id and the type its thread last announced
+/// (`wait_slot::hint`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LongWait {
+    pub tid: u32,
+    pub stack: u64,
+    pub hint: u32,
 }
 
 /// A statement, or a packet outside one: what was read on a connection.
@@ -454,9 +466,16 @@ pub struct Control {
     want_results: Cell<bool>,
     /// What the execution probe is to do.
     execute: Cell<ExecuteWish>,
+    /// Futex waits of statements longer than this are looked for once a second (`Event::LongWaits`); 0: none.
+    long_wait_ns: Cell<u64>,
 }
 
 impl Control {
+    /// Statements' futex waits longer than `ns` are reported once a second, while they last.
+    pub fn want_long_waits(&self, ns: u64) {
+        self.long_wait_ns.set(ns);
+    }
+
     /// The TLS fallback's uprobes are wanted from now on.
     pub fn want_dispatch(&self) {
         self.dispatch_wanted.set(true);
@@ -600,6 +619,7 @@ pub fn collect(
     // followed to their end (`closing`), then the tracepoints detached until the next period.
     let mut periods = opts.duty.map(SamplePeriods::of);
     let mut execute_link = ExecuteLink::default();
+    let mut long_waits_read = Instant::now();
     let result = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
         if dispatch_links.is_empty() {
             attach_dispatch(&skel.progs, &mut dispatch_links)?;
@@ -623,12 +643,8 @@ pub fn collect(
         if tracepoints.attached() {
             refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
         }
-        let l = Skeleton::lost(&skel);
-        if l != lost_said {
-            lost_said = l;
-            (on_event.borrow_mut())(Event::Status(Status::Lost(l)));
-        }
-        (on_event.borrow_mut())(Event::Tick);
+        let (l, said) = said_at_tick(&skel, control, &mut lost_said, &mut long_waits_read);
+        said.into_iter().for_each(|e| (on_event.borrow_mut())(e));
         // While draining, the statements in flight are looked for as often as before; else woken for the next
         // period's edge on time, whatever the poll interval.
         let due = if tracepoints.draining {
@@ -924,6 +940,53 @@ fn say_sampling(p: &SamplePeriods) {
 }
 
 /// The state of the threads in a statement when tracing ended (the task iterator of queries.bpf.c).
+/// What is said at each poll: the losses when they changed since `said` (returned as they are), the long waits
+/// when looked for (`last`), then the tick.
+fn said_at_tick(
+    skel: &skel::QueriesSkel<'_>,
+    control: &Control,
+    said: &mut Lost,
+    last: &mut Instant,
+) -> (Lost, Vec<Event>) {
+    let mut events = Vec::new();
+    let lost = Skeleton::lost(skel);
+    if lost != *said {
+        *said = lost;
+        events.push(Event::Status(Status::Lost(lost)));
+    }
+    if let Some(waits) = long_waits(&skel.progs.in_flight, control, last) {
+        events.push(Event::LongWaits(waits));
+    }
+    events.push(Event::Tick);
+    (lost, events)
+}
+
+/// The futex waits under way longer than `control` asks, once a second at most (`last`: the last look), and only
+/// when there are: the threads in statements read by the `in_flight` iterator, which runs in myprobe's own time.
+fn long_waits(
+    iterator: &libbpf_rs::ProgramMut,
+    control: &Control,
+    last: &mut Instant,
+) -> Option<Vec<LongWait>> {
+    let longer = control.long_wait_ns.get();
+    if longer == 0 || last.elapsed() < Duration::from_secs(1) {
+        return None;
+    }
+    *last = Instant::now();
+    let now = super::monotonic_ns();
+    let waits: Vec<LongWait> = in_flight(iterator)
+        .ok()?
+        .into_iter()
+        .filter(|st| st.lock_block_ts != 0 && now.saturating_sub(st.lock_block_ts) >= longer)
+        .map(|st| LongWait {
+            tid: st.ev.tid,
+            stack: st.lock_block_stack,
+            hint: st.wait_hint,
+        })
+        .collect();
+    (!waits.is_empty()).then_some(waits)
+}
+
 fn in_flight(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<query_thread>> {
     Ok(super::run_task_iterator(iterator)?
         .chunks_exact(std::mem::size_of::<query_thread>())

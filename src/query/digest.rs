@@ -106,6 +106,8 @@ fn causes_of(us: &[u64; Cause::ALL.len()]) -> Vec<CauseWait> {
             cause,
             us,
             site: None,
+            object: None,
+            holder: None,
         })
         .collect();
     causes.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));

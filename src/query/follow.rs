@@ -21,7 +21,10 @@ use crate::{
     process::{probes, Target},
     profile::waits,
     query::{
-        started::Started, texts::PreparedTexts, Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
+        holders::{self, Holders},
+        started::Started,
+        texts::PreparedTexts,
+        Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
     },
     symbolize::{
         data::DataSymbolizer,
@@ -396,6 +399,10 @@ pub fn follow(
                 causes: &target.flavor.server().lock_names().causes,
             }),
         ),
+        holders: a.connect.as_ref().map(|c| {
+            control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
+            Holders::start(c, target.pid)
+        }),
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
             emit,
@@ -460,6 +467,8 @@ struct Stages<'a, E, L> {
     tracker: Tracker,
     texts: PreparedTexts,
     sites: waits::SiteNames,
+    /// Who holds the locks statements wait for long, read from the server's tables while they wait.
+    holders: Option<Holders>,
     locks: DataSymbolizer,
     sink: Sink<E>,
     on_lost: L,
@@ -497,6 +506,16 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
                 self.ask_execute();
             }
             Event::Status(status) => self.status(status),
+            Event::LongWaits(waits) => {
+                let held = |w: &collect::queries::LongWait| {
+                    self.sites
+                        .cause_of(w.stack, w.hint)
+                        .is_some_and(|c| c.has_holder())
+                };
+                if let Some(holders) = self.holders.as_mut().filter(|_| waits.iter().any(held)) {
+                    holders.ask();
+                }
+            }
             Event::Tick => {
                 // Read by the collector at its next poll; asked here, not at each record (a clock read).
                 self.control.keep_results(self.tracker.wants_results());
@@ -596,6 +615,9 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         }
         let sites = &self.sites;
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
+        if let Some(holders) = &self.holders {
+            holders.name(&mut record);
+        }
         if record.lock_addr_raw != 0 {
             let symbol = self.locks.name(record.lock_addr_raw);
             record.lock_symbol = Some(waits::lock_name(

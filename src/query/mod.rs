@@ -4,6 +4,7 @@
 pub mod digest;
 pub mod executed;
 pub mod follow;
+pub mod holders;
 pub mod started;
 pub mod texts;
 
@@ -137,6 +138,12 @@ pub struct CauseWait {
     /// Where its longest stack waits (`profile::waits::site`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub site: Option<String>,
+    /// What it waited for (`sbtest.sbtest1 (PRIMARY, X)`) and who held it, where the server said while it waited
+    /// ([`holders`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<holders::Holder>,
 }
 
 fn label<S: serde::Serializer>(cause: &Cause, s: S) -> Result<S::Ok, S::Error> {
@@ -178,6 +185,8 @@ impl QueryRecord {
                         cause,
                         us: ns,
                         site,
+                        object: None,
+                        holder: None,
                     },
                     ns,
                 )),
@@ -215,6 +224,8 @@ impl QueryRecord {
                 cause: Cause::UnknownWait,
                 us: self.time.lock_us - named,
                 site: self.lock_site.clone().filter(|_| waits.is_empty()),
+                object: None,
+                holder: None,
             });
         }
         waits.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));

@@ -63,6 +63,20 @@ pub fn line(r: &QueryRecord) -> String {
     if r.pipelined {
         out.push_str("  (pipelined: within the time of the statement before it)");
     }
+    if let Some(w) = r.waits.iter().find(|w| w.holder.is_some()) {
+        let on = w
+            .object
+            .as_deref()
+            .map(|o| format!(" on {o}"))
+            .unwrap_or_default();
+        let holder = w.holder.as_ref().map(|h| h.describe()).unwrap_or_default();
+        let _ = write!(
+            out,
+            "  ({}{on}, held by {})",
+            w.cause,
+            terminal_safe(&holder)
+        );
+    }
     // A sleep's wait is no lock's.
     if let Some(sym) = r.lock_symbol.as_ref().filter(|_| r.time.lock_us > 0) {
         let _ = write!(

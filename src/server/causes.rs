@@ -171,6 +171,22 @@ impl fmt::Display for Cause {
     }
 }
 
+/// What a lock wait the server lists is (`Server::lock_holders_sql`'s KIND, LOCK_TYPE and MODE): InnoDB's
+/// record lock, its table lock; a metadata lock, a table's taken by `LOCK TABLES` (SHARED_NO_READ_WRITE for WRITE,
+/// SHARED_READ_ONLY for READ), a user lock, the global read lock or backup lock.
+pub fn holder_cause(kind: &str, lock_type: &str, mode: &str) -> Cause {
+    match (kind, lock_type) {
+        ("row", "TABLE") => Cause::InnodbTableLock,
+        ("row", _) => Cause::RowLock,
+        (_, "USER LEVEL LOCK") => Cause::UserLock,
+        (_, "GLOBAL" | "BACKUP" | "BACKUP LOCK") => Cause::GlobalLock,
+        (_, "TABLE") if matches!(mode, "SHARED_NO_READ_WRITE" | "SHARED_READ_ONLY") => {
+            Cause::TableLock
+        }
+        _ => Cause::MetadataLock,
+    }
+}
+
 /// The waits `thd_wait_begin` announces (include/mysql/service_thd_wait.h: the numbers MariaDB and MySQL share
 /// up to 10; MariaDB's 11 is THD_WAIT_NET), each as the cause it is where the server's module has no better
 /// word for its site.

@@ -145,6 +145,19 @@ impl Server for MariaDb {
         }
     }
 
+    fn lock_holders_sql(&self) -> &'static [&'static str] {
+        // InnoDB's lock waits (information_schema's INNODB_LOCK_WAITS, 10.x and 11.x). Metadata locks have no table
+        // without the METADATA_LOCK_INFO plugin, which is not loaded by default.
+        &["SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id, 'row', l.lock_type, l.lock_table, l.lock_index, \
+           l.lock_mode, NULL, TIMESTAMPDIFF(SECOND, b.trx_started, NOW()), p.COMMAND, p.TIME, p.USER, p.HOST, \
+           p.INFO \
+           FROM information_schema.INNODB_LOCK_WAITS w \
+           JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+           JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+           JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.blocking_lock_id \
+           LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id"]
+    }
+
     fn dispatch(&self) -> Dispatch {
         // sql/sql_parse.cc, 10.x and 11.x (followed by `bool is_com_multi, bool is_next_command` in 10.2–10.5,
         // `bool blocking` from 10.6).

@@ -57,6 +57,12 @@ pub trait Server: Sync {
     /// texts of statements prepared before tracing.
     fn statement_execute(&self) -> &'static str;
 
+    /// The SQL that lists the lock waits under way with the connection holding each lock, as the columns
+    /// `WAITING_ID, HOLDER_ID, KIND ('row' or 'metadata'), LOCK_TYPE, OBJECT, INDEX, MODE, DURATION,
+    /// TRANSACTION_SECONDS, COMMAND, TIME, USER, HOST, INFO` (the last five the holder's; `causes::holder_cause` reads
+    /// KIND, LOCK_TYPE and MODE), one statement each.
+    fn lock_holders_sql(&self) -> &'static [&'static str];
+
     /// Where its connections' objects (`THD`) are in its memory, and the exported functions whose code says
     /// where their fields are.
     fn sessions(&self) -> &'static Sessions;

@@ -133,6 +133,33 @@ impl Server for MySql {
         }
     }
 
+    fn lock_holders_sql(&self) -> &'static [&'static str] {
+        // performance_schema's data locks (InnoDB's, 8.0 and later) and metadata locks (on by default).
+        &[
+            "SELECT rt.PROCESSLIST_ID, bt.PROCESSLIST_ID, 'row', l.LOCK_TYPE, \
+             CONCAT(l.OBJECT_SCHEMA, '.', l.OBJECT_NAME), l.INDEX_NAME, l.LOCK_MODE, NULL, \
+             TIMESTAMPDIFF(SECOND, trx.trx_started, NOW()), bt.PROCESSLIST_COMMAND, bt.PROCESSLIST_TIME, \
+             bt.PROCESSLIST_USER, bt.PROCESSLIST_HOST, bt.PROCESSLIST_INFO \
+             FROM performance_schema.data_lock_waits w \
+             JOIN performance_schema.threads rt ON rt.THREAD_ID = w.REQUESTING_THREAD_ID \
+             JOIN performance_schema.threads bt ON bt.THREAD_ID = w.BLOCKING_THREAD_ID \
+             JOIN performance_schema.data_locks l ON l.ENGINE_LOCK_ID = w.BLOCKING_ENGINE_LOCK_ID \
+             LEFT JOIN information_schema.INNODB_TRX trx ON trx.trx_mysql_thread_id = bt.PROCESSLIST_ID",
+            "SELECT wt.PROCESSLIST_ID, ht.PROCESSLIST_ID, 'metadata', h.OBJECT_TYPE, \
+             CONCAT_WS('.', h.OBJECT_SCHEMA, h.OBJECT_NAME), NULL, h.LOCK_TYPE, h.LOCK_DURATION, \
+             TIMESTAMPDIFF(SECOND, trx.trx_started, NOW()), ht.PROCESSLIST_COMMAND, ht.PROCESSLIST_TIME, \
+             ht.PROCESSLIST_USER, ht.PROCESSLIST_HOST, ht.PROCESSLIST_INFO \
+             FROM performance_schema.metadata_locks w \
+             JOIN performance_schema.metadata_locks h ON h.OBJECT_TYPE = w.OBJECT_TYPE \
+             AND h.OBJECT_SCHEMA <=> w.OBJECT_SCHEMA AND h.OBJECT_NAME <=> w.OBJECT_NAME \
+             AND h.LOCK_STATUS = 'GRANTED' AND h.OWNER_THREAD_ID <> w.OWNER_THREAD_ID \
+             JOIN performance_schema.threads wt ON wt.THREAD_ID = w.OWNER_THREAD_ID \
+             JOIN performance_schema.threads ht ON ht.THREAD_ID = h.OWNER_THREAD_ID \
+             LEFT JOIN information_schema.INNODB_TRX trx ON trx.trx_mysql_thread_id = ht.PROCESSLIST_ID \
+             WHERE w.LOCK_STATUS = 'PENDING'",
+        ]
+    }
+
     fn dispatch(&self) -> Dispatch {
         // sql/sql_parse.cc, 5.7 to 9.x; COM_DATA in include/mysql/com_data.h.
         Dispatch {

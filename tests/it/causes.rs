@@ -13,6 +13,8 @@ struct Scenario {
     /// Connection id → the cause its statement must be given, and what it is.
     expected: Vec<(u64, &'static str, &'static str)>,
     sleeper: u64,
+    /// The connection holding each kind of lock.
+    holders: Vec<(&'static str, u64)>,
 }
 
 /// Holders and waiters of each kind of wait, the waiters' statements sent; `release` lets them all go.
@@ -42,7 +44,9 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
         waiters.push(s);
     };
     // A hot row: a transaction holds it, three more update it.
+    let mut holder_ids = Vec::new();
     let mut row = db.session();
+    holder_ids.push(("row lock", row.connection_id()));
     row.exec(&format!(
         "BEGIN; UPDATE causes.hot_{tag} SET v = v + 1 WHERE id = 1"
     ));
@@ -56,6 +60,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     }
     // A transaction that read a table, idle in it: an ALTER waits for its metadata lock, a reader behind the ALTER.
     let mut reader = db.session();
+    holder_ids.push(("metadata lock", reader.connection_id()));
     reader.exec(&format!("BEGIN; SELECT COUNT(*) FROM causes.ddl_{tag}"));
     holders.push((reader, "COMMIT".to_string()));
     waiter(
@@ -71,6 +76,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     );
     // A user lock.
     let mut user = db.session();
+    holder_ids.push(("user lock", user.connection_id()));
     let lock = format!("causes-{tag}");
     assert_eq!(
         user.query_row(&format!("SELECT GET_LOCK('{lock}', 30)")),
@@ -85,7 +91,9 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     // SLEEP, which waits for nothing.
     let mut sleeper = db.session();
     let sleeper_id = sleeper.connection_id();
-    sleeper.send("SELECT SLEEP(2.5), 'causes-done'");
+    // Long enough to be running still once a tracer started after it is in place (a few seconds on a slow host).
+    let secs = if tag == "before" { 6 } else { 2 };
+    sleeper.send(&format!("SELECT SLEEP({secs}), 'causes-done'"));
     waiters.push(sleeper);
     Waits {
         holders,
@@ -94,6 +102,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
             kind,
             expected,
             sleeper: sleeper_id,
+            holders: holder_ids,
         },
     }
 }
@@ -137,6 +146,27 @@ fn check(s: &Scenario, records: &[Value], err: &str) {
         assert_eq!(r["waits"][0]["cause"], cause, "{kind}: {what}: {r}");
         assert!(r["lock_us"].as_u64().unwrap() > 0, "{kind}: {what}: {r}");
     }
+    // Who holds each lock, where the server lists it: InnoDB's lock waits on every server, metadata and user locks
+    // in MySQL's performance_schema (MariaDB has no table of them by default).
+    for &(cause, holder) in &s.holders {
+        if cause != "row lock" && !kind.starts_with("mysql") {
+            continue;
+        }
+        let held_by = |conn: u64| {
+            mine(records, conn)
+                .last()
+                .map(|r| r["waits"][0]["holder"]["conn"].clone())
+        };
+        let named = s
+            .expected
+            .iter()
+            .filter(|(_, c, _)| *c == cause)
+            .any(|&(conn, _, _)| held_by(conn) == Some(Value::from(holder)));
+        assert!(
+            named,
+            "{kind}: no {cause} held by connection {holder}:\n{records:?}\n{err}"
+        );
+    }
     // SLEEP is no lock wait.
     let r = mine(records, s.sleeper);
     let r = r
@@ -152,7 +182,7 @@ fn check(s: &Scenario, records: &[Value], err: &str) {
         r["lock_symbol"].is_null() && r["lock_site"].is_null(),
         "{kind}: {r}"
     );
-    assert!(r["sleep_us"].as_u64().unwrap() >= 500_000, "{kind}: {r}");
+    assert!(r["sleep_us"].as_u64().unwrap() >= 200_000, "{kind}: {r}");
 }
 
 fn servers() -> Vec<(&'static str, TestDb)> {
@@ -186,7 +216,7 @@ fn every_wait_is_named_by_its_cause_on_every_server() {
         let mut cpu = db.session();
         let cpu_id = cpu.connection_id();
         cpu.query_row("SELECT BENCHMARK(20000000, CRC32('causes'))");
-        std::thread::sleep(Duration::from_millis(1200));
+        std::thread::sleep(Duration::from_millis(1500));
         let scenario = waits.release();
         let (out, err) = tracer.stop();
         let records = json_lines(&out);
@@ -220,7 +250,7 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
             ],
             "tracing the statements",
         );
-        std::thread::sleep(Duration::from_millis(1000));
+        std::thread::sleep(Duration::from_millis(1500));
         let scenario = waits.release();
         let (out, err) = tracer.stop();
         let records = json_lines(&out);

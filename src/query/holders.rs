@@ -1,0 +1,305 @@
+//! Who holds the lock a statement waits for, from the server's own tables (InnoDB's lock waits, performance_schema's
+//! data and metadata locks): read only while a statement has waited long for a lock another connection holds
+//! (`Event::LongWaits`), at most once a second, by a thread of its own with its own connection, so that the
+//! statements' pipeline never waits for the server.
+
+use std::{
+    collections::HashMap,
+    sync::{mpsc, Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use super::QueryRecord;
+use crate::{
+    client::{self, ConnectArgs},
+    server::{causes::holder_cause, Cause},
+};
+
+/// A statement whose futex wait lasts this long has its lock's holder looked for.
+pub const LONG_WAIT: Duration = Duration::from_millis(200);
+
+/// The holders kept, by waiting connection; past it, the oldest reads are forgotten.
+const MAX_WAITING: usize = 10_000;
+
+/// The connection that holds what a statement waits for, as the server said while it waited.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    /// The connection's id, user and host.
+    pub conn: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Its command (`Sleep`: idle) and how long it had been in it, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_s: Option<u64>,
+    /// How long its transaction had been open, in seconds, where the server says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transaction_s: Option<u64>,
+    /// The statement it ran, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statement: Option<String>,
+}
+
+impl Holder {
+    /// In a DBA's words: `connection 42 (root@localhost), idle in its transaction for 40 s`.
+    pub fn describe(&self) -> String {
+        let who = match (&self.user, &self.host) {
+            (Some(u), Some(h)) => format!("connection {} ({u}@{h})", self.conn),
+            (Some(u), None) => format!("connection {} ({u})", self.conn),
+            _ => format!("connection {}", self.conn),
+        };
+        match (self.command.as_deref(), &self.statement) {
+            (Some("Sleep"), _) => match self.transaction_s.or(self.command_s) {
+                Some(s) => format!("{who}, idle in its transaction for {s} s"),
+                None => format!("{who}, idle in its transaction"),
+            },
+            (_, Some(statement)) => {
+                let running = self
+                    .command_s
+                    .map(|s| format!(" for {s} s"))
+                    .unwrap_or_default();
+                format!(
+                    "{who}, running{running}: {}",
+                    super::shown_text(statement.clone(), false)
+                )
+            }
+            _ => who,
+        }
+    }
+}
+
+/// A lock wait the server listed: what is waited for, and who holds it.
+#[derive(Clone, Debug)]
+struct Listed {
+    cause: Cause,
+    /// `sbtest.sbtest1 (PRIMARY, X)`
+    object: String,
+    holder: Holder,
+    /// When it was read (CLOCK_MONOTONIC, ns).
+    at_ns: u64,
+}
+
+/// The reader of the server's lock tables, and what it found.
+pub struct Holders {
+    ask: mpsc::SyncSender<()>,
+    found: Arc<Mutex<HashMap<u64, Vec<Listed>>>>,
+    asked: Option<Instant>,
+}
+
+impl Holders {
+    /// Starts the reader of the server `pid`'s lock tables, connecting as `args` when first asked.
+    pub fn start(args: &ConnectArgs, pid: u32) -> Holders {
+        let (ask, asked) = mpsc::sync_channel::<()>(1);
+        let found = Arc::new(Mutex::new(HashMap::new()));
+        let into = Arc::clone(&found);
+        let args = args.clone();
+        let spawned = thread::Builder::new()
+            .name("myprobe-holders".into())
+            .spawn(move || read_when_asked(&args, pid, &asked, &into));
+        if let Err(e) = spawned {
+            say!("myprobe: warning: who holds the locks statements wait for is not read: {e}");
+        }
+        Holders {
+            ask,
+            found,
+            asked: None,
+        }
+    }
+
+    /// A statement waits long for a lock another connection holds: the tables are read, unless they were within
+    /// the last second.
+    pub fn ask(&mut self) {
+        if self
+            .asked
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.asked = Some(Instant::now());
+        let _ = self.ask.try_send(());
+    }
+
+    /// Gives the record's waits the holder and object the server listed for its connection while it ran.
+    pub fn name(&self, record: &mut QueryRecord) {
+        let Some(conn) = record.conn else { return };
+        let Ok(found) = self.found.lock() else { return };
+        let Some(listed) = found.get(&u64::from(conn)) else {
+            return;
+        };
+        let during =
+            |l: &&Listed| (record.start_ns..=record.end_ns.max(record.start_ns)).contains(&l.at_ns);
+        for l in listed.iter().rev().filter(during) {
+            // A metadata lock the server lists as a table lock or a user lock is one.
+            let same =
+                |c: Cause| c == l.cause || (c == Cause::MetadataLock && l.cause.has_holder());
+            if let Some(w) = record
+                .waits
+                .iter_mut()
+                .find(|w| w.holder.is_none() && same(w.cause))
+            {
+                w.cause = l.cause;
+                w.object = Some(l.object.clone());
+                w.holder = Some(l.holder.clone());
+                if record.cause == Some(Cause::MetadataLock) {
+                    record.cause = Some(l.cause);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the lock tables each time asked, until the pipeline ends (the channel closes).
+fn read_when_asked(
+    args: &ConnectArgs,
+    pid: u32,
+    asked: &mpsc::Receiver<()>,
+    found: &Mutex<HashMap<u64, Vec<Listed>>>,
+) {
+    let mut client = None;
+    let mut said = false;
+    while asked.recv().is_ok() {
+        if client.is_none() {
+            match client::connect(args, Some(pid)) {
+                Ok(c) => client = Some(c),
+                Err(e) => {
+                    if !std::mem::replace(&mut said, true) {
+                        say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some(c) = client.as_mut() else { continue };
+        let at_ns = crate::collect::monotonic_ns();
+        let server = c.server();
+        let mut listed = Vec::new();
+        for sql in server.lock_holders_sql() {
+            match c.query(sql) {
+                Ok(rows) => listed.extend(rows.into_iter().filter_map(|r| parse(r, at_ns))),
+                Err(e) if !std::mem::replace(&mut said, true) => {
+                    say!(
+                        "myprobe: note: who holds the locks statements wait for is not read: {e:#}"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        let Ok(mut found) = found.lock() else { return };
+        if found.len() > MAX_WAITING {
+            found.clear();
+        }
+        for (waiting, l) in listed {
+            let of = found.entry(waiting).or_default();
+            if of.len() >= 64 {
+                of.remove(0);
+            }
+            of.push(l);
+        }
+    }
+}
+
+/// One row of `Server::lock_holders_sql`: the waiting connection and what it waits for.
+fn parse(row: Vec<Option<String>>, at_ns: u64) -> Option<(u64, Listed)> {
+    let [waiting, holder, kind, lock_type, object, index, mode, _duration, trx_s, command, time, user, host, info] =
+        <[Option<String>; 14]>::try_from(row).ok()?;
+    let num = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<u64>().ok());
+    let (kind, lock_type, mode) = (
+        kind?,
+        lock_type.unwrap_or_default(),
+        mode.unwrap_or_default(),
+    );
+    let cause = holder_cause(&kind, &lock_type, &mode);
+    let object = object.unwrap_or_default().replace('`', "");
+    let object = match index {
+        Some(index) => format!("{object} ({index}, {mode})"),
+        None => format!("{object} ({mode})"),
+    };
+    Some((
+        num(&waiting)?,
+        Listed {
+            cause,
+            object,
+            holder: Holder {
+                conn: num(&holder)?,
+                user,
+                host,
+                command,
+                command_s: num(&time),
+                transaction_s: num(&trx_s),
+                statement: info,
+            },
+            at_ns,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(values: &[Option<&str>]) -> Vec<Option<String>> {
+        values.iter().map(|v| v.map(str::to_string)).collect()
+    }
+
+    #[test]
+    fn a_listed_wait_names_its_cause_object_and_holder() {
+        let (waiting, l) = parse(
+            row(&[
+                Some("340"),
+                Some("339"),
+                Some("row"),
+                Some("RECORD"),
+                Some("`sbtest`.`sbtest1`"),
+                Some("PRIMARY"),
+                Some("X"),
+                None,
+                Some("40"),
+                Some("Sleep"),
+                Some("38"),
+                Some("root"),
+                Some("localhost"),
+                None,
+            ]),
+            7,
+        )
+        .unwrap();
+        assert_eq!((waiting, l.cause), (340, Cause::RowLock));
+        assert_eq!(l.object, "sbtest.sbtest1 (PRIMARY, X)");
+        assert_eq!(
+            l.holder.describe(),
+            "connection 339 (root@localhost), idle in its transaction for 40 s"
+        );
+        let (_, l) = parse(
+            row(&[
+                Some("85"),
+                Some("83"),
+                Some("metadata"),
+                Some("TABLE"),
+                Some("sbtest.sbtest2"),
+                None,
+                Some("SHARED_NO_READ_WRITE"),
+                Some("TRANSACTION"),
+                None,
+                Some("Query"),
+                Some("1"),
+                Some("root"),
+                None,
+                Some("DO SLEEP(3)"),
+            ]),
+            7,
+        )
+        .unwrap();
+        assert_eq!(l.cause, Cause::TableLock);
+        assert_eq!(
+            l.holder.describe(),
+            "connection 83 (root), running for 1 s: DO SLEEP(?)"
+        );
+        assert!(parse(row(&[Some("1")]), 7).is_none());
+    }
+}
