@@ -7,7 +7,11 @@ use std::{collections::HashMap, path::PathBuf, rc::Rc};
 
 use crate::{
     collect::RawStack,
-    server::{self, Cause, WaitCauses, WaitKind},
+    server::{
+        self,
+        causes::{COMMON_AROUND, COMMON_ASKED},
+        Cause, WaitCauses, WaitKind,
+    },
     symbolize::{unnamed_in_binary, wait_calls::ConstantCall, Symbolizer},
 };
 
@@ -212,18 +216,15 @@ pub type Brackets = HashMap<Rc<str>, Vec<(u32, Cause)>>;
 /// its waits to `thd_wait_begin`), else its primitive's (a mutex held: an internal lock), else unknown.
 pub fn cause(frames: &[Rc<str>], kind: WaitKind, brackets: &Brackets) -> StackCause {
     let tables = || server::all_lock_names().map(|names| &names.causes);
-    for causes in tables() {
-        for (name, cause) in causes.asked {
-            if frames.iter().any(|f| f.as_ref() == *name) {
-                return StackCause::One(*cause);
-            }
+    let asked = || std::iter::once(COMMON_ASKED).chain(tables().map(|c: &WaitCauses| c.asked));
+    let around = || std::iter::once(COMMON_AROUND).chain(tables().map(|c: &WaitCauses| c.around));
+    for (name, cause) in asked().flatten() {
+        if frames.iter().any(|f| f.as_ref() == *name) {
+            return StackCause::One(*cause);
         }
     }
     for f in frames {
-        if let Some((_, cause)) = tables()
-            .flat_map(|c: &WaitCauses| c.around)
-            .find(|(name, _)| f.as_ref() == *name)
-        {
+        if let Some((_, cause)) = around().flatten().find(|(name, _)| f.as_ref() == *name) {
             return StackCause::One(*cause);
         }
         if let Some(types) = brackets.get(f) {
@@ -358,6 +359,7 @@ impl SiteNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::Server;
 
     fn frames(names: &[&str]) -> Vec<Rc<str>> {
         names.iter().map(|&n| Rc::from(n)).collect()
@@ -403,6 +405,62 @@ mod tests {
         let at = site(&row_lock).unwrap();
         assert_eq!(at, "lock_wait_suspend_thread");
         assert_eq!(site_meaning(&at), Some("a row lock"));
+    }
+
+    #[test]
+    fn a_wait_s_cause_comes_from_what_was_asked_then_its_innermost_named_frame() {
+        let stack = |names: &[&str]| frames(names);
+        let none = Brackets::new();
+        let cause_of =
+            |f: &[Rc<str>], brackets: &Brackets| cause(f, kind(f, FutexOp::Unknown), brackets);
+        // GET_LOCK waits in the metadata lock subsystem: a user lock.
+        let get_lock = stack(&[
+            "___pthread_cond_timedwait",
+            "MDL_wait::timed_wait",
+            "MDL_context::acquire_lock",
+            "Item_func_get_lock::val_int",
+            "dispatch_command",
+        ]);
+        assert_eq!(cause_of(&get_lock, &none), StackCause::One(Cause::UserLock));
+        let mdl = stack(&[
+            "___pthread_cond_timedwait",
+            "MDL_wait::timed_wait",
+            "open_table",
+        ]);
+        assert_eq!(cause_of(&mdl, &none), StackCause::One(Cause::MetadataLock));
+        // Debian's stripped MariaDB: InnoDB's lock_wait has no name, but calls thd_wait_begin with a row lock's or
+        // a table lock's type; the type its thread announced tells which.
+        let row = stack(&[
+            "__futex_abstimed_wait_common",
+            "___pthread_cond_timedwait",
+            "mariadbd+0xd5ad50",
+            "handler::ha_index_read_map",
+            "dispatch_command",
+        ]);
+        let mut brackets = Brackets::new();
+        brackets.insert(
+            Rc::from("mariadbd+0xd5ad50"),
+            vec![(3, Cause::RowLock), (6, Cause::InnodbTableLock)],
+        );
+        let by_type = cause_of(&row, &brackets);
+        assert_eq!(by_type.given(3), Cause::RowLock);
+        assert_eq!(by_type.given(6), Cause::InnodbTableLock);
+        assert_eq!(cause_of(&row, &none), StackCause::One(Cause::UnknownWait));
+        // The redo log's group commit inside the binlog's: the innermost names it.
+        let redo = stack(&[
+            "syscall",
+            "group_commit_lock::acquire",
+            "log_write_up_to",
+            "MYSQL_BIN_LOG::queue_for_group_commit",
+        ]);
+        assert_eq!(cause_of(&redo, &none), StackCause::One(Cause::RedoLog));
+        let mutex = stack(&["__lll_lock_wait", "___pthread_mutex_lock", "open_table"]);
+        assert_eq!(
+            cause_of(&mutex, &none),
+            StackCause::One(Cause::InternalLock)
+        );
+        let values = causes_of_types(&[3, 6], &server::MariaDb.lock_names().causes);
+        assert_eq!(values, [(3, Cause::RowLock), (6, Cause::InnodbTableLock)]);
     }
 
     #[test]

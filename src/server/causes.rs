@@ -171,6 +171,24 @@ impl fmt::Display for Cause {
     }
 }
 
+/// Functions every server has, and the causes of the waits they frame (`WaitCauses::asked`): what the statement asked
+/// for (sql/item_func.cc: a user lock is a metadata lock of its own namespace).
+pub const COMMON_ASKED: &[(&str, Cause)] = &[
+    ("Item_func_sleep::val_int", Cause::Sleep),
+    ("Item_func_get_lock::val_int", Cause::UserLock),
+    ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
+];
+
+/// The same, by the innermost frame (`WaitCauses::around`).
+pub const COMMON_AROUND: &[(&str, Cause)] = &[
+    ("MDL_wait::timed_wait", Cause::MetadataLock),
+    ("MDL_context::acquire_lock", Cause::MetadataLock),
+    ("thr_multi_lock", Cause::TableLock),
+    ("log_write_up_to", Cause::RedoLog),
+    ("buf_flush_wait_flushed", Cause::PageFlush),
+    ("Relay_log_info::wait_for_pos", Cause::ReplicationWait),
+];
+
 /// What a lock wait the server lists is (`Server::lock_holders_sql`'s KIND, LOCK_TYPE and MODE): InnoDB's
 /// record lock, its table lock; a metadata lock, a table's taken by `LOCK TABLES` (SHARED_NO_READ_WRITE for WRITE,
 /// SHARED_READ_ONLY for READ), a user lock, the global read lock or backup lock.

@@ -94,22 +94,15 @@ impl Server for MariaDb {
                 ),
             ],
             causes: WaitCauses {
+                // Besides causes::COMMON_ASKED and COMMON_AROUND.
                 asked: &[
-                    ("Item_func_sleep::val_int", Cause::Sleep),
-                    // sql/item_func.cc: a user lock is a metadata lock of namespace USER_LOCK.
-                    ("Item_func_get_lock::val_int", Cause::UserLock),
-                    ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
                     ("run_backup_stage", Cause::GlobalLock),
                     ("Repl_semi_sync_master::commit_trx", Cause::SemiSyncAck),
                 ],
                 around: &[
                     ("lock_wait", Cause::RowLock),
-                    ("MDL_wait::timed_wait", Cause::MetadataLock),
-                    ("MDL_context::acquire_lock", Cause::MetadataLock),
-                    ("thr_multi_lock", Cause::TableLock),
                     // storage/innobase/log/log0sync.cc: the redo log's write and flush locks.
                     ("group_commit_lock::acquire", Cause::RedoLog),
-                    ("log_write_up_to", Cause::RedoLog),
                     ("net_real_write", Cause::RedoLog),
                     // sql/log.cc: a follower waits for the leader to write and sync its transaction.
                     (
@@ -120,8 +113,6 @@ impl Server for MariaDb {
                         "MYSQL_BIN_LOG::write_transaction_to_binlog",
                         Cause::BinlogGroupCommit,
                     ),
-                    ("buf_flush_wait_flushed", Cause::PageFlush),
-                    ("Relay_log_info::wait_for_pos", Cause::ReplicationWait),
                     ("gtid_waiting::wait_for_gtid", Cause::ReplicationWait),
                 ],
                 wait_begin: "thd_wait_begin",

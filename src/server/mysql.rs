@@ -91,27 +91,16 @@ impl Server for MySql {
                 ("log_wait_for_write", "the redo log's write"),
             ],
             causes: WaitCauses {
-                asked: &[
-                    ("Item_func_sleep::val_int", Cause::Sleep),
-                    // sql/item_func.cc: a user lock is a metadata lock of namespace USER_LEVEL_LOCK.
-                    ("Item_func_get_lock::val_int", Cause::UserLock),
-                    ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
-                    ("ReplSemiSyncMaster::commitTrx", Cause::SemiSyncAck),
-                ],
+                // Besides causes::COMMON_ASKED and COMMON_AROUND.
+                asked: &[("ReplSemiSyncMaster::commitTrx", Cause::SemiSyncAck)],
                 around: &[
                     ("lock_wait_suspend_thread", Cause::RowLock),
-                    ("MDL_wait::timed_wait", Cause::MetadataLock),
-                    ("MDL_context::acquire_lock", Cause::MetadataLock),
-                    ("thr_multi_lock", Cause::TableLock),
                     ("log_wait_for_flush", Cause::RedoLog),
                     ("log_wait_for_write", Cause::RedoLog),
-                    ("log_write_up_to", Cause::RedoLog),
                     // sql/rpl_commit_stage_manager.cc: a follower of the binlog's group commit.
                     ("Commit_stage_manager::enroll_for", Cause::BinlogGroupCommit),
                     ("srv_conc_enter_innodb", Cause::ConcurrencyQueue),
-                    ("buf_flush_wait_flushed", Cause::PageFlush),
                     ("buf_flush_wait_batch_end", Cause::PageFlush),
-                    ("Relay_log_info::wait_for_pos", Cause::ReplicationWait),
                     ("Relay_log_info::wait_for_gtid_set", Cause::ReplicationWait),
                 ],
                 wait_begin: "_Z14thd_wait_beginP3THDi",

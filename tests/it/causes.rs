@@ -185,32 +185,27 @@ fn check(s: &Scenario, records: &[Value], err: &str) {
     assert!(r["sleep_us"].as_u64().unwrap() >= 200_000, "{kind}: {r}");
 }
 
-fn servers() -> Vec<(&'static str, TestDb)> {
-    let mut servers = vec![("mariadb-10.11", testdb())];
-    for kind in ["mariadb-11.8", "mysql-9.7"] {
-        servers.extend(other_server(kind).map(|db| (kind, db)));
-    }
-    servers
+/// `queries` on `db`, every statement followed, texts as sent.
+fn tracer(db: &TestDb) -> Background {
+    let pid = db.pid.to_string();
+    let args = [
+        "queries",
+        "-p",
+        &pid,
+        "--json",
+        "--raw-sql",
+        "--sample-every",
+        "1",
+        "-d",
+        "30",
+    ];
+    Background::start(&args, "tracing the statements")
 }
 
 #[test]
 fn every_wait_is_named_by_its_cause_on_every_server() {
-    for (kind, db) in servers() {
-        let pid = db.pid.to_string();
-        let tracer = Background::start(
-            &[
-                "queries",
-                "-p",
-                &pid,
-                "--json",
-                "--raw-sql",
-                "--sample-every",
-                "1",
-                "-d",
-                "30",
-            ],
-            "tracing the statements",
-        );
+    for (kind, db) in every_server() {
+        let tracer = tracer(&db);
         let waits = start(&db, kind, "during");
         // A CPU-heavy statement beside them.
         let mut cpu = db.session();
@@ -232,24 +227,10 @@ fn every_wait_is_named_by_its_cause_on_every_server() {
 
 #[test]
 fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
-    for (kind, db) in servers() {
+    for (kind, db) in every_server() {
         let waits = start(&db, kind, "before");
         std::thread::sleep(Duration::from_millis(300));
-        let pid = db.pid.to_string();
-        let tracer = Background::start(
-            &[
-                "queries",
-                "-p",
-                &pid,
-                "--json",
-                "--raw-sql",
-                "--sample-every",
-                "1",
-                "-d",
-                "30",
-            ],
-            "tracing the statements",
-        );
+        let tracer = tracer(&db);
         std::thread::sleep(Duration::from_millis(1500));
         let scenario = waits.release();
         let (out, err) = tracer.stop();

@@ -220,10 +220,7 @@ fn vanishing_client(db: &TestDb, mode: &str) -> (u64, u64) {
 #[test]
 fn a_client_gone_mid_statement_leaves_its_thread_to_the_next_connection_on_every_server() {
     crate::common::servers_alone();
-    let mut servers = vec![("mariadb-10.11", testdb())];
-    for kind in ["mariadb-11.8", "mysql-9.7"] {
-        servers.extend(other_server(kind).map(|db| (kind, db)));
-    }
+    let servers = crate::common::every_server();
     for (kind, db) in &servers {
         // Its request cut short (the server reads to the end of the stream), or KILLed in its SLEEP (MySQL
         // closes the connection without a word).

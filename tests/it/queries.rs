@@ -285,10 +285,7 @@ fn metadata_lock_wait_is_named_by_its_site() {
 fn a_pile_up_behind_a_metadata_lock_that_began_before_tracing_is_listed_on_every_server() {
     // The statements stuck now are those that began before anyone looked: read from the server's memory when
     // tracing begins, each is shown with its text, its connection, its wait and its time from its real start.
-    let mut servers = vec![("mariadb-10.11", testdb())];
-    for kind in ["mariadb-11.8", "mysql-9.7"] {
-        servers.extend(other_server(kind).map(|db| (kind, db)));
-    }
+    let servers = crate::common::every_server();
     for (kind, db) in &servers {
         db.sql("CREATE TABLE IF NOT EXISTS sbtest.mdlpile (id INT PRIMARY KEY) ENGINE=InnoDB");
         let mut holder = db.session_in(Some("sbtest"));

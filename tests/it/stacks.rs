@@ -778,10 +778,7 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
     // whatever else its connections do: one sleeps, one holds a row lock in its open transaction, one waits for
     // that lock, one is idle in a transaction, and 200 are idle.
     servers_alone();
-    let mut servers = vec![("mariadb-10.11", testdb())];
-    for kind in ["mariadb-11.8", "mysql-9.7"] {
-        servers.extend(other_server(kind).map(|db| (kind, db)));
-    }
+    let servers = crate::common::every_server();
     for (kind, db) in &servers {
         let mut running = Vec::new();
         for i in 0..3 {

@@ -79,6 +79,15 @@ pub fn testdb() -> TestDb {
     }
 }
 
+/// Every server the tests start, by kind: the host's MariaDB 10.11, then the others `make test` started.
+pub fn every_server() -> Vec<(&'static str, TestDb)> {
+    let mut servers = vec![("mariadb-10.11", testdb())];
+    for kind in ["mariadb-11.8", "mysql-9.7"] {
+        servers.extend(other_server(kind).map(|db| (kind, db)));
+    }
+    servers
+}
+
 /// The other servers `make test` started (`MYPROBE_TEST_SERVERS`: `KIND=DIR ...`, scripts/run-tests), by kind:
 /// `mariadb-11.8`, `mysql-9.7`. None when the run was asked to start none of that kind; a panic when the
 /// variable is not set at all.
