@@ -11,7 +11,7 @@
 
 use std::{collections::HashMap, fmt::Write};
 
-use crate::{collect::Lost, query::QueryRecord, query::Text, query::TimeParts};
+use crate::{collect::Lost, query::QueryRecord, query::Text, query::TimeParts, server::Cause};
 
 /// Upper bounds of the latency histogram's buckets, seconds.
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -33,6 +33,8 @@ struct Series {
     count: u64,
     errors: u64,
     parts_us: [u64; crate::query::PARTS],
+    /// The time by cause (`QueryRecord::by_cause`), in the order of `Cause::ALL`.
+    causes_us: [u64; Cause::ALL.len()],
     total_us: u64,
     /// Statements per bucket of [`LATENCY_BUCKETS`] (not cumulative), and above the last.
     buckets: [u64; LATENCY_BUCKETS.len() + 1],
@@ -47,6 +49,10 @@ impl Series {
         self.errors += r.error.is_some() as u64 * scale;
         for (sum, v) in self.parts_us.iter_mut().zip(r.time.values()) {
             *sum = sum.saturating_add(v.saturating_mul(scale));
+        }
+        for (cause, us) in r.by_cause() {
+            let sum = &mut self.causes_us[cause as usize];
+            *sum = sum.saturating_add(us.saturating_mul(scale));
         }
         let us = r.duration_us.saturating_mul(scale);
         self.total_us = self.total_us.saturating_add(us);
@@ -437,6 +443,24 @@ fn write_statement_counts(out: &mut String, rows: &[(String, &Series)]) {
             let _ = writeln!(
                 out,
                 "myprobe_statement_time_seconds_total{{{l},part=\"{part}\"}} {}",
+                seconds(us)
+            );
+        }
+    }
+    family(
+        out,
+        "myprobe_statement_cause_seconds_total",
+        "counter",
+        "Statements' time by why it went there (cause: CPU, row lock, metadata lock, redo log, sleep, ...); the \
+         causes of a fingerprint add up to its myprobe_statement_duration_seconds_sum. A cause is written once it \
+         has time.",
+    );
+    for (l, s) in rows {
+        for (cause, us) in Cause::ALL.iter().zip(s.causes_us).filter(|(_, us)| *us > 0) {
+            let _ = writeln!(
+                out,
+                "myprobe_statement_cause_seconds_total{{{l},cause=\"{}\"}} {}",
+                cause.label(),
                 seconds(us)
             );
         }

@@ -394,6 +394,11 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         "sum by (db_query_text) (myprobe_statement_time_seconds_total)",
         t,
     );
+    let counters_causes = by_fingerprint(
+        prometheus_port,
+        "sum by (db_query_text) (myprobe_statement_cause_seconds_total)",
+        t,
+    );
     // sysbench's statements each have their time, and its parts add up to it.
     for fingerprint in [
         point_lookup,
@@ -425,11 +430,18 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             t > 0.0 && (p - t).abs() <= t * 1e-12,
             "{fingerprint}: the parts add up to {p}, the total is {t}"
         );
+        // And so do its causes.
+        let c = counters_causes.get(fingerprint).copied().unwrap_or(0.0);
+        assert!(
+            (c - t).abs() <= t * 1e-12,
+            "{fingerprint}: the causes add up to {c}, the total is {t}"
+        );
     }
     let (_, metrics) = get(&format!("http://127.0.0.1:{agent_port}/metrics")).unwrap();
     for family in [
         "# TYPE myprobe_statement_duration_seconds histogram",
         "myprobe_lock_wait_seconds_total{lock=",
+        "cause=\"CPU\"}",
         "myprobe_lost_events_total{collector=\"queries\",cause=\"ringbuf_full\"}",
         "process_resident_memory_bytes ",
     ] {
