@@ -231,8 +231,6 @@ pub struct ServerFunctions {
     execute: Option<probes::Function>,
     /// `vio_ssl_read` and `vio_ssl_write`: TLS connections' plaintext.
     tls: Option<(probes::Function, probes::Function)>,
-    /// Its calls of `thd_wait_begin`: what the waits of the functions around them are.
-    wait_calls: Vec<ConstantCall>,
 }
 
 /// The functions of `target`'s server that following its statements probes; with `uprobes` (`--uprobes`), an
@@ -282,19 +280,23 @@ pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunction
         ),
         _ => {}
     }
-    let wait_begin = server.lock_names().causes.wait_begin;
-    let wait_calls = match target.flavor.is_server() {
-        true => calls_with_constant(&target.binary, wait_begin).unwrap_or_else(|e| {
-            say!("myprobe: note: the waits of functions without a name are not named: {e:#}");
-            Vec::new()
-        }),
-        false => Vec::new(),
-    };
     Ok(ServerFunctions {
         dispatch,
         execute,
         tls: tls_read.zip(tls_write),
-        wait_calls,
+    })
+}
+
+/// The server's calls of `thd_wait_begin` (`symbolize::wait_calls`): what the waits of the functions around them
+/// are. Read only where the waits' stacks are taken (`wait_sites`), which they name.
+fn wait_begin_calls(wait_sites: bool, target: &Target) -> Vec<ConstantCall> {
+    if !wait_sites || !target.flavor.is_server() {
+        return Vec::new();
+    }
+    let wait_begin = target.flavor.server().lock_names().causes.wait_begin;
+    calls_with_constant(&target.binary, wait_begin).unwrap_or_else(|e| {
+        say!("myprobe: note: the waits of functions without a name are not named: {e:#}");
+        Vec::new()
     })
 }
 
@@ -310,7 +312,7 @@ fn server_probes<'a>(
     target: &'a Target,
     functions: &'a ServerFunctions,
     execute_function: Option<&'a probes::Function>,
-    wait_sites: bool,
+    wait_calls: &[ConstantCall],
 ) -> collect::queries::ServerProbes<'a> {
     collect::queries::ServerProbes {
         dispatch: functions.dispatch.as_ref().map(|d| DispatchProbe {
@@ -332,10 +334,9 @@ fn server_probes<'a>(
             function,
         }),
         // Where a call announces one of several types: which one, for the waits that follow.
-        wait_types: wait_sites.then(|| collect::queries::WaitTypeProbe {
+        wait_types: Some(collect::queries::WaitTypeProbe {
             binary: &target.binary,
-            call_offsets: functions
-                .wait_calls
+            call_offsets: wait_calls
                 .iter()
                 .filter(|c| c.values.len() > 1)
                 .map(|c| c.file_offset)
@@ -381,6 +382,8 @@ pub fn follow(
     // The server's function that runs each execution of a prepared statement: where the texts of statements
     // prepared before tracing are read when the server keeps no table of them.
     let execute_function = a.connect.as_ref().and(functions.execute.clone());
+    let wait_calls = wait_begin_calls(a.wait_sites, target);
+    let probes = server_probes(target, &functions, execute_function.as_ref(), &wait_calls);
     let mut stages = Stages {
         control: &control,
         exe: &target.exe,
@@ -395,7 +398,7 @@ pub fn follow(
             target.pid,
             Some(waits::WaitBegins {
                 binary: target.binary.clone(),
-                calls: functions.wait_calls.clone(),
+                calls: wait_calls,
                 causes: &target.flavor.server().lock_names().causes,
             }),
         ),
@@ -427,7 +430,6 @@ pub fn follow(
         let execute_name = execute_function.as_ref().map(|f| f.demangled.clone());
         stages.texts.start(connect, target.pid, execute_name);
     }
-    let probes = server_probes(target, &functions, execute_function.as_ref(), a.wait_sites);
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
         syscall_cpu: a.syscall_cpu,

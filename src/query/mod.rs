@@ -51,7 +51,6 @@ pub struct QueryRecord {
     /// (`profile::waits::site`).
     pub lock_site: Option<String>,
     /// Why it took its time: what most of the time seen went to ([`QueryRecord::by_cause`]).
-    #[serde(serialize_with = "cause_label")]
     pub cause: Option<Cause>,
     /// Its lock waits and sleeps by cause, longest first: what each waited for, how long, and at which site.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -132,7 +131,6 @@ pub struct TimeParts {
 /// A statement's waits for one cause ([`QueryRecord::waits`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CauseWait {
-    #[serde(serialize_with = "label")]
     pub cause: Cause,
     pub us: u64,
     /// Where its longest stack waits (`profile::waits::site`).
@@ -144,17 +142,6 @@ pub struct CauseWait {
     pub object: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder: Option<holders::Holder>,
-}
-
-fn label<S: serde::Serializer>(cause: &Cause, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(cause.label())
-}
-
-fn cause_label<S: serde::Serializer>(cause: &Option<Cause>, s: S) -> Result<S::Ok, S::Error> {
-    match cause {
-        Some(c) => s.serialize_str(c.label()),
-        None => s.serialize_none(),
-    }
 }
 
 impl QueryRecord {

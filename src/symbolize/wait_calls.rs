@@ -96,12 +96,6 @@ fn second_argument(code: &[u8], start: u64, call: u64) -> Option<Vec<u32>> {
     let mut info = InstructionInfoFactory::new();
     // What each general register is known to hold, by its full 64-bit name.
     let mut known: Vec<(Register, Vec<u64>)> = Vec::new();
-    let get = |known: &[(Register, Vec<u64>)], r: Register| {
-        known
-            .iter()
-            .find(|(k, _)| *k == r.full_register())
-            .map(|(_, v)| v.clone())
-    };
     while decoder.can_decode() {
         let insn = decoder.decode();
         if insn.is_invalid() {
@@ -109,7 +103,7 @@ fn second_argument(code: &[u8], start: u64, call: u64) -> Option<Vec<u32>> {
         }
         if insn.ip() == call {
             return Some(
-                get(&known, Register::RSI)
+                known_values(&known, Register::RSI)
                     .unwrap_or_default()
                     .into_iter()
                     .filter_map(|v| u32::try_from(v).ok())
@@ -172,12 +166,7 @@ fn value_written(
     known: &[(iced_x86::Register, Vec<u64>)],
 ) -> Option<Vec<u64>> {
     use iced_x86::{Mnemonic, OpKind, Register};
-    let get = |r: Register| {
-        known
-            .iter()
-            .find(|(k, _)| *k == r.full_register())
-            .map(|(_, v)| v.clone())
-    };
+    let get = |r: Register| known_values(known, r);
     let src_imm = (insn.op_count() > 1
         && matches!(
             insn.op1_kind(),
@@ -250,6 +239,18 @@ fn value_written(
         }
         _ => None,
     }
+}
+
+/// What `known` says register `r` (or the full register it is part of) holds.
+#[cfg(target_arch = "x86_64")]
+fn known_values(
+    known: &[(iced_x86::Register, Vec<u64>)],
+    r: iced_x86::Register,
+) -> Option<Vec<u64>> {
+    known
+        .iter()
+        .find(|(k, _)| *k == r.full_register())
+        .map(|(_, v)| v.clone())
 }
 
 #[cfg(not(target_arch = "x86_64"))]
