@@ -231,7 +231,9 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
         let waits = start(&db, kind, "before");
         std::thread::sleep(Duration::from_millis(300));
         let tracer = tracer(&db);
-        std::thread::sleep(Duration::from_millis(1500));
+        // Seeded waits count from tracing's start: long (200 ms) after it, looked for once a second; on a busy host
+        // the first look can come late.
+        std::thread::sleep(Duration::from_millis(3000));
         let scenario = waits.release();
         let (out, err) = tracer.stop();
         let records = json_lines(&out);
