@@ -23,6 +23,8 @@ struct Entry {
     parts_us: [u64; crate::query::PARTS],
     /// The time by cause (`QueryRecord::by_cause`), in the order of `Cause::ALL`.
     causes_us: [u64; Cause::ALL.len()],
+    /// The longest wait of each cause whose object or holder the server named (at most one per cause).
+    named: Vec<CauseWait>,
     /// Longest lock waits' time by lock word, and by the site they were waited at.
     lock_symbols: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_sites: HashMap<String, u64, foldhash::fast::RandomState>,
@@ -39,6 +41,7 @@ impl Entry {
             total_us: 0,
             parts_us: [0; crate::query::PARTS],
             causes_us: [0; Cause::ALL.len()],
+            named: Vec::new(),
             lock_symbols: HashMap::default(),
             lock_sites: HashMap::default(),
         }
@@ -73,7 +76,8 @@ pub struct DigestRow {
     /// The lock the statements waited on longest, by name, and the site where they waited on locks longest.
     pub top_lock: Option<String>,
     pub top_lock_site: Option<String>,
-    /// The total by cause, largest first (`us` the cause's time; `site` unset).
+    /// The total by cause, largest first (`us` the cause's time; `site` unset; `object` and `holder` its longest
+    /// named wait's).
     pub causes: Vec<CauseWait>,
     /// Counts and times scaled up by this from a sample (`queries --sample-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,18 +100,21 @@ impl DigestRow {
     }
 }
 
-/// The causes with time, largest first.
-fn causes_of(us: &[u64; Cause::ALL.len()]) -> Vec<CauseWait> {
+/// The causes with time, largest first, each with the object and holder of its longest wait the server named.
+fn causes_of(us: &[u64; Cause::ALL.len()], named: &[CauseWait]) -> Vec<CauseWait> {
     let mut causes: Vec<CauseWait> = Cause::ALL
         .iter()
         .zip(us)
         .filter(|(_, us)| **us > 0)
-        .map(|(&cause, &us)| CauseWait {
-            cause,
-            us,
-            site: None,
-            object: None,
-            holder: None,
+        .map(|(&cause, &us)| {
+            let named = named.iter().find(|n| n.cause == cause);
+            CauseWait {
+                cause,
+                us,
+                site: None,
+                object: named.and_then(|n| n.object.clone()),
+                holder: named.and_then(|n| n.holder.clone()),
+            }
         })
         .collect();
     causes.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));
@@ -222,6 +229,13 @@ impl Digest {
             let sum = &mut e.causes_us[cause as usize];
             *sum = sum.saturating_add(us);
         }
+        for w in r.waits.iter().filter(|w| w.holder.is_some() || w.object.is_some()) {
+            match e.named.iter_mut().find(|n| n.cause == w.cause) {
+                Some(n) if n.us < w.us => *n = w.clone(),
+                Some(_) => {}
+                None => e.named.push(w.clone()),
+            }
+        }
         for (names, name) in [
             (&mut e.lock_symbols, &r.lock_symbol),
             (&mut e.lock_sites, &r.lock_site),
@@ -265,7 +279,7 @@ impl Digest {
                     shares: Shares::of(&time),
                     top_lock: top(&e.lock_symbols),
                     top_lock_site: top(&e.lock_sites),
-                    causes: causes_of(&e.causes_us),
+                    causes: causes_of(&e.causes_us, &e.named),
                     scaled_by: None,
                 }
             })

@@ -144,6 +144,23 @@ pub struct CauseWait {
     pub holder: Option<holders::Holder>,
 }
 
+impl CauseWait {
+    /// In a DBA's words, what it waited for and who held it, where known: `waits for a row lock on sbtest.sbtest1
+    /// (PRIMARY, X) held by connection 42 (app@10.0.0.5), idle in its transaction for 40 s`.
+    pub fn phrase(&self) -> String {
+        let mut s = self.cause.phrase().to_string();
+        if let Some(o) = &self.object {
+            s.push_str(" on ");
+            s.push_str(o);
+        }
+        if let Some(h) = &self.holder {
+            s.push_str(" held by ");
+            s.push_str(&h.describe());
+        }
+        s
+    }
+}
+
 impl QueryRecord {
     /// Names its waits: each stack's cause and site from `named` (given the stack id and the type its thread
     /// announced), the time in `SLEEP()` moved out of the lock waits, and the record's cause set.

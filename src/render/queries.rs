@@ -64,18 +64,7 @@ pub fn line(r: &QueryRecord) -> String {
         out.push_str("  (pipelined: within the time of the statement before it)");
     }
     if let Some(w) = r.waits.iter().find(|w| w.holder.is_some()) {
-        let on = w
-            .object
-            .as_deref()
-            .map(|o| format!(" on {o}"))
-            .unwrap_or_default();
-        let holder = w.holder.as_ref().map(|h| h.describe()).unwrap_or_default();
-        let _ = write!(
-            out,
-            "  ({}{on}, held by {})",
-            w.cause,
-            terminal_safe(&holder)
-        );
+        let _ = write!(out, "  ({})", terminal_safe(&w.phrase()));
     }
     // A sleep's wait is no lock's.
     if let Some(sym) = r.lock_symbol.as_ref().filter(|_| r.time.lock_us > 0) {
@@ -183,7 +172,7 @@ pub fn why(r: &DigestRow) -> String {
     let Some(top) = r.top_cause() else {
         return "no time traced".into();
     };
-    let mut s = format!("{:.0}% of its time {}", pct(top.us), top.cause.phrase());
+    let mut s = format!("{:.0}% of its time {}", pct(top.us), top.phrase());
     let site = r.top_lock_site.as_deref();
     if let Some(site) = site.filter(|_| top.cause.is_lock()) {
         let _ = write!(s, " (in {site})");

@@ -113,12 +113,18 @@ fn statements(
         count as f64 / secs.max(0.001),
         human_us(total),
     );
-    if let Some((cause, us)) = top {
+    if let Some(&(cause, us)) = top {
+        // In the words of its longest wait the server named (its object and holder), where there is one.
+        let named = rows
+            .iter()
+            .flat_map(|r| &r.causes)
+            .filter(|c| c.cause == cause && (c.holder.is_some() || c.object.is_some()))
+            .max_by_key(|c| c.us);
         let _ = write!(
             s,
             "; {:.0}% of it {} ({})",
-            *us as f64 * 100.0 / total as f64,
-            cause.phrase(),
+            us as f64 * 100.0 / total as f64,
+            named.map_or_else(|| cause.phrase().to_string(), |c| c.phrase()),
             cause.label()
         );
     }
