@@ -161,7 +161,8 @@ struct query_thread {
 	__u64 tls_sk;           /* the socket of a syscall inside the call (0: none yet) */
 	__u64 since;            /* while a statement is in flight: the last change of part */
 	__u64 blocked_at;       /* when it last blocked in a statement, */
-	enum time_part blocked_part; /* and the part that wait went to */
+	enum time_part blocked_part; /* and the part that wait went to, */
+	__s32 blocked_fd;       /* and its syscall's descriptor (an I/O part's) */
 	__u64 regs;             /* where the thread's registers are kept when it enters the kernel (0: not known yet) */
 	__u64 runq_before;      /* the scheduler's count of its waits for a CPU when it last switched out */
 	struct query_counters c;
@@ -1472,6 +1473,19 @@ int BPF_KPROBE(on_execute, __u64 object)
 	return 0;
 }
 
+/* A blocked syscall ends (its thread woken, or back on a CPU): the longest of each I/O part keeps its descriptor. */
+static __always_inline void io_unblocked(struct query_thread *st, __u64 now)
+{
+	__u32 i = st->blocked_part - PART_READ;
+	if (i >= IO_PARTS || now < st->blocked_at)
+		return;
+	__u64 took = now - st->blocked_at;
+	if (took > st->c.io_max_ns[i]) {
+		st->c.io_max_ns[i] = took;
+		st->c.io_fd[i] = st->blocked_fd;
+	}
+}
+
 SCHED_SWITCH_PROG(on_switch)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
@@ -1521,6 +1535,7 @@ SCHED_SWITCH_PROG(on_switch)
 						st->place = PLACE_BLOCKED;
 						st->blocked_at = now;
 						st->blocked_part = part;
+						st->blocked_fd = (__s32)arg0;
 						if (runq_from_sched_info)
 							st->runq_before = prev->sched_info.run_delay;
 					}
@@ -1533,6 +1548,8 @@ SCHED_SWITCH_PROG(on_switch)
 		if (st && in_statement(st)) {
 			if (!now)
 				now = bpf_ktime_get_ns();
+			if (st->place == PLACE_BLOCKED)
+				io_unblocked(st, now);
 			if (runq_from_sched_info && st->place == PLACE_BLOCKED) {
 				/* Blocked until woken, then waiting for a CPU: the scheduler counted the wait. */
 				__u64 waited = runq_total(next) - st->runq_before;
@@ -1569,7 +1586,9 @@ int BPF_PROG(on_wakeup, struct task_struct *p)
 		return 0;
 	struct query_thread *st = thread_state(p, false);
 	if (st && in_statement(st) && st->place == PLACE_BLOCKED) {
-		charge(st, bpf_ktime_get_ns(), PART_RUNQ);
+		__u64 now = bpf_ktime_get_ns();
+		io_unblocked(st, now);
+		charge(st, now, PART_RUNQ);
 		st->place = PLACE_RUNQ;
 	}
 	return 0;
@@ -1659,6 +1678,7 @@ int start_statements(struct bpf_iter__task *ctx)
 		st->part = part;
 		st->blocked_at = now;
 		st->blocked_part = part;
+		st->blocked_fd = (__s32)arg0;
 		if (runq_from_sched_info)
 			st->runq_before = BPF_CORE_READ(task, sched_info.run_delay);
 		if (part == PART_LOCK) {

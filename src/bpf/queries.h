@@ -58,6 +58,9 @@ enum time_part : __u8 {
 	PARTS,
 };
 
+/* The parts of blocked I/O, from PART_READ: read, write, sync. */
+#define IO_PARTS 3
+
 /* A statement's futex waits at one stack: the time they took from the lock part. */
 #define WAIT_SLOTS 4
 struct wait_slot {
@@ -82,6 +85,11 @@ struct query_counters {
 	__u64 lock_waits;
 	__u64 syncs;
 	__u64 syscalls;
+	/* Each I/O part's (read, write, sync) longest blocked syscall: its time and descriptor, for user space to name
+	 * its file (the descriptor is valid where the time is not 0). */
+	__u64 io_max_ns[IO_PARTS];
+	__s32 io_fd[IO_PARTS];
+	__u32 io_unused;
 };
 
 /* Shares the ring buffer with the definitions of stacks (stack_event.h), whose first word, half a stack id, is

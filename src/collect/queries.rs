@@ -826,6 +826,9 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
                                 .saturating_sub(st.lock_before);
                             add_wait(&mut counters, st.lock_block_stack, st.wait_hint, waited);
                         }
+                        if st.place == thread_place::PLACE_BLOCKED {
+                            io_unblocked(&mut counters, &st, now);
+                        }
                         if let Some(s) = statement(&st.ev, counters, now, true) {
                             on_event(Event::Wire(Wire::Statement(Box::new(s))));
                         }
@@ -840,6 +843,16 @@ fn report_in_flight(iterator: &libbpf_rs::ProgramMut, on_event: &mut impl FnMut(
             }
         }
         Err(e) => say!("myprobe: warning: the statements in flight at the end are left out: {e:#}"),
+    }
+}
+
+/// As queries.bpf.c's io_unblocked: a blocked I/O syscall under way at `now` may be its part's longest.
+fn io_unblocked(c: &mut Counters, st: &query_thread, now: u64) {
+    let i = st.blocked_part.0.wrapping_sub(TimePart::PART_READ.0) as usize;
+    let took = now.saturating_sub(st.blocked_at);
+    if i < c.io_max_ns.len() && took > c.io_max_ns[i] {
+        c.io_max_ns[i] = took;
+        c.io_fd[i] = st.blocked_fd;
     }
 }
 

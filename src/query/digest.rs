@@ -229,7 +229,12 @@ impl Digest {
             let sum = &mut e.causes_us[cause as usize];
             *sum = sum.saturating_add(us);
         }
-        for w in r.waits.iter().filter(|w| w.holder.is_some() || w.object.is_some()) {
+        for w in r
+            .waits
+            .iter()
+            .chain(&r.io)
+            .filter(|w| w.holder.is_some() || w.object.is_some())
+        {
             match e.named.iter_mut().find(|n| n.cause == w.cause) {
                 Some(n) if n.us < w.us => *n = w.clone(),
                 Some(_) => {}

@@ -21,6 +21,7 @@ use crate::{
     process::{probes, Target},
     profile::waits,
     query::{
+        files::Files,
         holders::{self, Holders},
         started::Started,
         texts::PreparedTexts,
@@ -402,6 +403,8 @@ pub fn follow(
                 causes: &target.flavor.server().lock_names().causes,
             }),
         ),
+        pid: target.pid,
+        files: Files::new(target.pid),
         holders: a.connect.as_ref().map(|c| {
             control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
             Holders::start(c, target.pid)
@@ -469,6 +472,10 @@ struct Stages<'a, E, L> {
     tracker: Tracker,
     texts: PreparedTexts,
     sites: waits::SiteNames,
+    /// The server's PID.
+    pid: u32,
+    /// The files behind blocked I/O.
+    files: Files,
     /// Who holds the locks statements wait for long, read from the server's tables while they wait.
     holders: Option<Holders>,
     locks: DataSymbolizer,
@@ -605,6 +612,13 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
 
     /// A statement's record: its wait site and lock named, then its text looked for.
     fn named(&mut self, mut record: QueryRecord) {
+        // Its own statements (who holds a lock, prepared statements' texts) are not the server's load.
+        if record
+            .conn
+            .is_some_and(|c| crate::client::is_own_connection(self.pid, u64::from(c)))
+        {
+            return;
+        }
         self.seen += 1;
         // One that ran when tracing began was read with all the others then, not sampled: it stands for itself.
         record.stands_for = if record.before_tracing {
@@ -615,6 +629,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         if record.lock_stack != 0 {
             record.lock_site = self.sites.of(record.lock_stack);
         }
+        let files = &mut self.files;
+        record.name_io(|part, fd| files.cause(part, fd));
         let sites = &self.sites;
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
         if let Some(holders) = &self.holders {

@@ -44,6 +44,10 @@ pub struct Holder {
     /// The statement it ran, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub statement: Option<String>,
+    /// The waiting connection the wait queued behind, where that one's request came first (InnoDB's queue of a
+    /// row's locks, a pending exclusive metadata lock): this one is the root of the chain, which holds the lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_behind: Option<u64>,
 }
 
 impl Holder {
@@ -54,7 +58,7 @@ impl Holder {
             (Some(u), None) => format!("connection {} ({u})", self.conn),
             _ => format!("connection {}", self.conn),
         };
-        match (self.command.as_deref(), &self.statement) {
+        let held = match (self.command.as_deref(), &self.statement) {
             (Some("Sleep"), _) => match self.transaction_s.or(self.command_s) {
                 Some(s) => format!("{who}, idle in its transaction for {s} s"),
                 None => format!("{who}, idle in its transaction"),
@@ -70,6 +74,10 @@ impl Holder {
                 )
             }
             _ => who,
+        };
+        match self.queued_behind {
+            Some(c) => format!("{held} (queued behind connection {c})"),
+            None => held,
         }
     }
 }
@@ -190,6 +198,7 @@ fn read_when_asked(
                 Err(_) => {}
             }
         }
+        let listed = to_roots(listed);
         let Ok(mut found) = found.lock() else { return };
         if found.len() > MAX_WAITING {
             found.clear();
@@ -202,6 +211,49 @@ fn read_when_asked(
             of.push(l);
         }
     }
+}
+
+/// Each wait as held by the root of its chain: a waiter the servers list as blocked by another waiter (whose
+/// request for the same row or object came first) is given the connection that one waits for in turn, down to one
+/// that waits for nothing, and which holds the lock. A chain that loops (a deadlock not yet broken) stays as listed.
+fn to_roots(listed: Vec<(u64, Listed)>) -> Vec<(u64, Listed)> {
+    let waiting: std::collections::HashSet<u64> = listed.iter().map(|(w, _)| *w).collect();
+    let root_of = |first: u64| {
+        let mut at = first;
+        for _ in 0..32 {
+            let holders = || listed.iter().filter(move |(w, _)| *w == at);
+            match holders().find(|(_, l)| !waiting.contains(&l.holder.conn)) {
+                Some((_, l)) => return Some(l.holder.clone()),
+                None => at = holders().next()?.1.holder.conn,
+            }
+        }
+        None
+    };
+    let mut out: Vec<(u64, Listed)> = Vec::new();
+    // The locks held by connections that wait for nothing first: a waiter's own holder before one reached through
+    // a chain.
+    let (held, queued): (Vec<_>, Vec<_>) = listed
+        .iter()
+        .partition(|(_, l)| !waiting.contains(&l.holder.conn));
+    for (w, l) in held.into_iter().chain(queued) {
+        let mut l = l.clone();
+        if waiting.contains(&l.holder.conn) {
+            if let Some(root) = root_of(l.holder.conn).filter(|r| r.conn != *w) {
+                l.holder = Holder {
+                    queued_behind: Some(l.holder.conn),
+                    ..root
+                };
+            }
+        }
+        // One entry per waiter, cause and holder.
+        if !out
+            .iter()
+            .any(|(o, x)| *o == *w && x.cause == l.cause && x.holder.conn == l.holder.conn)
+        {
+            out.push((*w, l));
+        }
+    }
+    out
 }
 
 /// One row of `Server::lock_holders_sql`: the waiting connection and what it waits for.
@@ -233,6 +285,7 @@ fn parse(row: Vec<Option<String>>, at_ns: u64) -> Option<(u64, Listed)> {
                 command_s: num(&time),
                 transaction_s: num(&trx_s),
                 statement: info,
+                queued_behind: None,
             },
             at_ns,
         },
@@ -301,5 +354,56 @@ mod tests {
             "connection 83 (root), running for 1 s: DO SLEEP(?)"
         );
         assert!(parse(row(&[Some("1")]), 7).is_none());
+    }
+
+    #[test]
+    fn a_wait_queued_behind_another_is_held_by_the_root_of_the_chain() {
+        let listed = |waiting: u64, holder: u64, command: &str| {
+            let mut values = vec![
+                Some(waiting.to_string()),
+                Some(holder.to_string()),
+                Some("row".into()),
+                Some("RECORD".into()),
+                Some("db.t".into()),
+                Some("PRIMARY".into()),
+                Some("X".into()),
+            ];
+            values.extend([
+                None,
+                None,
+                Some(command.into()),
+                Some("5".into()),
+                None,
+                None,
+                None,
+            ]);
+            parse(values, 1).unwrap()
+        };
+        // 30 waits for 27 (idle, holding the row) and for 29 (queued before it); 31 only for 30; 40 and 41 for
+        // each other.
+        let roots = to_roots(vec![
+            listed(29, 27, "Sleep"),
+            listed(30, 29, "Query"),
+            listed(30, 27, "Sleep"),
+            listed(31, 30, "Query"),
+            listed(40, 41, "Query"),
+            listed(41, 40, "Query"),
+        ]);
+        let of = |w: u64| -> Vec<(u64, Option<u64>)> {
+            roots
+                .iter()
+                .filter(|(x, _)| *x == w)
+                .map(|(_, l)| (l.holder.conn, l.holder.queued_behind))
+                .collect()
+        };
+        assert_eq!(of(29), [(27, None)]);
+        assert_eq!(of(30), [(27, None)]);
+        assert_eq!(of(31), [(27, Some(30))]);
+        assert_eq!(of(40), [(41, None)]);
+        let l = &roots.iter().find(|(w, _)| *w == 31).unwrap().1;
+        assert_eq!(
+            l.holder.describe(),
+            "connection 27, idle in its transaction for 5 s (queued behind connection 30)"
+        );
     }
 }

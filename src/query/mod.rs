@@ -3,6 +3,7 @@
 
 pub mod digest;
 pub mod executed;
+pub mod files;
 pub mod follow;
 pub mod holders;
 pub mod started;
@@ -55,6 +56,10 @@ pub struct QueryRecord {
     /// Its lock waits and sleeps by cause, longest first: what each waited for, how long, and at which site.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<CauseWait>,
+    /// Its blocked reads, writes and syncs, a part each, by the file of the longest ([`QueryRecord::name_io`]):
+    /// a page read of `sbtest.sbtest1`, the redo log, the binlog.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub io: Vec<CauseWait>,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub syncs: u64,
@@ -86,6 +91,9 @@ pub struct QueryRecord {
     /// Its futex waits by stack: (stack id, the type its thread last announced, ns in the lock part, waits).
     #[serde(skip)]
     pub wait_slots: Vec<(u64, u32, u64, u64)>,
+    /// The descriptor of each I/O part's (read, write, sync) longest blocked syscall, -1 for none.
+    #[serde(skip)]
+    pub io_fds: [i32; 3],
     /// An execution of a prepared statement: its connection's socket and the statement id.
     #[serde(skip)]
     pub prepared: Option<texts::StatementKey>,
@@ -162,6 +170,46 @@ impl CauseWait {
 }
 
 impl QueryRecord {
+    /// Names its blocked I/O, a part at a time: the cause and object `named` gives the file of its longest syscall
+    /// (given the part, 0 for reads, 1 writes, 2 syncs, and the descriptor), else a file read, write or sync.
+    pub fn name_io(
+        &mut self,
+        mut named: impl FnMut(usize, i32) -> Option<(Cause, Option<String>)>,
+    ) {
+        let t = &self.time;
+        let parts = [
+            (Cause::FileRead, t.read_us),
+            (Cause::FileWrite, t.write_us),
+            (Cause::FileSync, t.sync_us),
+        ];
+        let mut io: Vec<CauseWait> = Vec::new();
+        for (i, (plain, us)) in parts.into_iter().enumerate().filter(|(_, (_, us))| *us > 0) {
+            let fd = self.io_fds[i];
+            let (cause, object) = (fd >= 0)
+                .then(|| named(i, fd))
+                .flatten()
+                .unwrap_or((plain, None));
+            // One cause, one entry (the redo log written, then synced), named by its longer part's file.
+            match io.iter_mut().find(|w| w.cause == cause) {
+                Some(w) => {
+                    if us > w.us || w.object.is_none() {
+                        w.object = object.or(w.object.take());
+                    }
+                    w.us = w.us.saturating_add(us);
+                }
+                None => io.push(CauseWait {
+                    cause,
+                    us,
+                    site: None,
+                    object,
+                    holder: None,
+                }),
+            }
+        }
+        io.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));
+        self.io = io;
+    }
+
     /// Names its waits: each stack's cause and site from `named` (given the stack id and the type its thread
     /// announced), the time in `SLEEP()` moved out of the lock waits, and the record's cause set.
     pub fn name_waits(&mut self, named: impl Fn(u64, u32) -> Option<(Cause, Option<String>)>) {
@@ -257,11 +305,22 @@ impl QueryRecord {
             waited += us;
             out.push((w.cause, us));
         }
+        out.push((Cause::UnknownWait, t.lock_us - waited));
+        if self.io.is_empty() {
+            out.extend([
+                (Cause::FileRead, t.read_us),
+                (Cause::FileWrite, t.write_us),
+                (Cause::FileSync, t.sync_us),
+            ]);
+        }
+        // The same cause in a lock wait and in I/O (the redo log: a follower's wait, a leader's sync) is one.
+        for w in &self.io {
+            match out.iter_mut().find(|(c, _)| *c == w.cause) {
+                Some((_, us)) => *us = us.saturating_add(w.us),
+                None => out.push((w.cause, w.us)),
+            }
+        }
         out.extend([
-            (Cause::UnknownWait, t.lock_us - waited),
-            (Cause::FileRead, t.read_us),
-            (Cause::FileWrite, t.write_us),
-            (Cause::FileSync, t.sync_us),
             (Cause::Client, t.net_us),
             (Cause::Other, t.other_us),
             (Cause::Sleep, t.sleep_us),
@@ -894,6 +953,8 @@ impl Tracker {
                 .collect(),
             cause: None,
             waits: Vec::new(),
+            io: Vec::new(),
+            io_fds: std::array::from_fn(|i| if c.io_max_ns[i] > 0 { c.io_fd[i] } else { -1 }),
             prepared,
             socket,
             start_ns: s.start_ns,

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::terminal_safe;
-use crate::query::{digest::DigestRow, QueryRecord, TimeParts};
+use crate::query::{digest::DigestRow, CauseWait, QueryRecord, TimeParts};
 
 /// Microseconds in an adaptive unit, at most 7 characters: `812us`, `3.25ms`, `312.5ms`, `1.234s`, `2m05s`.
 pub fn human_us(us: u64) -> String {
@@ -63,7 +63,14 @@ pub fn line(r: &QueryRecord) -> String {
     if r.pipelined {
         out.push_str("  (pipelined: within the time of the statement before it)");
     }
-    if let Some(w) = r.waits.iter().find(|w| w.holder.is_some()) {
+    // What it waited for and who held it, where known: its cause's wait first.
+    let named = |w: &&CauseWait| w.holder.is_some() || w.object.is_some();
+    let mut all = r.waits.iter().chain(&r.io);
+    if let Some(w) = all
+        .clone()
+        .find(|w| Some(w.cause) == r.cause && named(w))
+        .or_else(|| all.find(|w| w.holder.is_some()))
+    {
         let _ = write!(out, "  ({})", terminal_safe(&w.phrase()));
     }
     // A sleep's wait is no lock's.

@@ -49,6 +49,8 @@ pub enum Cause {
     FileWrite,
     /// Syncing a file to disk.
     FileSync,
+    /// A temporary file: a sort's, an on-disk temporary table's, InnoDB's temporary tablespace.
+    TempFile,
     /// The client's socket: a reply the client is slow to read, a request's data the client is slow to send.
     Client,
     /// Blocked in another syscall, or a page fault.
@@ -59,7 +61,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order of the enum.
-    pub const ALL: [Cause; 24] = [
+    pub const ALL: [Cause; 25] = [
         Cause::Cpu,
         Cause::RunQueue,
         Cause::RowLock,
@@ -81,6 +83,7 @@ impl Cause {
         Cause::FileRead,
         Cause::FileWrite,
         Cause::FileSync,
+        Cause::TempFile,
         Cause::Client,
         Cause::Other,
         Cause::Unseen,
@@ -110,6 +113,7 @@ impl Cause {
             Cause::FileRead => "file read",
             Cause::FileWrite => "file write",
             Cause::FileSync => "file sync",
+            Cause::TempFile => "temporary file",
             Cause::Client => "client",
             Cause::Other => "other",
             Cause::Unseen => "before tracing",
@@ -140,6 +144,7 @@ impl Cause {
             Cause::FileRead => "waits for file reads",
             Cause::FileWrite => "waits for file writes",
             Cause::FileSync => "waits for files to be synced",
+            Cause::TempFile => "waits for temporary files (sorts, temporary tables)",
             Cause::Client => "waits for the client",
             Cause::Other => "waits in other syscalls or page faults",
             Cause::Unseen => "was not seen (before tracing began, or within the statement before)",

@@ -13,6 +13,8 @@ struct Scenario {
     /// Connection id → the cause its statement must be given, and what it is.
     expected: Vec<(u64, &'static str, &'static str)>,
     sleeper: u64,
+    /// A client that does not read its result: the server waits to send it.
+    slow_client: u64,
     /// The connection holding each kind of lock.
     holders: Vec<(&'static str, u64)>,
 }
@@ -30,7 +32,9 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
         "CREATE DATABASE IF NOT EXISTS causes; \
          CREATE TABLE IF NOT EXISTS causes.hot_{tag} (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
          INSERT IGNORE INTO causes.hot_{tag} VALUES (1, 0); \
-         CREATE TABLE IF NOT EXISTS causes.ddl_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB"
+         CREATE TABLE IF NOT EXISTS causes.ddl_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB; \
+         CREATE TABLE IF NOT EXISTS causes.ten_{tag} (n INT) ENGINE=InnoDB; DELETE FROM causes.ten_{tag}; \
+         INSERT INTO causes.ten_{tag} VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
     ));
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
@@ -88,6 +92,15 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
         "user lock",
         "GET_LOCK held by another",
     );
+    // A client that reads a large result only once released (the mariadb client with --quick writes each row as
+    // it reads it, into a pipe nobody reads until then).
+    let mut slow = db.session_with(&["--quick"]);
+    let slow_client = slow.connection_id();
+    slow.send(&format!(
+        "SELECT a.n, REPEAT('x', 4000) FROM causes.ten_{tag} a, causes.ten_{tag} b, causes.ten_{tag} c, \
+         causes.ten_{tag} d; SELECT 'causes-done'"
+    ));
+    waiters.push(slow);
     // SLEEP, which waits for nothing.
     let mut sleeper = db.session();
     let sleeper_id = sleeper.connection_id();
@@ -102,6 +115,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
             kind,
             expected,
             sleeper: sleeper_id,
+            slow_client,
             holders: holder_ids,
         },
     }
@@ -167,6 +181,12 @@ fn check(s: &Scenario, records: &[Value], err: &str) {
             "{kind}: no {cause} held by connection {holder}:\n{records:?}\n{err}"
         );
     }
+    // The server waits for its client to read.
+    let r = mine(records, s.slow_client);
+    let r = r
+        .last()
+        .unwrap_or_else(|| panic!("{kind}: no record of the slow client:\n{records:?}\n{err}"));
+    assert_eq!(r["cause"], "client", "{kind}: {r}");
     // SLEEP is no lock wait.
     let r = mine(records, s.sleeper);
     let r = r
@@ -246,5 +266,160 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
                 "{kind}: {what}: {r:?}"
             );
         }
+    }
+}
+
+/// A table of 6,000 rows of 7 KB (48 MB) whose pages are not in the buffer pool: MariaDB's IMPORT TABLESPACE leaves
+/// them out; MySQL's reads them in, through its test server's buffer pool of 16 MB, which keeps only the last.
+fn cold_table(db: &TestDb) {
+    let data = db.dir.join("data").join("causes");
+    let kept = tempdir("cold-table");
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        format!(
+            "SYSTEM cp {0}/cold.ibd {0}/cold.cfg {1}/",
+            from.display(),
+            to.display()
+        )
+    };
+    db.sql(&format!(
+        "CREATE DATABASE IF NOT EXISTS causes; \
+         CREATE TABLE IF NOT EXISTS causes.ten_cold (n INT) ENGINE=InnoDB; DELETE FROM causes.ten_cold; \
+         INSERT INTO causes.ten_cold VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9); \
+         DROP TABLE IF EXISTS causes.cold; \
+         CREATE TABLE causes.cold (id INT AUTO_INCREMENT PRIMARY KEY, b VARCHAR(7000)) ENGINE=InnoDB; \
+         INSERT INTO causes.cold (b) SELECT REPEAT('y', 7000) FROM causes.ten_cold a, causes.ten_cold b, \
+         causes.ten_cold c, (SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL \
+         SELECT 5 UNION ALL SELECT 6) d; \
+         FLUSH TABLES causes.cold FOR EXPORT; {}; UNLOCK TABLES; \
+         ALTER TABLE causes.cold DISCARD TABLESPACE; {}; ALTER TABLE causes.cold IMPORT TABLESPACE",
+        copy(&data, &kept),
+        copy(&kept, &data)
+    ));
+}
+
+#[test]
+fn page_reads_commits_and_their_files_are_named_on_every_server() {
+    for (kind, db) in every_server() {
+        cold_table(&db);
+        db.sql(
+            "CREATE TABLE IF NOT EXISTS causes.commits (id INT AUTO_INCREMENT PRIMARY KEY, v INT) \
+             ENGINE=InnoDB",
+        );
+        let tracer = tracer(&db);
+        // Point reads three pages apart (too sparse for InnoDB's read-ahead): a page read from disk each.
+        let ids: Vec<String> = (1..2000).step_by(6).map(|i| i.to_string()).collect();
+        let mut cold = db.session();
+        let cold_id = cold.connection_id();
+        cold.query_row(&format!(
+            "SELECT SUM(LENGTH(b)) FROM causes.cold WHERE id IN ({})",
+            ids.join(",")
+        ));
+        // Commits, four connections at once: each synced to the redo log, and on MySQL to its binlog first.
+        let committers: Vec<_> = (0..4)
+            .map(|_| {
+                let mut s = db.session();
+                for v in 0..25 {
+                    s.send(&format!("INSERT INTO causes.commits (v) VALUES ({v})"));
+                }
+                s.send("SELECT 'causes-done'");
+                s
+            })
+            .collect();
+        for mut s in committers {
+            while !s.read_line().contains("causes-done") {}
+        }
+        let (out, err) = tracer.stop();
+        let records = json_lines(&out);
+        let r = mine(&records, cold_id);
+        let r = r
+            .last()
+            .unwrap_or_else(|| panic!("{kind}: no cold read:\n{records:?}\n{err}"));
+        // Its time waiting went to reading pages, and is said so unless a busy host (the tests beside it) kept it
+        // from a CPU longer.
+        assert!(
+            ["page read", "run queue"].contains(&r["cause"].as_str().unwrap()),
+            "{kind}: {r}"
+        );
+        assert_eq!(r["io"][0]["cause"], "page read", "{kind}: {r}");
+        assert_eq!(r["io"][0]["object"], "causes.cold", "{kind}: {r}");
+        let commits: Vec<&Value> = records
+            .iter()
+            .filter(|r| {
+                r["query"]
+                    .as_str()
+                    .is_some_and(|q| q.starts_with("INSERT INTO causes.commits"))
+            })
+            .collect();
+        assert_eq!(commits.len(), 100, "{kind}: {commits:?}\n{err}");
+        // Every commit's I/O is named by its file: none is a bare file write or sync.
+        for r in &commits {
+            for w in r["io"].as_array().into_iter().flatten() {
+                assert!(
+                    !["file write", "file sync"].contains(&w["cause"].as_str().unwrap()),
+                    "{kind}: {r}"
+                );
+            }
+        }
+        // What each server's commit waits for: MySQL's binlog (synced at each commit) and MariaDB 10.11's redo log.
+        // MariaDB 11.8 writes its redo log to a memory map and its commits were seen to wait for nothing.
+        let waits_for = |cause: &str| commits.iter().any(|r| r["cause"] == cause);
+        match kind {
+            "mysql-9.7" => assert!(waits_for("binlog group commit"), "{kind}: {commits:?}"),
+            "mariadb-10.11" => assert!(waits_for("redo log"), "{kind}: {commits:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// `report`'s first finding names what the statements wait for, and who holds it.
+#[test]
+fn the_reports_first_finding_names_the_cause_and_its_holder_on_every_server() {
+    for (kind, db) in every_server() {
+        db.sql(
+            "CREATE DATABASE IF NOT EXISTS causes; \
+             CREATE TABLE IF NOT EXISTS causes.hot_report (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+             INSERT IGNORE INTO causes.hot_report VALUES (1, 0)",
+        );
+        let mut holder = db.session();
+        let holder_id = holder.connection_id();
+        holder.exec("BEGIN; UPDATE causes.hot_report SET v = v + 1 WHERE id = 1");
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let mut s = db.session();
+                s.send("UPDATE causes.hot_report SET v = v + 1 WHERE id = 1; SELECT 'causes-done'");
+                s
+            })
+            .collect();
+        let dir = tempdir("causes-report");
+        let page = dir.join("report.html");
+        let pid = db.pid.to_string();
+        run_ok(myprobe().args([
+            "report",
+            "-p",
+            &pid,
+            "-d",
+            "4",
+            "-o",
+            page.to_str().unwrap(),
+        ]));
+        holder.exec("COMMIT");
+        for mut s in waiters {
+            while !s.read_line().contains("causes-done") {}
+        }
+        let html = std::fs::read_to_string(&page).unwrap();
+        let findings = html
+            .split("<section id=\"findings\">")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
+        let first = findings
+            .split("<li>")
+            .nth(1)
+            .and_then(|f| f.split("</li>").next())
+            .unwrap_or_else(|| panic!("{kind}: no finding:\n{findings}"));
+        assert!(
+            first.contains("waits for a row lock on causes.hot_report")
+                && first.contains(&format!("held by connection {holder_id} ")),
+            "{kind}: {first}"
+        );
     }
 }

@@ -1,0 +1,161 @@
+//! The files behind a statement's blocked reads, writes and syncs, named by what they are to the server: a table's
+//! tablespace (a page read), the redo log, the binary log, a temporary file. The kernel side keeps the descriptor
+//! of each I/O part's longest syscall (`query_counters.io_fd`); its file is the process's `/proc/PID/fd` link.
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use crate::server::Cause;
+
+/// How long a descriptor's file is taken as known: a descriptor closed and reopened names another file.
+const FRESH: Duration = Duration::from_secs(2);
+
+/// Most descriptors remembered.
+const MAX_REMEMBERED: usize = 4096;
+
+/// The files behind the server's descriptors, read as statements need them.
+pub struct Files {
+    fd_dir: std::path::PathBuf,
+    known: HashMap<i32, (Option<String>, Instant)>,
+}
+
+impl Files {
+    pub fn new(pid: u32) -> Files {
+        Files {
+            fd_dir: format!("/proc/{pid}/fd").into(),
+            known: HashMap::new(),
+        }
+    }
+
+    /// The path of descriptor `fd` (as the server sees it: a container's own), if it is open.
+    pub fn path(&mut self, fd: i32) -> Option<String> {
+        let now = Instant::now();
+        if let Some((path, at)) = self.known.get(&fd) {
+            if now.duration_since(*at) < FRESH {
+                return path.clone();
+            }
+        }
+        if self.known.len() >= MAX_REMEMBERED {
+            self.known
+                .retain(|_, (_, at)| now.duration_since(*at) < FRESH);
+        }
+        let path = std::fs::read_link(self.fd_dir.join(fd.to_string()))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        self.known.insert(fd, (path.clone(), now));
+        path
+    }
+
+    /// The cause and object of a blocked syscall of `part` (0 read, 1 write, 2 sync) on descriptor `fd`.
+    pub fn cause(&mut self, part: usize, fd: i32) -> Option<(Cause, Option<String>)> {
+        let path = self.path(fd)?;
+        Some(file_cause(&path, part))
+    }
+}
+
+/// What a blocked syscall of `part` (0 read, 1 write, 2 sync) on the file at `path` waits for, and on what, by the
+/// names InnoDB and the binary log give their files (MariaDB's and MySQL's alike): a tablespace's read is a page
+/// read, its write or sync a page flush; the redo log; the binlog's write and sync, its group commit.
+pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
+    let plain = [Cause::FileRead, Cause::FileWrite, Cause::FileSync][part.min(2)];
+    let (path, deleted) = match path.strip_suffix(" (deleted)") {
+        Some(p) => (p, true),
+        None => (path, false),
+    };
+    let file = Path::new(path);
+    let name = file
+        .file_name()
+        .map_or(path.into(), |n| n.to_string_lossy());
+    let dir = file
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|d| d.to_string_lossy());
+    let pages = if part == 0 {
+        Cause::PageRead
+    } else {
+        Cause::PageFlush
+    };
+    // Files unlinked as soon as made (filesort's and the temporary tables' MY*/ML* and #sql*), InnoDB's ibtmp1.
+    if deleted || name.starts_with("#sql") || name == "ibtmp1" {
+        return (Cause::TempFile, Some(format!("a temporary file ({path})")));
+    }
+    if let Some(table) = name.strip_suffix(".ibd") {
+        let object = match dir {
+            Some(db) => format!("{db}.{table}"),
+            None => table.to_string(),
+        };
+        return (pages, Some(object));
+    }
+    if name.starts_with("ibdata") {
+        return (pages, Some(format!("the system tablespace ({name})")));
+    }
+    if name.starts_with("undo") || name.ends_with(".ibu") {
+        return (pages, Some(format!("an undo tablespace ({name})")));
+    }
+    // MariaDB's ib_logfile0, MySQL's #innodb_redo/#ib_redoN.
+    if name.starts_with("ib_logfile") || name.starts_with("#ib_redo") {
+        return (Cause::RedoLog, Some(format!("the redo log ({name})")));
+    }
+    // The binlog's files: BASENAME.000001 (binlog., mysql-bin., HOST-bin.); a replica's relay log likewise.
+    let numbered = name
+        .rsplit_once('.')
+        .is_some_and(|(_, n)| n.len() == 6 && n.bytes().all(|b| b.is_ascii_digit()));
+    if numbered && !name.contains("relay") {
+        let cause = if part == 0 {
+            plain
+        } else {
+            Cause::BinlogGroupCommit
+        };
+        return (cause, Some(format!("the binlog ({name})")));
+    }
+    (plain, Some(path.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_file_of_the_server_is_named_by_what_it_is() {
+        let cause = |path: &str, part: usize| {
+            let (c, o) = file_cause(path, part);
+            (c.label(), o.unwrap_or_default())
+        };
+        assert_eq!(
+            cause("/var/lib/mysql/sbtest/sbtest1.ibd", 0),
+            ("page read", "sbtest.sbtest1".into())
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/sbtest/sbtest1.ibd", 2),
+            ("page flush", "sbtest.sbtest1".into())
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/ib_logfile0", 2),
+            ("redo log", "the redo log (ib_logfile0)".into())
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/#innodb_redo/#ib_redo10", 1).0,
+            "redo log"
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/binlog.000002", 2),
+            ("binlog group commit", "the binlog (binlog.000002)".into())
+        );
+        assert_eq!(cause("/var/lib/mysql/binlog.000002", 0).0, "file read");
+        assert_eq!(cause("/var/lib/mysql/relay-bin.000002", 1).0, "file write");
+        assert_eq!(cause("/tmp/MYfd=42 (deleted)", 0).0, "temporary file");
+        assert_eq!(cause("/var/lib/mysql/ibtmp1", 1).0, "temporary file");
+        assert_eq!(
+            cause("/var/lib/mysql/ibdata1", 0),
+            ("page read", "the system tablespace (ibdata1)".into())
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/db/t.MYD", 0),
+            ("file read", "/var/lib/mysql/db/t.MYD".into())
+        );
+        assert_eq!(cause("ib_logfile0", 5).0, "redo log");
+    }
+}
