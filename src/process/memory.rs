@@ -77,6 +77,15 @@ pub fn accessor_fields(
     binary: &fs::File,
     accessors: &[(&str, usize)],
 ) -> Result<Vec<Option<Field>>> {
+    accessor_fields_within(binary, accessors, ACCESSOR_INSTRUCTIONS)
+}
+
+/// The same, each function's field among its first `instructions`.
+fn accessor_fields_within(
+    binary: &fs::File,
+    accessors: &[(&str, usize)],
+    instructions: usize,
+) -> Result<Vec<Option<Field>>> {
     use object::{Object, ObjectSection, ObjectSymbol};
     let image = map_file(binary)?;
     let elf = object::File::parse(&*image).context("parsing the binary")?;
@@ -100,16 +109,22 @@ pub fn accessor_fields(
             .ok()
             .flatten()
             .unwrap_or_default();
-        found[i] = first_field_of(code, accessors[i].1);
+        found[i] = first_field_within(code, accessors[i].1, instructions);
     }
     Ok(found)
 }
 
-/// The first memory operand based on argument `arg`'s register alone among the first instructions of `code` (a
+/// How many of an accessor's first instructions are looked at for its field. 16, not 8: MariaDB's metadata-lock
+/// functions read theirs after a prologue (`MDL_lock::visit_subgraph` its ticket's `m_ctx` at the 13th, the 14th
+/// behind `endbr64`), and every connection accessor of MariaDB 10.11 and 11.8 and MySQL 9.7 gives the field it gave
+/// with 8 (`the_wider_window_keeps_every_connection_accessor_s_field`).
+const ACCESSOR_INSTRUCTIONS: usize = 16;
+
+/// The first memory operand based on argument `arg`'s register alone among the first `instructions` of `code` (a
 /// conditional branch's fall-through followed: a null check), then the reads through the register it loaded, as
 /// long as each loads the next pointer.
 #[cfg(target_arch = "x86_64")]
-fn first_field_of(code: &[u8], arg: usize) -> Option<Field> {
+fn first_field_within(code: &[u8], arg: usize, instructions: usize) -> Option<Field> {
     use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
     let base = *[
         Register::RDI,
@@ -135,7 +150,7 @@ fn first_field_of(code: &[u8], arg: usize) -> Option<Field> {
             && insn.memory_size().size() == 8)
             .then(|| insn.op0_register())
     };
-    for _ in 0..8 {
+    for _ in 0..instructions {
         if !decoder.can_decode() {
             break;
         }
@@ -194,7 +209,7 @@ fn writes(insn: &iced_x86::Instruction, reg: iced_x86::Register) -> bool {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn first_field_of(_code: &[u8], _arg: usize) -> Option<Field> {
+fn first_field_within(_code: &[u8], _arg: usize, _instructions: usize) -> Option<Field> {
     None
 }
 
@@ -203,6 +218,45 @@ fn first_field_of(_code: &[u8], _arg: usize) -> Option<Field> {
 /// first store of `rax` after that call (`mov rbx, rdi; …; call pthread_self@plt; …; mov [rbx+0x3f10], rax`).
 /// `None` when the function or the call is not there, or what follows the call is not such a store.
 pub fn stored_call_result(binary: &fs::File, function: &str, callee: &str) -> Result<Option<u64>> {
+    with_calls_of(
+        binary,
+        function,
+        512,
+        callee,
+        |code, address, calls_callee| store_after_call(code, address, calls_callee),
+    )
+}
+
+/// The constant `function` passes as its argument `arg` (0: the first; System V's registers) to its first call of
+/// `callee` (a function of the binary, or imported): the last `mov` of an immediate into that register before the
+/// call, the register written by nothing else in between (MariaDB's `MDL_context::release_lock`: `mov edx, 0x200;
+/// call MDL_lock::remove_ticket`, the member pointer `&MDL_lock::m_granted` passed by value, an offset). `None` when
+/// the function or the call is not there, or the argument is not such a constant.
+pub fn constant_argument(
+    binary: &fs::File,
+    function: &str,
+    callee: &str,
+    arg: usize,
+) -> Result<Option<u64>> {
+    // MariaDB's MDL_context::acquire_lock makes its call 1.7 KB in.
+    with_calls_of(
+        binary,
+        function,
+        64 * 1024,
+        callee,
+        |code, address, calls_callee| constant_before_call(code, address, arg, calls_callee),
+    )
+}
+
+/// What `read` finds in the code of `function` (its first `max_len` bytes, from its address), given whether a
+/// call's target is `callee` (its own address, or a PLT entry that jumps through one of its GOT slots).
+fn with_calls_of<T>(
+    binary: &fs::File,
+    function: &str,
+    max_len: u64,
+    callee: &str,
+    read: impl FnOnce(&[u8], u64, &dyn Fn(u64) -> bool) -> Option<T>,
+) -> Result<Option<T>> {
     use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationTarget};
     let image = map_file(binary)?;
     let elf = object::File::parse(&*image).context("parsing the binary")?;
@@ -219,6 +273,12 @@ pub fn stored_call_result(binary: &fs::File, function: &str, callee: &str) -> Re
             .collect(),
         _ => Vec::new(),
     };
+    let defined = |name: &str| {
+        elf.dynamic_symbols()
+            .chain(elf.symbols())
+            .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(name))
+    };
+    let callee_at = defined(callee).map(|s| s.address());
     let code_at = |address: u64, len: u64| -> Option<Vec<u8>> {
         let section = elf
             .sections()
@@ -230,22 +290,20 @@ pub fn stored_call_result(binary: &fs::File, function: &str, callee: &str) -> Re
             .flatten()
             .map(<[u8]>::to_vec)
     };
-    let Some(symbol) = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(function))
-    else {
+    let Some(symbol) = defined(function) else {
         return Ok(None);
     };
-    let Some(code) = code_at(symbol.address(), symbol.size().min(512)) else {
+    let Some(code) = code_at(symbol.address(), symbol.size().min(max_len)) else {
         return Ok(None);
     };
-    // A call's target is the callee's when its first jump goes through one of the callee's slots.
+    // A call's target is the callee's when it is the callee, or its first jump goes through one of the callee's
+    // slots.
     let calls_callee = |target: u64| {
-        code_at(target, 32)
-            .is_some_and(|stub| plt_slot(&stub, target).is_some_and(|s| slots.contains(&s)))
+        callee_at == Some(target)
+            || code_at(target, 32)
+                .is_some_and(|stub| plt_slot(&stub, target).is_some_and(|s| slots.contains(&s)))
     };
-    Ok(store_after_call(&code, symbol.address(), calls_callee))
+    Ok(read(&code, symbol.address(), &calls_callee))
 }
 
 /// The GOT slot a PLT entry at `address` (its code `stub`) jumps through: its first indirect `jmp [rip+…]`
@@ -314,6 +372,61 @@ fn store_after_call(code: &[u8], address: u64, calls_callee: impl Fn(u64) -> boo
     None
 }
 
+/// In `code` (at `address`), the immediate last moved into argument `arg`'s register before the first call whose
+/// target `calls_callee` accepts; `None` if something else writes the register after it (another call among them),
+/// or the straight line to the call is broken (a jump, a return) after it.
+#[cfg(target_arch = "x86_64")]
+fn constant_before_call(
+    code: &[u8],
+    address: u64,
+    arg: usize,
+    calls_callee: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
+    let register = *[
+        Register::RDI,
+        Register::RSI,
+        Register::RDX,
+        Register::RCX,
+        Register::R8,
+        Register::R9,
+    ]
+    .get(arg)?;
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut value = None;
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        if insn.flow_control() == FlowControl::Call
+            && insn.op0_kind() == OpKind::NearBranch64
+            && calls_callee(insn.near_branch_target())
+        {
+            return value;
+        }
+        let immediate = insn.mnemonic() == Mnemonic::Mov
+            && insn.op0_kind() == OpKind::Register
+            && insn.op0_register().full_register() == register
+            && matches!(insn.op0_register().size(), 4 | 8)
+            && matches!(
+                insn.op1_kind(),
+                OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
+            );
+        if immediate {
+            value = Some(insn.immediate(1));
+        } else if writes(&insn, register)
+            || !matches!(
+                insn.flow_control(),
+                FlowControl::Next | FlowControl::ConditionalBranch
+            )
+        {
+            value = None;
+        }
+    }
+    None
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn plt_slot(_stub: &[u8], _address: u64) -> Option<u64> {
     None
@@ -325,6 +438,111 @@ fn store_after_call(
     _address: u64,
     _calls_callee: impl Fn(u64) -> bool,
 ) -> Option<u64> {
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn constant_before_call(
+    _code: &[u8],
+    _address: u64,
+    _arg: usize,
+    _calls_callee: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    None
+}
+
+/// What the file holds of each symbol of `names`, as many bytes as its size says (dynamic symbols first, then the
+/// symbol table's): a constant table's contents (MariaDB's `MDL_lock::MDL_object_lock::m_granted_incompatible`),
+/// or the size of one whose contents the loader fills in. `None` for each not defined, or without bytes in the
+/// file (in `.bss`).
+pub fn symbol_contents(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
+    let mut found = vec![None; names.len()];
+    for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
+        let Ok(name) = symbol.name() else { continue };
+        let Some(i) = names.iter().position(|n| *n == name) else {
+            continue;
+        };
+        if found[i].is_some() || !symbol.is_definition() {
+            continue;
+        }
+        found[i] = symbol
+            .section_index()
+            .and_then(|s| elf.section_by_index(s).ok())
+            .and_then(|section| {
+                section
+                    .data_range(symbol.address(), symbol.size())
+                    .ok()
+                    .flatten()
+            })
+            .map(<[u8]>::to_vec);
+    }
+    Ok(found)
+}
+
+/// The field a getter `function` returns, where its whole body is `mov rax, [rdi+OFFSET]; ret` (after `endbr64`
+/// where built for CET): OFFSET. Its object's field is then the very address it returns, as MariaDB's
+/// `MDL_ticket::get_key()`, `return &m_lock->key`, says the key is the lock's first member. `None` when the
+/// function is not there or is anything else.
+pub fn returned_field(binary: &fs::File, function: &str) -> Result<Option<u64>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
+    let Some(symbol) = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(function))
+    else {
+        return Ok(None);
+    };
+    let code = symbol
+        .section_index()
+        .and_then(|i| elf.section_by_index(i).ok())
+        .and_then(|section| {
+            section
+                .data_range(symbol.address(), symbol.size().min(64))
+                .ok()
+                .flatten()
+        });
+    Ok(code.and_then(returned_field_of))
+}
+
+/// OFFSET where `code` is exactly `[endbr64;] mov rax, [rdi+OFFSET]; ret`.
+#[cfg(target_arch = "x86_64")]
+fn returned_field_of(code: &[u8]) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut insns = Vec::new();
+    while decoder.can_decode() && insns.len() < 4 {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        if insn.mnemonic() != Mnemonic::Endbr64 || !insns.is_empty() {
+            insns.push(insn);
+        }
+    }
+    match insns[..] {
+        [load, ret]
+            if load.mnemonic() == Mnemonic::Mov
+                && load.op0_kind() == OpKind::Register
+                && load.op0_register() == Register::RAX
+                && load.op1_kind() == OpKind::Memory
+                && load.memory_base() == Register::RDI
+                && load.memory_index() == Register::None
+                && ret.mnemonic() == Mnemonic::Ret
+                && ret.op_count() == 0 =>
+        {
+            Some(load.memory_displacement64())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn returned_field_of(_code: &[u8]) -> Option<u64> {
     None
 }
 
@@ -403,6 +621,10 @@ pub fn mapped_start(pid: u32, binary: &fs::File) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn first_field_of(code: &[u8], arg: usize) -> Option<Field> {
+        first_field_within(code, arg, ACCESSOR_INSTRUCTIONS)
+    }
 
     fn first_field_of_rdi(code: &[u8]) -> Option<Field> {
         first_field_of(code, 0)
@@ -495,6 +717,121 @@ mod tests {
             0x48, 0x8b, 0x47, 0x10, 0x48, 0x89, 0xd0, 0x48, 0x8b, 0x48, 0x08, 0xc3,
         ];
         assert_eq!(first_field_of_rdi(&overwritten), field(0x10, 8, &[]));
+    }
+
+    #[test]
+    fn a_constant_passed_to_a_call_gives_its_value() {
+        // MariaDB 10.11's MDL_context::release_lock: push rbp; mov rcx, rdx; mov rbp, rsp; push rbx; mov rbx, rdx;
+        // sub rsp, 8; mov rsi, [rdi+0x110]; mov rdi, [rdx+0x40]; mov edx, 0x200; call 0x95e1f0 (at 0x95ec80)
+        let release = [
+            0x55, 0x48, 0x89, 0xd1, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x89, 0xd3, 0x48, 0x83, 0xec,
+            0x08, 0x48, 0x8b, 0xb7, 0x10, 0x01, 0x00, 0x00, 0x48, 0x8b, 0x7a, 0x40, 0xba, 0x00,
+            0x02, 0x00, 0x00, 0xe8, 0x4c, 0xf5, 0xff, 0xff,
+        ];
+        let remove_ticket = |t| t == 0x95e1f0;
+        assert_eq!(
+            constant_before_call(&release, 0x95ec80, 2, remove_ticket),
+            Some(0x200)
+        );
+        // Another register's, another call's: none.
+        assert_eq!(
+            constant_before_call(&release, 0x95ec80, 1, remove_ticket),
+            None
+        );
+        assert_eq!(constant_before_call(&release, 0x95ec80, 2, |_| false), None);
+        // 11.8's, behind endbr64.
+        let cet: Vec<u8> = [0xf3, 0x0f, 0x1e, 0xfa]
+            .iter()
+            .chain(&release)
+            .copied()
+            .collect();
+        assert_eq!(
+            constant_before_call(&cet, 0x95ec7c, 2, remove_ticket),
+            Some(0x200)
+        );
+        // mov edx, 0x250; mov rdx, rdi; call: written again in between.
+        let overwritten = [
+            0xba, 0x50, 0x02, 0x00, 0x00, 0x48, 0x89, 0xfa, 0xe8, 0x00, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(constant_before_call(&overwritten, 0, 2, |_| true), None);
+        // mov edx, 0x250; call elsewhere; call: the first call may have changed it.
+        let called = [
+            0xba, 0x50, 0x02, 0x00, 0x00, 0xe8, 0x10, 0x00, 0x00, 0x00, 0xe8, 0x00, 0x00, 0x00,
+            0x00,
+        ];
+        assert_eq!(constant_before_call(&called, 0, 2, |t| t == 15), None);
+        // mov rdx, 0x250 (sign-extended); call: 64 bits.
+        let wide = [
+            0x48, 0xc7, 0xc2, 0x50, 0x02, 0x00, 0x00, 0xe8, 0x00, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(constant_before_call(&wide, 0, 2, |_| true), Some(0x250));
+    }
+
+    #[test]
+    fn a_getter_s_returned_field_is_its_whole_body() {
+        // MariaDB 10.11's MDL_ticket::get_key(): mov rax, [rdi+0x40]; ret
+        let get_key = [0x48, 0x8b, 0x47, 0x40, 0xc3];
+        assert_eq!(returned_field_of(&get_key), Some(0x40));
+        // 11.8's: endbr64 first
+        let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x47, 0x40, 0xc3];
+        assert_eq!(returned_field_of(&cet), Some(0x40));
+        // mov rax, [rdi+0x40]; add rax, 8; ret: not the field itself
+        let moved = [0x48, 0x8b, 0x47, 0x40, 0x48, 0x83, 0xc0, 0x08, 0xc3];
+        assert_eq!(returned_field_of(&moved), None);
+        // mov rax, [rsi+0x40]; ret: not the object's
+        assert_eq!(returned_field_of(&[0x48, 0x8b, 0x46, 0x40, 0xc3]), None);
+        // lea rax, [rdi+0x40]; ret: no read
+        assert_eq!(returned_field_of(&[0x48, 0x8d, 0x47, 0x40, 0xc3]), None);
+        assert_eq!(returned_field_of(&[]), None);
+    }
+
+    /// The servers' binaries on this machine, where there: the host's MariaDB and scripts/testdb's roots.
+    fn server_binaries() -> Vec<(std::path::PathBuf, &'static dyn crate::server::Server)> {
+        use crate::server::{MariaDb, MySql};
+        let roots = std::env::var("MYPROBE_TESTDB_ROOTS")
+            .unwrap_or_else(|_| "/var/cache/myprobe/roots".to_string());
+        [
+            (
+                "/usr/sbin/mariadbd".to_string(),
+                &MariaDb as &dyn crate::server::Server,
+            ),
+            (format!("{roots}/mariadb-11.8/usr/sbin/mariadbd"), &MariaDb),
+            (format!("{roots}/mysql-9.7/usr/sbin/mysqld"), &MySql),
+        ]
+        .into_iter()
+        .map(|(path, server)| (std::path::PathBuf::from(path), server))
+        .filter(|(path, _)| path.exists())
+        .collect()
+    }
+
+    #[test]
+    fn the_wider_window_keeps_every_connection_accessor_s_field() {
+        use crate::server::TextAccessor;
+        for (path, server) in server_binaries() {
+            let spec = server.sessions();
+            let mut accessors = vec![
+                (spec.id, 0),
+                (spec.query, 0),
+                (spec.command, 0),
+                (spec.started, 0),
+                (spec.transaction.0, 0),
+            ];
+            accessors.extend(spec.db);
+            for text in [&spec.user, &spec.host] {
+                match *text {
+                    TextAccessor::CString(f) => accessors.push((f, 0)),
+                    TextAccessor::Through(p, t) => accessors.extend([(p, 0), (t, 0)]),
+                }
+            }
+            // MySQL's user and host share their security context's accessor.
+            accessors.sort_unstable();
+            accessors.dedup();
+            let file = fs::File::open(&path).unwrap();
+            let narrow = accessor_fields_within(&file, &accessors, 8).unwrap();
+            let wide = accessor_fields(&file, &accessors).unwrap();
+            assert!(narrow.iter().all(Option::is_some), "{path:?}: {narrow:?}");
+            assert_eq!(narrow, wide, "{path:?}: {accessors:?}");
+        }
     }
 
     #[test]
