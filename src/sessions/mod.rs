@@ -6,6 +6,8 @@
 //! binary says where they are, for its own build. What does not hold together (a
 //! list that does not end, ids not distinct, a text's pointer outside memory) is said, never shown.
 
+pub mod mdl;
+
 use std::{
     collections::{HashMap, HashSet},
     fs,
