@@ -1,7 +1,6 @@
 //! `myprobe stacks`: what every thread of the server is doing right now, read from BPF without stopping it.
 
 use std::{
-    collections::HashMap,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -126,7 +125,11 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
     for w in &c.warnings {
         say!("myprobe: warning: {w}");
     }
-    let mut named = stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records);
+    // A core's waits are named by their functions' names (not by the calls that announce them, read in a live
+    // process's memory map).
+    let brackets = crate::profile::waits::Brackets::new();
+    let mut named =
+        stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records, &brackets);
     // Each connection's thread, by the thread pointer the connection keeps: its statement beside its stack.
     let served = (c.sessions.as_deref())
         .map(|s| stacks::link_sessions(s, &c.records, &mut named))
@@ -166,7 +169,7 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
 fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     let target = a.target.resolve()?;
     // Asked first: a server that does not answer is said, and the threads are read all the same.
-    let statements = statements_unless_no_sql(a, target.pid);
+    let statements = statements_unless_no_sql(a, &target);
     // What the tables lack is said after the snapshot: of a process that exited meanwhile, only that.
     let mut warnings = Vec::new();
     let unwind = unwind_tables(a, target.pid, &mut warnings);
@@ -179,7 +182,8 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;
     let took = started.elapsed();
-    let mut named = stacks::name_threads(target.pid, &snapshot.threads);
+    let wait_begins = crate::query::follow::wait_begins(&target);
+    let mut named = stacks::name_threads(target.pid, &snapshot.threads, wait_begins.as_ref());
     // Threads of a process that was exiting, named from maps that may be gone: not a picture of it.
     let zombie = |t: &threads::ThreadRecord| matches!(t.state, Some('Z' | 'X'));
     if snapshot.threads.is_empty()
@@ -194,10 +198,8 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     for w in &warnings {
         say!("myprobe: warning: {w}");
     }
-    if let Some(statements) = &statements {
-        for t in &mut named {
-            t.statement = statements.get(&t.tid).cloned();
-        }
+    if let Some(word) = &statements {
+        word.name(&mut named);
     }
     // Without the server's word, what its memory says its connections run.
     let sessions_started = Instant::now();
@@ -286,11 +288,14 @@ fn sessions_from_memory(target: &process::Target) -> Option<Vec<crate::sessions:
 
 /// Each thread's current statement, by thread id, unless `--no-sql`; a server that does not answer (or names no
 /// thread for its statements) is said and leaves none: its statements are then read from its memory.
-fn statements_unless_no_sql(a: &StacksArgs, pid: u32) -> Option<HashMap<u32, String>> {
+fn statements_unless_no_sql(
+    a: &StacksArgs,
+    target: &process::Target,
+) -> Option<stacks::ServerWord> {
     if a.no_sql {
         return None;
     }
-    match stacks::statements(&a.connect, pid) {
+    match stacks::statements(&a.connect, target.pid, &target.binary) {
         Ok(s) => Some(s),
         Err(e) => {
             say!("myprobe: the statements are read from the server's memory: {e:#}");

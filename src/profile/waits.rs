@@ -267,6 +267,28 @@ pub struct WaitBegins {
     pub causes: &'static WaitCauses,
 }
 
+impl WaitBegins {
+    /// The functions around these calls, by the names `symbolizer` gives their frames in process `pid`, with the
+    /// causes of the types each announces.
+    pub fn brackets(&self, pid: u32, symbolizer: &mut Symbolizer) -> Brackets {
+        let Some(bias) = std::fs::File::open(&self.binary)
+            .ok()
+            .and_then(|f| crate::process::memory::load_bias(pid, &f))
+        else {
+            return Brackets::new();
+        };
+        self.calls
+            .iter()
+            .filter_map(|call| {
+                let at = call.vaddr.checked_add(bias)?;
+                let name = symbolizer.user_stack(&[at]).into_iter().next()?;
+                Some((name, causes_of_types(&call.values, self.causes)))
+            })
+            .filter(|(_, types)| !types.is_empty())
+            .collect()
+    }
+}
+
 /// The sites and causes of lock waits' stacks, as they arrive: symbolized once each, while tracing.
 pub struct SiteNames {
     pid: u32,
@@ -318,25 +340,10 @@ impl SiteNames {
 
     /// The functions that announce their waits, by the names their frames have in this process.
     fn brackets_named(&mut self) -> Brackets {
-        let (Some(w), Some(symbolizer)) = (self.wait_begins.take(), self.symbolizer.as_mut())
-        else {
-            return Brackets::new();
-        };
-        let Some(bias) = std::fs::File::open(&w.binary)
-            .ok()
-            .and_then(|f| crate::process::memory::load_bias(self.pid, &f))
-        else {
-            return Brackets::new();
-        };
-        w.calls
-            .iter()
-            .filter_map(|call| {
-                let at = call.vaddr.checked_add(bias)?;
-                let name = symbolizer.user_stack(&[at]).into_iter().next()?;
-                Some((name, causes_of_types(&call.values, w.causes)))
-            })
-            .filter(|(_, types)| !types.is_empty())
-            .collect()
+        match (self.wait_begins.take(), self.symbolizer.as_mut()) {
+            (Some(w), Some(symbolizer)) => w.brackets(self.pid, symbolizer),
+            _ => Brackets::new(),
+        }
     }
 
     /// The site of a stack that arrived.

@@ -80,7 +80,7 @@ pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
     };
     // Files unlinked as soon as made (filesort's and the temporary tables' MY*/ML* and #sql*), InnoDB's ibtmp1.
     if deleted || name.starts_with("#sql") || name == "ibtmp1" {
-        return (Cause::TempFile, Some(format!("a temporary file ({path})")));
+        return (Cause::TempFile, Some(path.to_string()));
     }
     if let Some(table) = name.strip_suffix(".ibd") {
         let object = match dir {
@@ -90,14 +90,14 @@ pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
         return (pages, Some(object));
     }
     if name.starts_with("ibdata") {
-        return (pages, Some(format!("the system tablespace ({name})")));
+        return (pages, Some(name.to_string()));
     }
     if name.starts_with("undo") || name.ends_with(".ibu") {
-        return (pages, Some(format!("an undo tablespace ({name})")));
+        return (pages, Some(name.to_string()));
     }
     // MariaDB's ib_logfile0, MySQL's #innodb_redo/#ib_redoN.
     if name.starts_with("ib_logfile") || name.starts_with("#ib_redo") {
-        return (Cause::RedoLog, Some(format!("the redo log ({name})")));
+        return (Cause::RedoLog, Some(name.to_string()));
     }
     // The binlog's files: BASENAME.000001 (binlog., mysql-bin., HOST-bin.); a replica's relay log likewise.
     let numbered = name
@@ -109,7 +109,7 @@ pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
         } else {
             Cause::BinlogGroupCommit
         };
-        return (cause, Some(format!("the binlog ({name})")));
+        return (cause, Some(name.to_string()));
     }
     (plain, Some(path.to_string()))
 }
@@ -134,7 +134,7 @@ mod tests {
         );
         assert_eq!(
             cause("/var/lib/mysql/ib_logfile0", 2),
-            ("redo log", "the redo log (ib_logfile0)".into())
+            ("redo log", "ib_logfile0".into())
         );
         assert_eq!(
             cause("/var/lib/mysql/#innodb_redo/#ib_redo10", 1).0,
@@ -142,7 +142,7 @@ mod tests {
         );
         assert_eq!(
             cause("/var/lib/mysql/binlog.000002", 2),
-            ("binlog group commit", "the binlog (binlog.000002)".into())
+            ("binlog group commit", "binlog.000002".into())
         );
         assert_eq!(cause("/var/lib/mysql/binlog.000002", 0).0, "file read");
         assert_eq!(cause("/var/lib/mysql/relay-bin.000002", 1).0, "file write");
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(cause("/var/lib/mysql/ibtmp1", 1).0, "temporary file");
         assert_eq!(
             cause("/var/lib/mysql/ibdata1", 0),
-            ("page read", "the system tablespace (ibdata1)".into())
+            ("page read", "ibdata1".into())
         );
         assert_eq!(
             cause("/var/lib/mysql/db/t.MYD", 0),

@@ -301,6 +301,16 @@ fn wait_begin_calls(wait_sites: bool, target: &Target) -> Vec<ConstantCall> {
     })
 }
 
+/// The calls of the server `target` that announce their waits, with their causes: for a snapshot's stacks.
+pub fn wait_begins(target: &Target) -> Option<waits::WaitBegins> {
+    let calls = wait_begin_calls(true, target);
+    (!calls.is_empty()).then(|| waits::WaitBegins {
+        binary: target.binary.clone(),
+        calls,
+        causes: &target.flavor.server().lock_names().causes,
+    })
+}
+
 /// A server's `dispatch_command` found and checked ([`server_functions`]).
 pub struct DispatchFunction {
     pub function: probes::Function,
@@ -407,7 +417,7 @@ pub fn follow(
         files: Files::new(target.pid),
         holders: a.connect.as_ref().map(|c| {
             control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
-            Holders::start(c, target.pid)
+            Holders::start(c, target.pid, &target.binary)
         }),
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {

@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    path::Path,
     sync::{mpsc, Arc, Mutex},
     thread,
     time::{Duration, Instant},
@@ -12,10 +13,16 @@ use std::{
 
 use serde::Serialize;
 
-use super::QueryRecord;
+use super::{CauseWait, QueryRecord};
 use crate::{
-    client::{self, ConnectArgs},
-    server::{causes::holder_cause, Cause},
+    client::{self, Client, ConnectArgs},
+    process::memory::ProcMemory,
+    server::{causes::holder_cause, Cause, Server},
+    sessions::{
+        self,
+        mdl::{self, MdlLayout},
+        Query, Session,
+    },
 };
 
 /// A statement whose futex wait lasts this long has its lock's holder looked for.
@@ -84,13 +91,54 @@ impl Holder {
 
 /// A lock wait the server listed: what is waited for, and who holds it.
 #[derive(Clone, Debug)]
-struct Listed {
-    cause: Cause,
+pub struct Listed {
+    pub cause: Cause,
     /// `sbtest.sbtest1 (PRIMARY, X)`
-    object: String,
-    holder: Holder,
+    pub object: String,
+    pub holder: Holder,
     /// When it was read (CLOCK_MONOTONIC, ns).
-    at_ns: u64,
+    pub at_ns: u64,
+}
+
+impl Listed {
+    /// The wait in a DBA's words (`CauseWait::phrase`).
+    pub fn wait(&self) -> CauseWait {
+        CauseWait {
+            cause: self.cause,
+            us: 0,
+            site: None,
+            object: Some(self.object.clone()),
+            holder: Some(self.holder.clone()),
+        }
+    }
+}
+
+/// The lock waits the server lists now (and, from its `memory`, its metadata locks where it lists none), by waiting
+/// connection, each held by the root of its chain; what could not be read is the first error, the rest kept.
+pub fn listed(
+    c: &mut Client,
+    memory: Option<&MemoryLocks>,
+) -> (Vec<(u64, Listed)>, Option<anyhow::Error>) {
+    let at_ns = crate::collect::monotonic_ns();
+    let server = c.server();
+    let mut listed = Vec::new();
+    let mut failed = None;
+    for sql in server.lock_holders_sql() {
+        match c.query(sql) {
+            Ok(rows) => listed.extend(rows.into_iter().filter_map(|r| parse(r, at_ns))),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match memory.map(MemoryLocks::listed) {
+        Some(Ok(more)) => listed.extend(more),
+        Some(Err(e)) => {
+            failed.get_or_insert(e.context("reading the metadata locks from the server's memory"));
+        }
+        None => {}
+    }
+    (to_roots(listed), failed)
 }
 
 /// The reader of the server's lock tables, and what it found.
@@ -101,15 +149,17 @@ pub struct Holders {
 }
 
 impl Holders {
-    /// Starts the reader of the server `pid`'s lock tables, connecting as `args` when first asked.
-    pub fn start(args: &ConnectArgs, pid: u32) -> Holders {
+    /// Starts the reader of the server `pid`'s lock tables (and of its memory, which runs `binary`, where its
+    /// metadata locks are), connecting as `args` when first asked.
+    pub fn start(args: &ConnectArgs, pid: u32, binary: &Path) -> Holders {
         let (ask, asked) = mpsc::sync_channel::<()>(1);
         let found = Arc::new(Mutex::new(HashMap::new()));
         let into = Arc::clone(&found);
         let args = args.clone();
+        let binary = binary.to_path_buf();
         let spawned = thread::Builder::new()
             .name("myprobe-holders".into())
-            .spawn(move || read_when_asked(&args, pid, &asked, &into));
+            .spawn(move || read_when_asked(&args, pid, &binary, &asked, &into));
         if let Err(e) = spawned {
             say!("myprobe: warning: who holds the locks statements wait for is not read: {e}");
         }
@@ -166,11 +216,13 @@ impl Holders {
 fn read_when_asked(
     args: &ConnectArgs,
     pid: u32,
+    binary: &Path,
     asked: &mpsc::Receiver<()>,
     found: &Mutex<HashMap<u64, Vec<Listed>>>,
 ) {
     let mut client = None;
     let mut said = false;
+    let mut in_memory: Option<Option<MemoryLocks>> = None;
     while asked.recv().is_ok() {
         if client.is_none() {
             match client::connect(args, Some(pid)) {
@@ -184,21 +236,11 @@ fn read_when_asked(
             }
         }
         let Some(c) = client.as_mut() else { continue };
-        let at_ns = crate::collect::monotonic_ns();
-        let server = c.server();
-        let mut listed = Vec::new();
-        for sql in server.lock_holders_sql() {
-            match c.query(sql) {
-                Ok(rows) => listed.extend(rows.into_iter().filter_map(|r| parse(r, at_ns))),
-                Err(e) if !std::mem::replace(&mut said, true) => {
-                    say!(
-                        "myprobe: note: who holds the locks statements wait for is not read: {e:#}"
-                    );
-                }
-                Err(_) => {}
-            }
+        let memory = in_memory.get_or_insert_with(|| MemoryLocks::of(pid, binary, c.server()));
+        let (listed, failed) = listed(c, memory.as_ref());
+        if let Some(e) = failed.filter(|_| !std::mem::replace(&mut said, true)) {
+            say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
         }
-        let listed = to_roots(listed);
         let Ok(mut found) = found.lock() else { return };
         if found.len() > MAX_WAITING {
             found.clear();
@@ -210,6 +252,95 @@ fn read_when_asked(
             }
             of.push(l);
         }
+    }
+}
+
+/// A MariaDB server's metadata-lock waits, read from its memory (`sessions::mdl`): it lists them in no table.
+pub struct MemoryLocks {
+    mem: ProcMemory,
+    sessions: sessions::Layout,
+    locks: MdlLayout,
+}
+
+impl MemoryLocks {
+    /// The reader of the process `pid`'s (running `binary`) metadata locks, where `server` lists them in no table;
+    /// one that cannot be read is said.
+    pub fn of(pid: u32, binary: &Path, server: &dyn Server) -> Option<MemoryLocks> {
+        if !server.metadata_locks_in_memory() {
+            return None;
+        }
+        MemoryLocks::open(pid, binary, server)
+            .map_err(|e| say!("myprobe: note: who holds the metadata locks is not read: {e:#}"))
+            .ok()
+    }
+
+    fn open(pid: u32, binary: &Path, server: &dyn Server) -> anyhow::Result<MemoryLocks> {
+        Ok(MemoryLocks {
+            mem: ProcMemory::open(pid)?,
+            sessions: sessions::Layout::of_process(pid, binary, server)?,
+            locks: MdlLayout::of_process(pid, binary)?,
+        })
+    }
+
+    /// Each connection's metadata-lock wait, by each connection holding the lock (or queued before it).
+    fn listed(&self) -> anyhow::Result<Vec<(u64, Listed)>> {
+        let at_ns = crate::collect::monotonic_ns();
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let connections = sessions::read(&self.mem, &self.sessions)?;
+        let by_thd: HashMap<u64, &Session> = connections.iter().map(|s| (s.thd, s)).collect();
+        let mut listed = Vec::new();
+        for s in &connections {
+            // A connection that ended or was granted its lock meanwhile waits for nothing now.
+            let Ok(Some(w)) = mdl::waiting_for(&self.mem, &self.locks, s.thd) else {
+                continue;
+            };
+            let lock_type = match w.namespace {
+                "USER_LOCK" => "USER LEVEL LOCK",
+                n => n,
+            };
+            let holders = w.holders.iter().map(|h| (h, false));
+            let queued = w.queued_behind.iter().map(|h| (h, true));
+            for ((thd, mode), queued) in holders.chain(queued) {
+                let Some(h) = by_thd.get(thd) else { continue };
+                let object = match w.namespace {
+                    "USER_LOCK" => format!("'{}' ({mode})", w.name),
+                    "BACKUP" => format!("the backup lock ({mode})"),
+                    "SCHEMA" => format!("{} ({mode})", w.db),
+                    _ => format!("{}.{} ({mode})", w.db, w.name),
+                };
+                // A pending request is not what the lock is held in: its holder is the root of its chain.
+                let mode = if queued { w.wanted } else { mode };
+                listed.push((
+                    s.id,
+                    Listed {
+                        cause: holder_cause("metadata", lock_type, mode),
+                        object,
+                        holder: holder_of(h, now_us),
+                        at_ns,
+                    },
+                ));
+            }
+        }
+        Ok(listed)
+    }
+}
+
+/// A connection read from memory as the holder of a lock.
+fn holder_of(s: &Session, now_us: u64) -> Holder {
+    Holder {
+        conn: s.id,
+        user: s.user.clone(),
+        host: s.host.clone(),
+        command: s.command.map(str::to_string),
+        command_s: s.started_us.map(|t| now_us.saturating_sub(t) / 1_000_000),
+        transaction_s: None,
+        statement: match &s.query {
+            Some(Query::Text(t) | Query::Truncated(t)) => Some(t.clone()),
+            _ => None,
+        },
+        queued_behind: None,
     }
 }
 

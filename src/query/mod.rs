@@ -157,9 +157,18 @@ impl CauseWait {
     /// (PRIMARY, X) held by connection 42 (app@10.0.0.5), idle in its transaction for 40 s`.
     pub fn phrase(&self) -> String {
         let mut s = self.cause.phrase().to_string();
-        if let Some(o) = &self.object {
-            s.push_str(" on ");
-            s.push_str(o);
+        match &self.object {
+            // A lock's object: `on db.t (PRIMARY, X)`; a file's, or what is read from it: `(ib_logfile0)`.
+            Some(o) if self.cause.has_holder() => {
+                s.push_str(" on ");
+                s.push_str(o);
+            }
+            Some(o) => {
+                s.push_str(" (");
+                s.push_str(o);
+                s.push(')');
+            }
+            None => {}
         }
         if let Some(h) = &self.holder {
             s.push_str(" held by ");

@@ -317,14 +317,12 @@ fn snapshot(
             return Vec::new();
         }
     };
-    let mut named = crate::stacks::name_threads(target.pid, &snapshot.threads);
+    let wait_begins = crate::query::follow::wait_begins(target);
+    let mut named =
+        crate::stacks::name_threads(target.pid, &snapshot.threads, wait_begins.as_ref());
     if let Some(connect) = &o.queries.connect {
-        match crate::stacks::statements(connect, target.pid) {
-            Ok(statements) => {
-                for t in &mut named {
-                    t.statement = statements.get(&t.tid).cloned();
-                }
-            }
+        match crate::stacks::statements(connect, target.pid, &target.binary) {
+            Ok(word) => word.name(&mut named),
             Err(e) => {
                 say!("myprobe: threads shown without their statements: the server did not answer: {e:#}");
                 missing.push(format!(

@@ -136,6 +136,11 @@ impl Server for MariaDb {
         }
     }
 
+    // Without the METADATA_LOCK_INFO plugin (not loaded by default), no table lists them.
+    fn metadata_locks_in_memory(&self) -> bool {
+        true
+    }
+
     fn lock_holders_sql(&self) -> &'static [&'static str] {
         // InnoDB's lock waits (information_schema's INNODB_LOCK_WAITS, 10.x and 11.x). Metadata locks have no table
         // without the METADATA_LOCK_INFO plugin, which is not loaded by default.

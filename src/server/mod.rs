@@ -63,6 +63,12 @@ pub trait Server: Sync {
     /// KIND, LOCK_TYPE and MODE), one statement each.
     fn lock_holders_sql(&self) -> &'static [&'static str];
 
+    /// Its metadata locks (and the table and user locks taken as such) are read from its memory
+    /// (`sessions::mdl`): no table lists them by default.
+    fn metadata_locks_in_memory(&self) -> bool {
+        false
+    }
+
     /// Where its connections' objects (`THD`) are in its memory, and the exported functions whose code says
     /// where their fields are.
     fn sessions(&self) -> &'static Sessions;

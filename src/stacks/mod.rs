@@ -19,7 +19,9 @@ use serde::Serialize;
 use crate::{
     collect::{self, threads::ThreadRecord},
     profile::waits::{self, FutexOp},
+    query::{holders::Listed, CauseWait},
     render::terminal_safe,
+    server::Cause,
     server::WaitKind,
     symbolize::{data::DataSymbolizer, Symbolizer},
 };
@@ -41,6 +43,10 @@ pub struct ThreadStack {
     pub waits: Option<LockWait>,
     /// The statement its connection runs, from the server's process list (normalized).
     pub statement: Option<String>,
+    /// Why it waits, where its stack says (a row lock, a metadata lock, the redo log, …), with what it waits for
+    /// and who holds it where the server lists them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<CauseWait>,
     /// Frames, leaf first (user frames, then kernel frames with `--kernel`).
     pub frames: Vec<String>,
 }
@@ -73,19 +79,31 @@ pub fn file_under(root: Option<&Path>, path: &Path) -> PathBuf {
     }
 }
 
-pub fn name_threads(pid: u32, records: &[ThreadRecord]) -> Vec<ThreadStack> {
+pub fn name_threads(
+    pid: u32,
+    records: &[ThreadRecord],
+    wait_begins: Option<&waits::WaitBegins>,
+) -> Vec<ThreadStack> {
+    let mut symbolizer = Symbolizer::new(pid).ok();
+    let brackets = match (wait_begins, symbolizer.as_mut()) {
+        (Some(w), Some(s)) => w.brackets(pid, s),
+        _ => waits::Brackets::new(),
+    };
     name_threads_with(
-        Symbolizer::new(pid).ok(),
+        symbolizer,
         DataSymbolizer::new(pid).ok(),
         records,
+        &brackets,
     )
 }
 
-/// Names every thread with these symbolizers (of a live process or of a core file).
+/// Names every thread with these symbolizers (of a live process or of a core file); `brackets`: the functions
+/// that announce their waits (`waits::WaitBegins`), by name.
 pub fn name_threads_with(
     mut symbolizer: Option<Symbolizer>,
     mut data: Option<DataSymbolizer>,
     records: &[ThreadRecord],
+    brackets: &waits::Brackets,
 ) -> Vec<ThreadStack> {
     let tids: HashSet<u32> = records.iter().map(|r| r.tid).collect();
     let mut threads: Vec<ThreadStack> = records
@@ -105,11 +123,14 @@ pub fn name_threads_with(
                     Vec::new(),
                 ),
             };
+            let mut cause = None;
             let waits = r.futex.map(|f| {
                 let op = r
                     .syscall
                     .map_or(FutexOp::Unknown, |(_, args)| futex_op(args[1]));
                 let kind = waits::kind(&user, op);
+                // A snapshot has no type announced: an InnoDB lock wait is taken for a row lock's.
+                cause = Some(waits::cause(&user, kind, brackets).given(0));
                 let site = waits::site(&user);
                 let lock = match data.as_mut() {
                     Some(d) => {
@@ -137,6 +158,13 @@ pub fn name_threads_with(
                 idle_ms: r.idle_ns.map(|ns| ns as f64 / 1e6),
                 waits,
                 statement: None,
+                cause: cause.map(|cause| CauseWait {
+                    cause,
+                    us: 0,
+                    site: None,
+                    object: None,
+                    holder: None,
+                }),
                 frames: user.iter().chain(&kernel).map(|f| f.to_string()).collect(),
             }
         })
@@ -234,18 +262,50 @@ fn describe_syscall(nr: i64, args: &[u64; 6]) -> String {
 
 /// The statements of the server's process list, by the OS thread that runs them; `Err` says why there are
 /// none (the server did not answer, no access, or it names no thread for them).
+/// What the server says of its threads: the statement each runs and its connection, and the lock waits it lists
+/// (`query::holders::listed`).
+#[derive(Default)]
+pub struct ServerWord {
+    pub statements: HashMap<u32, String>,
+    pub connections: HashMap<u32, u64>,
+    pub waits: Vec<(u64, Listed)>,
+}
+
+impl ServerWord {
+    /// Gives each waiting thread what it waits for and who holds it, as the server listed.
+    pub fn name(&self, threads: &mut [ThreadStack]) {
+        for t in threads {
+            t.statement = self.statements.get(&t.tid).cloned().or(t.statement.take());
+            let (Some(conn), Some(c)) = (self.connections.get(&t.tid), t.cause.as_mut()) else {
+                continue;
+            };
+            // A metadata lock the server lists as a table lock or a user lock is one.
+            let listed = self.waits.iter().find(|(w, l)| {
+                w == conn
+                    && (l.cause == c.cause
+                        || (c.cause == Cause::MetadataLock && l.cause.has_holder()))
+            });
+            if let Some((_, l)) = listed {
+                *c = l.wait();
+            }
+        }
+    }
+}
+
 pub fn statements(
     args: &crate::client::ConnectArgs,
     pid: u32,
-) -> anyhow::Result<HashMap<u32, String>> {
+    binary: &Path,
+) -> anyhow::Result<ServerWord> {
     let mut client = crate::client::connect(args, Some(pid))?;
     let list = client.processlist()?;
     // Its own connection is always in it, but where the list is a table performance_schema fills.
-    if list.rows.is_empty() {
+    if list.rows.is_empty() && list.own.is_none() {
         anyhow::bail!("its process list is empty, without even this connection (MySQL with performance_schema off)");
     }
     let mut tids = crate::process::tids::TidMap::new(pid);
     let (mut unmapped, mut threadless) = (0, 0);
+    let mut connections = HashMap::new();
     let statements: HashMap<u32, String> = list
         .rows
         .into_iter()
@@ -259,6 +319,7 @@ pub fn statements(
                 unmapped += 1;
                 return None;
             };
+            connections.insert(tid, r.id);
             Some((tid, crate::wire::fingerprint::normalize(&text)))
         })
         .collect();
@@ -274,7 +335,16 @@ pub fn statements(
              that none of its threads has in its PID namespace now (ended since)"
         );
     }
-    Ok(statements)
+    let memory = crate::query::holders::MemoryLocks::of(pid, binary, client.server());
+    let (waits, failed) = crate::query::holders::listed(&mut client, memory.as_ref());
+    if let Some(e) = failed {
+        say!("myprobe: note: who holds the locks threads wait for is not read: {e:#}");
+    }
+    Ok(ServerWord {
+        statements,
+        connections,
+        waits,
+    })
 }
 
 /// The thread serving each connection of `sessions` (by its object's address), among `records`: the one whose
@@ -470,9 +540,17 @@ fn human_ms(ms: f64) -> String {
     }
 }
 
-/// "waits for mutex LOCK held by thread T", or what is known without an owner.
+/// "waits for a row lock on db.t (PRIMARY, X) held by connection 42, idle in its transaction for 40 s" where the
+/// stack names the cause; else "waits for mutex LOCK held by thread T", or what is known without an owner.
 fn wait_line(t: &ThreadStack) -> Option<String> {
     let w = t.waits.as_ref()?;
+    if let Some(c) = t
+        .cause
+        .as_ref()
+        .filter(|c| !matches!(c.cause, Cause::InternalLock | Cause::UnknownWait))
+    {
+        return Some(terminal_safe(&c.phrase()).into_owned());
+    }
     let lock = terminal_safe(&w.lock);
     Some(match w.owner {
         Some(o) => format!("waits for {} {lock} held by thread {o}", w.kind),
@@ -651,6 +729,7 @@ mod tests {
                 inside: Vec::new(),
             }),
             statement: None,
+            cause: None,
             frames: vec!["f".into()],
         }
     }

@@ -110,6 +110,7 @@ pub fn resolve(
                 idle_ms: None,
                 waits: None,
                 statement: None,
+                cause: None,
                 frames,
             }
         })

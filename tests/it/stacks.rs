@@ -196,6 +196,7 @@ fn a_server_s_waits_are_shown_with_their_statements() {
         mdl_waiter.server_tid(),
     );
     let row_connection = row_waiter.connection_id();
+    let (row_holder_id, mdl_holder_id) = (row_holder.connection_id(), mdl_holder.connection_id());
     sleeper.send("SELECT SLEEP(30)");
     row_holder.exec("BEGIN; SELECT v FROM sbtest.stackrow WHERE id = 1 FOR UPDATE");
     row_waiter.send("UPDATE sbtest.stackrow SET v = v + 1 WHERE id = 1; SELECT 'updated'");
@@ -259,13 +260,22 @@ fn a_server_s_waits_are_shown_with_their_statements() {
         "{m}"
     );
     assert_eq!(m["waits"]["kind"], "metadata lock", "{m}");
-    // The merged view names the three statements and the waits.
+    // Why each waits, and who holds it: InnoDB's lock waits, and LOCK TABLES's metadata lock read from the
+    // server's memory.
+    assert_eq!(r["cause"]["cause"], "row lock", "{r}");
+    assert_eq!(r["cause"]["holder"]["conn"], row_holder_id, "{r}");
+    assert_eq!(m["cause"]["cause"], "table lock", "{m}");
+    assert_eq!(m["cause"]["holder"]["conn"], mdl_holder_id, "{m}");
+    // The merged view names the three statements and the waits, in a DBA's words.
     for needle in [
         "statement: SELECT SLEEP(?)",
         "statement: UPDATE sbtest.stackrow SET v = v + ? WHERE id = ?",
         "statement: SELECT COUNT(*) FROM sbtest.stackmdl",
-        "waits on",
-        "metadata lock",
+        "sleeps in SLEEP()",
+        &format!("waits for a row lock on sbtest.stackrow (PRIMARY, X) held by connection {row_holder_id} "),
+        &format!(
+            "waits for a table lock on sbtest.stackmdl (SHARED_NO_READ_WRITE) held by connection {mdl_holder_id} "
+        ),
     ] {
         assert!(out.contains(needle), "{needle:?} not in:\n{out}");
     }

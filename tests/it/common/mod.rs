@@ -494,6 +494,18 @@ impl Session {
         line.trim_end().to_string()
     }
 
+    /// Reads its output up to a line that holds `needle`; panics where the client exits first (an error ends it).
+    pub fn read_until(&mut self, needle: &str) {
+        let mut line = String::new();
+        while !line.contains(needle) {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the client exited before answering {needle}"
+            );
+        }
+    }
+
     /// The OS thread id serving this connection (MariaDB's processlist TID column).
     pub fn server_tid(&mut self) -> u32 {
         self.query_row("SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()")
