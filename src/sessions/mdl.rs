@@ -332,57 +332,7 @@ impl MdlLayout {
             binary.display()
         );
 
-        let mut names = vec![TICKET_VTABLE, FLUSH_VTABLE, THD_VTABLE];
-        names.extend(STRATEGIES.iter().map(|s| s.object));
-        let addresses = memory::symbol_addresses(file, mapped, &names)
-            .with_context(|| format!("reading the symbols of {}", binary.display()))?;
-        let address = |name: &str| {
-            let i = names.iter().position(|n| *n == name).expect("listed");
-            addresses[i].with_context(|| missing(format!("symbol {name}")))
-        };
-        let mut tables = vec![NAMESPACE_STAGES];
-        tables.extend(STRATEGIES.iter().flat_map(|s| [s.granted, s.waiting]));
-        let contents = memory::symbol_contents(file, &tables)
-            .with_context(|| format!("reading the symbols of {}", binary.display()))?;
-        let content = |name: &str| {
-            let i = tables.iter().position(|t| *t == name).expect("listed");
-            contents[i]
-                .as_deref()
-                .with_context(|| missing(format!("table {name}")))
-        };
-        let stages = content(NAMESPACE_STAGES)?.len();
-        ensure!(
-            stages == NAMESPACES.len() * STAGE_INFO_SIZE,
-            "{} has {stages} bytes of {NAMESPACE_STAGES}, not the {} namespaces of metadata locks myprobe knows: \
-             who holds a metadata lock is not read from memory",
-            binary.display(),
-            NAMESPACES.len()
-        );
-        let mut strategies = Vec::new();
-        for s in &STRATEGIES {
-            let bitmap = |name: &str| -> Result<Vec<u16>> {
-                Ok(content(name)?
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect())
-            };
-            let (granted_incompatible, waiting_incompatible) =
-                (bitmap(s.granted)?, bitmap(s.waiting)?);
-            let count = granted_incompatible.len();
-            ensure!(
-                count == waiting_incompatible.len() && (s.fewest..=s.types.len()).contains(&count),
-                "{} has {count} lock types in {}, not those myprobe knows: who holds a metadata lock is not \
-                 read from memory",
-                binary.display(),
-                s.granted
-            );
-            strategies.push(Strategy {
-                address: address(s.object)?,
-                granted_incompatible,
-                waiting_incompatible,
-                types: &s.types[..count],
-            });
-        }
+        let (words, strategies) = vtables_and_strategies(file, binary, mapped)?;
         Ok(MdlLayout {
             context,
             waiting_for,
@@ -402,12 +352,82 @@ impl MdlLayout {
                 waiting,
                 strategy: field(RESCHEDULE_WAITERS)?.offset,
             },
-            ticket_word: address(TICKET_VTABLE)?.wrapping_add(16),
-            flush_word: address(FLUSH_VTABLE)?.wrapping_add(16),
-            thd_word: address(THD_VTABLE)?.wrapping_add(16),
+            ticket_word: words[0],
+            flush_word: words[1],
+            thd_word: words[2],
             strategies,
         })
     }
+}
+
+/// The first words of a ticket, a table flush's wait and a THD (their vtables'), and the lock strategies, each with
+/// its tables of the types that conflict with a type granted and with one waited for.
+fn vtables_and_strategies(
+    file: &fs::File,
+    binary: &Path,
+    mapped: u64,
+) -> Result<([u64; 3], Vec<Strategy>)> {
+    use symbol::*;
+    let missing = |what: String| {
+        format!(
+            "{} defines no {what}: who holds a metadata lock is not read from memory",
+            binary.display()
+        )
+    };
+    let mut names = vec![TICKET_VTABLE, FLUSH_VTABLE, THD_VTABLE];
+    names.extend(STRATEGIES.iter().map(|s| s.object));
+    let addresses = memory::symbol_addresses(file, mapped, &names)
+        .with_context(|| format!("reading the symbols of {}", binary.display()))?;
+    let address = |name: &str| {
+        let i = names.iter().position(|n| *n == name).expect("listed");
+        addresses[i].with_context(|| missing(format!("symbol {name}")))
+    };
+    let mut tables = vec![NAMESPACE_STAGES];
+    tables.extend(STRATEGIES.iter().flat_map(|s| [s.granted, s.waiting]));
+    let contents = memory::symbol_contents(file, &tables)
+        .with_context(|| format!("reading the symbols of {}", binary.display()))?;
+    let content = |name: &str| {
+        let i = tables.iter().position(|t| *t == name).expect("listed");
+        contents[i]
+            .as_deref()
+            .with_context(|| missing(format!("table {name}")))
+    };
+    let stages = content(NAMESPACE_STAGES)?.len();
+    ensure!(
+        stages == NAMESPACES.len() * STAGE_INFO_SIZE,
+        "{} has {stages} bytes of {NAMESPACE_STAGES}, not the {} namespaces of metadata locks myprobe knows: \
+         who holds a metadata lock is not read from memory",
+        binary.display(),
+        NAMESPACES.len()
+    );
+    let words =
+        [TICKET_VTABLE, FLUSH_VTABLE, THD_VTABLE].map(|v| address(v).map(|a| a.wrapping_add(16)));
+    let mut strategies = Vec::new();
+    for s in &STRATEGIES {
+        let bitmap = |name: &str| -> Result<Vec<u16>> {
+            Ok(content(name)?
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect())
+        };
+        let (granted_incompatible, waiting_incompatible) = (bitmap(s.granted)?, bitmap(s.waiting)?);
+        let count = granted_incompatible.len();
+        ensure!(
+            count == waiting_incompatible.len() && (s.fewest..=s.types.len()).contains(&count),
+            "{} has {count} lock types in {}, not those myprobe knows: who holds a metadata lock is not \
+             read from memory",
+            binary.display(),
+            s.granted
+        );
+        strategies.push(Strategy {
+            address: address(s.object)?,
+            granted_incompatible,
+            waiting_incompatible,
+            types: &s.types[..count],
+        });
+    }
+    let [ticket, flush, thd] = words;
+    Ok(([ticket?, flush?, thd?], strategies))
 }
 
 /// Times a wait is read before what was read of it is given (`sessions::read`'s walk is taken as often).
