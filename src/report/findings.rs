@@ -22,6 +22,7 @@ pub fn findings(r: &Report) -> Vec<String> {
     if let Some(s) = &r.statements {
         let running_at_end = r.threads.iter().filter(|t| t.statement.is_some()).count();
         statements(&s.rows, r.traced.as_secs_f64(), running_at_end, &mut out);
+        blockers(&s.rows, &mut out);
     }
     for p in &r.profiles {
         match p.id {
@@ -142,6 +143,40 @@ fn statements(
     }
 }
 
+/// The connections holding the locks statements waited for (the roots of their chains), the longest waited for
+/// first: who to look at, or kill.
+fn blockers(rows: &[crate::query::digest::DigestRow], out: &mut Vec<String>) {
+    let mut by_holder: Vec<(&crate::query::holders::Holder, u64, Vec<String>)> = Vec::new();
+    for c in rows.iter().flat_map(|r| &r.causes) {
+        let Some(h) = &c.holder else { continue };
+        let what = match &c.object {
+            Some(o) => format!("{} on {o}", c.cause),
+            None => c.cause.to_string(),
+        };
+        match by_holder.iter_mut().find(|(held, ..)| held.conn == h.conn) {
+            Some((_, us, whats)) => {
+                *us = us.saturating_add(c.us);
+                if !whats.contains(&what) {
+                    whats.push(what);
+                }
+            }
+            None => by_holder.push((h, c.us, vec![what])),
+        }
+    }
+    by_holder.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.conn.cmp(&b.0.conn)));
+    for (h, us, whats) in by_holder.iter().take(2) {
+        let who = h.describe();
+        let who = who
+            .strip_prefix("connection")
+            .map_or(who.clone(), |rest| format!("Connection{rest}"));
+        out.push(format!(
+            "{who}, held the locks statements waited {} for ({}).",
+            human_us(*us),
+            whats.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+}
+
 /// The functions with the most self time, and the one with the most total time below the thread roots.
 fn on_cpu(p: &ProfileSection, out: &mut Vec<String>) {
     let total = p.profile.total();
@@ -258,6 +293,61 @@ mod tests {
             out[0].starts_with("No statement was traced, yet 3 were running")
                 && !out[0].contains("idle"),
             "{out:?}"
+        );
+    }
+
+    #[test]
+    fn the_connection_holding_what_statements_wait_for_is_named_once_with_all_it_held() {
+        use crate::query::{digest::Digest, holders::Holder, CauseWait, QueryRecord, TimeParts};
+        let holder = Holder {
+            conn: 27,
+            user: Some("app".into()),
+            host: Some("10.0.0.5".into()),
+            command: Some("Sleep".into()),
+            command_s: Some(38),
+            transaction_s: Some(40),
+            statement: None,
+            queued_behind: None,
+        };
+        let mut digest = Digest::default();
+        for (query, cause, object, us) in [
+            (
+                "UPDATE t SET v = 1",
+                Cause::RowLock,
+                "db.t (PRIMARY, X)",
+                3_000_000,
+            ),
+            (
+                "ALTER TABLE t2 FORCE",
+                Cause::MetadataLock,
+                "db.t2 (SHARED_READ)",
+                1_000_000,
+            ),
+        ] {
+            let mut r = QueryRecord {
+                fingerprint: Some(query.into()),
+                duration_us: us,
+                time: TimeParts {
+                    lock_us: us,
+                    ..TimeParts::default()
+                },
+                ..QueryRecord::default()
+            };
+            r.waits = vec![CauseWait {
+                cause,
+                us,
+                site: None,
+                object: Some(object.into()),
+                holder: Some(holder.clone()),
+            }];
+            digest.add(&r);
+        }
+        let mut out = Vec::new();
+        blockers(&digest.rows(), &mut out);
+        assert_eq!(
+            out,
+            ["Connection 27 (app@10.0.0.5), idle in its transaction for 40 s, held the locks statements waited 4.000s \
+              for (row lock on db.t (PRIMARY, X), metadata lock on db.t2 (SHARED_READ))."]
         );
     }
 }

@@ -300,8 +300,10 @@ pub fn statements(
     let mut client = crate::client::connect(args, Some(pid))?;
     let list = client.processlist()?;
     // Its own connection is always in it, but where the list is a table performance_schema fills.
-    if list.rows.is_empty() && list.own.is_none() {
-        anyhow::bail!("its process list is empty, without even this connection (MySQL with performance_schema off)");
+    if list.rows.is_empty() {
+        anyhow::bail!(
+            "its process list has no connection but this one (an idle server, or MySQL with performance_schema off)"
+        );
     }
     let mut tids = crate::process::tids::TidMap::new(pid);
     let (mut unmapped, mut threadless) = (0, 0);

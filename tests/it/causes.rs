@@ -33,6 +33,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
          CREATE TABLE IF NOT EXISTS causes.hot_{tag} (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
          INSERT IGNORE INTO causes.hot_{tag} VALUES (1, 0); \
          CREATE TABLE IF NOT EXISTS causes.ddl_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB; \
+         CREATE TABLE IF NOT EXISTS causes.locked_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB; \
          CREATE TABLE IF NOT EXISTS causes.ten_{tag} (n INT) ENGINE=InnoDB; DELETE FROM causes.ten_{tag}; \
          INSERT INTO causes.ten_{tag} VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
     ));
@@ -77,6 +78,16 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
         &format!("SELECT COUNT(*) FROM causes.ddl_{tag}"),
         "metadata lock",
         "a reader behind the ALTER",
+    );
+    // LOCK TABLES ... WRITE: a reader waits for the table lock (a metadata lock, named by the holder's type).
+    let mut locker = db.session();
+    holder_ids.push(("table lock", locker.connection_id()));
+    locker.exec(&format!("LOCK TABLES causes.locked_{tag} WRITE"));
+    holders.push((locker, "UNLOCK TABLES".to_string()));
+    waiter(
+        &format!("SELECT COUNT(*) FROM causes.locked_{tag}"),
+        "table lock",
+        "a reader behind LOCK TABLES ... WRITE",
     );
     // A user lock.
     let mut user = db.session();
