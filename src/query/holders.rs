@@ -310,7 +310,8 @@ impl MemoryLocks {
                     "SCHEMA" => format!("{} ({mode})", w.db),
                     _ => format!("{}.{} ({mode})", w.db, w.name),
                 };
-                // A pending request is not what the lock is held in: its holder is the root of its chain.
+                // A pending request is not what the lock is held in (`to_roots` gives the root's): the wait's
+                // cause is by what it asked for.
                 let mode = if queued { w.wanted } else { mode };
                 listed.push((
                     s.id,
@@ -354,7 +355,7 @@ fn to_roots(listed: Vec<(u64, Listed)>) -> Vec<(u64, Listed)> {
         for _ in 0..32 {
             let holders = || listed.iter().filter(move |(w, _)| *w == at);
             match holders().find(|(_, l)| !waiting.contains(&l.holder.conn)) {
-                Some((_, l)) => return Some(l.holder.clone()),
+                Some((_, l)) => return Some(l),
                 None => at = holders().next()?.1.holder.conn,
             }
         }
@@ -369,11 +370,13 @@ fn to_roots(listed: Vec<(u64, Listed)>) -> Vec<(u64, Listed)> {
     for (w, l) in held.into_iter().chain(queued) {
         let mut l = l.clone();
         if waiting.contains(&l.holder.conn) {
-            if let Some(root) = root_of(l.holder.conn).filter(|r| r.conn != *w) {
+            // What the root holds, and how (the lock it was granted, not the request queued before this one).
+            if let Some(root) = root_of(l.holder.conn).filter(|r| r.holder.conn != *w) {
                 l.holder = Holder {
                     queued_behind: Some(l.holder.conn),
-                    ..root
+                    ..root.holder.clone()
                 };
+                l.object = root.object.clone();
             }
         }
         // One entry per waiter, cause and holder.
