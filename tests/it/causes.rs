@@ -317,8 +317,8 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
     for (kind, db) in every_server() {
         cold_table(&db, kind);
         db.sql(
-            "CREATE TABLE IF NOT EXISTS causes.commits (id INT AUTO_INCREMENT PRIMARY KEY, v INT) \
-             ENGINE=InnoDB",
+            "CREATE DATABASE IF NOT EXISTS causes; \
+             CREATE TABLE IF NOT EXISTS causes.commits (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB",
         );
         let tracer = tracer(&db);
         // Point reads three pages apart (too sparse for InnoDB's read-ahead): a page read from disk each.
