@@ -89,6 +89,10 @@ pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
         };
         return (pages, Some(object));
     }
+    // Pages written twice, first to the doublewrite buffer (MySQL's #ib_16384_0.dblwr; MariaDB's is in ibdata1).
+    if name.ends_with(".dblwr") {
+        return (pages, Some(name.to_string()));
+    }
     if name.starts_with("ibdata") {
         return (pages, Some(name.to_string()));
     }
@@ -157,5 +161,9 @@ mod tests {
             ("file read", "/var/lib/mysql/db/t.MYD".into())
         );
         assert_eq!(cause("ib_logfile0", 5).0, "redo log");
+        assert_eq!(
+            cause("/var/lib/mysql/#ib_16384_1.dblwr", 1),
+            ("page flush", "#ib_16384_1.dblwr".into())
+        );
     }
 }

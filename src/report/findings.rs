@@ -164,7 +164,7 @@ fn blockers(rows: &[crate::query::digest::DigestRow], out: &mut Vec<String>) {
         }
     }
     by_holder.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.conn.cmp(&b.0.conn)));
-    for (h, us, whats) in by_holder.iter().take(2) {
+    for (h, us, whats) in by_holder.iter().take(5) {
         let who = h.describe();
         let who = who
             .strip_prefix("connection")

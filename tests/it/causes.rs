@@ -29,13 +29,13 @@ struct Waits {
 /// Each test's own tables and lock (`tag`): tests run two at a time.
 fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     db.sql(&format!(
-        "CREATE DATABASE IF NOT EXISTS causes; \
-         CREATE TABLE IF NOT EXISTS causes.hot_{tag} (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
-         INSERT IGNORE INTO causes.hot_{tag} VALUES (1, 0); \
-         CREATE TABLE IF NOT EXISTS causes.ddl_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB; \
-         CREATE TABLE IF NOT EXISTS causes.locked_{tag} (id INT PRIMARY KEY) ENGINE=InnoDB; \
-         CREATE TABLE IF NOT EXISTS causes.ten_{tag} (n INT) ENGINE=InnoDB; DELETE FROM causes.ten_{tag}; \
-         INSERT INTO causes.ten_{tag} VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
+        "CREATE DATABASE IF NOT EXISTS causes_{tag}; \
+         CREATE TABLE IF NOT EXISTS causes_{tag}.hot (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+         INSERT IGNORE INTO causes_{tag}.hot VALUES (1, 0); \
+         CREATE TABLE IF NOT EXISTS causes_{tag}.ddl (id INT PRIMARY KEY) ENGINE=InnoDB; \
+         CREATE TABLE IF NOT EXISTS causes_{tag}.locked (id INT PRIMARY KEY) ENGINE=InnoDB; \
+         CREATE TABLE IF NOT EXISTS causes_{tag}.ten (n INT) ENGINE=InnoDB; DELETE FROM causes_{tag}.ten; \
+         INSERT INTO causes_{tag}.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
     ));
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
@@ -53,12 +53,12 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     let mut row = db.session();
     holder_ids.push(("row lock", row.connection_id()));
     row.exec(&format!(
-        "BEGIN; UPDATE causes.hot_{tag} SET v = v + 1 WHERE id = 1"
+        "BEGIN; UPDATE causes_{tag}.hot SET v = v + 1 WHERE id = 1"
     ));
     holders.push((row, "COMMIT".to_string()));
     for _ in 0..3 {
         waiter(
-            &format!("UPDATE causes.hot_{tag} SET v = v + 1 WHERE id = 1"),
+            &format!("UPDATE causes_{tag}.hot SET v = v + 1 WHERE id = 1"),
             "row lock",
             "a hot row",
         );
@@ -66,26 +66,26 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     // A transaction that read a table, idle in it: an ALTER waits for its metadata lock, a reader behind the ALTER.
     let mut reader = db.session();
     holder_ids.push(("metadata lock", reader.connection_id()));
-    reader.exec(&format!("BEGIN; SELECT COUNT(*) FROM causes.ddl_{tag}"));
+    reader.exec(&format!("BEGIN; SELECT COUNT(*) FROM causes_{tag}.ddl"));
     holders.push((reader, "COMMIT".to_string()));
     waiter(
-        &format!("ALTER TABLE causes.ddl_{tag} COMMENT 'causes'"),
+        &format!("ALTER TABLE causes_{tag}.ddl COMMENT 'causes'"),
         "metadata lock",
         "ALTER behind an open transaction",
     );
     std::thread::sleep(Duration::from_millis(300));
     waiter(
-        &format!("SELECT COUNT(*) FROM causes.ddl_{tag}"),
+        &format!("SELECT COUNT(*) FROM causes_{tag}.ddl"),
         "metadata lock",
         "a reader behind the ALTER",
     );
     // LOCK TABLES ... WRITE: a reader waits for the table lock (a metadata lock, named by the holder's type).
     let mut locker = db.session();
     holder_ids.push(("table lock", locker.connection_id()));
-    locker.exec(&format!("LOCK TABLES causes.locked_{tag} WRITE"));
+    locker.exec(&format!("LOCK TABLES causes_{tag}.locked WRITE"));
     holders.push((locker, "UNLOCK TABLES".to_string()));
     waiter(
-        &format!("SELECT COUNT(*) FROM causes.locked_{tag}"),
+        &format!("SELECT COUNT(*) FROM causes_{tag}.locked"),
         "table lock",
         "a reader behind LOCK TABLES ... WRITE",
     );
@@ -108,8 +108,8 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     let mut slow = db.session_with(&["--quick"]);
     let slow_client = slow.connection_id();
     slow.send(&format!(
-        "SELECT a.n, REPEAT('x', 4000) FROM causes.ten_{tag} a, causes.ten_{tag} b, causes.ten_{tag} c, \
-         causes.ten_{tag} d; SELECT 'causes-done'"
+        "SELECT a.n, REPEAT('x', 4000) FROM causes_{tag}.ten a, causes_{tag}.ten b, causes_{tag}.ten c, \
+         causes_{tag}.ten d; SELECT 'causes-done'"
     ));
     waiters.push(slow);
     // SLEEP, which waits for nothing.
@@ -244,10 +244,11 @@ fn every_wait_is_named_by_its_cause_on_every_server() {
         let (out, err) = tracer.stop();
         let records = json_lines(&out);
         check(&scenario, &records, &err);
+        // On a CPU, or waiting for one where the tests beside it keep the host's CPUs busy.
         let r = mine(&records, cpu_id);
-        assert_eq!(
-            r.last().map(|r| &r["cause"]),
-            Some(&Value::from("CPU")),
+        assert!(
+            r.last()
+                .is_some_and(|r| r["cause"] == "CPU" || r["cause"] == "run queue"),
             "{kind}: {r:?}"
         );
     }
@@ -279,8 +280,8 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
 
 /// A table of 6,000 rows of 7 KB (48 MB) whose pages are not in the buffer pool: MySQL's test server has a buffer
 /// pool of 16 MB, which the table's last pages pushed its first out of; MariaDB's has one far larger, and its IMPORT
-/// TABLESPACE leaves the pages out of it (MySQL's reads them in; DDL there is left out, which MySQL's metadata-lock
-/// deadlock detector was seen to take for a deadlock with the tests beside it).
+/// TABLESPACE leaves the pages out of it (MySQL's reads them in). Each test has a database of its own: a
+/// `CREATE DATABASE` waits for every lock in the database, even one held by another test's scenario.
 fn cold_table(db: &TestDb, kind: &str) {
     db.sql(
         "CREATE DATABASE IF NOT EXISTS cold; \
@@ -317,8 +318,8 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
     for (kind, db) in every_server() {
         cold_table(&db, kind);
         db.sql(
-            "CREATE DATABASE IF NOT EXISTS causes; \
-             CREATE TABLE IF NOT EXISTS causes.commits (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB",
+            "CREATE DATABASE IF NOT EXISTS commits; \
+             CREATE TABLE IF NOT EXISTS commits.log (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB",
         );
         let tracer = tracer(&db);
         // Point reads three pages apart (too sparse for InnoDB's read-ahead): a page read from disk each.
@@ -334,7 +335,7 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
             .map(|_| {
                 let mut s = db.session();
                 for v in 0..25 {
-                    s.send(&format!("INSERT INTO causes.commits (v) VALUES ({v})"));
+                    s.send(&format!("INSERT INTO commits.log (v) VALUES ({v})"));
                 }
                 s.send("SELECT 'causes-done'");
                 s
@@ -362,7 +363,7 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
             .filter(|r| {
                 r["query"]
                     .as_str()
-                    .is_some_and(|q| q.starts_with("INSERT INTO causes.commits"))
+                    .is_some_and(|q| q.starts_with("INSERT INTO commits.log"))
             })
             .collect();
         assert_eq!(commits.len(), 100, "{kind}: {commits:?}\n{err}");
@@ -386,25 +387,12 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
     }
 }
 
-/// `report`'s first finding names what the statements wait for, and who holds it.
+/// `report`'s first finding names what the statements wait for most, and who holds it; its findings name each
+/// connection holding what statements waited for, with what it held.
 #[test]
-fn the_reports_first_finding_names_the_cause_and_its_holder_on_every_server() {
+fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
     for (kind, db) in every_server() {
-        db.sql(
-            "CREATE DATABASE IF NOT EXISTS causes; \
-             CREATE TABLE IF NOT EXISTS causes.hot_report (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
-             INSERT IGNORE INTO causes.hot_report VALUES (1, 0)",
-        );
-        let mut holder = db.session();
-        let holder_id = holder.connection_id();
-        holder.exec("BEGIN; UPDATE causes.hot_report SET v = v + 1 WHERE id = 1");
-        let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let mut s = db.session();
-                s.send("UPDATE causes.hot_report SET v = v + 1 WHERE id = 1; SELECT 'causes-done'");
-                s
-            })
-            .collect();
+        let waits = start(&db, kind, "report");
         let dir = tempdir("causes-report");
         let page = dir.join("report.html");
         let pid = db.pid.to_string();
@@ -417,24 +405,42 @@ fn the_reports_first_finding_names_the_cause_and_its_holder_on_every_server() {
             "-o",
             page.to_str().unwrap(),
         ]));
-        holder.exec("COMMIT");
-        for mut s in waiters {
-            s.read_until("causes-done");
-        }
+        let scenario = waits.release();
         let html = std::fs::read_to_string(&page).unwrap();
-        let findings = html
+        let section = html
             .split("<section id=\"findings\">")
             .nth(1)
+            .and_then(|s| s.split("</section>").next())
             .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
-        let first = findings
+        let findings: Vec<&str> = section
             .split("<li>")
-            .nth(1)
-            .and_then(|f| f.split("</li>").next())
-            .unwrap_or_else(|| panic!("{kind}: no finding:\n{findings}"));
+            .skip(1)
+            .filter_map(|f| f.split("</li>").next())
+            .collect();
+        let first = findings
+            .first()
+            .unwrap_or_else(|| panic!("{kind}: no finding:\n{section}"));
+        // The first names the cause most of the time went to, and its holder.
+        let (cause, holder) = scenario
+            .holders
+            .iter()
+            .find(|(cause, _)| first.ends_with(&format!("({cause}).")))
+            .unwrap_or_else(|| {
+                panic!("{kind}: the first finding names no lock of the scenario: {first}")
+            });
         assert!(
-            first.contains("waits for a row lock on causes.hot_report")
-                && first.contains(&format!("held by connection {holder_id} ")),
-            "{kind}: {first}"
+            first.contains(&format!("held by connection {holder} ")),
+            "{kind}: {cause}: {first}"
         );
+        // Each holder is named, with what it held.
+        for (cause, holder) in &scenario.holders {
+            assert!(
+                findings
+                    .iter()
+                    .any(|f| f.starts_with(&format!("Connection {holder} "))
+                        && f.contains(&format!("{cause} on "))),
+                "{kind}: no finding names connection {holder} holding a {cause}:\n{findings:#?}"
+            );
+        }
     }
 }

@@ -81,8 +81,10 @@ fn prepared_named(records: &[serde_json::Value]) -> (usize, usize) {
 }
 
 /// `stacks` while the load runs: the statements threads run, as `statement:` lines (a few tries: at one instant
-/// every connection may be between statements).
+/// every connection may be between statements, as the load's mostly are; a SLEEP beside it is one that runs).
 fn stacks_show_statements(db: &TestDb) -> String {
+    let mut sleeper = db.session();
+    sleeper.send("SELECT SLEEP(3)");
     let mut last = String::new();
     for _ in 0..5 {
         let out = myprobe()
