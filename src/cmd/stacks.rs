@@ -182,8 +182,8 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     let started = Instant::now();
     let snapshot = threads::snapshot(&opts)?;
     let took = started.elapsed();
-    let wait_begins = crate::query::follow::wait_begins(&target);
-    let mut named = stacks::name_threads(target.pid, &snapshot.threads, wait_begins.as_ref());
+    let wait_begins = crate::query::follow::wait_begins(true, &target);
+    let mut named = stacks::name_threads(target.pid, &snapshot.threads, &wait_begins);
     // Threads of a process that was exiting, named from maps that may be gone: not a picture of it.
     let zombie = |t: &threads::ThreadRecord| matches!(t.state, Some('Z' | 'X'));
     if snapshot.threads.is_empty()

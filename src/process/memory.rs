@@ -120,13 +120,11 @@ fn accessor_fields_within(
 /// with 8 (`the_wider_window_keeps_every_connection_accessor_s_field`).
 const ACCESSOR_INSTRUCTIONS: usize = 16;
 
-/// The first memory operand based on argument `arg`'s register alone among the first `instructions` of `code` (a
-/// conditional branch's fall-through followed: a null check), then the reads through the register it loaded, as
-/// long as each loads the next pointer.
+/// The register System V passes argument `arg` (0: the first) in, of the first six.
 #[cfg(target_arch = "x86_64")]
-fn first_field_within(code: &[u8], arg: usize, instructions: usize) -> Option<Field> {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
-    let base = *[
+fn argument_register(arg: usize) -> Option<iced_x86::Register> {
+    use iced_x86::Register;
+    [
         Register::RDI,
         Register::RSI,
         Register::RDX,
@@ -134,7 +132,17 @@ fn first_field_within(code: &[u8], arg: usize, instructions: usize) -> Option<Fi
         Register::R8,
         Register::R9,
     ]
-    .get(arg)?;
+    .get(arg)
+    .copied()
+}
+
+/// The first memory operand based on argument `arg`'s register alone among the first `instructions` of `code` (a
+/// conditional branch's fall-through followed: a null check), then the reads through the register it loaded, as
+/// long as each loads the next pointer.
+#[cfg(target_arch = "x86_64")]
+fn first_field_within(code: &[u8], arg: usize, instructions: usize) -> Option<Field> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+    let base = argument_register(arg)?;
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut field: Option<Field> = None;
     // The register holding the pointer last loaded (a 64-bit `mov` into a register), while it is followed.
@@ -382,16 +390,8 @@ fn constant_before_call(
     arg: usize,
     calls_callee: impl Fn(u64) -> bool,
 ) -> Option<u64> {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
-    let register = *[
-        Register::RDI,
-        Register::RSI,
-        Register::RDX,
-        Register::RCX,
-        Register::R8,
-        Register::R9,
-    ]
-    .get(arg)?;
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind};
+    let register = argument_register(arg)?;
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut value = None;
     while decoder.can_decode() {

@@ -288,27 +288,24 @@ pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunction
     })
 }
 
-/// The server's calls of `thd_wait_begin` (`symbolize::wait_calls`): what the waits of the functions around them
-/// are. Read only where the waits' stacks are taken (`wait_sites`), which they name.
-fn wait_begin_calls(wait_sites: bool, target: &Target) -> Vec<ConstantCall> {
-    if !wait_sites || !target.flavor.is_server() {
-        return Vec::new();
-    }
-    let wait_begin = target.flavor.server().lock_names().causes.wait_begin;
-    calls_with_constant(&target.binary, wait_begin).unwrap_or_else(|e| {
-        say!("myprobe: note: the waits of functions without a name are not named: {e:#}");
+/// The server's calls of `thd_wait_begin` (`symbolize::wait_calls`), with their causes: what the waits of the
+/// functions around them are. Read only where the waits' stacks are taken (`wait_sites`), which they name; none
+/// where they are not, or `target` is no server.
+pub fn wait_begins(wait_sites: bool, target: &Target) -> waits::WaitBegins {
+    let causes = &target.flavor.server().lock_names().causes;
+    let calls = if wait_sites && target.flavor.is_server() {
+        calls_with_constant(&target.binary, causes.wait_begin).unwrap_or_else(|e| {
+            say!("myprobe: note: the waits of functions without a name are not named: {e:#}");
+            Vec::new()
+        })
+    } else {
         Vec::new()
-    })
-}
-
-/// The calls of the server `target` that announce their waits, with their causes: for a snapshot's stacks.
-pub fn wait_begins(target: &Target) -> Option<waits::WaitBegins> {
-    let calls = wait_begin_calls(true, target);
-    (!calls.is_empty()).then(|| waits::WaitBegins {
+    };
+    waits::WaitBegins {
         binary: target.binary.clone(),
         calls,
-        causes: &target.flavor.server().lock_names().causes,
-    })
+        causes,
+    }
 }
 
 /// A server's `dispatch_command` found and checked ([`server_functions`]).
@@ -393,8 +390,13 @@ pub fn follow(
     // The server's function that runs each execution of a prepared statement: where the texts of statements
     // prepared before tracing are read when the server keeps no table of them.
     let execute_function = a.connect.as_ref().and(functions.execute.clone());
-    let wait_calls = wait_begin_calls(a.wait_sites, target);
-    let probes = server_probes(target, &functions, execute_function.as_ref(), &wait_calls);
+    let wait_begins = wait_begins(a.wait_sites, target);
+    let probes = server_probes(
+        target,
+        &functions,
+        execute_function.as_ref(),
+        &wait_begins.calls,
+    );
     let mut stages = Stages {
         control: &control,
         exe: &target.exe,
@@ -405,14 +407,7 @@ pub fn follow(
         tracker: Tracker::new(a.raw_sql).for_server(target.flavor.server()),
         // Connected before tracing, read only when texts are wanted.
         texts: PreparedTexts::default(),
-        sites: waits::SiteNames::new(
-            target.pid,
-            Some(waits::WaitBegins {
-                binary: target.binary.clone(),
-                calls: wait_calls,
-                causes: &target.flavor.server().lock_names().causes,
-            }),
-        ),
+        sites: waits::SiteNames::new(target.pid, Some(wait_begins)),
         pid: target.pid,
         files: Files::new(target.pid),
         holders: a.connect.as_ref().map(|c| {

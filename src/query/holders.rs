@@ -101,6 +101,12 @@ pub struct Listed {
 }
 
 impl Listed {
+    /// Whether it is the wait of a statement its stack says waits for `cause`: the same cause, or a metadata lock
+    /// the server lists as the table lock or user lock it is.
+    pub fn is_of(&self, cause: Cause) -> bool {
+        cause == self.cause || (cause == Cause::MetadataLock && self.cause.has_holder())
+    }
+
     /// The wait in a DBA's words (`CauseWait::phrase`).
     pub fn wait(&self) -> CauseWait {
         CauseWait {
@@ -193,13 +199,10 @@ impl Holders {
         let during =
             |l: &&Listed| (record.start_ns..=record.end_ns.max(record.start_ns)).contains(&l.at_ns);
         for l in listed.iter().rev().filter(during) {
-            // A metadata lock the server lists as a table lock or a user lock is one.
-            let same =
-                |c: Cause| c == l.cause || (c == Cause::MetadataLock && l.cause.has_holder());
             if let Some(w) = record
                 .waits
                 .iter_mut()
-                .find(|w| w.holder.is_none() && same(w.cause))
+                .find(|w| w.holder.is_none() && l.is_of(w.cause))
             {
                 w.cause = l.cause;
                 w.object = Some(l.object.clone());

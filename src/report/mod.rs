@@ -317,9 +317,8 @@ fn snapshot(
             return Vec::new();
         }
     };
-    let wait_begins = crate::query::follow::wait_begins(target);
-    let mut named =
-        crate::stacks::name_threads(target.pid, &snapshot.threads, wait_begins.as_ref());
+    let wait_begins = crate::query::follow::wait_begins(true, target);
+    let mut named = crate::stacks::name_threads(target.pid, &snapshot.threads, &wait_begins);
     if let Some(connect) = &o.queries.connect {
         match crate::stacks::statements(connect, target.pid, &target.binary) {
             Ok(word) => word.name(&mut named),

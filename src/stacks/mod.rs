@@ -82,12 +82,12 @@ pub fn file_under(root: Option<&Path>, path: &Path) -> PathBuf {
 pub fn name_threads(
     pid: u32,
     records: &[ThreadRecord],
-    wait_begins: Option<&waits::WaitBegins>,
+    wait_begins: &waits::WaitBegins,
 ) -> Vec<ThreadStack> {
     let mut symbolizer = Symbolizer::new(pid).ok();
-    let brackets = match (wait_begins, symbolizer.as_mut()) {
-        (Some(w), Some(s)) => w.brackets(pid, s),
-        _ => waits::Brackets::new(),
+    let brackets = match symbolizer.as_mut() {
+        Some(s) => wait_begins.brackets(pid, s),
+        None => waits::Brackets::new(),
     };
     name_threads_with(
         symbolizer,
@@ -279,12 +279,10 @@ impl ServerWord {
             let (Some(conn), Some(c)) = (self.connections.get(&t.tid), t.cause.as_mut()) else {
                 continue;
             };
-            // A metadata lock the server lists as a table lock or a user lock is one.
-            let listed = self.waits.iter().find(|(w, l)| {
-                w == conn
-                    && (l.cause == c.cause
-                        || (c.cause == Cause::MetadataLock && l.cause.has_holder()))
-            });
+            let listed = self
+                .waits
+                .iter()
+                .find(|(w, l)| w == conn && l.is_of(c.cause));
             if let Some((_, l)) = listed {
                 *c = l.wait();
             }
