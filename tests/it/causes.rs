@@ -391,6 +391,8 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
 /// connection holding what statements waited for, with what it held.
 #[test]
 fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
+    // The report traces the whole server: another test's scenario beside it would bring holders of its own.
+    servers_alone();
     for (kind, db) in every_server() {
         let waits = start(&db, kind, "report");
         let dir = tempdir("causes-report");
