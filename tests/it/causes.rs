@@ -20,23 +20,25 @@ struct Scenario {
 }
 
 /// Holders and waiters of each kind of wait, the waiters' statements sent; `release` lets them all go.
-struct Waits {
+struct Waits<'a> {
     holders: Vec<(Session, String)>,
     waiters: Vec<Session>,
+    slow: Begun<'a>,
     scenario: Scenario,
 }
 
 /// Each test's own tables and lock (`tag`): tests run two at a time.
-fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
+fn start<'a>(db: &'a TestDb, kind: &'static str, tag: &str) -> Waits<'a> {
     db.sql(&format!(
         "CREATE DATABASE IF NOT EXISTS causes_{tag}; \
          CREATE TABLE IF NOT EXISTS causes_{tag}.hot (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
          INSERT IGNORE INTO causes_{tag}.hot VALUES (1, 0); \
          CREATE TABLE IF NOT EXISTS causes_{tag}.ddl (id INT PRIMARY KEY) ENGINE=InnoDB; \
-         CREATE TABLE IF NOT EXISTS causes_{tag}.locked (id INT PRIMARY KEY) ENGINE=InnoDB; \
-         CREATE TABLE IF NOT EXISTS causes_{tag}.ten (n INT) ENGINE=InnoDB; DELETE FROM causes_{tag}.ten; \
-         INSERT INTO causes_{tag}.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
+         CREATE TABLE IF NOT EXISTS causes_{tag}.locked (id INT PRIMARY KEY) ENGINE=InnoDB"
     ));
+    // Begun before any lock is taken: it creates a table.
+    let slow = begin_slow_client(db, &format!("causes_{tag}"));
+    let slow_client = slow.conn;
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
     let mut expected = Vec::new();
@@ -103,15 +105,6 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
         "user lock",
         "GET_LOCK held by another",
     );
-    // A client that reads a large result only once released (the mariadb client with --quick writes each row as
-    // it reads it, into a pipe nobody reads until then).
-    let mut slow = db.session_with(&["--quick"]);
-    let slow_client = slow.connection_id();
-    slow.send(&format!(
-        "SELECT a.n, REPEAT('x', 4000) FROM causes_{tag}.ten a, causes_{tag}.ten b, causes_{tag}.ten c, \
-         causes_{tag}.ten d; SELECT 'causes-done'"
-    ));
-    waiters.push(slow);
     // SLEEP, which waits for nothing.
     let mut sleeper = db.session();
     let sleeper_id = sleeper.connection_id();
@@ -122,6 +115,7 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     Waits {
         holders,
         waiters,
+        slow,
         scenario: Scenario {
             kind,
             expected,
@@ -132,12 +126,13 @@ fn start(db: &TestDb, kind: &'static str, tag: &str) -> Waits {
     }
 }
 
-impl Waits {
+impl Waits<'_> {
     /// Ends the holders' transactions and locks, and waits for every waiter's answer.
     fn release(self) -> Scenario {
         for (mut s, sql) in self.holders {
             s.exec(&sql);
         }
+        (self.slow.release)();
         for mut s in self.waiters {
             s.read_until("causes-done");
         }
@@ -257,46 +252,66 @@ fn every_wait_is_named_by_its_cause_on_every_server() {
 #[test]
 fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
     for (kind, db) in every_server() {
+        let cold = begin_cold_read(&db, kind, "cold_before");
+        let cpu = begin_cpu_heavy(&db);
         let waits = start(&db, kind, "before");
         std::thread::sleep(Duration::from_millis(300));
         let tracer = tracer(&db);
         // Seeded waits count from tracing's start: long (200 ms) after it, looked for once a second; on a busy host
         // the first look can come late.
         std::thread::sleep(Duration::from_millis(3000));
+        let (cold_id, cpu_id) = (cold.conn, cpu.conn);
+        (cold.release)();
+        (cpu.release)();
         let scenario = waits.release();
         let (out, err) = tracer.stop();
         let records = json_lines(&out);
         check(&scenario, &records, &err);
-        for (conn, _, what) in &scenario.expected {
-            let r = mine(&records, *conn);
-            assert_eq!(
-                r.last().unwrap()["before_tracing"],
-                true,
-                "{kind}: {what}: {r:?}"
-            );
+        let last = |conn: u64| {
+            *mine(&records, conn).last().unwrap_or_else(|| {
+                panic!("{kind}: no record of connection {conn}:\n{records:?}\n{err}")
+            })
+        };
+        let r = last(cold_id);
+        assert_eq!(r["cause"], "page read", "{kind}: {r}");
+        assert_eq!(r["io"][0]["object"], "cold_before.pages", "{kind}: {r}");
+        let r = last(cpu_id);
+        assert!(
+            ["CPU", "run queue"].contains(&r["cause"].as_str().unwrap()),
+            "{kind}: {r}"
+        );
+        let begun = scenario
+            .expected
+            .iter()
+            .map(|&(conn, _, what)| (conn, what));
+        for (conn, what) in
+            begun.chain([(cold_id, "a cold read"), (cpu_id, "a CPU-heavy statement")])
+        {
+            let r = last(conn);
+            assert_eq!(r["before_tracing"], true, "{kind}: {what}: {r}");
         }
     }
 }
 
-/// A table of 6,000 rows of 7 KB (48 MB) whose pages are not in the buffer pool: MySQL's test server has a buffer
-/// pool of 16 MB, which the table's last pages pushed its first out of; MariaDB's has one far larger, and its IMPORT
-/// TABLESPACE leaves the pages out of it (MySQL's reads them in). Each test has a database of its own: a
-/// `CREATE DATABASE` waits for every lock in the database, even one held by another test's scenario.
-fn cold_table(db: &TestDb, kind: &str) {
-    db.sql(
-        "CREATE DATABASE IF NOT EXISTS cold; \
-         CREATE TABLE IF NOT EXISTS cold.ten (n INT) ENGINE=InnoDB; DELETE FROM cold.ten; \
-         INSERT INTO cold.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9); \
-         DROP TABLE IF EXISTS cold.pages; \
-         CREATE TABLE cold.pages (id INT AUTO_INCREMENT PRIMARY KEY, b VARCHAR(7000)) ENGINE=InnoDB; \
-         INSERT INTO cold.pages (b) SELECT REPEAT('y', 7000) FROM cold.ten a, cold.ten b, cold.ten c, \
-         (SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL \
-         SELECT 6) d",
-    );
+/// A table of 6,000 rows of 7 KB (48 MB), `database`.pages, whose pages are not in the buffer pool: MySQL's test
+/// server has a buffer pool of 16 MB, which the table's last pages pushed its first out of; MariaDB's has one far
+/// larger, and its IMPORT TABLESPACE leaves the pages out of it (MySQL's reads them in). Each test has a database of
+/// its own: a `CREATE DATABASE` waits for every lock in the database, even one held by another test's scenario.
+fn cold_table(db: &TestDb, kind: &str, database: &str) {
+    db.sql(&format!(
+        "CREATE DATABASE IF NOT EXISTS {database}; \
+         CREATE TABLE IF NOT EXISTS {database}.ten (n INT) ENGINE=InnoDB; DELETE FROM {database}.ten; \
+         INSERT INTO {database}.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9); \
+         DROP TABLE IF EXISTS {database}.pages; \
+         CREATE TABLE {database}.pages (id INT AUTO_INCREMENT PRIMARY KEY, b VARCHAR(7000)) ENGINE=InnoDB; \
+         INSERT INTO {database}.pages (b) SELECT REPEAT('y', 7000) FROM {database}.ten a, {database}.ten b, \
+         {database}.ten c, (SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL \
+         SELECT 5 UNION ALL SELECT 6) d"
+    ));
     if kind.starts_with("mysql") {
         return;
     }
-    let data = db.dir.join("data").join("cold");
+    let data = db.dir.join("data").join(database);
     let kept = tempdir("cold-table");
     let copy = |from: &std::path::Path, to: &std::path::Path| {
         format!(
@@ -306,30 +321,125 @@ fn cold_table(db: &TestDb, kind: &str) {
         )
     };
     db.sql(&format!(
-        "FLUSH TABLES cold.pages FOR EXPORT; {}; UNLOCK TABLES; \
-         ALTER TABLE cold.pages DISCARD TABLESPACE; {}; ALTER TABLE cold.pages IMPORT TABLESPACE",
+        "FLUSH TABLES {database}.pages FOR EXPORT; {}; UNLOCK TABLES; \
+         ALTER TABLE {database}.pages DISCARD TABLESPACE; {}; ALTER TABLE {database}.pages IMPORT TABLESPACE",
         copy(&data, &kept),
         copy(&kept, &data)
     ));
 }
 
+/// Point reads three pages apart (too sparse for InnoDB's read-ahead) of `cold_table`'s: a page read from disk each.
+fn cold_read_sql(database: &str) -> String {
+    let ids: Vec<String> = (1..2000).step_by(6).map(|i| i.to_string()).collect();
+    format!(
+        "SELECT SUM(LENGTH(b)) FROM {database}.pages WHERE id IN ({})",
+        ids.join(",")
+    )
+}
+
+/// A statement begun, kept running until `release` lets it end, and answered.
+struct Begun<'a> {
+    conn: u64,
+    release: Box<dyn FnOnce() + 'a>,
+}
+
+/// A cold read (`cold_table`'s) on a disk slowed for it to 20 reads a second; released, it reads at the disk's pace.
+fn begin_cold_read<'a>(db: &'a TestDb, kind: &str, database: &str) -> Begun<'a> {
+    cold_table(db, kind, database);
+    let mut s = db.session();
+    let conn = s.connection_id();
+    let tid = s.host_tid(db, kind);
+    let slow = SlowReads::start(db, tid, 20);
+    s.send(&format!(
+        "{}; SELECT 'causes-done'",
+        cold_read_sql(database)
+    ));
+    Begun {
+        conn,
+        release: Box::new(move || {
+            drop(slow);
+            s.read_until("causes-done");
+        }),
+    }
+}
+
+/// A CPU-heavy statement, killed when released.
+fn begin_cpu_heavy(db: &TestDb) -> Begun<'_> {
+    // Its client goes on past the error KILL QUERY ends the statement with.
+    let mut s = db.session_with(&["--force"]);
+    let conn = s.connection_id();
+    s.send("SELECT BENCHMARK(1000000000000, CRC32('causes')); SELECT 'causes-done'");
+    Begun {
+        conn,
+        release: Box::new(move || {
+            db.sql(&format!("KILL QUERY {conn}"));
+            s.read_until("causes-done");
+        }),
+    }
+}
+
+/// A client that reads a large result only once released (the mariadb client with --quick writes each row as it
+/// reads it, into a pipe nobody reads until then).
+fn begin_slow_client<'a>(db: &'a TestDb, database: &str) -> Begun<'a> {
+    db.sql(&format!(
+        "CREATE DATABASE IF NOT EXISTS {database}; \
+         CREATE TABLE IF NOT EXISTS {database}.ten (n INT) ENGINE=InnoDB; DELETE FROM {database}.ten; \
+         INSERT INTO {database}.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)"
+    ));
+    let mut s = db.session_with(&["--quick"]);
+    let conn = s.connection_id();
+    s.send(&format!(
+        "SELECT a.n, REPEAT('x', 4000) FROM {database}.ten a, {database}.ten b, {database}.ten c, \
+         {database}.ten d; SELECT 'causes-done'"
+    ));
+    Begun {
+        conn,
+        release: Box::new(move || s.read_until("causes-done")),
+    }
+}
+
+/// Four connections committing one INSERT after another into `database`.log until released.
+fn begin_commits<'a>(db: &'a TestDb, database: &str) -> Begun<'a> {
+    db.sql(&format!(
+        "CREATE DATABASE IF NOT EXISTS {database}; \
+         CREATE TABLE IF NOT EXISTS {database}.log (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB"
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committers: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = db.session();
+            let stop = stop.clone();
+            let insert = format!("INSERT INTO {database}.log (v) VALUES (1)");
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    s.exec(&insert);
+                }
+            })
+        })
+        .collect();
+    Begun {
+        conn: 0,
+        release: Box::new(move || {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for c in committers {
+                c.join().unwrap();
+            }
+        }),
+    }
+}
+
 #[test]
 fn page_reads_commits_and_their_files_are_named_on_every_server() {
     for (kind, db) in every_server() {
-        cold_table(&db, kind);
+        cold_table(&db, kind, "cold");
         db.sql(
             "CREATE DATABASE IF NOT EXISTS commits; \
              CREATE TABLE IF NOT EXISTS commits.log (id INT AUTO_INCREMENT PRIMARY KEY, v INT) ENGINE=InnoDB",
         );
         let tracer = tracer(&db);
-        // Point reads three pages apart (too sparse for InnoDB's read-ahead): a page read from disk each.
-        let ids: Vec<String> = (1..2000).step_by(6).map(|i| i.to_string()).collect();
         let mut cold = db.session();
         let cold_id = cold.connection_id();
-        cold.query_row(&format!(
-            "SELECT SUM(LENGTH(b)) FROM cold.pages WHERE id IN ({})",
-            ids.join(",")
-        ));
+        cold.query_row(&cold_read_sql("cold"));
         // Commits, four connections at once: each synced to the redo log, and on MySQL to its binlog first.
         let committers: Vec<_> = (0..4)
             .map(|_| {
@@ -408,20 +518,8 @@ fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
             page.to_str().unwrap(),
         ]));
         let scenario = waits.release();
-        let html = std::fs::read_to_string(&page).unwrap();
-        let section = html
-            .split("<section id=\"findings\">")
-            .nth(1)
-            .and_then(|s| s.split("</section>").next())
-            .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
-        let findings: Vec<&str> = section
-            .split("<li>")
-            .skip(1)
-            .filter_map(|f| f.split("</li>").next())
-            .collect();
-        let first = findings
-            .first()
-            .unwrap_or_else(|| panic!("{kind}: no finding:\n{section}"));
+        let findings = findings(kind, &page);
+        let first = &findings[0];
         // The first names the cause most of the time went to, and its holder.
         let (cause, holder) = scenario
             .holders
@@ -442,6 +540,77 @@ fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
                     .any(|f| f.starts_with(&format!("Connection {holder} "))
                         && f.contains(&format!("{cause} on "))),
                 "{kind}: no finding names connection {holder} holding a {cause}:\n{findings:#?}"
+            );
+        }
+    }
+}
+
+/// The findings of the report at `page`, at least one.
+fn findings(kind: &str, page: &std::path::Path) -> Vec<String> {
+    let html = std::fs::read_to_string(page).unwrap();
+    let section = html
+        .split("<section id=\"findings\">")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
+    let findings: Vec<String> = section
+        .split("<li>")
+        .skip(1)
+        .filter_map(|f| f.split("</li>").next())
+        .map(String::from)
+        .collect();
+    assert!(!findings.is_empty(), "{kind}: no finding:\n{section}");
+    findings
+}
+
+/// `report`'s first finding names what the statements waited for most where that is no lock: the disk, the redo
+/// log or binlog, the client, a CPU. Each scenario is begun before tracing and ends during it.
+#[test]
+fn the_reports_first_finding_names_reads_commits_the_client_and_the_cpu_on_every_server() {
+    // The report traces the whole server: another test's statements would be in its findings.
+    servers_alone();
+    for (kind, db) in every_server() {
+        let commit = match kind {
+            "mysql-9.7" => "binlog group commit",
+            "mariadb-10.11" => "redo log",
+            _ => "CPU",
+        };
+        let scenarios: [(&str, &[&str]); 4] = [
+            ("a cold read", &["page read"]),
+            ("commits", &[commit]),
+            ("a slow client", &["client"]),
+            ("a CPU-heavy statement", &["CPU", "run queue"]),
+        ];
+        for (what, causes) in scenarios {
+            let begun = match what {
+                "a cold read" => begin_cold_read(&db, kind, "cold_report"),
+                "commits" => begin_commits(&db, "commits_report"),
+                "a slow client" => begin_slow_client(&db, "causes_report_client"),
+                _ => begin_cpu_heavy(&db),
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            let dir = tempdir("causes-report");
+            let page = dir.join("report.html");
+            let pid = db.pid.to_string();
+            let args = [
+                "report",
+                "-p",
+                &pid,
+                "-d",
+                "3",
+                "-o",
+                page.to_str().unwrap(),
+            ];
+            let report = Background::start(&args, "of 4 collectors");
+            std::thread::sleep(Duration::from_millis(1500));
+            (begun.release)();
+            report.wait();
+            let findings = findings(kind, &page);
+            assert!(
+                causes
+                    .iter()
+                    .any(|c| findings[0].ends_with(&format!("({c})."))),
+                "{kind}: {what}: the first finding names none of {causes:?}:\n{findings:#?}"
             );
         }
     }

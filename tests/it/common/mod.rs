@@ -512,6 +512,104 @@ impl Session {
             .parse()
             .expect("TID is a number")
     }
+
+    /// The thread serving this connection on `kind`'s server `db`, as the host numbers it (a server in a PID
+    /// namespace of its own numbers its threads in it).
+    pub fn host_tid(&mut self, db: &TestDb, kind: &str) -> u32 {
+        let sql = if kind.starts_with("mysql") {
+            "SELECT THREAD_OS_ID FROM performance_schema.threads WHERE PROCESSLIST_ID = CONNECTION_ID()"
+        } else {
+            "SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()"
+        };
+        let tid: u32 = self
+            .query_row(sql)
+            .parse()
+            .expect("a thread id is a number");
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", db.pid)).unwrap();
+        tasks
+            .flatten()
+            .find_map(|task| {
+                let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+                let ids = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+                let ids: Vec<u32> = ids
+                    .split_whitespace()
+                    .filter_map(|i| i.parse().ok())
+                    .collect();
+                (ids.last() == Some(&tid)).then(|| ids[0])
+            })
+            .unwrap_or_else(|| panic!("{kind}: no thread {tid} in process {}", db.pid))
+    }
+}
+
+/// One server thread's reads from the disk behind the server's data slowed to a few a second: a slow disk, for
+/// one connection only (cgroup v1's blkio throttle, which moves single threads). Lifted when dropped.
+pub struct SlowReads {
+    cgroup: PathBuf,
+    tid: u32,
+    /// The thread's blkio group before.
+    back: PathBuf,
+}
+
+impl SlowReads {
+    pub fn start(db: &TestDb, tid: u32, per_second: u32) -> SlowReads {
+        use std::os::unix::fs::MetadataExt;
+        let root = Path::new("/sys/fs/cgroup/blkio");
+        assert!(
+            root.join("tasks").exists(),
+            "slowing a thread's reads needs cgroup v1's blkio controller at {}",
+            root.display()
+        );
+        let dev = std::fs::metadata(db.dir.join("data")).unwrap().dev();
+        let block =
+            Path::new("/sys/dev/block").join(format!("{}:{}", libc::major(dev), libc::minor(dev)));
+        // Throttles apply to whole disks: a partition's is its parent's.
+        let disk = if block.join("partition").exists() {
+            std::fs::canonicalize(&block)
+                .unwrap()
+                .parent()
+                .unwrap()
+                .to_path_buf()
+        } else {
+            block.clone()
+        };
+        let disk = std::fs::read_to_string(disk.join("dev")).unwrap_or_else(|e| {
+            panic!(
+                "{} is no block device ({e}): cannot slow its reads",
+                block.display()
+            )
+        });
+        let current = std::fs::read_to_string(format!("/proc/{tid}/cgroup")).unwrap();
+        let current = current
+            .lines()
+            .find_map(|l| {
+                l.split_once(":blkio:")
+                    .map(|(_, p)| p.trim_start_matches('/'))
+            })
+            .expect("the thread has a blkio group");
+        let cgroup = root.join(format!("myprobe-slow-reads-{tid}"));
+        let _ = std::fs::create_dir(&cgroup);
+        let write = |file: &Path, what: String| {
+            std::fs::write(file, &what)
+                .unwrap_or_else(|e| panic!("writing {what} to {}: {e}", file.display()))
+        };
+        write(
+            &cgroup.join("blkio.throttle.read_iops_device"),
+            format!("{} {per_second}", disk.trim()),
+        );
+        write(&cgroup.join("tasks"), tid.to_string());
+        SlowReads {
+            cgroup,
+            tid,
+            back: root.join(current),
+        }
+    }
+}
+
+impl Drop for SlowReads {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.back.join("tasks"), self.tid.to_string());
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
 }
 
 impl Drop for Session {
