@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context, Result};
 use tiny_http::{Header, Request, Response, Server};
 
-use super::{metrics::Own, Kind, ProfileRequest, Shared};
+use super::{metrics::Own, Kind, ProfileRequest, Shared, Status};
 
 /// Requests served at once.
 const MAX_REQUESTS: usize = 8;
@@ -97,8 +97,7 @@ fn with_type(status: u16, body: Vec<u8>, content_type: &str) -> Answer {
 }
 
 fn metrics(shared: &Shared) -> Answer {
-    let mut own = Own::read();
-    own.target = shared.status().attached;
+    let own = Own::read();
     let body = shared.metrics().render(&own);
     with_type(
         200,
@@ -109,13 +108,17 @@ fn metrics(shared: &Shared) -> Answer {
 
 fn health(shared: &Shared) -> Answer {
     let status = shared.status();
-    match &status.attached {
-        Some((pid, _)) => text(
-            200,
-            &format!("ok: tracing PID {pid} since {}\n", status.since),
-        ),
-        None => text(503, &format!("waiting: {}\n", status.waiting)),
+    if status.attached.is_empty() {
+        return text(503, &format!("waiting: {}\n", status.waiting));
     }
+    let mut body = String::new();
+    for a in &status.attached {
+        body += &format!(
+            "ok: tracing PID {}: {} since {}\n",
+            a.pid, a.server, a.since
+        );
+    }
+    text(200, &body)
 }
 
 fn index(shared: &Shared) -> Answer {
@@ -127,8 +130,15 @@ fn index(shared: &Shared) -> Answer {
          <li><a href=\"/debug/pprof/offcpu?seconds=10\">/debug/pprof/offcpu?seconds=N</a> (or block): off-CPU µs</li>\
          <li><a href=\"/debug/pprof/locks?seconds=10\">/debug/pprof/locks?seconds=N</a> (or mutex): lock waits µs</li>\
          <li><a href=\"/debug/pprof/windows/\">/debug/pprof/windows/</a>: the windows kept</li>\
-         </ul></body></html>\n",
-        crate::render::svg::xml_escape(&shared.host)
+         </ul><p>Servers traced (a profile is of one: <code>&amp;pid=PID</code> where there are several):</p><ul>{}</ul>\
+         </body></html>\n",
+        crate::render::svg::xml_escape(&shared.host),
+        shared
+            .status()
+            .attached
+            .iter()
+            .map(|a| format!("<li>{}</li>", crate::render::svg::xml_escape(&a.server)))
+            .collect::<String>()
     );
     with_type(200, body.into_bytes(), "text/html; charset=utf-8")
 }
@@ -139,15 +149,14 @@ fn profile(shared: &Shared, kind: Kind, query: &str) -> Answer {
         Ok(s) => s,
         Err(e) => return text(400, &format!("{e}\n")),
     };
-    if shared.status().attached.is_none() {
-        return text(
-            503,
-            &format!("no server traced now: {}\n", shared.status().waiting),
-        );
-    }
+    let pid = match server_of(query, &shared.status()) {
+        Ok(pid) => pid,
+        Err((status, e)) => return text(status, &format!("{e}\n")),
+    };
     let (reply, answer) = mpsc::channel();
     let duration = Duration::from_secs(seconds);
     shared.requests().push(ProfileRequest {
+        pid,
         kind,
         until: Instant::now() + duration,
         started: SystemTime::now(),
@@ -167,6 +176,35 @@ fn profile(shared: &Shared, kind: Kind, query: &str) -> Answer {
         }
         Ok(Err(e)) => text(503, &format!("{e}\n")),
         Err(_) => text(503, "the profile was not ready in time; try again\n"),
+    }
+}
+
+/// The server a profile is asked of: `pid=N`, or the one traced; an HTTP status and why where there is none.
+fn server_of(query: &str, status: &Status) -> Result<u32, (u16, String)> {
+    let traced: Vec<String> = status.attached.iter().map(|a| a.server.clone()).collect();
+    match query.split('&').find_map(|kv| kv.strip_prefix("pid=")) {
+        Some(pid) => match pid.parse::<u32>() {
+            Ok(pid) if status.attached.iter().any(|a| a.pid == pid) => Ok(pid),
+            _ => Err((
+                404,
+                format!(
+                    "no server with PID {pid:?} is traced; traced: {}",
+                    traced.join("; ")
+                ),
+            )),
+        },
+        None => match status.attached.as_slice() {
+            [one] => Ok(one.pid),
+            [] => Err((503, format!("no server traced now: {}", status.waiting))),
+            _ => Err((
+                400,
+                format!(
+                    "{} servers are traced: add &pid=PID for one of them: {}",
+                    traced.len(),
+                    traced.join("; ")
+                ),
+            )),
+        },
     }
 }
 

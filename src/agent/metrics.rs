@@ -1,15 +1,20 @@
 //! What `/metrics` says, in Prometheus's text format: the statements by fingerprint (counts, errors, time by
 //! part, latency histograms), lock waits by lock and site, what was lost, and the agent's own CPU and memory.
 //!
-//! Every counter only grows while the agent runs, also across a restart of the server. Cardinality is
-//! bounded: a fingerprint has series of its own among the `top` with the most time, the rest add to
-//! `other`. A fingerprint gets series when there is room, or at a window's end when it took more than twice
+//! Each server traced has series of its own, labelled by its PID, port and version (and container and pod): a
+//! restarted server is another, whose series start from zero, and those of one that exited stay at their last
+//! values until they age out. A counter never goes down. Cardinality is bounded per server: a fingerprint has
+//! series of its own among the `top` with the most time, the rest add to `other`. A fingerprint gets series when there is room, or at a window's end when it took more than twice
 //! the time of the least busy one that has series, which then stops being exported (its series end; what it
 //! does next adds to `other`). Names follow Prometheus's conventions (base units, `_total` counters), labels
 //! OpenTelemetry's database conventions where they map (`db.system` → `db_system`, `db.namespace`,
 //! `db.query.summary`, `db.query.text`).
 
-use std::{collections::HashMap, fmt::Write};
+use std::{
+    collections::HashMap,
+    fmt::Write,
+    time::{Duration, Instant},
+};
 
 use crate::{collect::Lost, query::QueryRecord, query::Text, query::TimeParts, server::Cause};
 
@@ -80,23 +85,32 @@ pub struct LockWaits {
     pub wait_ns: u64,
 }
 
-/// Everything `/metrics` says, summed since the agent started.
+/// Everything `/metrics` says: each server's series, and the agent's own.
 pub struct Metrics {
-    db_system: &'static str,
+    top: usize,
+    servers: Vec<ServerSeries>,
+    pub attaches: u64,
+    /// Off-CPU and lock tracing runs one period in this many: what their figures are scaled by.
+    pub sample_every: u64,
+}
+
+/// One server's series, summed since the agent attached to it, and kept for a while after it exited.
+pub struct ServerSeries {
+    pid: u32,
+    /// Its labels in the text format (`server_pid="…",…,db_system="…"`): on every series of its own.
+    labels: String,
+    /// When the agent let it go (it exited): its last values stay until [`Metrics::forget`] ages them out.
+    gone: Option<Instant>,
     top: usize,
     exposed: HashMap<Key, Series>,
     other: Series,
     candidates: HashMap<Key, u64>,
     locks: HashMap<(String, String), LockWaits>,
-    /// Lost events per collector and cause: of the servers traced before, and of the one traced now.
-    lost_before: HashMap<(&'static str, &'static str), u64>,
-    lost_now: HashMap<&'static str, Lost>,
+    /// Events lost per collector.
+    lost: HashMap<&'static str, Lost>,
     pub windows: u64,
-    pub attaches: u64,
     /// On-CPU samples of the server's threads.
     pub cpu_samples: u64,
-    /// Off-CPU and lock tracing runs one period in this many: what their figures are scaled by.
-    pub sample_every: u64,
     /// Statements: the cycle of the last one traced (each is scaled by its own, `QueryRecord::stands_for`).
     pub statements_every: u64,
 }
@@ -104,27 +118,204 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(top: usize) -> Self {
         Metrics {
-            db_system: "mariadb",
             top,
+            servers: Vec::new(),
+            attaches: 0,
+            sample_every: 1,
+        }
+    }
+
+    /// A server attached: its series, from zero, labelled `labels` (the text format's `name="value",…`).
+    pub fn attach(&mut self, pid: u32, labels: String) -> &mut ServerSeries {
+        self.attaches += 1;
+        // The same server attached again (its tracing failed): its series go on from where they were.
+        if let Some(i) = self
+            .servers
+            .iter()
+            .position(|s| s.pid == pid && s.labels == labels)
+        {
+            self.servers[i].gone = None;
+            return &mut self.servers[i];
+        }
+        // A PID reused by another server: the old one's series end now.
+        self.servers.retain(|s| s.pid != pid);
+        self.servers.push(ServerSeries {
+            pid,
+            labels,
+            gone: None,
+            top: self.top,
             exposed: HashMap::new(),
             other: Series::default(),
             candidates: HashMap::new(),
             locks: HashMap::new(),
-            lost_before: HashMap::new(),
-            lost_now: HashMap::new(),
+            lost: HashMap::new(),
             windows: 0,
-            attaches: 0,
             cpu_samples: 0,
-            sample_every: 1,
             statements_every: 1,
+        });
+        self.servers.last_mut().expect("just pushed")
+    }
+
+    /// The series of the server with this PID, traced now.
+    pub fn server(&mut self, pid: u32) -> Option<&mut ServerSeries> {
+        self.servers
+            .iter_mut()
+            .find(|s| s.pid == pid && s.gone.is_none())
+    }
+
+    /// The server with this PID is let go (it exited): its series stay, at their last values, until forgotten.
+    pub fn detached(&mut self, pid: u32) {
+        if let Some(s) = self.server(pid) {
+            s.gone = Some(Instant::now());
         }
     }
 
-    /// `db.system` of the server traced: `mariadb` or `mysql`.
-    pub fn set_db_system(&mut self, system: &'static str) {
-        self.db_system = system;
+    /// Ends the series of the servers gone for longer than `after`.
+    pub fn forget(&mut self, after: Duration) {
+        self.servers
+            .retain(|s| s.gone.is_none_or(|gone| gone.elapsed() < after));
     }
 
+    /// The exposition, in Prometheus's text format 0.0.4: a family's series together, server after server.
+    pub fn render(&self, own: &Own) -> String {
+        let mut out = String::new();
+        let rows: Vec<(String, &Series)> = self
+            .servers
+            .iter()
+            .flat_map(ServerSeries::statement_rows)
+            .collect();
+        write_statement_counts(&mut out, &rows);
+        write_latency_histograms(&mut out, &rows);
+        self.write_lock_waits(&mut out);
+        self.write_lost(&mut out);
+        self.write_agent(&mut out);
+        write_process(&mut out, own);
+        out
+    }
+
+    /// The lock waits summed by lock and wait site, sorted by lock, then site.
+    fn write_lock_waits(&self, out: &mut String) {
+        type Value = (&'static str, &'static str, fn(&LockWaits) -> f64);
+        let values: [Value; 2] = [
+            (
+                "myprobe_lock_wait_seconds_total",
+                "Time the server's threads waited in futex waits, by lock and wait site.",
+                |w| w.wait_ns as f64 / 1e9,
+            ),
+            (
+                "myprobe_lock_waits_total",
+                "Futex waits of the server's threads, by lock and wait site.",
+                |w| w.waits as f64,
+            ),
+        ];
+        for (name, help, value) in values {
+            family(out, name, "counter", help);
+            for s in &self.servers {
+                let mut locks: Vec<(&(String, String), &LockWaits)> = s.locks.iter().collect();
+                locks.sort_by(|a, b| a.0.cmp(b.0));
+                for ((lock, site), w) in &locks {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{},lock=\"{}\",site=\"{}\"}} {}",
+                        s.labels,
+                        escape(lock),
+                        escape(site),
+                        value(w)
+                    );
+                }
+            }
+        }
+    }
+
+    /// What each server's collectors lost.
+    fn write_lost(&self, out: &mut String) {
+        family(
+            out,
+            "myprobe_lost_events_total",
+            "counter",
+            "Events the collectors could not count, by collector and cause.",
+        );
+        for s in &self.servers {
+            let mut lost: Vec<((&str, &str), u64)> = s
+                .lost
+                .iter()
+                .flat_map(|(collector, l)| causes(l).map(|(cause, n)| ((*collector, cause), n)))
+                .collect();
+            lost.sort();
+            for ((collector, cause), n) in lost {
+                let _ = writeln!(
+                    out,
+                    "myprobe_lost_events_total{{{},collector=\"{collector}\",cause=\"{cause}\"}} {n}",
+                    s.labels
+                );
+            }
+        }
+    }
+
+    /// The agent's own counts and settings, each server's, and the servers it traces now.
+    fn write_agent(&self, out: &mut String) {
+        type PerServer = (
+            &'static str,
+            &'static str,
+            &'static str,
+            fn(&ServerSeries) -> u64,
+        );
+        let per_server: [PerServer; 3] = [
+            (
+                "myprobe_windows_total",
+                "counter",
+                "Windows ended (each kept as pprof files).",
+                |s| s.windows,
+            ),
+            (
+                "myprobe_cpu_samples_total",
+                "counter",
+                "On-CPU samples of the server's threads (divided by the frequency: CPU seconds).",
+                |s| s.cpu_samples,
+            ),
+            (
+                "myprobe_statement_sample_every",
+                "gauge",
+                "Statements are traced one second in this many now (myprobe_sample_every or more, as their rate \
+                 asks); each counts for the cycle it was traced in. A statement that ran only between the seconds \
+                 traced has no series: missing, not absent (--sample-every 1 traces every one).",
+                |s| s.statements_every,
+            ),
+        ];
+        for (name, kind, help, value) in per_server {
+            family(out, name, kind, help);
+            for s in &self.servers {
+                let _ = writeln!(out, "{name}{{{}}} {}", s.labels, value(s));
+            }
+        }
+        family(
+            out,
+            "myprobe_attaches_total",
+            "counter",
+            "Times the agent attached to a server (a restarted server is attached again).",
+        );
+        let _ = writeln!(out, "myprobe_attaches_total {}", self.attaches);
+        family(
+            out,
+            "myprobe_sample_every",
+            "gauge",
+            "Off-CPU and lock-wait tracing runs one second in this many (the on-CPU profile always); their series \
+             are scaled up by it.",
+        );
+        let _ = writeln!(out, "myprobe_sample_every {}", self.sample_every);
+        family(
+            out,
+            "myprobe_target_info",
+            "gauge",
+            "Each server traced now: 1 while attached (a server that exited keeps its other series a while).",
+        );
+        for s in self.servers.iter().filter(|s| s.gone.is_none()) {
+            let _ = writeln!(out, "myprobe_target_info{{{}}} 1", s.labels);
+        }
+    }
+}
+
+impl ServerSeries {
     /// A statement traced: it stands for `r.stands_for` of them.
     pub fn add_statement(&mut self, mut r: QueryRecord) {
         // The record's own strings become the key: nothing is copied for a statement.
@@ -190,31 +381,9 @@ impl Metrics {
         }
     }
 
-    /// What a collector lost since it attached to the server traced now.
+    /// What a collector lost since it attached to the server.
     pub fn set_lost(&mut self, collector: &'static str, lost: Lost) {
-        self.lost_now.insert(collector, lost);
-    }
-
-    /// The server traced now is gone: what its collectors lost becomes history.
-    pub fn detached(&mut self) {
-        for (collector, lost) in self.lost_now.drain() {
-            for (cause, n) in causes(&lost) {
-                *self.lost_before.entry((collector, cause)).or_default() += n;
-            }
-        }
-    }
-
-    /// The exposition, in Prometheus's text format 0.0.4.
-    pub fn render(&self, own: &Own) -> String {
-        let mut out = String::new();
-        let rows = self.statement_rows();
-        write_statement_counts(&mut out, &rows);
-        write_latency_histograms(&mut out, &rows);
-        self.write_lock_waits(&mut out);
-        self.write_lost(&mut out);
-        self.write_agent(&mut out, own);
-        write_process(&mut out, own);
-        out
+        self.lost.insert(collector, lost);
     }
 
     /// Each fingerprint with series of its own, by key, then `other` if it has counted any: its labels and its
@@ -234,126 +403,6 @@ impl Metrics {
             .collect()
     }
 
-    /// The lock waits summed by lock and wait site, sorted by lock, then site.
-    fn write_lock_waits(&self, out: &mut String) {
-        let mut locks: Vec<(&(String, String), &LockWaits)> = self.locks.iter().collect();
-        locks.sort_by(|a, b| a.0.cmp(b.0));
-        family(
-            out,
-            "myprobe_lock_wait_seconds_total",
-            "counter",
-            "Time the server's threads waited in futex waits, by lock and wait site.",
-        );
-        for ((lock, site), w) in &locks {
-            let _ = writeln!(
-                out,
-                "myprobe_lock_wait_seconds_total{{lock=\"{}\",site=\"{}\"}} {}",
-                escape(lock),
-                escape(site),
-                w.wait_ns as f64 / 1e9
-            );
-        }
-        family(
-            out,
-            "myprobe_lock_waits_total",
-            "counter",
-            "Futex waits of the server's threads, by lock and wait site.",
-        );
-        for ((lock, site), w) in &locks {
-            let _ = writeln!(
-                out,
-                "myprobe_lock_waits_total{{lock=\"{}\",site=\"{}\"}} {}",
-                escape(lock),
-                escape(site),
-                w.waits
-            );
-        }
-    }
-
-    /// What the collectors lost, of the servers traced before and of the one traced now.
-    fn write_lost(&self, out: &mut String) {
-        family(
-            out,
-            "myprobe_lost_events_total",
-            "counter",
-            "Events the collectors could not count, by collector and cause.",
-        );
-        let mut lost = self.lost_before.clone();
-        for (collector, l) in &self.lost_now {
-            for (cause, n) in causes(l) {
-                *lost.entry((collector, cause)).or_default() += n;
-            }
-        }
-        let mut lost: Vec<_> = lost.into_iter().collect();
-        lost.sort();
-        for ((collector, cause), n) in lost {
-            let _ = writeln!(
-                out,
-                "myprobe_lost_events_total{{collector=\"{collector}\",cause=\"{cause}\"}} {n}"
-            );
-        }
-    }
-
-    /// The agent's own counts and settings, and the server it traces now.
-    fn write_agent(&self, out: &mut String, own: &Own) {
-        family(
-            out,
-            "myprobe_windows_total",
-            "counter",
-            "Windows ended (each kept as pprof files).",
-        );
-        let _ = writeln!(out, "myprobe_windows_total {}", self.windows);
-        family(
-            out,
-            "myprobe_cpu_samples_total",
-            "counter",
-            "On-CPU samples of the server's threads (divided by the frequency: CPU seconds).",
-        );
-        let _ = writeln!(out, "myprobe_cpu_samples_total {}", self.cpu_samples);
-        family(
-            out,
-            "myprobe_attaches_total",
-            "counter",
-            "Times the agent attached to a server (a restarted server is attached again).",
-        );
-        let _ = writeln!(out, "myprobe_attaches_total {}", self.attaches);
-        family(
-            out,
-            "myprobe_sample_every",
-            "gauge",
-            "Off-CPU and lock-wait tracing runs one second in this many (the on-CPU profile always); their series \
-             are scaled up by it.",
-        );
-        let _ = writeln!(out, "myprobe_sample_every {}", self.sample_every);
-        family(
-            out,
-            "myprobe_statement_sample_every",
-            "gauge",
-            "Statements are traced one second in this many now (myprobe_sample_every or more, as their rate asks); \
-             each counts for the cycle it was traced in. A statement that ran only between the seconds traced has \
-             no series: missing, not absent (--sample-every 1 traces every one).",
-        );
-        let _ = writeln!(
-            out,
-            "myprobe_statement_sample_every {}",
-            self.statements_every
-        );
-        family(
-            out,
-            "myprobe_target_info",
-            "gauge",
-            "The server traced now: 1 while attached.",
-        );
-        if let Some((pid, version)) = &own.target {
-            let _ = writeln!(
-                out,
-                "myprobe_target_info{{db_system=\"{}\",pid=\"{pid}\",version=\"{}\"}} 1",
-                self.db_system,
-                escape(version)
-            );
-        }
-    }
-
     fn statement_labels(&self, k: &Key) -> String {
         let summary = if *k.fingerprint == *OTHER {
             OTHER.to_string()
@@ -361,8 +410,8 @@ impl Metrics {
             summary(&k.fingerprint)
         };
         format!(
-            "db_system=\"{}\",db_namespace=\"{}\",db_query_summary=\"{}\",db_query_text=\"{}\"",
-            self.db_system,
+            "{},db_namespace=\"{}\",db_query_summary=\"{}\",db_query_text=\"{}\"",
+            self.labels,
             escape(&k.db),
             escape(&summary),
             escape(&crate::render::queries::clip(&k.fingerprint, 1000))
@@ -376,8 +425,6 @@ pub struct Own {
     pub cpu_seconds: f64,
     pub rss_bytes: u64,
     pub start_time: f64,
-    /// The server traced now: its PID and version.
-    pub target: Option<(u32, String)>,
 }
 
 impl Own {
@@ -400,7 +447,6 @@ impl Own {
             cpu_seconds: cpu as f64 / ticks,
             rss_bytes: stat.rss_pages.saturating_mul(page),
             start_time: boot as f64 + stat.start_time as f64 / ticks,
-            target: None,
         }
     }
 }
@@ -604,6 +650,13 @@ mod tests {
         }
     }
 
+    /// A server's labels in these tests: those the statements' series were written with before servers had any.
+    const LABELS: &str = "db_system=\"mariadb\"";
+
+    fn server(m: &mut Metrics) -> &mut ServerSeries {
+        m.server(1).expect("attached")
+    }
+
     /// The value of the one line starting with `prefix`.
     fn value(text: &str, prefix: &str) -> f64 {
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(prefix)).collect();
@@ -614,27 +667,35 @@ mod tests {
     #[test]
     fn a_statement_counts_for_its_cycle() {
         let mut m = Metrics::new(10);
-        m.add_statement(QueryRecord {
+        m.attach(1, LABELS.into());
+        server(&mut m).add_statement(QueryRecord {
             stands_for: 7,
             ..record("d", "SELECT ? FROM a", 10, 0)
         });
-        m.add_statement(record("d", "SELECT ? FROM a", 10, 0));
+        server(&mut m).add_statement(record("d", "SELECT ? FROM a", 10, 0));
         let text = m.render(&Own::default());
         let count = "myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"d\"";
         assert_eq!(value(&text, count), 8.0, "{text}");
-        assert_eq!(value(&text, "myprobe_statement_sample_every "), 1.0);
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_statement_sample_every{db_system=\"mariadb\"} "
+            ),
+            1.0
+        );
     }
 
     #[test]
     fn parts_add_up_to_the_histogram_sum() {
         let mut m = Metrics::new(10);
-        m.add_statement(record(
+        m.attach(1, LABELS.into());
+        server(&mut m).add_statement(record(
             "sbtest",
             "SELECT c FROM sbtest1 WHERE id = ?",
             300,
             0,
         ));
-        m.add_statement(record(
+        server(&mut m).add_statement(record(
             "sbtest",
             "SELECT c FROM sbtest1 WHERE id = ?",
             200,
@@ -689,8 +750,9 @@ mod tests {
     #[test]
     fn past_the_top_statements_add_to_other_until_they_take_more_time() {
         let mut m = Metrics::new(1);
-        m.add_statement(record("d", "SELECT ? FROM a", 10, 0));
-        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
+        m.attach(1, LABELS.into());
+        server(&mut m).add_statement(record("d", "SELECT ? FROM a", 10, 0));
+        server(&mut m).add_statement(record("d", "SELECT ? FROM b", 100, 0));
         let text = m.render(&Own::default());
         assert!(text.contains("db_query_summary=\"SELECT a\""));
         assert!(!text.contains("db_query_summary=\"SELECT b\""));
@@ -699,47 +761,70 @@ mod tests {
             1.0
         );
         // b took 10 times a's time in the window: it takes a's place, from zero; other keeps what it had.
-        m.end_window();
-        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
+        server(&mut m).end_window();
+        server(&mut m).add_statement(record("d", "SELECT ? FROM b", 100, 0));
         let text = m.render(&Own::default());
         assert!(!text.contains("db_query_summary=\"SELECT a\""));
         assert!(text.contains("myprobe_statements_total{db_system=\"mariadb\",db_namespace=\"d\",db_query_summary=\"SELECT b\",db_query_text=\"SELECT ? FROM b\"} 1"));
         // Less than twice as much: no change.
-        m.end_window();
-        m.add_statement(record("d", "SELECT ? FROM b", 100, 0));
-        m.add_statement(record("d", "SELECT ? FROM c", 150, 0));
-        m.end_window();
+        server(&mut m).end_window();
+        server(&mut m).add_statement(record("d", "SELECT ? FROM b", 100, 0));
+        server(&mut m).add_statement(record("d", "SELECT ? FROM c", 150, 0));
+        server(&mut m).end_window();
         let text = m.render(&Own::default());
         assert!(text.contains("db_query_summary=\"SELECT b\""));
         assert!(!text.contains("db_query_summary=\"SELECT c\""));
     }
 
     #[test]
-    fn lost_events_survive_a_restart() {
-        let mut m = Metrics::new(1);
-        m.set_lost(
+    fn each_server_has_its_series_and_one_gone_keeps_them_until_forgotten() {
+        let mut m = Metrics::new(10);
+        m.attach(1, "server_pid=\"1\"".into()).set_lost(
             "cpu",
             Lost {
                 ringbuf: 3,
                 ..Lost::default()
             },
         );
-        m.detached();
-        m.set_lost(
-            "cpu",
-            Lost {
-                ringbuf: 2,
-                ..Lost::default()
-            },
-        );
+        m.attach(2, "server_pid=\"2\"".into())
+            .add_statement(record("d", "SELECT ? FROM a", 10, 0));
+        m.server(1)
+            .unwrap()
+            .add_statement(record("d", "SELECT ? FROM a", 10, 0));
         let text = m.render(&Own::default());
+        for pid in [1, 2] {
+            let labels = format!("server_pid=\"{pid}\"");
+            assert_eq!(
+                value(&text, &format!("myprobe_statements_total{{{labels},")),
+                1.0
+            );
+            assert_eq!(
+                value(&text, &format!("myprobe_target_info{{{labels}}}")),
+                1.0
+            );
+        }
         assert_eq!(
             value(
                 &text,
-                "myprobe_lost_events_total{collector=\"cpu\",cause=\"ringbuf_full\"}"
+                "myprobe_lost_events_total{server_pid=\"1\",collector=\"cpu\",cause=\"ringbuf_full\"}"
             ),
-            5.0
+            3.0
         );
+        // Server 1 exits: its series stay at their last values, without target_info, until forgotten.
+        m.detached(1);
+        assert!(m.server(1).is_none());
+        m.forget(Duration::from_secs(60));
+        let text = m.render(&Own::default());
+        assert_eq!(
+            value(&text, "myprobe_statements_total{server_pid=\"1\","),
+            1.0
+        );
+        assert!(!text.contains("myprobe_target_info{server_pid=\"1\"}"));
+        m.forget(Duration::ZERO);
+        let text = m.render(&Own::default());
+        assert!(!text.contains("server_pid=\"1\""), "{text}");
+        assert!(text.contains("myprobe_target_info{server_pid=\"2\"} 1"));
+        assert!(text.contains("myprobe_attaches_total 2"));
     }
 
     #[test]

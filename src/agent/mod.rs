@@ -1,17 +1,20 @@
-//! `myprobe agent`: an always-on daemon for one server. It keeps on-CPU (19 Hz), off-CPU, lock-wait and
-//! statement collectors attached, and serves what they find over HTTP (`http.rs`): Prometheus metrics
-//! (`metrics.rs`), pprof profiles of the next N seconds, and the windows it keeps as pprof files
-//! (`retain.rs`).
+//! `myprobe agent`: an always-on daemon for every MySQL and MariaDB server of a host, in any PID namespace or
+//! root (or the one `-p` names, across its restarts). It keeps on-CPU (19 Hz), off-CPU, lock-wait and statement
+//! collectors attached to each, and serves what they find over HTTP (`http.rs`): Prometheus metrics
+//! (`metrics.rs`), each server's series labelled by it, pprof profiles of the next N seconds of a server, and the
+//! windows it keeps as pprof files (`retain.rs`).
 //!
-//! Each collector runs in a thread of its own, as in `myprobe report`, but never ends by itself: the stack
-//! collectors move their sums out of the kernel every second (`CollectOptions::slices`) and the main thread
-//! adds each slice to the window under way and to the profile requests waiting. The statements go to the
-//! metrics as they end. When the server exits, the collectors end, and the agent waits for a server to attach
-//! to again (the same executable, when it was given a PID).
+//! The main thread looks for servers once a second: a new one, once it listens, is traced by a thread of its own
+//! (`server.rs`), whose collectors each run in a thread of their own, as in `myprobe report`, but never end by
+//! themselves: the stack collectors move their sums out of the kernel every second (`CollectOptions::slices`) and
+//! the server's thread adds each slice to its window under way and to the profile requests waiting. The
+//! statements go to the metrics as they end. When a server exits its collectors end, and its series stay at their
+//! last values until `--forget-after` ages them out.
 
 pub mod http;
 pub mod metrics;
 pub mod retain;
+pub mod server;
 
 use std::{
     collections::HashMap,
@@ -23,23 +26,12 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{
-        self, periods::Duty, ring::RingOptions, Collected, Kind, Lost, RawStack, Row, Slice,
-        Slices, Stop,
-    },
+    collect::{self, periods::Duty, Collected, Kind, Lost, RawStack, Row},
     process::{self, Target},
-    profile::{
-        self,
-        stacks::{self, StackNamer, StackOptions},
-        waits, Profile,
-    },
     query::follow::FollowOptions,
-    render::{pprof, RenderOptions},
-    runner::{self, Plan},
-    symbolize::{data::DataSymbolizer, Symbolizer},
 };
 
-use metrics::{LockWaits, Metrics};
+use metrics::Metrics;
 use retain::Retention;
 
 /// How often the stack collectors' sums are moved out of the kernel: what a profile request's time is
@@ -65,8 +57,10 @@ pub struct Options {
     pub dir: PathBuf,
     pub retain: Duration,
     pub retain_bytes: u64,
-    /// Fingerprints with series of their own.
+    /// Fingerprints with series of their own, per server.
     pub top: usize,
+    /// How long the series of a server that exited stay, at their last values.
+    pub forget_after: Duration,
     /// Off-CPU and lock tracing attached one second in N (`None`: all the time).
     pub duty: Option<Duty>,
     /// A process that is not mariadbd/mysqld may be traced.
@@ -130,6 +124,8 @@ impl Sums {
 
 /// A `/debug/pprof/...?seconds=N` waiting for its seconds to pass.
 pub struct ProfileRequest {
+    /// The server profiled.
+    pub pid: u32,
     pub kind: Kind,
     pub until: Instant,
     pub started: SystemTime,
@@ -140,18 +136,26 @@ pub struct ProfileRequest {
     pub reply: mpsc::Sender<Result<Vec<u8>, String>>,
 }
 
-/// What the agent is doing, for `/healthz` and `/metrics`.
+/// What the agent is doing, for `/healthz` and `/debug/pprof/`.
 #[derive(Clone, Default)]
 pub struct Status {
-    /// The server traced: its PID and version.
-    pub attached: Option<(u32, String)>,
-    /// Since when (RFC 3339).
-    pub since: String,
-    /// Why no server is traced.
+    /// The servers traced now.
+    pub attached: Vec<Attached>,
+    /// Why no server is traced, where none is.
     pub waiting: String,
 }
 
-/// What the HTTP threads and the main thread share.
+/// A server traced now.
+#[derive(Clone)]
+pub struct Attached {
+    pub pid: u32,
+    /// `mariadbd (PID 123, MariaDB 10.11.19-…)`.
+    pub server: String,
+    /// Since when (RFC 3339).
+    pub since: String,
+}
+
+/// What the HTTP threads, the main thread and the servers' threads share.
 pub struct Shared {
     metrics: Mutex<Metrics>,
     status: Mutex<Status>,
@@ -171,20 +175,37 @@ impl Shared {
     pub fn status(&self) -> Status {
         locked(&self.status).clone()
     }
+    fn status_mut(&self) -> MutexGuard<'_, Status> {
+        locked(&self.status)
+    }
     pub fn requests(&self) -> MutexGuard<'_, Vec<ProfileRequest>> {
         locked(&self.requests)
     }
+    /// Why no server is traced; said when it changes.
     fn set_waiting(&self, why: String) {
         let mut s = locked(&self.status);
-        if s.waiting != why || s.attached.is_some() {
+        if s.waiting != why {
             say!("myprobe: agent: waiting for a server: {why}");
+            s.waiting = why;
         }
-        *s = Status {
-            waiting: why,
-            ..Status::default()
-        };
     }
 }
+
+/// A server traced by a thread of its own.
+struct Session {
+    target: Target,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+/// A server whose tracing failed: tried again from `at`, later each time.
+struct Failed {
+    at: Instant,
+    failures: u32,
+}
+
+/// How long a server found as it starts is waited for to listen before it is traced anyway: until then it takes
+/// no connection, which the statements' tracing makes at once.
+const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(o: Options) -> Result<()> {
@@ -208,62 +229,166 @@ pub fn run(o: Options) -> Result<()> {
         o.window.as_secs(),
         o.dir.display()
     );
-    // Given a PID, after a restart the agent looks for a server started the same way.
-    let mut pid = o.pid;
-    let mut same: Option<(PathBuf, Vec<u8>)> = None;
-    let mut failures = 0u32;
+    let o = Arc::new(o);
+    let mut wanted = Wanted::new(o.pid);
+    let mut sessions: Vec<Session> = Vec::new();
+    let mut failed: HashMap<u32, Failed> = HashMap::new();
     while !collect::interrupted() {
-        if let Some((exe, cmdline)) = &same {
-            let alike: Vec<u32> = process::find_servers()
-                .into_iter()
-                .filter(|&p| {
-                    process::exe_of(p).is_ok_and(|e| e == *exe) && command_line(p) == *cmdline
-                })
-                .collect();
-            pid = match alike.as_slice() {
-                [one] => Some(*one),
-                found => {
-                    shared.set_waiting(format!(
-                        "{} servers run {} with the data directory (or command line) of the one traced before",
-                        found.len(),
-                        exe.display()
-                    ));
-                    pause(&shared, Duration::from_secs(1));
-                    continue;
+        // Servers whose tracing ended: they exited, or it failed (tried again later).
+        for s in sessions.extract_if(.., |s| s.thread.is_finished()) {
+            let pid = s.target.pid;
+            let result = s
+                .thread
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked")));
+            match result {
+                Ok(()) if process::exited(pid) => {
+                    say!("myprobe: agent: {} exited", s.target);
+                    failed.remove(&pid);
                 }
-            };
-        }
-        let target = match process::resolve(pid, o.any_process) {
-            Ok(t) => t,
-            Err(e) => {
-                if o.pid.is_some() && same.is_none() && failures == 0 {
-                    // The PID given is not a server: said at once, not waited for.
-                    return Err(e);
+                Ok(()) => {}
+                Err(e) => {
+                    let failures = failed.get(&pid).map_or(0, |f| f.failures) + 1;
+                    say!("myprobe: agent: tracing {} failed: {e:#}", s.target);
+                    // Not again at once: the same failure would repeat every second.
+                    let at = Instant::now() + Duration::from_secs(5 * u64::from(failures.min(60)));
+                    failed.insert(pid, Failed { at, failures });
                 }
-                shared.set_waiting(format!("{e:#}"));
-                pause(&shared, Duration::from_secs(1));
-                continue;
             }
-        };
-        if o.pid.is_some() {
-            same = Some((target.exe.clone(), command_line(target.pid)));
+            // What the tracing of that server took: its unwind tables, symbols and collectors.
+            release_free_memory();
         }
-        let attached = attach(&target, &o, &shared);
-        // What the tracing of that server took: its unwind tables, symbols and collectors.
-        release_free_memory();
-        match attached {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                failures += 1;
-                shared.set_waiting(format!("tracing {target} failed: {e:#}"));
-                // Not again at once: the same failure would repeat every second.
-                pause(&shared, Duration::from_secs(5.min(u64::from(failures) * 2)));
+        match wanted.servers(&sessions) {
+            Ok(pids) => {
+                let share = pids.len().max(1) as u32;
+                for pid in pids {
+                    let traced = sessions.iter().any(|s| s.target.pid == pid);
+                    let later = failed.get(&pid).is_some_and(|f| Instant::now() < f.at);
+                    // A server found as it starts is traced once it listens; the one -p gave, at once.
+                    let waits = !wanted.given_and_never_traced() && !ready(pid);
+                    if traced || later || waits {
+                        continue;
+                    }
+                    let target = match process::resolve(Some(pid), o.any_process) {
+                        Ok(t) => t,
+                        // The PID given is not a server: said at once, not waited for.
+                        Err(e) if wanted.given_and_never_traced() => return Err(e),
+                        Err(_) => continue,
+                    };
+                    wanted.tracing(&target);
+                    let (o, shared) = (Arc::clone(&o), Arc::clone(&shared));
+                    let traced = target.clone();
+                    let thread = std::thread::Builder::new()
+                        .name(format!("server-{pid}"))
+                        .spawn(move || server::trace(&traced, &o, &shared, share))
+                        .context("starting a thread")?;
+                    sessions.push(Session { target, thread });
+                }
+                if sessions.is_empty() {
+                    shared.set_waiting("no server listens yet".into());
+                }
             }
+            Err(why) => {
+                if sessions.is_empty() {
+                    shared.set_waiting(why);
+                }
+            }
+        }
+        shared.metrics().forget(o.forget_after);
+        answer_untraced(&shared, &sessions);
+        let started = Instant::now();
+        while started.elapsed() < WAKE && !collect::interrupted() {
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
     say!("myprobe: agent: stopping");
+    for s in sessions {
+        let _ = s.thread.join();
+    }
     let _ = server.join();
     Ok(())
+}
+
+/// The servers to trace: every one of the host, or the one `-p` gave and, once it exited, the one started as it
+/// was (the same executable and data directory).
+enum Wanted {
+    Every,
+    Given {
+        pid: u32,
+        /// The executable and `--datadir` of the server traced, once it was.
+        traced: Option<(PathBuf, Vec<u8>)>,
+    },
+}
+
+impl Wanted {
+    fn new(pid: Option<u32>) -> Wanted {
+        pid.map_or(Wanted::Every, |pid| Wanted::Given { pid, traced: None })
+    }
+
+    fn given_and_never_traced(&self) -> bool {
+        matches!(self, Wanted::Given { traced: None, .. })
+    }
+
+    fn tracing(&mut self, target: &Target) {
+        if let Wanted::Given { pid, traced } = self {
+            *pid = target.pid;
+            *traced = Some((target.exe.clone(), command_line(target.pid)));
+        }
+    }
+
+    /// Their PIDs, or why there are none.
+    fn servers(&self, sessions: &[Session]) -> Result<Vec<u32>, String> {
+        let (pid, exe, cmdline) = match self {
+            Wanted::Every => {
+                let found = process::find_servers();
+                if found.is_empty() {
+                    return Err("no MySQL or MariaDB server (mariadbd/mysqld) is running".into());
+                }
+                return Ok(found);
+            }
+            Wanted::Given { pid, traced: None } => return Ok(vec![*pid]),
+            Wanted::Given {
+                pid,
+                traced: Some((exe, cmdline)),
+            } => (pid, exe, cmdline),
+        };
+        if sessions.iter().any(|s| s.target.pid == *pid) {
+            return Ok(vec![*pid]);
+        }
+        let alike: Vec<u32> = process::find_servers()
+            .into_iter()
+            .filter(|&p| process::exe_of(p).is_ok_and(|e| e == *exe) && command_line(p) == *cmdline)
+            .collect();
+        match alike.as_slice() {
+            [one] => Ok(vec![*one]),
+            found => Err(format!(
+                "{} servers run {} with the data directory (or command line) of the one traced before",
+                found.len(),
+                exe.display()
+            )),
+        }
+    }
+}
+
+/// Whether a server takes connections (it listens), or started long enough ago that it will not.
+fn ready(pid: u32) -> bool {
+    crate::client::socket::listens(pid)
+        || process::running_for(pid).is_some_and(|t| t >= LISTEN_WAIT)
+}
+
+/// Answers the profile requests for a server not traced (any more), once due.
+fn answer_untraced(shared: &Shared, sessions: &[Session]) {
+    let why = shared.status().waiting;
+    let now = Instant::now();
+    shared.requests().retain(|r| {
+        let orphan = now >= r.until + 3 * SLICE && !sessions.iter().any(|s| s.target.pid == r.pid);
+        if orphan {
+            let _ = r
+                .reply
+                .send(Err(format!("server {} is not traced: {why}", r.pid)));
+        }
+        !orphan
+    });
 }
 
 /// Puts the calling thread, and the threads it makes from now on, in SCHED_BATCH: the same share of the CPUs, but
@@ -305,339 +430,4 @@ fn command_line(pid: u32) -> Vec<u8> {
         .split(|&b| b == 0)
         .find(|a| a.starts_with(b"--datadir="))
         .map_or_else(|| cmdline.clone(), <[u8]>::to_vec)
-}
-
-/// Waits, answering the profile requests due meanwhile (there is nothing to profile).
-fn pause(shared: &Shared, time: Duration) {
-    let started = Instant::now();
-    while started.elapsed() < time && !collect::interrupted() {
-        let why = shared.status().waiting;
-        shared.requests().retain(|r| {
-            let due = Instant::now() >= r.until;
-            if due {
-                let _ = r.reply.send(Err(format!("no server traced: {why}")));
-            }
-            !due
-        });
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Traces `target` until it exits or the agent stops.
-fn attach(target: &Target, o: &Options, shared: &Shared) -> Result<()> {
-    let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
-    symbolizer.preload(false);
-    let mut lock_names =
-        DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
-    let (slices, sliced) = mpsc::channel();
-    let plan = Plan {
-        target,
-        frequency: o.frequency,
-        min_block_us: o.min_block_us,
-        // Always on: a preempted thread is not unwound at every switch (bench/README.md).
-        preempted_leaf_only: true,
-        duty: o.duty,
-        statements: FollowOptions {
-            // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
-            ring: RingOptions::quiet(WAKE),
-            stop: Stop::new(),
-            ..o.queries.clone()
-        },
-        slices: Some(Slices {
-            every: SLICE,
-            send: slices,
-        }),
-        attached: None,
-    };
-    let prepared = runner::prepare(&plan)?;
-    start_metrics(target, o, shared);
-    say!(
-        "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU, lock waits, statements",
-        o.frequency
-    );
-    let mut names = Naming {
-        target,
-        symbolizer: &mut symbolizer,
-        lock_names: &mut lock_names,
-        host: &shared.host,
-    };
-    let failed = std::thread::scope(|s| {
-        let running = runner::start(
-            s,
-            &plan,
-            prepared.tables.as_ref(),
-            prepared.functions,
-            |r| shared.metrics().add_statement(r),
-            |lost| shared.metrics().set_lost(Kind::Statements.name(), lost),
-        );
-        read_slices(running, &sliced, o, shared, &mut names)
-    });
-    let exited = process::target_exited();
-    if exited.is_none() && !collect::interrupted() {
-        anyhow::bail!("every collector ended: {}", failed.join("; "));
-    }
-    if let Some(pid) = exited {
-        shared.set_waiting(format!("the server (PID {pid}) exited"));
-    }
-    Ok(())
-}
-
-/// The metrics and status of a server being attached to.
-fn start_metrics(target: &Target, o: &Options, shared: &Shared) {
-    {
-        let mut m = shared.metrics();
-        m.attaches += 1;
-        m.sample_every = o.duty.map_or(1, |d| d.every).into();
-        m.statements_every = o
-            .queries
-            .sampling
-            .duty(o.queries.max_cpu_pct)
-            .map_or(1, |d| d.every.into());
-        // Every collector's losses are exported from the start, at zero.
-        for kind in Kind::PROFILES {
-            m.set_lost(kind.name(), Lost::default());
-        }
-        m.set_lost(Kind::Statements.name(), Lost::default());
-        m.set_db_system(target.flavor.db_system());
-    }
-    *locked(&shared.status) = Status {
-        attached: Some((target.pid, target.version.clone())),
-        since: crate::report::rfc3339(SystemTime::now()),
-        waiting: String::new(),
-    };
-}
-
-/// Adds the collectors' slices to the window under way and to the requests waiting, ends windows, and answers
-/// requests, until every collector has ended (the server exited, or the agent stops). Returns why collectors
-/// ended early.
-fn read_slices(
-    mut running: runner::Running<'_>,
-    sliced: &mpsc::Receiver<Slice>,
-    o: &Options,
-    shared: &Shared,
-    names: &mut Naming<'_>,
-) -> Vec<String> {
-    let mut window = Window::new();
-    let mut failed = Vec::new();
-    // Until every collector has ended (the server exited, or the agent stops), and those that ended early have
-    // been joined and said. The plan holds a sender of the slices: the channel stays open, a wait is a timeout.
-    while !(running.profiles.is_empty() && running.statements.is_finished()) {
-        if let Ok(slice) = sliced.recv_timeout(WAKE) {
-            add_slice(shared, &mut window, &slice);
-        }
-        // Slices wait here while a window is written: every one in before a request is answered.
-        while let Ok(slice) = sliced.try_recv() {
-            add_slice(shared, &mut window, &slice);
-        }
-        answer_due(shared, names);
-        if window.started.elapsed() >= o.window {
-            let ended = std::mem::replace(&mut window, Window::new());
-            end_window(ended, shared, names);
-        }
-        // A collector that ended early (it could not load here) is said once; the others go on.
-        for (kind, h) in running.profiles.extract_if(.., |(_, h)| h.is_finished()) {
-            if let Err(e) = runner::joined(h, kind) {
-                let failure = format!("{}: {e:#}", kind.label());
-                say!("myprobe: agent: warning: not traced: {failure}");
-                failed.push(failure);
-            }
-        }
-    }
-    while let Ok(slice) = sliced.try_recv() {
-        add_slice(shared, &mut window, &slice);
-    }
-    end_window(window, shared, names);
-    let followed = runner::joined(running.statements, Kind::Statements);
-    let mut m = shared.metrics();
-    match followed {
-        Ok(f) => m.set_lost(Kind::Statements.name(), f.lost),
-        Err(e) => failed.push(format!("statements: {e:#}")),
-    }
-    m.detached();
-    failed
-}
-
-/// What names stacks and locks, and labels profiles, for one server.
-struct Naming<'a> {
-    target: &'a Target,
-    symbolizer: &'a mut Symbolizer,
-    lock_names: &'a mut DataSymbolizer,
-    host: &'a str,
-}
-
-impl Naming<'_> {
-    /// The gzip-compressed pprof of `sums`, labelled with the host, the server's version and the time it
-    /// covers; for locks, also the waits by lock and site.
-    fn pprof(
-        &mut self,
-        kind: Kind,
-        sums: &Sums,
-        started: SystemTime,
-    ) -> Result<(Vec<u8>, ByLockAndSite)> {
-        let c = sums.collected();
-        let mut namer = StackNamer::new(
-            self.symbolizer,
-            StackOptions {
-                pid: self.target.pid,
-                per_thread: false,
-                addresses: false,
-            },
-        );
-        let mut lock_waits = HashMap::new();
-        let profile = match kind {
-            Kind::Cpu => stacks::on_cpu(&c, &mut namer),
-            Kind::Offcpu => stacks::off_cpu(&c, &mut namer),
-            _ => {
-                lock_waits = by_lock_and_site(&c, &mut namer, self.lock_names);
-                profile::locks::summarize(&c, &mut namer, self.lock_names).0
-            }
-        };
-        Ok((self.encode(&profile, kind, started)?, lock_waits))
-    }
-
-    fn encode(&self, profile: &Profile, kind: Kind, started: SystemTime) -> Result<Vec<u8>> {
-        let mut opts = RenderOptions::default();
-        opts.meta.insert("pid".into(), self.target.pid.into());
-        opts.meta
-            .insert("comm".into(), self.target.comm.clone().into());
-        let mut message = pprof::build(profile, &opts);
-        let covered = started.elapsed().unwrap_or_default();
-        let start_ns = started
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as i64;
-        let window = format!(
-            "{}/{}",
-            crate::report::rfc3339(started),
-            crate::report::rfc3339(started + covered)
-        );
-        pprof::label(
-            &mut message,
-            &[
-                ("host", self.host),
-                ("server_version", &self.target.version),
-                ("window", &window),
-                ("profile", kind.name()),
-            ],
-            start_ns,
-            covered.as_nanos() as i64,
-        );
-        let mut bytes = Vec::new();
-        pprof::write_message(&message, &mut bytes)?;
-        Ok(bytes)
-    }
-}
-
-type ByLockAndSite = HashMap<(String, String), LockWaits>;
-
-/// The waits of a window by lock and site, for `myprobe_lock_wait_seconds_total`: a lock word in no variable
-/// goes by its mapping (`[heap]`), its site telling it apart, so that heap addresses make no series.
-fn by_lock_and_site(
-    c: &Collected,
-    namer: &mut StackNamer,
-    lock_names: &mut DataSymbolizer,
-) -> ByLockAndSite {
-    let mut by = HashMap::new();
-    for row in &c.rows {
-        let waits = c.value(row, "waits");
-        if waits == 0 {
-            continue;
-        }
-        let name = lock_names.name(row.key);
-        let lock = if lock_names.names_no_variable(&name) {
-            name.split(['+', ' ']).next().unwrap_or(&name).to_string()
-        } else {
-            name
-        };
-        let site =
-            waits::site(&namer.user_frames(&row.stack)).unwrap_or_else(|| "[unknown]".into());
-        let w: &mut LockWaits = by.entry((lock, site)).or_default();
-        w.waits = w.waits.saturating_add(waits);
-        w.wait_ns = w.wait_ns.saturating_add(c.value(row, "wait_ns"));
-    }
-    by
-}
-
-fn add_slice(shared: &Shared, window: &mut Window, slice: &Slice) {
-    let kind = slice.collector;
-    let c = &slice.collected;
-    let scale = {
-        let mut m = shared.metrics();
-        m.set_lost(kind.name(), c.lost);
-        if kind == Kind::Cpu {
-            m.cpu_samples = m.cpu_samples.saturating_add(c.events);
-            1
-        } else {
-            m.sample_every
-        }
-    };
-    for r in shared.requests().iter_mut().filter(|r| r.kind == kind) {
-        r.sums.add(c, scale);
-        r.covered = r.covered.max(Some(slice.at));
-    }
-    window.sums.entry(kind).or_default().add(c, scale);
-}
-
-/// The window under way.
-struct Window {
-    started: Instant,
-    started_at: SystemTime,
-    sums: HashMap<Kind, Sums>,
-}
-
-impl Window {
-    fn new() -> Self {
-        Window {
-            started: Instant::now(),
-            started_at: SystemTime::now(),
-            sums: HashMap::new(),
-        }
-    }
-}
-
-/// Keeps a window's profiles as files, and its lock waits in the metrics.
-fn end_window(window: Window, shared: &Shared, names: &mut Naming) {
-    for kind in Kind::PROFILES {
-        let Some(sums) = window.sums.get(&kind).filter(|s| !s.rows.is_empty()) else {
-            continue;
-        };
-        match names.pprof(kind, sums, window.started_at) {
-            Ok((bytes, lock_waits)) => {
-                shared.metrics().add_lock_waits(lock_waits);
-                if let Err(e) = shared
-                    .retention
-                    .keep(kind.name(), window.started_at, &bytes)
-                {
-                    say!(
-                        "myprobe: agent: warning: the {} window is not kept: {e:#}",
-                        kind.name()
-                    );
-                }
-            }
-            Err(e) => say!("myprobe: agent: warning: the {} window: {e:#}", kind.name()),
-        }
-    }
-    shared.metrics().end_window();
-    names.symbolizer.bound_caches(MAX_NAMES_CACHED);
-    names.lock_names.bound_cache(MAX_NAMES_CACHED);
-    release_free_memory();
-}
-
-/// Answers the profile requests whose time has passed and whose collector's slices cover it (or stopped
-/// coming: a collector that ended).
-fn answer_due(shared: &Shared, names: &mut Naming) {
-    let now = Instant::now();
-    let due: Vec<ProfileRequest> = shared
-        .requests()
-        .extract_if(.., |r| {
-            now >= r.until && (r.covered >= Some(r.until) || now >= r.until + 3 * SLICE)
-        })
-        .collect();
-    for r in due {
-        let answer = names
-            .pprof(r.kind, &r.sums, r.started)
-            .map(|(bytes, _)| bytes)
-            .map_err(|e| format!("{e:#}"));
-        let _ = r.reply.send(answer);
-    }
 }

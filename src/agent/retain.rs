@@ -1,5 +1,5 @@
-//! The windows kept as pprof files (`KIND-YYYYMMDDTHHMMSSZ.pb.gz` in the agent's directory), for `--retain`
-//! and within a size: past either, the oldest go first.
+//! The windows kept as pprof files (`KIND-PID-YYYYMMDDTHHMMSSZ.pb.gz` in the agent's directory: a window of each
+//! server), for `--retain` and within a size: past either, the oldest go first.
 
 use std::{
     collections::VecDeque,
@@ -70,9 +70,11 @@ impl Retention {
         &self.dir
     }
 
-    /// Writes a window's profile whole (never half a file), then lets the oldest go.
-    pub fn keep(&self, kind: &str, started: SystemTime, bytes: &[u8]) -> Result<PathBuf> {
-        let path = self.dir.join(format!("{kind}-{}.pb.gz", stamp(started)));
+    /// Writes the window of server `pid` whole (never half a file), then lets the oldest go.
+    pub fn keep(&self, kind: &str, pid: u32, started: SystemTime, bytes: &[u8]) -> Result<PathBuf> {
+        let path = self
+            .dir
+            .join(format!("{kind}-{pid}-{}.pb.gz", stamp(started)));
         let mut file = tempfile::NamedTempFile::new_in(&self.dir)
             .with_context(|| format!("writing in {}", self.dir.display()))?;
         file.write_all(bytes)
@@ -95,7 +97,7 @@ impl Retention {
         {
             let mut index = self.index();
             // A window of the same second written again (a server's last, cut short) replaces it: among the last.
-            let last = index.windows.len().saturating_sub(16);
+            let last = index.windows.len().saturating_sub(64);
             if let Some(at) =
                 (last..index.windows.len()).find(|&i| index.windows[i].name == window.name)
             {
@@ -167,13 +169,19 @@ fn read_windows(dir: &Path) -> Vec<Kept> {
     kept
 }
 
-/// A name this module writes: `cpu-20261125T100405Z.pb.gz`; nothing with a path in it.
+/// A name this module writes: `cpu-1234-20261125T100405Z.pb.gz` (or, before windows were a server's,
+/// `cpu-20261125T100405Z.pb.gz`); nothing with a path in it.
 fn is_window(name: &str) -> bool {
     let Some(rest) = name.strip_suffix(".pb.gz") else {
         return false;
     };
-    let Some((kind, stamp)) = rest.split_once('-') else {
+    let Some((kind, rest)) = rest.split_once('-') else {
         return false;
+    };
+    let stamp = match rest.split_once('-') {
+        Some((pid, stamp)) if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => stamp,
+        Some(_) => return false,
+        None => rest,
     };
     ["cpu", "offcpu", "locks"].contains(&kind)
         && stamp.len() == 16
@@ -196,6 +204,9 @@ mod tests {
     #[test]
     fn names_are_checked() {
         assert!(is_window("cpu-20261125T100405Z.pb.gz"));
+        assert!(is_window("cpu-1234-20261125T100405Z.pb.gz"));
+        assert!(!is_window("cpu-12a4-20261125T100405Z.pb.gz"));
+        assert!(!is_window("cpu--20261125T100405Z.pb.gz"));
         assert!(is_window("locks-20261125T100405Z.pb.gz"));
         assert!(!is_window("cpu-20261125T100405Z.pb"));
         assert!(!is_window("heap-20261125T100405Z.pb.gz"));
@@ -212,7 +223,7 @@ mod tests {
         let r = Retention::new(dir.path(), Duration::from_secs(3600), 250).unwrap();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
         for i in 0..4 {
-            r.keep("cpu", t0 + Duration::from_secs(60 * i), &[0u8; 100])
+            r.keep("cpu", 7, t0 + Duration::from_secs(60 * i), &[0u8; 100])
                 .unwrap();
             // Written in order, at least a tick apart on any file system.
             std::thread::sleep(Duration::from_millis(20));
@@ -220,10 +231,13 @@ mod tests {
         let names: Vec<String> = r.list().into_iter().map(|k| k.name).collect();
         assert_eq!(
             names,
-            ["cpu-20261118T110840Z.pb.gz", "cpu-20261118T110940Z.pb.gz"]
+            [
+                "cpu-7-20261118T110840Z.pb.gz",
+                "cpu-7-20261118T110940Z.pb.gz"
+            ]
         );
-        assert!(r.path_of("cpu-20261118T110940Z.pb.gz").is_some());
-        assert!(r.path_of("cpu-20261118T110640Z.pb.gz").is_none());
+        assert!(r.path_of("cpu-7-20261118T110940Z.pb.gz").is_some());
+        assert!(r.path_of("cpu-7-20261118T110640Z.pb.gz").is_none());
         // A retention of nothing keeps nothing older than now.
         let r = Retention::new(dir.path(), Duration::ZERO, 1 << 30).unwrap();
         std::thread::sleep(Duration::from_millis(20));

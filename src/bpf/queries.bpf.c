@@ -1625,8 +1625,9 @@ int in_flight(struct bpf_iter__task *ctx)
 /* Run once, just after the tracepoints are attached: each thread that runs a statement user space read from the
  * server's memory (`started`) is put in it, as if it had been followed from the statement's start; its time is
  * followed from now on, where it is now (on a CPU, or blocked in a syscall: a futex wait is the statement's lock
- * wait, on the stack user space read). A thread already in a statement (one that began since) is left as it
- * is. */
+ * wait, on the stack user space read). A thread seen to begin a statement since the probes were attached is left
+ * as it is: the one read began since too, or was over by then (it ran, and may have ended, while the memory was
+ * read). */
 SEC("iter/task")
 int start_statements(struct bpf_iter__task *ctx)
 {
@@ -1638,7 +1639,7 @@ int start_statements(struct bpf_iter__task *ctx)
 	if (!s)
 		return 0;
 	struct query_thread *st = thread_state(task, true);
-	if (!st || in_statement(st))
+	if (!st || in_statement(st) || st->ev.start_ns)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	__builtin_memset(&st->c, 0, sizeof(st->c));

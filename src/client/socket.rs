@@ -67,6 +67,43 @@ fn socket_inodes(pid: u32) -> HashSet<u64> {
         .collect()
 }
 
+/// Whether the server with PID `pid` takes connections: it listens on a TCP port or a unix socket.
+pub fn listens(pid: u32) -> bool {
+    listening_port(pid).is_some() || listening_socket(pid).is_some()
+}
+
+/// The TCP port the server with PID `pid` listens on (the lowest, where it listens on several: MySQL's X
+/// protocol and admin ports are above its classic one), read in its own network namespace.
+pub fn listening_port(pid: u32) -> Option<u16> {
+    let inodes = socket_inodes(pid);
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| listening_ports(&table))
+        .filter(|(inode, _)| inodes.contains(inode))
+        .map(|(_, port)| port)
+        .min()
+}
+
+/// (inode, port) of the listening sockets in a `/proc/net/tcp` or `tcp6` table.
+pub fn listening_ports(table: &str) -> Vec<(u64, u16)> {
+    const LISTEN: &str = "0A";
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields.get(1)?.rsplit_once(':')?.1;
+            (*fields.get(3)? == LISTEN).then_some(())?;
+            Some((
+                fields.get(9)?.parse().ok()?,
+                u16::from_str_radix(port, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// (inode, path) of the listening stream sockets with a path in a `/proc/net/unix` table.
 pub fn listening_paths(table: &str) -> Vec<(u64, PathBuf)> {
     const SO_ACCEPTCON: u32 = 0x10000;
@@ -157,6 +194,20 @@ mod tests {
             ]
         );
         assert!(listening_paths("").is_empty());
+    }
+
+    #[test]
+    fn listening_tcp_ports() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+            0: 0100007F:0CEA 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1961800 1 0\n\
+            1: 0100007F:0CEA 0100007F:B0C2 01 00000000:00000000 00:00000000 00000000     0        0 1961801 1 0\n\
+            garbage\n";
+        assert_eq!(listening_ports(table), vec![(1961800, 3306)]);
+        let table6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+            0: 00000000000000000000000001000000:84D2 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1961802 1 0\n";
+        assert_eq!(listening_ports(table6), vec![(1961802, 34002)]);
+        // This process listens on no TCP port.
+        assert_eq!(listening_port(std::process::id()), None);
     }
 
     #[test]

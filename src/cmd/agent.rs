@@ -1,4 +1,4 @@
-//! `myprobe agent`: an always-on daemon for one server, scraped by Prometheus and pprof clients.
+//! `myprobe agent`: an always-on daemon for every server of a host, scraped by Prometheus and pprof clients.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -40,9 +40,12 @@ pub struct AgentArgs {
     /// The most the windows kept may take, in MiB: past it the oldest go first
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
     pub retain_mib: u64,
-    /// Fingerprints with series of their own in /metrics (by time); the rest add to `other`
+    /// Fingerprints with series of their own in /metrics (by time), per server; the rest add to `other`
     #[arg(long, default_value_t = 100)]
     pub top: usize,
+    /// How long the series of a server that exited stay in /metrics, at their last values
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub forget_after: Duration,
     /// Trace off-CPU time, lock waits and statements for one second in N (the on-CPU profile always), their
     /// figures scaled up by N: what keeps the agent within a few percent of a CPU under load. 1: all the time
     /// (about N times the cost); waits longer than a second are undercounted when N > 1
@@ -55,7 +58,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "RATE|auto", default_value = "auto", value_parser = parse_max_statements)]
     pub max_statements: MaxStatements,
     /// With `--max-statements auto`: the share of one CPU, in percent, that tracing statements may take on
-    /// average, in the kernel and in the agent together
+    /// average, in the kernel and in the agent together; the servers traced share it (as they share
+    /// --max-kernel-mem)
     #[arg(long, value_name = "PERCENT", default_value_t = AGENT_STATEMENTS_CPU_PCT, value_parser = crate::cmd::queries::parse_cpu_percent)]
     pub statements_max_cpu: f64,
     #[command(flatten)]
@@ -121,6 +125,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
         retain: a.retain,
         retain_bytes: a.retain_mib.saturating_mul(1 << 20),
         top: a.top,
+        forget_after: a.forget_after,
         duty: (a.sample_every > 1).then_some(Duty {
             length: Duration::from_secs(1),
             every: a.sample_every,

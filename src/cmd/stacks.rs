@@ -187,7 +187,7 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
     // Threads of a process that was exiting, named from maps that may be gone: not a picture of it.
     let zombie = |t: &threads::ThreadRecord| matches!(t.state, Some('Z' | 'X'));
     if snapshot.threads.is_empty()
-        || process::target_exited().is_some()
+        || process::exited(target.pid)
         || snapshot.threads.iter().all(zombie)
     {
         bail!(

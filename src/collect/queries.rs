@@ -620,7 +620,7 @@ pub fn collect(
     let mut periods = opts.duty.map(SamplePeriods::of);
     let mut execute_link = ExecuteLink::default();
     let mut long_waits_read = Instant::now();
-    let result = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
+    let result = ring::poll(&reader, opts, |elapsed| {
         if dispatch_links.is_empty() {
             attach_dispatch(&skel.progs, &mut dispatch_links)?;
             if !dispatch_links.is_empty() {
@@ -678,7 +678,7 @@ pub fn collect(
 }
 
 /// Puts the threads of `started` in their statements (`start_statements`), their waits' stacks sent first; a thread
-/// already in another, begun since, is left as it is. A failure is said, and leaves them out.
+/// seen to begin one since the probes were attached is left as it is. A failure is said, and leaves them out.
 fn start_statements(
     skel: &mut skel::QueriesSkel<'_>,
     started: Vec<StartedBefore>,

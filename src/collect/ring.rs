@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
 
-use super::Stop;
+use super::CollectOptions;
 
 /// How [`poll`] reads a ring buffer.
 #[derive(Clone, Copy, Debug)]
@@ -68,17 +68,16 @@ pub fn reader<'cb>(
     builder.build().context("setting up the ring buffer reader")
 }
 
-/// Reads `ring` until `duration` passes, the run stops (Ctrl-C included), or the traced process exits, then what
-/// is left; notes when tracing ended in `stop`. `tick` runs after every poll (at least every `options.interval`,
-/// and by the time it asks) and returns a status line, shown once a second on a terminal. Returns the time
-/// traced. The programs stay attached until the caller drops them.
+/// Reads `ring` until the run's duration passes, it stops (Ctrl-C included), or the traced process exits, then what
+/// is left; notes when tracing ended in its `stop`. `tick` runs after every poll (at least every
+/// `opts.ring.interval`, and by the time it asks) and returns a status line, shown once a second on a terminal.
+/// Returns the time traced. The programs stay attached until the caller drops them.
 pub fn poll(
     ring: &RingBuffer<'_>,
-    duration: Duration,
-    stop: &Stop,
-    options: RingOptions,
+    opts: &CollectOptions,
     mut tick: impl FnMut(Duration) -> Result<Tick>,
 ) -> Result<Duration> {
+    let (duration, stop, pid, options) = (opts.duration, &opts.stop, opts.pid, opts.ring);
     let started = Instant::now();
     let show_progress = std::io::stderr().is_terminal() && options.progress;
     let mut last_progress = started;
@@ -92,7 +91,7 @@ pub fn poll(
         }
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
-            if let Some(pid) = crate::process::target_exited() {
+            if crate::process::exited(pid) {
                 if options.say_exit {
                     if show_progress {
                         say!();

@@ -440,7 +440,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         stacks.borrow_mut().add_record::<C::Skel>(data);
     })?;
     let mut last_slice = Instant::now();
-    let traced = ring::poll(&reader, opts.duration, &opts.stop, opts.ring, |elapsed| {
+    let traced = ring::poll(&reader, opts, |elapsed| {
         // Sampled: detached between periods, attached again by section (what offcpu and locks attach),
         // their threads' state from before left stale.
         if let Some(p) = periods.as_mut() {

@@ -1,5 +1,6 @@
 //! Finding the server process to trace, its flavor and version, and checking that this machine can trace it.
 
+pub mod container;
 pub mod maps;
 pub mod memory;
 pub mod probes;
@@ -62,7 +63,9 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
     };
     let comm = comm_of(pid).with_context(|| format!("process {pid} exited"))?;
     let exe = exe_of(pid).with_context(|| format!("process {pid} has exited (or is a zombie)"))?;
-    *WATCHED.lock().unwrap_or_else(|e| e.into_inner()) = start_time(pid).map(|t| (pid, t));
+    if let Some(started) = start_time(pid) {
+        watched().insert(pid, started);
+    }
     let (flavor, version) = server_version(pid, &comm);
     Ok(Target {
         pid,
@@ -74,8 +77,14 @@ pub fn resolve(pid: Option<u32>, any_process: bool) -> Result<Target> {
     })
 }
 
-/// The process traced, and its start time: what [`target_exited`] checks.
-static WATCHED: std::sync::Mutex<Option<(u32, u64)>> = std::sync::Mutex::new(None);
+/// The processes [`resolve`] found, by PID, and their start times: what [`exited`] checks. The agent traces
+/// several; bounded by the PIDs the system has.
+static WATCHED: std::sync::Mutex<std::collections::BTreeMap<u32, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn watched() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u32, u64>> {
+    WATCHED.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// When the process with this PID started (clock ticks after boot): with the PID, it names one process even
 /// when the PID is reused.
@@ -122,12 +131,27 @@ pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     after_name.split_whitespace().nth(n.checked_sub(3)?)
 }
 
-/// The traced process, if it exited since [`resolve`] found it (a server restarted has a new PID, and a PID
+/// How long ago the process `pid` started; `None` if it is gone.
+pub fn running_for(pid: u32) -> Option<std::time::Duration> {
+    let started = start_time(pid)?;
+    let uptime: f64 = fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(std::time::Duration::from_secs_f64(
+        (uptime - started as f64 / ticks).max(0.0),
+    ))
+}
+
+/// Whether the process [`resolve`] found with this PID exited since (a server restarted has a new PID, and a PID
 /// reused names another process).
-pub fn target_exited() -> Option<u32> {
-    let watched = *WATCHED.lock().unwrap_or_else(|e| e.into_inner());
-    let (pid, started) = watched?;
-    (start_time(pid) != Some(started)).then_some(pid)
+pub fn exited(pid: u32) -> bool {
+    let started = watched().get(&pid).copied();
+    started.is_some_and(|started| start_time(pid) != Some(started))
 }
 
 /// The executable of a process, as its memory map names it (without the ` (deleted)` of a replaced file).

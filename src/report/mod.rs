@@ -240,7 +240,7 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
                 o.frequency,
                 o.duration.as_secs()
             );
-            traced = wait(o.duration, &stop);
+            traced = wait(o.duration, &stop, target.pid);
         }
         stop.stop();
         let profiles: Vec<_> = (running.profiles.into_iter())
@@ -258,8 +258,8 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
     })
 }
 
-/// Waits for `duration`, Ctrl-C or the traced process's exit, showing progress; returns the time waited.
-fn wait(duration: Duration, stop: &Stop) -> Duration {
+/// Waits for `duration`, Ctrl-C or the exit of the traced process `pid`, showing progress; returns the time waited.
+fn wait(duration: Duration, stop: &Stop, pid: u32) -> Duration {
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
     let mut said = started;
@@ -267,7 +267,7 @@ fn wait(duration: Duration, stop: &Stop) -> Duration {
         std::thread::sleep(
             Duration::from_millis(100).min(duration - started.elapsed().min(duration)),
         );
-        if let Some(pid) = process::target_exited() {
+        if process::exited(pid) {
             say!("myprobe: the traced process (PID {pid}) exited: the report covers the time until then");
             break;
         }
@@ -306,7 +306,7 @@ fn snapshot(
         ..o.queries.collect_options(target.pid)
     };
     let snapshot = match collect::threads::snapshot(&opts) {
-        Ok(s) if !s.threads.is_empty() && process::target_exited().is_none() => s,
+        Ok(s) if !s.threads.is_empty() && !process::exited(target.pid) => s,
         Ok(_) => {
             missing.push("threads: the server exited before they could be read".into());
             return Vec::new();

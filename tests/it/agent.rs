@@ -440,9 +440,9 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     let (_, metrics) = get(&format!("http://127.0.0.1:{agent_port}/metrics")).unwrap();
     for family in [
         "# TYPE myprobe_statement_duration_seconds histogram",
-        "myprobe_lock_wait_seconds_total{lock=",
+        "myprobe_lock_wait_seconds_total{server_pid=",
         "cause=\"CPU\"}",
-        "myprobe_lost_events_total{collector=\"queries\",cause=\"ringbuf_full\"}",
+        "collector=\"queries\",cause=\"ringbuf_full\"}",
         "process_resident_memory_bytes ",
     ] {
         assert!(metrics.contains(family), "{family} in\n{metrics}");
@@ -512,8 +512,8 @@ fn sampled_statements_are_scaled_to_the_servers_count() {
     assert!(text.contains("myprobe_sample_every 5"), "{text}");
     let every = text
         .lines()
-        .find_map(|l| l.strip_prefix("myprobe_statement_sample_every "))
-        .and_then(|v| v.parse::<u64>().ok());
+        .find(|l| l.starts_with("myprobe_statement_sample_every{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(
         every.is_some_and(|n| n > 5),
         "{rate:.0} statements a second, at most {max} traced: cycles of more than 5 chosen\n{text}"
@@ -673,4 +673,176 @@ fn the_systemd_unit_shipped_verifies() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A process moved into a cgroup named as Docker names its containers' (`/docker/<64 hex digits>`, in cgroup v1's
+/// `pids` hierarchy, which limits nothing here): it runs "in a container" as far as its cgroup says. Moved back when
+/// dropped.
+struct InContainer {
+    id: String,
+    _group: InCgroup,
+}
+
+impl InContainer {
+    fn enter(pid: u32) -> InContainer {
+        let mix = u64::from(pid).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let id = format!("{mix:032x}{:032x}", !mix);
+        let group = InCgroup::enter("pids", &format!("docker/{id}"), &[], Member::Process(pid));
+        InContainer { id, _group: group }
+    }
+}
+
+/// The lines of `metrics` of the family `name` whose labels hold `label`.
+fn series<'a>(metrics: &'a str, name: &str, label: &str) -> Vec<&'a str> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .collect()
+}
+
+#[test]
+fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_go() {
+    // The agent traces every server of the host: those of the other tests would come and go in its figures.
+    servers_alone();
+    let servers = every_server();
+    let db = testdb();
+    let _turn = agent_turn();
+    let dir = tempdir("agent-every");
+    // The last server (MySQL 9.7, in a PID namespace of its own, where the tests start it) in a container.
+    let (contained_kind, contained) = servers.last().unwrap();
+    let container = InContainer::enter(contained.pid);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let windows = dir.join("windows");
+    let args = [
+        "agent",
+        "--listen",
+        &listen,
+        "--window",
+        "2s",
+        "--sample-every",
+        "1",
+        "--forget-after",
+        "20s",
+        "--dir",
+        windows.to_str().unwrap(),
+    ];
+    let running = Background::start(&args, ATTACHED);
+    let prometheus_port = free_port();
+    let _prometheus = prometheus(&dir, prometheus_port, &listen);
+    let health = || get(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
+    let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
+    let traced = |pid: u32| {
+        let (status, text) = health();
+        status == 200
+            && text
+                .lines()
+                .any(|l| l.starts_with(&format!("ok: tracing PID {pid}:")))
+    };
+    let wait_until = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !check() {
+            assert!(
+                Instant::now() < deadline,
+                "never true: {what}\n{:?}\nthe agent said:\n{}",
+                health(),
+                running.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    // Each server's statements counted under its own labels: its host PID, port, version and what it is. Sent
+    // until counted: a server is said to be traced before its collectors are all in place.
+    let counted = |server: &TestDb| {
+        let label = format!("server_pid=\"{}\"", server.pid);
+        wait_until(
+            &format!("statements of PID {} counted", server.pid),
+            &|| {
+                server.sql("SELECT 'agent-every', 1");
+                series(&metrics(), "myprobe_statements_total", &label)
+                    .iter()
+                    .any(|l| l.contains("db_query_text=\"select ?, ?\""))
+            },
+        );
+    };
+    for (kind, server) in &servers {
+        wait_until(&format!("{kind} traced"), &|| traced(server.pid));
+        counted(server);
+        let info = metrics();
+        let info = series(
+            &info,
+            "myprobe_target_info",
+            &format!("server_pid=\"{}\"", server.pid),
+        );
+        assert_eq!(info.len(), 1, "{kind}: {info:?}");
+        let version = server.sql("SELECT VERSION()");
+        let system = if kind.starts_with("mysql") {
+            "mysql"
+        } else {
+            "mariadb"
+        };
+        for label in [
+            format!("server_port=\"{}\"", server.port()),
+            format!("server_version=\"{}\"", version.trim()),
+            format!("db_system=\"{system}\""),
+        ] {
+            assert!(info[0].contains(&label), "{kind}: {label} in {}", info[0]);
+        }
+        let in_container = info[0].contains(&format!("container_id=\"{}\"", container.id));
+        assert_eq!(in_container, kind == contained_kind, "{kind}: {}", info[0]);
+    }
+    // A server started while the agent runs is traced once it listens; stopped, its series stay at their last
+    // values (without target_info) until they age out; started again, it is another server, with series of its own.
+    let extra = db.start_another(&dir.join("extra"), &[]);
+    wait_until("the server started is traced", &|| traced(extra.0.pid));
+    counted(&extra.0);
+    let first_pid = extra.0.pid;
+    extra.0.stop();
+    wait_until("the server stopped is let go", &|| !traced(first_pid));
+    let gone = format!("server_pid=\"{first_pid}\"");
+    let text = metrics();
+    assert!(
+        !series(&text, "myprobe_statements_total", &gone).is_empty()
+            && series(&text, "myprobe_target_info", &gone).is_empty(),
+        "{text}"
+    );
+    let again = db.start_another(&extra.0.dir, &[]);
+    wait_until("the server started again is traced", &|| {
+        traced(again.0.pid)
+    });
+    counted(&again.0);
+    // Prometheus scraped it all: each server's series apart, none of its counters ever went down.
+    let pids: Vec<String> = servers
+        .iter()
+        .map(|(_, s)| s.pid)
+        .chain([first_pid, again.0.pid])
+        .map(|pid| pid.to_string())
+        .collect();
+    wait_until(
+        &format!("Prometheus scraped the series of {pids:?}"),
+        &|| {
+            let by_server = query(
+                prometheus_port,
+                "count by (server_pid) (myprobe_statements_total)",
+                now(),
+            );
+            pids.iter().all(|pid| {
+                by_server
+                    .iter()
+                    .any(|(m, _)| m["server_pid"].as_str() == Some(pid))
+            })
+        },
+    );
+    let t = now();
+    let resets = query(
+        prometheus_port,
+        "resets(myprobe_statements_total[5m]) > 0 or resets(myprobe_statement_duration_seconds_sum[5m]) > 0",
+        t,
+    );
+    assert!(resets.is_empty(), "counters went down: {resets:?}");
+    wait_until("the stopped server's series age out", &|| {
+        !metrics().contains(&gone)
+    });
+    running.stop();
+    drop(container);
 }

@@ -543,22 +543,11 @@ impl Session {
 
 /// One server thread's reads from the disk behind the server's data slowed to a few a second: a slow disk, for
 /// one connection only (cgroup v1's blkio throttle, which moves single threads). Lifted when dropped.
-pub struct SlowReads {
-    cgroup: PathBuf,
-    tid: u32,
-    /// The thread's blkio group before.
-    back: PathBuf,
-}
+pub struct SlowReads(InCgroup);
 
 impl SlowReads {
     pub fn start(db: &TestDb, tid: u32, per_second: u32) -> SlowReads {
         use std::os::unix::fs::MetadataExt;
-        let root = Path::new("/sys/fs/cgroup/blkio");
-        assert!(
-            root.join("tasks").exists(),
-            "slowing a thread's reads needs cgroup v1's blkio controller at {}",
-            root.display()
-        );
         let dev = std::fs::metadata(db.dir.join("data")).unwrap().dev();
         let block =
             Path::new("/sys/dev/block").join(format!("{}:{}", libc::major(dev), libc::minor(dev)));
@@ -578,37 +567,88 @@ impl SlowReads {
                 block.display()
             )
         });
-        let current = std::fs::read_to_string(format!("/proc/{tid}/cgroup")).unwrap();
-        let current = current
-            .lines()
-            .find_map(|l| {
-                l.split_once(":blkio:")
-                    .map(|(_, p)| p.trim_start_matches('/'))
-            })
-            .expect("the thread has a blkio group");
-        let cgroup = root.join(format!("myprobe-slow-reads-{tid}"));
-        let _ = std::fs::create_dir(&cgroup);
-        let write = |file: &Path, what: String| {
-            std::fs::write(file, &what)
-                .unwrap_or_else(|e| panic!("writing {what} to {}: {e}", file.display()))
-        };
-        write(
-            &cgroup.join("blkio.throttle.read_iops_device"),
+        let limit = (
+            "blkio.throttle.read_iops_device",
             format!("{} {per_second}", disk.trim()),
         );
-        write(&cgroup.join("tasks"), tid.to_string());
-        SlowReads {
-            cgroup,
-            tid,
-            back: root.join(current),
-        }
+        SlowReads(InCgroup::enter(
+            "blkio",
+            &format!("myprobe-slow-reads-{tid}"),
+            &[limit],
+            Member::Thread(tid),
+        ))
     }
 }
 
-impl Drop for SlowReads {
+/// A thread, or a process with all its threads, in a cgroup v1 group of their own.
+#[derive(Clone, Copy)]
+pub enum Member {
+    Thread(u32),
+    Process(u32),
+}
+
+/// A thread or process moved into cgroup v1's `hierarchy`, in a group at `path` below its root, made with
+/// `settings` (file, value); moved back to its group before, and the group removed, when dropped.
+pub struct InCgroup {
+    group: PathBuf,
+    member: Member,
+    back: PathBuf,
+}
+
+impl InCgroup {
+    pub fn enter(
+        hierarchy: &str,
+        path: &str,
+        settings: &[(&str, String)],
+        member: Member,
+    ) -> InCgroup {
+        let root = Path::new("/sys/fs/cgroup").join(hierarchy);
+        assert!(
+            root.join("tasks").exists(),
+            "this test needs cgroup v1's {hierarchy} hierarchy at {}",
+            root.display()
+        );
+        let (Member::Thread(id) | Member::Process(id)) = member;
+        let current = std::fs::read_to_string(format!("/proc/{id}/cgroup")).unwrap();
+        let current = current
+            .lines()
+            .find_map(|l| {
+                l.split_once(&format!(":{hierarchy}:"))
+                    .map(|(_, p)| p.trim_start_matches('/').to_string())
+            })
+            .unwrap_or_else(|| panic!("{id} has no {hierarchy} group"));
+        let group = root.join(path);
+        std::fs::create_dir_all(&group).unwrap();
+        let in_group = InCgroup {
+            group,
+            member,
+            back: root.join(current),
+        };
+        for (file, value) in settings {
+            in_group.write(&in_group.group.join(file), value);
+        }
+        in_group.write(&in_group.members(&in_group.group), &id.to_string());
+        in_group
+    }
+
+    fn members(&self, group: &Path) -> PathBuf {
+        match self.member {
+            Member::Thread(_) => group.join("tasks"),
+            Member::Process(_) => group.join("cgroup.procs"),
+        }
+    }
+
+    fn write(&self, file: &Path, what: &str) {
+        std::fs::write(file, what)
+            .unwrap_or_else(|e| panic!("writing {what} to {}: {e}", file.display()))
+    }
+}
+
+impl Drop for InCgroup {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.back.join("tasks"), self.tid.to_string());
-        let _ = std::fs::remove_dir(&self.cgroup);
+        let (Member::Thread(id) | Member::Process(id)) = self.member;
+        let _ = std::fs::write(self.members(&self.back), id.to_string());
+        let _ = std::fs::remove_dir(&self.group);
     }
 }
 
