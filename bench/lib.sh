@@ -40,6 +40,8 @@ collector_command() {
         # Always on: stopped by a signal after the run (SIGINT in overhead, SIGTERM in alternate); windows of 10 s,
         # six times the default's work of writing windows, so that it is in the figures.
         agent) cmd=("$myprobe" agent -p "$pid" --listen 127.0.0.1:19369 --window 10s --dir "${o%.folded}-windows") ;;
+        # The same for every server of the host (bench/alternate's BENCH_EXTRA_SERVERS adds idle ones).
+        agent-all) cmd=("$myprobe" agent --listen 127.0.0.1:19369 --window 10s --dir "${o%.folded}-windows") ;;
         # No collector: a process that sleeps, what the method measures when nothing traces.
         null) cmd=(sleep "$traced") ;;
         # The kernel's own sampler at the agent's rate, no BPF: what any sampling profiler costs the load.
@@ -54,9 +56,16 @@ bpf_snapshot() {
     bpf_programs "$1" | awk '{ t += $3; n += $4 } END { printf "%.0f %.0f\n", t, n }'
 }
 
+# kernel_mem_mib PID: the kernel memory of the BPF maps process PID holds open (their fdinfo's memlock), MiB
+kernel_mem_mib() {
+    awk '/^map_type:/ { map = 1 } /^memlock:/ && map { m += $2; map = 0 } END { printf "%.1f\n", m / 1048576 }' \
+        /proc/"$1"/fdinfo/* 2>/dev/null || echo n/a
+}
+
 # measure_tracing PID SECONDS OUT: while myprobe (PID) traces, the in-kernel cost of its programs and its own
-# CPU over SECONDS, and its peak RSS; writes "ns_per_run runs_per_s bpf_cpu_pct myprobe_cpu_pct rss_mib" to OUT,
-# and each program's "name ns_per_run runs_per_s" to OUT with .programs for .cost
+# CPU over SECONDS, its peak RSS and its maps' kernel memory; writes "ns_per_run runs_per_s bpf_cpu_pct
+# myprobe_cpu_pct rss_mib kernel_mib" to OUT, and each program's "name ns_per_run runs_per_s" to OUT with
+# .programs for .cost
 measure_tracing() {
     local p=$1 window=$2 out=$3 t0 t1 c0 c1 hz before after
     hz=$(getconf CLK_TCK)
@@ -73,9 +82,10 @@ measure_tracing() {
         { dn = $4 - n[$1]; printf "%s %s %.0f\n", $2, (dn > 0 ? sprintf("%.0f", ($3 - t[$1]) / dn) : "n/a"), dn / w }' \
         <(printf '%s\n' "$before") <(printf '%s\n' "$after") >"${out%.cost}.programs"
     rss=$(awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$p/status" 2>/dev/null || echo n/a)
+    kmem=$(kernel_mem_mib "$p")
     awk -v t="$((t1 - t0))" -v n="$((n1 - n0))" -v c="$((c1 - c0))" -v hz="$hz" -v w="$window" -v rss="$rss" \
-        'BEGIN { printf "%s %.0f %.3f %.2f %s\n", (n > 0 ? sprintf("%.0f", t / n) : "n/a"), n / w, t / w / 1e7,
-                 c * 100 / hz / w, rss }' >"$out"
+        -v kmem="$kmem" 'BEGIN { printf "%s %.0f %.3f %.2f %s %s\n", (n > 0 ? sprintf("%.0f", t / n) : "n/a"), n / w,
+                 t / w / 1e7, c * 100 / hz / w, rss, kmem }' >"$out"
 }
 
 # Where each side runs: BENCH_SERVER_CPUS, BENCH_LOAD_CPUS, BENCH_TRACER_CPUS, and bench/alternate's twin server

@@ -73,6 +73,13 @@ impl TargetArgs {
         process::resolve(self.pid, self.any_process)
     }
 
+    /// As [`TargetArgs::resolve`], for a command that reads a picture of a server (`report`, `stacks`): of several
+    /// servers running, the busiest (said), or every one (`all`).
+    pub fn servers_to_read(&self, all: bool) -> Result<Vec<Target>> {
+        crate::collect::features::check_environment(self.btf.as_deref())?;
+        process::servers_to_read(self.pid, self.any_process, all)
+    }
+
     /// `--max-kernel-mem` in bytes.
     pub fn max_kernel_mem_bytes(&self) -> u64 {
         self.max_kernel_mem.saturating_mul(1 << 20)

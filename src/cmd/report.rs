@@ -1,6 +1,9 @@
 //! `myprobe report`: trace once with every collector, write one self-contained HTML file.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -26,6 +29,10 @@ pub struct ReportArgs {
     /// Rows of the statement and lock tables
     #[arg(long, default_value_t = 50)]
     pub top: usize,
+    /// Of several servers running, trace every one at once, each into a file of its own (`report-PID.html`);
+    /// without it, the busiest is traced
+    #[arg(long, conflicts_with = "pid")]
+    pub all: bool,
     #[command(flatten)]
     pub sql: crate::cmd::SqlArgs,
 }
@@ -45,20 +52,60 @@ pub fn run(a: ReportArgs) -> Result<()> {
             dir.display()
         );
     }
-    let target = a.target.resolve()?;
+    let targets = a.target.servers_to_read(a.all)?;
+    if let [target] = targets.as_slice() {
+        return report_of(&a, target, &a.output);
+    }
+    // Each server's report in a thread of its own, traced over the same time.
+    let a = &a;
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|t| {
+                let output = per_server(&a.output, t.pid);
+                (t, s.spawn(move || report_of(a, t, &output)))
+            })
+            .collect();
+        running
+            .into_iter()
+            .filter_map(|(t, r)| match r.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{t}: {e:#}")),
+                Err(_) => Some(format!("{t}: its report panicked")),
+            })
+            .collect()
+    });
+    if !failed.is_empty() {
+        bail!("no report of {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// `report.html` of server `pid` when several are traced: `report-PID.html`.
+pub fn per_server(output: &Path, pid: u32) -> PathBuf {
+    let stem = output.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match output.extension() {
+        Some(ext) => format!("{stem}-{pid}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{pid}"),
+    };
+    output.with_file_name(name)
+}
+
+/// Traces `target` and writes its report to `output`.
+fn report_of(a: &ReportArgs, target: &crate::process::Target, output: &Path) -> Result<()> {
     let options = report::Options {
         duration: Duration::from_secs(a.duration),
         frequency: a.frequency,
         min_block_us: a.min_block_us,
         top: a.top,
-        queries: a.sql.follow_options(&a.target),
+        queries: a.sql.clone().follow_options(&a.target),
     };
-    let r = report::trace(&target, &options)?;
+    let r = report::trace(target, &options)?;
     let page = report::html::render(&r);
-    std::fs::write(&a.output, &page).with_context(|| format!("writing {}", a.output.display()))?;
+    std::fs::write(output, &page).with_context(|| format!("writing {}", output.display()))?;
     say!(
         "myprobe: wrote {} ({} KiB); results written in {} ms after tracing ended",
-        a.output.display(),
+        output.display(),
         page.len() / 1024,
         options.queries.stop.ended().elapsed().as_millis()
     );

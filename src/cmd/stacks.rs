@@ -50,6 +50,10 @@ pub struct StacksArgs {
     /// Walk stacks by frame pointers only, without loading the process's .eh_frame tables into the kernel
     #[arg(long)]
     pub frame_pointers: bool,
+    /// Of several servers running, read every one, one after the other (each under a heading, or with -o each
+    /// into a file of its own, `FILE-PID.EXT`); without it, the busiest is read
+    #[arg(long, conflicts_with_all = ["pid", "core", "resolve"])]
+    pub all: bool,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -65,7 +69,29 @@ pub fn run(a: StacksArgs) -> Result<()> {
     if a.root.is_some() {
         bail!("--root is for --core and --resolve: a running server's files are read through /proc/PID/root");
     }
-    read_running(&a, format)
+    let targets = a.target.servers_to_read(a.all)?;
+    if let [target] = targets.as_slice() {
+        return read_running(&a, format, target, a.output.as_deref());
+    }
+    // A server that cannot be read (it exited meanwhile) is said; the others are read all the same.
+    let mut failed = Vec::new();
+    for target in &targets {
+        let output = a
+            .output
+            .as_deref()
+            .map(|o| crate::cmd::report::per_server(o, target.pid));
+        if output.is_none() {
+            println!("== {target} ==");
+        }
+        if let Err(e) = read_running(&a, format, target, output.as_deref()) {
+            say!("myprobe: warning: {target} not read: {e:#}");
+            failed.push(target.pid);
+        }
+    }
+    if failed.len() == targets.len() {
+        bail!("no server could be read");
+    }
+    Ok(())
 }
 
 /// The format `-o`'s extension names, text on stdout without it.
@@ -111,7 +137,7 @@ fn resolve_text(a: &StacksArgs, file: &Path, format: Format) -> Result<()> {
     if format == Format::Text && !r.summary.is_empty() {
         println!("{}", crate::render::terminal_safe(&r.summary));
     }
-    write_output(a, format, &r.threads, None)
+    write_output(a, format, &r.threads, None, a.output.as_deref())
 }
 
 /// `--core`: the threads of a core file, with a line identifying the crash first on text output.
@@ -162,12 +188,17 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
     let crashed_tid = c.crash.as_ref().map(|(_, tid)| *tid);
     let sessions = (c.sessions.as_deref())
         .map(|s| sessions_text(s, format, "the core", c.dumped_us, &served, crashed_tid));
-    write_output(a, format, &named, sessions.as_deref())
+    write_output(a, format, &named, sessions.as_deref(), a.output.as_deref())
 }
 
 /// A running server: a snapshot of its threads' stacks read from BPF, with their statements when it answers.
-fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
-    let target = a.target.resolve()?;
+fn read_running(
+    a: &StacksArgs,
+    format: Format,
+    target: &process::Target,
+    output: Option<&Path>,
+) -> Result<()> {
+    let target = target.clone();
     // Asked first: a server that does not answer is said, and the threads are read all the same.
     let statements = statements_unless_no_sql(a, &target);
     // What the tables lack is said after the snapshot: of a process that exited meanwhile, only that.
@@ -240,7 +271,7 @@ fn read_running(a: &StacksArgs, format: Format) -> Result<()> {
             None,
         )
     });
-    write_output(a, format, &named, sessions.as_deref())
+    write_output(a, format, &named, sessions.as_deref(), output)
 }
 
 /// The connections read `from` (the server's memory, a core), as text after the stacks, with their times at
@@ -333,6 +364,7 @@ fn write_output(
     format: Format,
     named: &[stacks::ThreadStack],
     sessions: Option<&str>,
+    output: Option<&Path>,
 ) -> Result<()> {
     let with_sessions = |text: String| match sessions {
         Some(s) => format!("{text}\n{s}"),
@@ -344,7 +376,7 @@ fn write_output(
         Format::Folded => stacks::folded(named),
         Format::Json => serde_json::to_string_pretty(named)? + "\n",
     };
-    match &a.output {
+    match output {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
         }

@@ -235,6 +235,47 @@ pub fn find_servers() -> Vec<u32> {
     pids
 }
 
+/// The servers a command that reads a picture of one (`report`, `stacks`) reads: `pid`'s; else the one running;
+/// of several, `all`, or the busiest over a moment, which is said with the others.
+pub fn servers_to_read(pid: Option<u32>, any_process: bool, all: bool) -> Result<Vec<Target>> {
+    let servers = find_servers();
+    if pid.is_some() || servers.len() < 2 {
+        return Ok(vec![resolve(pid, any_process)?]);
+    }
+    if all {
+        // A server that exited since it was listed is left out.
+        return Ok(servers
+            .into_iter()
+            .filter_map(|p| resolve(Some(p), false).ok())
+            .collect());
+    }
+    let cpu = |p: u32| Stat::of(&p.to_string()).map_or(0, |s| s.utime + s.stime);
+    let before: Vec<u64> = servers.iter().map(|&p| cpu(p)).collect();
+    let moment = std::time::Duration::from_millis(300);
+    std::thread::sleep(moment);
+    let busiest = servers
+        .iter()
+        .zip(before)
+        .map(|(&p, before)| (cpu(p).saturating_sub(before), p))
+        .max_by_key(|&(ticks, p)| (ticks, std::cmp::Reverse(p)))
+        .map(|(_, p)| p)
+        .expect("several servers");
+    let target = resolve(Some(busiest), false)?;
+    let others: Vec<String> = servers
+        .iter()
+        .filter(|&&p| p != busiest)
+        .map(|&p| describe(p))
+        .collect();
+    say!(
+        "myprobe: {} servers run; reading {target}, the busiest over {} ms (the others: {}); -p PID reads \
+         another, --all every one",
+        servers.len(),
+        moment.as_millis(),
+        others.join("; ")
+    );
+    Ok(vec![target])
+}
+
 /// "PID (comm --datadir=… --socket=…)" so that a user can tell servers apart.
 fn describe(pid: u32) -> String {
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();

@@ -503,8 +503,8 @@ fn page_reads_commits_and_their_files_are_named_on_every_server() {
 fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
     // The report traces the whole server: another test's scenario beside it would bring holders of its own.
     servers_alone();
-    for (kind, db) in every_server() {
-        let waits = start(&db, kind, "report");
+    on_every_server_at_once(|kind, db| {
+        let waits = start(db, kind, "report");
         let dir = tempdir("causes-report");
         let page = dir.join("report.html");
         let pid = db.pid.to_string();
@@ -542,7 +542,19 @@ fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
                 "{kind}: no finding names connection {holder} holding a {cause}:\n{findings:#?}"
             );
         }
-    }
+    });
+}
+
+/// Runs `check` on every server at once, each in a thread of its own: a test that has the servers alone, whose
+/// reports of one server see nothing of the others'.
+fn on_every_server_at_once(check: impl Fn(&'static str, &TestDb) + Sync) {
+    let servers = every_server();
+    std::thread::scope(|s| {
+        for (kind, db) in &servers {
+            let check = &check;
+            s.spawn(move || check(kind, db));
+        }
+    });
 }
 
 /// The findings of the report at `page`, at least one.
@@ -569,7 +581,9 @@ fn findings(kind: &str, page: &std::path::Path) -> Vec<String> {
 fn the_reports_first_finding_names_reads_commits_the_client_and_the_cpu_on_every_server() {
     // The report traces the whole server: another test's statements would be in its findings.
     servers_alone();
-    for (kind, db) in every_server() {
+    on_every_server_at_once(|kind, db| {
+        // What each server's commits wait for (see page_reads_commits_and_their_files_are_named_on_every_server),
+        // or a CPU where the other servers' scenarios and reports keep the host's busy.
         let commit = match kind {
             "mysql-9.7" => "binlog group commit",
             "mariadb-10.11" => "redo log",
@@ -577,16 +591,16 @@ fn the_reports_first_finding_names_reads_commits_the_client_and_the_cpu_on_every
         };
         let scenarios: [(&str, &[&str]); 4] = [
             ("a cold read", &["page read"]),
-            ("commits", &[commit]),
+            ("commits", &[commit, "run queue"]),
             ("a slow client", &["client"]),
             ("a CPU-heavy statement", &["CPU", "run queue"]),
         ];
         for (what, causes) in scenarios {
             let begun = match what {
-                "a cold read" => begin_cold_read(&db, kind, "cold_report"),
-                "commits" => begin_commits(&db, "commits_report"),
-                "a slow client" => begin_slow_client(&db, "causes_report_client"),
-                _ => begin_cpu_heavy(&db),
+                "a cold read" => begin_cold_read(db, kind, "cold_report"),
+                "commits" => begin_commits(db, "commits_report"),
+                "a slow client" => begin_slow_client(db, "causes_report_client"),
+                _ => begin_cpu_heavy(db),
             };
             std::thread::sleep(Duration::from_millis(300));
             let dir = tempdir("causes-report");
@@ -613,5 +627,5 @@ fn the_reports_first_finding_names_reads_commits_the_client_and_the_cpu_on_every
                 "{kind}: {what}: the first finding names none of {causes:?}:\n{findings:#?}"
             );
         }
-    }
+    });
 }

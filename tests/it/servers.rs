@@ -662,3 +662,47 @@ fn mysql_with_performance_schema_off_shows_its_statements_from_memory() {
         mine[0]
     );
 }
+
+#[test]
+fn with_several_servers_report_and_stacks_say_which_they_read_and_all_reads_every_one() {
+    // Alone: the servers running are the ones the tests started, no other test's coming or going.
+    servers_alone();
+    let servers = every_server();
+    if servers.len() < 2 {
+        eprintln!("skipped: one server runs");
+        return;
+    }
+    let run = |args: &[&str]| {
+        let out = myprobe().args(args).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        (stdout, stderr)
+    };
+    let (_, stderr) = run(&["stacks", "--no-sql"]);
+    assert!(
+        stderr.contains(&format!("{} servers run; reading ", servers.len()))
+            && stderr.contains("the busiest")
+            && stderr.contains("--all every one"),
+        "{stderr}"
+    );
+    let (out, _) = run(&["stacks", "--all", "--no-sql"]);
+    for (kind, db) in &servers {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("== ") && l.contains(&format!("(PID {},", db.pid))),
+            "{kind}: no heading for PID {} in:\n{out}",
+            db.pid
+        );
+    }
+    let dir = tempdir("report-all");
+    let page = dir.join("r.html");
+    run_ok(myprobe().args(["report", "--all", "-d", "2", "-o", page.to_str().unwrap()]));
+    for (kind, db) in &servers {
+        let html = std::fs::read_to_string(dir.join(format!("r-{}.html", db.pid)))
+            .unwrap_or_else(|e| panic!("{kind}: no report of PID {}: {e}", db.pid));
+        assert!(html.contains(&format!("PID {}", db.pid)), "{kind}");
+    }
+}
