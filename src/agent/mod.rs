@@ -260,7 +260,7 @@ pub fn run(o: Options) -> Result<()> {
         }
         match wanted.servers(&sessions) {
             Ok(pids) => {
-                let share = pids.len().max(1) as u32;
+                let (found, share) = (pids.len(), pids.len().max(1) as u32);
                 for pid in pids {
                     let traced = sessions.iter().any(|s| s.target.pid == pid);
                     let later = failed.get(&pid).is_some_and(|f| Instant::now() < f.at);
@@ -285,7 +285,10 @@ pub fn run(o: Options) -> Result<()> {
                     sessions.push(Session { target, thread });
                 }
                 if sessions.is_empty() {
-                    shared.set_waiting("no server listens yet".into());
+                    shared.set_waiting(format!(
+                        "{found} server(s) found, none traced yet: waiting for them to listen, or to try again \
+                         after a failure (said above)"
+                    ));
                 }
             }
             Err(why) => {
@@ -296,10 +299,8 @@ pub fn run(o: Options) -> Result<()> {
         }
         shared.metrics().forget(o.forget_after);
         answer_untraced(&shared, &sessions);
-        let started = Instant::now();
-        while started.elapsed() < WAKE && !collect::interrupted() {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // Ctrl-C and SIGTERM are seen within this.
+        std::thread::sleep(WAKE);
     }
     say!("myprobe: agent: stopping");
     for s in sessions {

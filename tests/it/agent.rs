@@ -723,7 +723,7 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         "--sample-every",
         "1",
         "--forget-after",
-        "20s",
+        "8s",
         "--dir",
         windows.to_str().unwrap(),
     ];
