@@ -4,9 +4,9 @@
 //! Each server traced has series of its own, labelled by its PID, port and version (and container and pod): a
 //! restarted server is another, whose series start from zero, and those of one that exited stay at their last
 //! values until they age out. A counter never goes down. Cardinality is bounded per server: a fingerprint has
-//! series of its own among the `top` with the most time, the rest add to `other`. A fingerprint gets series when there is room, or at a window's end when it took more than twice
-//! the time of the least busy one that has series, which then stops being exported (its series end; what it
-//! does next adds to `other`). Names follow Prometheus's conventions (base units, `_total` counters), labels
+//! series of its own among the `top` with the most time, the rest add to `other`. A fingerprint gets series
+//! when there is room, or at a window's end when it took more than twice the time of the least busy one that
+//! has series, which then stops being exported (its series end; what it does next adds to `other`). Names follow Prometheus's conventions (base units, `_total` counters), labels
 //! OpenTelemetry's database conventions where they map (`db.system` → `db_system`, `db.namespace`,
 //! `db.query.summary`, `db.query.text`).
 

@@ -264,9 +264,9 @@ pub fn run(o: Options) -> Result<()> {
                 for pid in pids {
                     let traced = sessions.iter().any(|s| s.target.pid == pid);
                     let later = failed.get(&pid).is_some_and(|f| Instant::now() < f.at);
-                    // A server found as it starts is traced once it listens; the one -p gave, at once.
-                    let waits = !wanted.given_and_never_traced() && !ready(pid);
-                    if traced || later || waits {
+                    // A server found as it starts is traced once it listens; the one -p gave, at once. Asked
+                    // last: it reads the server's descriptors.
+                    if traced || later || (!wanted.given_and_never_traced() && !ready(pid)) {
                         continue;
                     }
                     let target = match process::resolve(Some(pid), o.any_process) {

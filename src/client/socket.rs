@@ -43,7 +43,11 @@ pub fn server_socket(pid: Option<u32>) -> FoundSocket {
 /// The path of a listening unix stream socket that the process holds open. Test servers and second instances
 /// listen elsewhere than the default, and a server started with a relative or no `--socket` names none.
 fn listening_socket(pid: u32) -> Option<PathBuf> {
-    let inodes = socket_inodes(pid);
+    listening_socket_among(pid, &socket_inodes(pid))
+}
+
+/// [`listening_socket`], of the process's socket `inodes`.
+fn listening_socket_among(pid: u32, inodes: &HashSet<u64>) -> Option<PathBuf> {
     if inodes.is_empty() {
         return None;
     }
@@ -69,13 +73,19 @@ fn socket_inodes(pid: u32) -> HashSet<u64> {
 
 /// Whether the server with PID `pid` takes connections: it listens on a TCP port or a unix socket.
 pub fn listens(pid: u32) -> bool {
-    listening_port(pid).is_some() || listening_socket(pid).is_some()
+    // Its descriptors read once: a busy server holds thousands.
+    let inodes = socket_inodes(pid);
+    listening_port_among(pid, &inodes).is_some() || listening_socket_among(pid, &inodes).is_some()
 }
 
 /// The TCP port the server with PID `pid` listens on (the lowest, where it listens on several: MySQL's X
 /// protocol and admin ports are above its classic one), read in its own network namespace.
 pub fn listening_port(pid: u32) -> Option<u16> {
-    let inodes = socket_inodes(pid);
+    listening_port_among(pid, &socket_inodes(pid))
+}
+
+/// [`listening_port`], of the process's socket `inodes`.
+fn listening_port_among(pid: u32, inodes: &HashSet<u64>) -> Option<u16> {
     ["tcp", "tcp6"]
         .iter()
         .filter_map(|t| fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())

@@ -11,7 +11,7 @@ pub mod stacks;
 pub mod stat;
 pub mod trace;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
@@ -46,6 +46,16 @@ impl SqlArgs {
             ..FollowOptions::new((!self.no_sql).then_some(self.connect))
         }
     }
+}
+
+/// The file of server `pid` where a command reads several (`--all`): `report.html` becomes `report-PID.html`.
+pub fn per_server(output: &Path, pid: u32) -> PathBuf {
+    let stem = output.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match output.extension() {
+        Some(ext) => format!("{stem}-{pid}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{pid}"),
+    };
+    output.with_file_name(name)
 }
 
 /// What every command that loads BPF programs for one process takes: the process, and the kernel's terms.

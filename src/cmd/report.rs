@@ -62,7 +62,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
         let running: Vec<_> = targets
             .iter()
             .map(|t| {
-                let output = per_server(&a.output, t.pid);
+                let output = crate::cmd::per_server(&a.output, t.pid);
                 (t, s.spawn(move || report_of(a, t, &output)))
             })
             .collect();
@@ -79,16 +79,6 @@ pub fn run(a: ReportArgs) -> Result<()> {
         bail!("no report of {}", failed.join("; "));
     }
     Ok(())
-}
-
-/// `report.html` of server `pid` when several are traced: `report-PID.html`.
-pub fn per_server(output: &Path, pid: u32) -> PathBuf {
-    let stem = output.file_stem().unwrap_or_default().to_string_lossy();
-    let name = match output.extension() {
-        Some(ext) => format!("{stem}-{pid}.{}", ext.to_string_lossy()),
-        None => format!("{stem}-{pid}"),
-    };
-    output.with_file_name(name)
 }
 
 /// Traces `target` and writes its report to `output`.

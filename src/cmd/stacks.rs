@@ -79,7 +79,7 @@ pub fn run(a: StacksArgs) -> Result<()> {
         let output = a
             .output
             .as_deref()
-            .map(|o| crate::cmd::report::per_server(o, target.pid));
+            .map(|o| crate::cmd::per_server(o, target.pid));
         if output.is_none() {
             println!("== {target} ==");
         }

@@ -238,9 +238,16 @@ pub fn find_servers() -> Vec<u32> {
 /// The servers a command that reads a picture of one (`report`, `stacks`) reads: `pid`'s; else the one running;
 /// of several, `all`, or the busiest over a moment, which is said with the others.
 pub fn servers_to_read(pid: Option<u32>, any_process: bool, all: bool) -> Result<Vec<Target>> {
-    let servers = find_servers();
-    if pid.is_some() || servers.len() < 2 {
+    if pid.is_some() {
         return Ok(vec![resolve(pid, any_process)?]);
+    }
+    let servers = find_servers();
+    if let [one] = servers.as_slice() {
+        return Ok(vec![resolve(Some(*one), any_process)?]);
+    }
+    if servers.is_empty() {
+        // Its error says so, and what to do.
+        return Ok(vec![resolve(None, any_process)?]);
     }
     if all {
         // A server that exited since it was listed is left out.
