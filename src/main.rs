@@ -42,9 +42,10 @@ enum Command {
     /// thread snapshot at its end, written as one self-contained HTML file: flame graphs, a sortable digest,
     /// the lock table, the threads, and findings in sentences.
     Report(cmd::report::ReportArgs),
-    /// An always-on daemon for one server: Prometheus metrics of the statements and lock waits, pprof
-    /// profiles over HTTP (on-CPU at 19 Hz, off-CPU, locks), windows kept as pprof files; re-attaches
-    /// after a restart (given -p, to the server that runs the same executable with the same data directory).
+    /// An always-on daemon for every server of the host (or -p's): Prometheus metrics of the statements and
+    /// lock waits, pprof profiles over HTTP (on-CPU at 19 Hz, off-CPU, locks), windows kept as pprof files,
+    /// each labelled by server; finds servers as they start and lets go of those that exit (given -p,
+    /// re-attaches to the server that runs the same executable with the same data directory).
     Agent(cmd::agent::AgentArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),

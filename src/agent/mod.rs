@@ -26,7 +26,12 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{self, periods::Duty, Collected, Kind, Lost, RawStack, Row},
+    collect::{
+        self,
+        periods::{self, Duty},
+        unwind_store::Stores,
+        Collected, Kind, Lost, RawStack, Row,
+    },
     process::{self, Target},
     query::follow::FollowOptions,
 };
@@ -160,6 +165,8 @@ pub struct Shared {
     metrics: Mutex<Metrics>,
     status: Mutex<Status>,
     requests: Mutex<Vec<ProfileRequest>>,
+    /// The servers' unwind tables in the kernel, one copy for servers of the same code.
+    unwind: Stores,
     pub retention: Retention,
     pub host: String,
 }
@@ -219,6 +226,7 @@ pub fn run(o: Options) -> Result<()> {
         metrics: Mutex::new(Metrics::new(o.top)),
         status: Mutex::new(Status::default()),
         requests: Mutex::new(Vec::new()),
+        unwind: Stores::default(),
         retention,
         host: crate::report::hostname(),
     });
@@ -261,6 +269,8 @@ pub fn run(o: Options) -> Result<()> {
         match wanted.servers(&sessions) {
             Ok(pids) => {
                 let (found, share) = (pids.len(), pids.len().max(1) as u32);
+                // The statements' CPU budget, split between the servers found now at each of their periods.
+                periods::BUDGET_SHARES.store(share, std::sync::atomic::Ordering::Relaxed);
                 for pid in pids {
                     let traced = sessions.iter().any(|s| s.target.pid == pid);
                     let later = failed.get(&pid).is_some_and(|f| Instant::now() < f.at);

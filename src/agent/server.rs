@@ -63,8 +63,9 @@ impl ServerLabels {
     }
 }
 
-/// Traces `target` until it exits or the agent stops, within `share` of the agent's budgets (the servers traced
-/// share them).
+/// Traces `target` until it exits or the agent stops, its maps within `share` of the agent's kernel memory
+/// budget (the servers found as it attaches: maps are sized once, when loaded); the statements' CPU budget is
+/// split between the servers found at each of its periods (`periods::BUDGET_SHARES`).
 pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Result<()> {
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(false);
@@ -82,7 +83,6 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
             // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
             ring: RingOptions::quiet(WAKE),
             stop: Stop::new(),
-            max_cpu_pct: o.queries.max_cpu_pct / f64::from(share.max(1)),
             max_kernel_mem_mib: (o.queries.max_kernel_mem_mib / u64::from(share.max(1))).max(1),
             ..o.queries.clone()
         },
@@ -91,6 +91,7 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
             send: slices,
         }),
         attached: None,
+        stores: Some(&shared.unwind),
     };
     let prepared = runner::prepare(&plan)?;
     let labels = ServerLabels::of(target);
@@ -126,6 +127,9 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         );
         read_slices(running, &sliced, o, shared, &mut names)
     });
+    if let Some(tables) = &prepared.tables {
+        tables.leave(pid);
+    }
     shared.metrics().detached(pid);
     shared.status_mut().attached.retain(|a| a.pid != pid);
     if !process::exited(pid) && !collect::interrupted() {

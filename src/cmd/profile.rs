@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use syscalls::Sysno;
 
 use crate::{
-    collect::{self, CollectOptions, Collected},
+    collect::{self, unwind_store::UnwindStore, CollectOptions, Collected},
     process::{self, Target},
     profile::{
         self,
@@ -19,7 +19,6 @@ use crate::{
     },
     render::{self, tables, Palette, RenderOptions},
     symbolize::{data::DataSymbolizer, Symbolizer},
-    unwind::ProcessTables,
 };
 
 #[derive(Subcommand)]
@@ -417,7 +416,7 @@ impl<'a> Session<'a> {
             render::format_for(out)?;
         }
         let target = a.target.resolve()?;
-        let unwind = ProcessTables::for_tracing(target.pid, a.frame_pointers)?;
+        let unwind = UnwindStore::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {
             duration: Duration::from_secs(a.duration),
             kernel_stacks: a.kernel,

@@ -155,7 +155,7 @@ pub fn run(mut a: QueriesArgs) -> Result<()> {
             }
         }
     };
-    let followed = follow::follow(&options, &target, functions, attached, emit, |_| {})?;
+    let followed = follow::follow(&options, &target, functions, None, attached, emit, |_| {})?;
     let ended = options.stop.ended();
     if a.summary {
         write_digest(&mut out, &a, &digest, &followed, min_us)?;

@@ -10,9 +10,8 @@ use clap::Args;
 
 use crate::{
     client::ConnectArgs,
-    collect::{threads, CollectOptions},
+    collect::{threads, unwind_store::UnwindStore, CollectOptions},
     process, stacks,
-    unwind::ProcessTables,
 };
 
 #[derive(Args)]
@@ -341,14 +340,14 @@ fn unwind_tables(
     a: &StacksArgs,
     pid: u32,
     warnings: &mut Vec<String>,
-) -> Option<std::cell::RefCell<ProcessTables>> {
+) -> Option<std::sync::Arc<UnwindStore>> {
     if a.frame_pointers || !cfg!(target_arch = "x86_64") {
         return None;
     }
-    match ProcessTables::load(pid) {
-        Ok(mut t) => {
-            warnings.append(&mut t.warnings);
-            Some(std::cell::RefCell::new(t))
+    match UnwindStore::of(pid) {
+        Ok((store, mut lacks)) => {
+            warnings.append(&mut lacks);
+            Some(store)
         }
         Err(e) => {
             warnings.push(format!("stacks are walked by frame pointers: {e:#}"));

@@ -10,6 +10,7 @@ use crate::{
     collect::{
         self,
         trace::{ArgKind, ErrVal, Place, ProbePoint, TraceOptions, Traced},
+        unwind_store::UnwindStore,
         CollectOptions,
     },
     process::{self, Target},
@@ -24,7 +25,6 @@ use crate::{
         functions::{self, Modules, Spec},
         usdt, ArgShow, By,
     },
-    unwind::ProcessTables,
 };
 
 #[derive(Args)]
@@ -127,7 +127,7 @@ pub fn run(a: TraceArgs) -> Result<()> {
     }
     let options = trace_options(&a, &target, &mut modules, keys)?;
     let unwind = if by == By::Stack {
-        ProcessTables::for_tracing(target.pid, a.frame_pointers)?
+        UnwindStore::for_tracing(target.pid, a.frame_pointers)?
     } else {
         None
     };

@@ -20,9 +20,9 @@ pub mod stack_collector;
 pub mod syscalls;
 pub mod threads;
 pub mod trace;
+pub mod unwind_store;
 
 use std::{
-    cell::RefCell,
     mem::MaybeUninit,
     path::PathBuf,
     sync::{
@@ -36,8 +36,6 @@ use anyhow::{Context, Result};
 use libbpf_rs::{skel::SkelBuilder, OpenObject};
 
 pub use features::Features;
-
-use crate::unwind::ProcessTables;
 
 /// Set by Ctrl-C (or SIGTERM), for every run of the process: a signal handler has no other place to write to.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -145,8 +143,9 @@ pub struct CollectOptions {
     pub kernel_stacks: bool,
     /// BTF of the running kernel, for kernels without /sys/kernel/btf/vmlinux.
     pub btf: Option<PathBuf>,
-    /// `.eh_frame` tables for unwinding user stacks in the kernel; `None`: frame pointers only.
-    pub unwind: Option<RefCell<ProcessTables>>,
+    /// `.eh_frame` tables for unwinding user stacks in the kernel, shared with the collectors that trace the
+    /// same process or processes of the same code; `None`: frame pointers only.
+    pub unwind: Option<Arc<unwind_store::UnwindStore>>,
     /// The kernel memory the maps may take, in bytes (`--max-kernel-mem`; see [`budget`]).
     pub max_kernel_mem: u64,
     /// Said on stderr once the probes are in place (what is traced, for how long): a line that scripts and

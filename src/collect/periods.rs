@@ -7,7 +7,10 @@
 //! keep the cost within budget. A cycle so chosen begins once the cycle under way has ended, so that what a period
 //! finds stands for the cycle it opened (`SamplePeriods::every` then), whatever is chosen at its end.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
 
 /// Collectors probed for `length` in each cycle of `every` periods (`CollectOptions::duty`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +37,13 @@ pub struct CpuBudget {
     /// Whose CPU time is this process's part: all its threads', or only the one that reads the events (the
     /// agent's statements, whose process runs other collectors too).
     pub own: OwnCpu,
+    /// Split evenly between as many as [`BUDGET_SHARES`] says now (the agent's servers, as they come and go).
+    pub shared: bool,
 }
+
+/// Between how many a `shared` budget is split: set by whoever splits it (the agent, to the servers it finds),
+/// read at the end of each period.
+pub static BUDGET_SHARES: AtomicU32 = AtomicU32::new(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OwnCpu {
@@ -45,7 +54,12 @@ pub enum OwnCpu {
 impl CpuBudget {
     /// Events a second that stay within the budget when each costs `ns`.
     pub fn max_rate(&self, ns: f64) -> u64 {
-        (self.per_mille_of_cpu as f64 * 1e6 / ns.max(1.0)).max(1.0) as u64
+        let shares = if self.shared {
+            BUDGET_SHARES.load(Ordering::Relaxed).max(1)
+        } else {
+            1
+        };
+        (f64::from(self.per_mille_of_cpu) / f64::from(shares) * 1e6 / ns.max(1.0)).max(1.0) as u64
     }
 }
 
@@ -496,9 +510,19 @@ mod tests {
             per_mille_of_cpu: 30,
             kernel_ns_per_event: 2_000,
             own: OwnCpu::Process,
+            shared: false,
         };
         // 3% of a CPU at 3 µs an event: 10,000 a second.
         assert_eq!(budget.max_rate(3_000.0), 10_000);
+        // Shared: split between as many as share it now.
+        let shared = CpuBudget {
+            shared: true,
+            ..budget
+        };
+        BUDGET_SHARES.store(4, Ordering::Relaxed);
+        assert_eq!(shared.max_rate(3_000.0), 2_500);
+        BUDGET_SHARES.store(1, Ordering::Relaxed);
+        assert_eq!(shared.max_rate(3_000.0), 10_000);
         advance(Duration::ZERO);
         let ms = Duration::from_millis;
         let mut p = SamplePeriods::of(Duty {

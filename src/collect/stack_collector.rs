@@ -18,16 +18,17 @@ use std::{
 use anyhow::{Context, Result};
 use libbpf_rs::{
     skel::{OpenSkel, Skel, SkelBuilder},
-    AsRawLibbpf, Link, MapCore, MapFlags, Object,
+    AsRawLibbpf, Link, MapCore, Object,
 };
 
+pub(crate) use super::unwind_store::Installed;
 use super::{
-    maps::{as_bytes, read_prefix, Plain},
+    maps::{read_prefix, Plain},
     open_object,
     periods::SamplePeriods,
     ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
 };
-use crate::unwind::{BpfMapping, BpfRow};
+use crate::unwind::{BpfMapping, BpfRow, Tables};
 
 /// A stack as the BPF side sends it (`struct stack_event` of src/bpf/stack_event.h), borrowed.
 pub struct StackRecord<'a> {
@@ -63,14 +64,15 @@ pub trait StackSkeleton {
     /// Where the frames of `struct stack_event` start.
     const STACK_EVENT_HEADER: usize;
 
-    /// Sets the target (`target_tgid`, `kernel_stacks`) and sizes the unwind maps, before loading.
-    fn set_common(
-        open: &mut Self::Open<'_>,
-        pid: u32,
-        kernel: bool,
-        rows: u32,
-        pages: u32,
-    ) -> Result<()>;
+    /// Sets the target (`target_tgid`, `kernel_stacks`), before loading.
+    fn set_common(open: &mut Self::Open<'_>, pid: u32, kernel: bool) -> Result<()>;
+    /// The unwind maps (`unwind_rows`, `unwind_pages`), before loading: sized, or shared with a store's.
+    fn unwind_open<'a, 'o>(
+        open: &'a mut Self::Open<'o>,
+    ) -> (
+        &'a mut libbpf_rs::OpenMapMut<'o>,
+        &'a mut libbpf_rs::OpenMapMut<'o>,
+    );
     fn events<'a>(skel: &'a Self::Loaded<'_>) -> &'a dyn MapCore;
     fn unwind<'a>(skel: &'a mut Self::Loaded<'_>) -> UnwindMaps<'a, Self::UnwindMapping>;
     fn lost(skel: &Self::Loaded<'_>) -> Lost;
@@ -103,13 +105,7 @@ macro_rules! stack_skeleton {
             type StackEvent = skel::types::stack_event;
             const STACK_EVENT_HEADER: usize = std::mem::offset_of!(skel::types::stack_event, ips);
 
-            fn set_common(
-                open: &mut Self::Open<'_>,
-                pid: u32,
-                kernel: bool,
-                rows: u32,
-                pages: u32,
-            ) -> anyhow::Result<()> {
+            fn set_common(open: &mut Self::Open<'_>, pid: u32, kernel: bool) -> anyhow::Result<()> {
                 use anyhow::Context;
                 let rodata = $crate::collect::rodata(open.maps.rodata_data.as_deref_mut())?;
                 rodata.target_tgid = pid;
@@ -121,14 +117,16 @@ macro_rules! stack_skeleton {
                             .context("sizing the rows by address")?;
                     }
                 }
-                open.maps
-                    .unwind_rows
-                    .set_max_entries(rows)
-                    .context("sizing the unwind table map")?;
-                open.maps
-                    .unwind_pages
-                    .set_max_entries(pages)
-                    .context("sizing the unwind page map")
+                Ok(())
+            }
+
+            fn unwind_open<'a, 'o>(
+                open: &'a mut Self::Open<'o>,
+            ) -> (
+                &'a mut libbpf_rs::OpenMapMut<'o>,
+                &'a mut libbpf_rs::OpenMapMut<'o>,
+            ) {
+                (&mut open.maps.unwind_rows, &mut open.maps.unwind_pages)
             }
 
             fn events<'a>(skel: &'a Self::Loaded<'_>) -> &'a dyn libbpf_rs::MapCore {
@@ -376,39 +374,26 @@ fn record_sum(tid: u32, stack_id: u64, n: u64) -> Sum {
 /// an agent's memory does not grow with every stack it ever saw.
 const MAX_STACKS_KEPT: usize = 50_000;
 
-/// Rows (and page index entries) the BPF unwinder maps hold beyond what the process has now, for libraries
-/// loaded while tracing.
-const SPARE_UNWIND_ROWS: usize = 65536;
-
-/// How often the process's memory map is read again for code mapped while tracing.
-const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Sets the target and sizes the unwind maps of a skeleton that includes stack_ids.h, before loading: room for
-/// the tables of `opts.unwind` and more, or 1 entry when stacks are walked by frame pointers.
+/// Sets the target of a skeleton that includes stack_ids.h and its unwind maps, before loading: the store's of
+/// `opts.unwind`, or 1 entry each when stacks are walked by frame pointers (or looked up by address: the compat
+/// build has no table search, serve_wanted_rows).
 pub(crate) fn set_common<S: StackSkeleton>(
     open: &mut S::Open<'_>,
     opts: &CollectOptions,
 ) -> Result<()> {
-    // The compat build has no table search: its rows are looked up by address (serve_wanted_rows).
+    S::set_common(open, opts.pid, opts.kernel_stacks)?;
     let compat = Features::of_kernel(opts.btf.as_deref()).compat();
-    let (rows, pages) = opts
-        .unwind
-        .as_ref()
-        .filter(|_| !compat)
-        .map_or((1, 1), |t| {
-            let t = t.borrow();
-            (
-                t.rows.len() + SPARE_UNWIND_ROWS,
-                t.pages.len() + SPARE_UNWIND_ROWS,
-            )
-        });
-    S::set_common(
-        open,
-        opts.pid,
-        opts.kernel_stacks,
-        rows as u32,
-        pages as u32,
-    )
+    let (rows, pages) = S::unwind_open(open);
+    match opts.unwind.as_ref().filter(|_| !compat) {
+        Some(store) => store.share(rows, pages),
+        None => {
+            rows.set_max_entries(1)
+                .context("sizing the unwind table map")?;
+            pages
+                .set_max_entries(1)
+                .context("sizing the unwind page map")
+        }
+    }
 }
 
 /// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
@@ -588,169 +573,54 @@ pub fn attach_by_section(object: &Object) -> Result<Vec<Link>> {
     Ok(links)
 }
 
-/// How much of the tables a collector's maps hold (rows and pages are only ever appended).
-#[derive(Default)]
-pub(crate) struct Installed {
-    rows: usize,
-    pages: usize,
-    warned: bool,
-    /// When the process's memory map was last read for new code.
-    refreshed: Option<Instant>,
-}
-
-/// Writes `items[*done..]`, converted, into an array map at the same indexes, as far as it holds; returns
-/// how far it got. The map is written in place where the kernel lets it be mapped (`BPF_F_MMAPABLE`): a
-/// server's hundreds of thousands of rows cost a syscall's checks each through the batch call (a fifth of a
-/// snapshot's time).
-fn append_array<U, T: Plain>(
-    map: &dyn MapCore,
-    done: &mut usize,
-    items: &[U],
-    convert: impl Fn(&U) -> T,
-) -> Result<usize> {
-    let end = items.len().min(map.max_entries() as usize);
-    let start = (*done).min(end);
-    if start == end {
-        return Ok(end);
-    }
-    // The kernel lays an array's values 8-byte aligned.
-    let stride = (map.value_size() as usize + 7) & !7;
-    if map.value_size() as usize == std::mem::size_of::<T>() {
-        if let Ok(mut values) = mapped_array(map, stride) {
-            for (i, item) in items[start..end].iter().enumerate() {
-                let at = (start + i) * stride;
-                values[at..at + std::mem::size_of::<T>()]
-                    .copy_from_slice(as_bytes(std::slice::from_ref(&convert(item))));
-            }
-            *done = end;
-            return Ok(end);
-        }
-    }
-    for (i, chunk) in items[start..end].chunks(65536).enumerate() {
-        let first = (start + i * 65536) as u32;
-        let keys: Vec<u8> = (first..first + chunk.len() as u32)
-            .flat_map(u32::to_ne_bytes)
-            .collect();
-        let values: Vec<T> = chunk.iter().map(&convert).collect();
-        map.update_batch(
-            &keys,
-            as_bytes(&values),
-            chunk.len() as u32,
-            MapFlags::ANY,
-            MapFlags::ANY,
-        )
-        .context("loading unwind tables into the kernel")?;
-    }
-    *done = end;
-    Ok(end)
-}
-
-/// The values of `map`, an array of values `stride` bytes apart, mapped for writing.
-fn mapped_array(map: &dyn MapCore, stride: usize) -> std::io::Result<memmap2::MmapMut> {
-    use std::os::fd::AsRawFd;
-    let len = map.max_entries() as usize * stride;
-    // SAFETY: the map is an array made mmapable, `len` bytes of values the kernel keeps for its life; only the
-    // values not yet published to the programs (`unwind_mappings`) are written, and nothing else maps them.
-    unsafe {
-        memmap2::MmapOptions::new()
-            .len(len)
-            .map_mut(map.as_fd().as_raw_fd())
-    }
-}
-
-/// Loads the unwind tables into a collector's maps and turns unwinding on; called again after
-/// `ProcessTables::update`. Rows and pages are appended before the mappings that use them are published, so a
-/// stack being unwound meanwhile reads valid entries.
+/// Publishes the unwind tables to a collector's programs and turns unwinding on; called again as tracing goes
+/// ([`refresh_unwind`]), when the process's mappings changed.
 pub(crate) fn install_unwind<S: StackSkeleton>(
     opts: &CollectOptions,
     installed: &mut Installed,
     maps: UnwindMaps<'_, S::UnwindMapping>,
 ) -> Result<()> {
-    let Some(tables) = &opts.unwind else {
+    let Some(store) = &opts.unwind else {
         return Ok(());
     };
-    let tables = tables.borrow();
-    installed.refreshed.get_or_insert_with(Instant::now);
     if Features::of_kernel(opts.btf.as_deref()).compat() {
         if maps.enabled == &0 {
-            seed_rows::<S>(opts.pid, &tables, &maps);
+            store.with_tables(opts.pid, |t| seed_rows::<S>(opts.pid, t, &maps));
         }
         *maps.enabled = 1;
         return Ok(());
     }
-    let rows = append_array(maps.rows, &mut installed.rows, &tables.rows, S::unwind_row)?;
-    let pages = append_array(maps.pages, &mut installed.pages, &tables.pages, |p| *p)?;
     let capacity = maps.mappings.len();
-    if !installed.warned {
-        if rows < tables.rows.len() || pages < tables.pages.len() {
-            installed.warned = true;
-            say!(
-                "myprobe: warning: the unwind tables of code loaded while tracing do not fit ({} rows for \
-                 {}): its stacks are walked with frame pointers",
-                maps.rows.max_entries(),
-                tables.rows.len()
-            );
-        } else if tables.mappings.len() > capacity {
-            installed.warned = true;
-            say!(
-                "myprobe: warning: more than {capacity} executable mappings: those above {:#x} are \
-                 unwound with frame pointers",
-                tables.mappings[capacity].start
-            );
+    store.install(opts.pid, capacity, installed, |usable| {
+        // The BPF side reads these while they change (shared memory): no mapping is searched while the slots
+        // are rewritten, and the stores are volatile so that neither is elided.
+        // SAFETY: count is a valid, aligned u32 of the mapped .bss.
+        unsafe { std::ptr::write_volatile(maps.count, 0) };
+        for (slot, m) in maps.mappings.iter_mut().zip(usable) {
+            *slot = S::unwind_mapping(m);
         }
-    }
-    // Mappings whose rows or pages did not fit are unwound with frame pointers.
-    let usable = tables.mappings.iter().take(capacity).map(|m| {
-        let fits = (m.row_start + m.row_count) as usize <= rows
-            && (m.page_start + m.page_count + 1) as usize <= pages;
-        let m = if fits {
-            *m
-        } else {
-            BpfMapping { row_count: 0, ..*m }
-        };
-        S::unwind_mapping(&m)
-    });
-    // The BPF side reads these while they change (shared memory): no mapping is searched while the slots are
-    // rewritten, and the stores are volatile so that neither is elided.
-    // SAFETY: count is a valid, aligned u32 of the mapped .bss.
-    unsafe { std::ptr::write_volatile(maps.count, 0) };
-    let mut count = 0;
-    for (slot, m) in maps.mappings.iter_mut().zip(usable) {
-        *slot = m;
-        count += 1;
-    }
-    // SAFETY: as above.
-    unsafe { std::ptr::write_volatile(maps.count, count) };
-    *maps.enabled = 1;
-    *maps.generation = maps.generation.wrapping_add(1);
-    Ok(())
+        // SAFETY: as above.
+        unsafe { std::ptr::write_volatile(maps.count, usable.len() as u32) };
+        *maps.enabled = 1;
+        *maps.generation = maps.generation.wrapping_add(1);
+    })
 }
 
-/// Loads the tables of code mapped since, reading the process's memory map at most once per
-/// `UNWIND_REFRESH_INTERVAL`; called as tracing goes.
+/// Publishes the tables of code mapped since (the store reads the process's memory map at most once a second
+/// for all its collectors); called as tracing goes.
 pub(crate) fn refresh_unwind<S: StackSkeleton>(
     opts: &CollectOptions,
     installed: &mut Installed,
     maps: UnwindMaps<'_, S::UnwindMapping>,
 ) -> Result<()> {
-    let Some(tables) = &opts.unwind else {
+    let Some(store) = &opts.unwind else {
         return Ok(());
     };
     if Features::of_kernel(opts.btf.as_deref()).compat() {
-        serve_wanted_rows::<S>(&tables.borrow(), &maps);
+        store.with_tables(opts.pid, |t| serve_wanted_rows::<S>(t, &maps));
     }
-    if installed
-        .refreshed
-        .is_some_and(|t| t.elapsed() < UNWIND_REFRESH_INTERVAL)
-    {
-        return Ok(());
-    }
-    installed.refreshed = Some(Instant::now());
-    let changed = tables.borrow_mut().update().unwrap_or(false);
-    if changed {
-        install_unwind::<S>(opts, installed, maps)?;
-    }
-    Ok(())
+    store.refresh(opts.pid);
+    install_unwind::<S>(opts, installed, maps)
 }
 
 /// The compat build's rows of the places where the process's threads wait now, before they are asked for: a
@@ -758,7 +628,7 @@ pub(crate) fn refresh_unwind<S: StackSkeleton>(
 /// its first callers', from `/proc/PID/task/TID/syscall` (its stack and instruction pointers) and its stack.
 fn seed_rows<S: StackSkeleton>(
     pid: u32,
-    tables: &crate::unwind::ProcessTables,
+    tables: Tables<'_>,
     maps: &UnwindMaps<'_, S::UnwindMapping>,
 ) {
     /// COMPAT_ROW_FRAMES of unwind.h.
@@ -803,7 +673,7 @@ fn seed_rows<S: StackSkeleton>(
 /// The compat build's wanted rows (unwind.h): each address's row from the tables, or one of kind gap where they
 /// have none (frame pointers there), moved into `address_rows`. A full `address_rows` leaves the rest wanted.
 fn serve_wanted_rows<S: StackSkeleton>(
-    tables: &crate::unwind::ProcessTables,
+    tables: Tables<'_>,
     maps: &UnwindMaps<'_, S::UnwindMapping>,
 ) {
     let wanted: Vec<Vec<u8>> = maps.wanted_rows.keys().collect();
@@ -819,7 +689,7 @@ fn serve_wanted_rows<S: StackSkeleton>(
 
 /// Puts the row of the instruction at `address` into the compat build's `address_rows`; false if it is full.
 fn put_row<S: StackSkeleton>(
-    tables: &crate::unwind::ProcessTables,
+    tables: Tables<'_>,
     maps: &UnwindMaps<'_, S::UnwindMapping>,
     address: u64,
 ) -> bool {

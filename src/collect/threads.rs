@@ -11,7 +11,7 @@ use libbpf_rs::skel::OpenSkel;
 use super::{
     super::unwind::{
         replay::{unwind, Registers, MAX_USER_FRAMES},
-        ProcessTables,
+        ProcessTables, Tables,
     },
     maps::{read_exact, Plain},
     open_object,
@@ -88,21 +88,25 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     let mem = compat
         .then(|| crate::process::memory::ProcMemory::open(opts.pid).ok())
         .flatten();
-    let empty = ProcessTables::default();
-    let tables = opts.unwind.as_ref().map(|t| t.borrow());
-    let tables = tables.as_deref().unwrap_or(&empty);
     let bytes = super::run_task_iterator(&skel.progs.snapshot)?;
-    let threads: Vec<ThreadRecord> = bytes
+    let records = bytes
         .chunks_exact(std::mem::size_of::<thread_record>())
-        .filter_map(read_exact::<thread_record>)
-        .map(|r| {
-            let mut t = record(&r);
-            if let Some(mem) = &mem {
-                read_from_memory(mem, tables, &r, &mut t);
-            }
-            t
-        })
-        .collect();
+        .filter_map(read_exact::<thread_record>);
+    let replay = |tables: Tables<'_>| -> Vec<ThreadRecord> {
+        records
+            .map(|r| {
+                let mut t = record(&r);
+                if let Some(mem) = &mem {
+                    read_from_memory(mem, tables, &r, &mut t);
+                }
+                t
+            })
+            .collect()
+    };
+    let threads = match &opts.unwind {
+        Some(store) => store.with_tables(opts.pid, replay),
+        None => replay(ProcessTables::default().tables()),
+    };
     Ok(Snapshot {
         threads,
         lost: Skeleton::lost(&skel),
@@ -113,7 +117,7 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
 /// by the tables where they have rows (as unwind.h would), else by frame pointers.
 fn read_from_memory(
     mem: &crate::process::memory::ProcMemory,
-    tables: &ProcessTables,
+    tables: Tables<'_>,
     r: &thread_record,
     t: &mut ThreadRecord,
 ) {

@@ -5,6 +5,7 @@
 
 use std::{
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -16,6 +17,7 @@ use crate::{
         self,
         periods::{CpuBudget, Duty, OwnCpu},
         queries::{Control, DispatchProbe, Event, ExecuteProbe, Status, Wire},
+        unwind_store::UnwindStore,
         CollectOptions,
     },
     process::{probes, Target},
@@ -31,7 +33,6 @@ use crate::{
         data::DataSymbolizer,
         wait_calls::{calls_with_constant, ConstantCall},
     },
-    unwind::ProcessTables,
 };
 
 /// What following statements is asked to do, by whichever command.
@@ -114,7 +115,7 @@ pub enum SampleEvery {
     Every(u32),
     /// One second in N or more (the agent's): as many as keep the statements traced within `max_rate` a second,
     /// or `None`, within `max_cpu_pct` (the CPU of the thread that reads them: the agent's other collectors run
-    /// in the same process).
+    /// in the same process), split with the other servers the agent traces (`periods::BUDGET_SHARES`).
     AtLeast {
         every: u32,
         max_rate: Option<u64>,
@@ -133,11 +134,12 @@ pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
 const OWN_NS_PER_STATEMENT: u64 = 400;
 
 /// A budget of `max_cpu_pct` of one CPU for following statements.
-fn auto_budget(max_cpu_pct: f64, own: OwnCpu) -> CpuBudget {
+fn auto_budget(max_cpu_pct: f64, own: OwnCpu, shared: bool) -> CpuBudget {
     CpuBudget {
         per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
         kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
         own,
+        shared,
     }
 }
 
@@ -158,11 +160,19 @@ impl SampleEvery {
         let (every, max_rate, budget) = match self {
             SampleEvery::Every(1) => return None,
             SampleEvery::Every(n) => (n, None, None),
-            SampleEvery::Auto => (1, None, Some(auto_budget(max_cpu_pct, OwnCpu::Process))),
+            SampleEvery::Auto => (
+                1,
+                None,
+                Some(auto_budget(max_cpu_pct, OwnCpu::Process, false)),
+            ),
             SampleEvery::AtLeast {
                 every,
                 max_rate: None,
-            } => (every, None, Some(auto_budget(max_cpu_pct, OwnCpu::Thread))),
+            } => (
+                every,
+                None,
+                Some(auto_budget(max_cpu_pct, OwnCpu::Thread, true)),
+            ),
             SampleEvery::AtLeast { every, max_rate } => (every, max_rate, None),
         };
         // Until a period has been measured, a statement is taken to cost what bench/overhead measured.
@@ -356,11 +366,14 @@ fn server_probes<'a>(
 /// Follows the statements of `target` as `a` says (its duration, wait sites, connection), with the TLS fallback
 /// on `functions.dispatch` ([`server_functions`]),
 /// handing every record to `emit` once its text is known or waited for long enough; `attached` is called
-/// once the probes are in place. `myprobe queries`, `report` and `agent` all trace through here.
+/// once the probes are in place. Lock waits' stacks are unwound with `tables` when the caller has them (the
+/// other collectors' on the same server), else with tables read here. `myprobe queries`, `report` and `agent`
+/// all trace through here.
 pub fn follow(
     a: &FollowOptions,
     target: &Target,
     functions: ServerFunctions,
+    tables: Option<Arc<UnwindStore>>,
     attached: impl FnOnce(),
     emit: impl FnMut(QueryRecord),
     on_lost: impl FnMut(collect::Lost),
@@ -368,8 +381,10 @@ pub fn follow(
     // Lock waits' stacks are unwound as profile's are: Debian's C library has no frame pointers.
     let unwind = if !a.wait_sites {
         None
+    } else if tables.is_some() {
+        tables
     } else {
-        ProcessTables::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
+        UnwindStore::for_tracing(target.pid, a.frame_pointers).unwrap_or_else(|e| {
             say!("myprobe: warning: lock wait stacks are walked by frame pointers: {e:#}");
             None
         })

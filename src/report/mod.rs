@@ -10,16 +10,18 @@ pub mod findings;
 pub mod html;
 
 use std::{
-    cell::RefCell,
     io::IsTerminal,
     sync::mpsc,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{self, ring::RingOptions, CollectOptions, Collected, Kind, Stop},
+    collect::{
+        self, ring::RingOptions, unwind_store::UnwindStore, CollectOptions, Collected, Kind, Stop,
+    },
     process::{self, Target},
     profile::{
         self,
@@ -33,7 +35,6 @@ use crate::{
     runner::{self, Plan},
     stacks::ThreadStack,
     symbolize::{data::DataSymbolizer, Symbolizer},
-    unwind::ProcessTables,
 };
 
 /// What to trace, and how.
@@ -89,7 +90,7 @@ struct Found {
     statements: Result<(Digest, Followed)>,
     traced: Duration,
     started: std::time::SystemTime,
-    tables: Option<ProcessTables>,
+    tables: Option<Arc<UnwindStore>>,
 }
 
 /// Traces `target` with every collector at once for `o.duration` (or until Ctrl-C, or the server exits),
@@ -208,6 +209,7 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
         },
         slices: None,
         attached: Some(attached_tx),
+        stores: None,
     };
     let stop = plan.stop().clone();
     // Before any collector starts: an error here must not leave them running.
@@ -297,12 +299,12 @@ fn wait(duration: Duration, stop: &Stop, pid: u32) -> Duration {
 fn snapshot(
     target: &Target,
     o: &Options,
-    tables: Option<ProcessTables>,
+    tables: Option<Arc<UnwindStore>>,
     missing: &mut Vec<String>,
 ) -> Vec<ThreadStack> {
     let opts = CollectOptions {
         duration: Duration::ZERO,
-        unwind: tables.map(RefCell::new),
+        unwind: tables,
         ..o.queries.collect_options(target.pid)
     };
     let snapshot = match collect::threads::snapshot(&opts) {

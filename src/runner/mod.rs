@@ -1,11 +1,10 @@
 //! Several collectors on one server at once: on-CPU, off-CPU and lock waits (each in a thread of its own with its
-//! own BPF object and a copy of the unwind tables) and the statements (`query::follow`), under one [`Stop`].
+//! own BPF object, all sharing one copy of the unwind tables in the kernel) and the statements (`query::follow`), under one [`Stop`].
 //! `myprobe report` runs them for a time and reads what they found when they end; the agent runs them until the
 //! server exits, and reads their sums as they go ([`Plan::slices`]).
 
 use std::{
-    cell::RefCell,
-    sync::mpsc,
+    sync::{mpsc, Arc},
     thread::{Scope, ScopedJoinHandle},
     time::Duration,
 };
@@ -13,13 +12,17 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    collect::{self, periods::Duty, CollectOptions, Collected, Kind, Lost, Slices, Stop},
+    collect::{
+        self,
+        periods::Duty,
+        unwind_store::{Stores, UnwindStore},
+        CollectOptions, Collected, Kind, Lost, Slices, Stop,
+    },
     process::Target,
     query::{
         follow::{self, FollowOptions, Followed, ServerFunctions},
         QueryRecord,
     },
-    unwind::ProcessTables,
 };
 
 /// What to run, and how.
@@ -39,19 +42,26 @@ pub struct Plan<'a> {
     pub slices: Option<Slices>,
     /// Told each collector once its probes are in place.
     pub attached: Option<mpsc::Sender<Kind>>,
+    /// Where the unwind tables join those of other servers (the agent's); `None`: tables of its own.
+    pub stores: Option<&'a Stores>,
 }
 
 /// What the collectors share, read before any starts: an error here leaves nothing running.
 pub struct Prepared {
-    pub tables: Option<ProcessTables>,
+    pub tables: Option<Arc<UnwindStore>>,
     pub functions: ServerFunctions,
 }
 
-/// Reads the unwind tables (copied into each collector's maps) and finds the functions the statements' tracing
-/// probes.
+/// Reads the unwind tables (one copy in the kernel for every collector) and finds the functions the statements'
+/// tracing probes.
 pub fn prepare(plan: &Plan<'_>) -> Result<Prepared> {
+    let pid = plan.target.pid;
+    let tables = match plan.stores {
+        Some(stores) if cfg!(target_arch = "x86_64") => Some(stores.for_process(pid)?),
+        _ => UnwindStore::for_tracing(pid, false)?,
+    };
     Ok(Prepared {
-        tables: ProcessTables::for_tracing(plan.target.pid, false)?.map(RefCell::into_inner),
+        tables,
         functions: follow::server_functions(plan.statements.uprobes, plan.target)?,
     })
 }
@@ -80,11 +90,11 @@ pub fn joined<T>(handle: ScopedJoinHandle<'_, Result<T>>, what: Kind) -> Result<
 impl Plan<'_> {
     fn collect_options(
         &self,
-        tables: Option<&ProcessTables>,
+        tables: Option<&Arc<UnwindStore>>,
         duty: Option<Duty>,
     ) -> CollectOptions {
         CollectOptions {
-            unwind: tables.cloned().map(RefCell::new),
+            unwind: tables.cloned(),
             attached: self.attached.clone(),
             slices: self.slices.clone(),
             duty,
@@ -103,7 +113,7 @@ impl Plan<'_> {
 pub fn start<'scope, 'env>(
     scope: &'scope Scope<'scope, 'env>,
     plan: &'env Plan<'env>,
-    tables: Option<&ProcessTables>,
+    tables: Option<&Arc<UnwindStore>>,
     functions: ServerFunctions,
     emit: impl FnMut(QueryRecord) + Send + 'scope,
     on_lost: impl FnMut(Lost) + Send + 'scope,
@@ -131,6 +141,7 @@ pub fn start<'scope, 'env>(
         ),
     ];
     let attached = plan.attached.clone();
+    let tables = tables.cloned();
     let statements = scope.spawn(move || {
         let attached = || {
             if let Some(a) = attached {
@@ -141,6 +152,7 @@ pub fn start<'scope, 'env>(
             &plan.statements,
             plan.target,
             functions,
+            tables,
             attached,
             emit,
             on_lost,

@@ -87,12 +87,17 @@ pub fn read(
     for m in core.code_mappings(&open) {
         tables.add_mapping(&m);
     }
-    warnings.append(&mut tables.warnings);
+    warnings.append(&mut tables.process.warnings);
     let records = core
         .threads
         .iter()
         .map(|t| {
-            let ips = unwind(&tables, t.regs, |a| core.read_u64(a), MAX_USER_FRAMES);
+            let ips = unwind(
+                tables.tables(),
+                t.regs,
+                |a| core.read_u64(a),
+                MAX_USER_FRAMES,
+            );
             let futex = (t.syscall == libc::SYS_futex).then_some(()).and_then(|()| {
                 let addr = t.args[0];
                 Some(Futex {

@@ -1,8 +1,8 @@
-//! The BPF unwinder (src/bpf/unwind.h) replayed in Rust over [`ProcessTables`], step for step, so that the
+//! The BPF unwinder (src/bpf/unwind.h) replayed in Rust over a process's [`Tables`], step for step, so that the
 //! tables and the walk can be tested without a kernel, and unwind the threads of a core file
 //! ([`crate::stacks::core_file::Core`]) as the kernel would have unwound them.
 
-use super::{table::Kind, BpfMapping, BpfRow, ProcessTables};
+use super::{table::Kind, BpfMapping, BpfRow, Tables};
 
 /// MAX_UNWIND_MAPPINGS of unwind.h: the BPF side holds only the first ones.
 const MAX_UNWIND_MAPPINGS: usize = 256;
@@ -37,7 +37,7 @@ struct State {
 /// `unwind_from` of unwind.h: the frames (instruction pointer, then return addresses) from `regs`, reading
 /// the stack with `read`; at most `max_frames` (MAX_USER_FRAMES in BPF).
 pub fn unwind(
-    tables: &ProcessTables,
+    tables: Tables<'_>,
     regs: Registers,
     read: impl Fn(u64) -> Option<u64>,
     max_frames: usize,
@@ -63,7 +63,7 @@ pub fn unwind(
 
 /// `unwind_step_of` of unwind.h; true to stop.
 fn step(
-    t: &ProcessTables,
+    t: Tables<'_>,
     index: usize,
     s: &mut State,
     read: &impl Fn(u64) -> Option<u64>,
@@ -81,7 +81,7 @@ fn step(
     };
     let mut bp = s.bp;
     let mut row = None;
-    if let Some(m) = find_unwind_mapping(&t.mappings, pc, s.mapping) {
+    if let Some(m) = find_unwind_mapping(t.mappings, pc, s.mapping) {
         s.mapping = m;
         let m = &t.mappings[m];
         if m.row_count != 0 {
@@ -153,8 +153,8 @@ fn step(
 
 /// The row the tables give for the instruction at `pc`, as the BPF unwinder would find it; `None` where they
 /// have none (frame pointers there).
-pub fn row_at(t: &ProcessTables, pc: u64) -> Option<BpfRow> {
-    let m = &t.mappings[find_unwind_mapping(&t.mappings, pc, MAX_UNWIND_MAPPINGS)?];
+pub fn row_at(t: Tables<'_>, pc: u64) -> Option<BpfRow> {
+    let m = &t.mappings[find_unwind_mapping(t.mappings, pc, MAX_UNWIND_MAPPINGS)?];
     if m.row_count == 0 {
         return None;
     }
@@ -196,14 +196,14 @@ fn page_row(pages: &[u32], index: u32) -> i64 {
 }
 
 /// `find_unwind_row` and `row_search_step` of unwind.h: the row of `m` that holds `vaddr`.
-fn find_unwind_row<'t>(t: &'t ProcessTables, m: &BpfMapping, vaddr: u64) -> Option<&'t BpfRow> {
+fn find_unwind_row<'t>(t: Tables<'t>, m: &BpfMapping, vaddr: u64) -> Option<&'t BpfRow> {
     let page = (vaddr >> 12).wrapping_sub(m.first_page);
     if (vaddr >> 12) < m.first_page || page >= m.page_count.into() {
         return None;
     }
     // The index is a __u32 in BPF.
-    let lo = page_row(&t.pages, (u64::from(m.page_start) + page) as u32);
-    let hi = page_row(&t.pages, (u64::from(m.page_start) + page + 1) as u32);
+    let lo = page_row(t.pages, (u64::from(m.page_start) + page) as u32);
+    let hi = page_row(t.pages, (u64::from(m.page_start) + page + 1) as u32);
     if lo < 0 || hi < lo || hi >= m.row_count.into() {
         return None;
     }

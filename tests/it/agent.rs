@@ -791,11 +791,26 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         let in_container = info[0].contains(&format!("container_id=\"{}\"", container.id));
         assert_eq!(in_container, kind == contained_kind, "{kind}: {}", info[0]);
     }
+    // The unwind tables in the kernel: one copy for a server's four collectors, shared with the other servers
+    // where they fit (all of them, when every server's tables were read before any collector was loaded).
+    let tables = || bpf_maps_named(running.pid(), "unwind_rows");
+    let copies = tables();
+    assert!(
+        (1..=servers.len()).contains(&copies),
+        "{copies} copies of the unwind tables for {} servers",
+        servers.len()
+    );
     // A server started while the agent runs is traced once it listens; stopped, its series stay at their last
     // values (without target_info) until they age out; started again, it is another server, with series of its own.
     let extra = db.start_another(&dir.join("extra"), &[]);
     wait_until("the server started is traced", &|| traced(extra.0.pid));
     counted(&extra.0);
+    // Of the same code as one traced already: its tables are those.
+    assert_eq!(
+        tables(),
+        copies,
+        "a server of the same code has tables of its own"
+    );
     let first_pid = extra.0.pid;
     extra.0.stop();
     wait_until("the server stopped is let go", &|| !traced(first_pid));

@@ -158,27 +158,6 @@ fn a_closed_stderr_is_no_crash() {
     assert!(status.success(), "{status}");
 }
 
-/// The BPF objects a process holds: (kind, id) from its fdinfo.
-fn bpf_objects(pid: u32) -> Vec<(String, u32)> {
-    let mut ids = Vec::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .unwrap()
-        .flatten()
-    {
-        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
-        for line in info.lines() {
-            for kind in ["prog", "map", "link"] {
-                if let Some(id) = line.strip_prefix(&format!("{kind}_id:")) {
-                    ids.push((kind.to_string(), id.trim().parse().unwrap()));
-                }
-            }
-        }
-    }
-    ids.sort();
-    ids.dedup();
-    ids
-}
-
 #[test]
 fn sigkill_leaves_nothing_in_the_kernel() {
     let db = testdb();

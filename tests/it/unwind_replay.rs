@@ -155,7 +155,11 @@ fn replayed_unwind_of_a_core_equals_eu_stack() {
     for m in &code {
         tables.add_mapping(m);
     }
-    assert!(tables.warnings.is_empty(), "{:?}", tables.warnings);
+    assert!(
+        tables.process.warnings.is_empty(),
+        "{:?}",
+        tables.process.warnings
+    );
     for lib in ["replay_threads", "libc.so.6"] {
         assert!(
             code.iter().any(|m| m.path.ends_with(lib)),
@@ -165,7 +169,12 @@ fn replayed_unwind_of_a_core_equals_eu_stack() {
 
     let mut chains_seen = Vec::new();
     for t in &core.threads {
-        let ours = unwind(&tables, t.regs, |a| core.read_u64(a), MAX_USER_FRAMES);
+        let ours = unwind(
+            tables.tables(),
+            t.regs,
+            |a| core.read_u64(a),
+            MAX_USER_FRAMES,
+        );
         let frames = eu
             .get(&t.tid)
             .unwrap_or_else(|| panic!("eu-stack printed no thread {}", t.tid));

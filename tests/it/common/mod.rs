@@ -1090,6 +1090,39 @@ pub fn child_of(pid: u32) -> u32 {
     }
 }
 
+/// The BPF objects a process holds: (kind, id) from its fdinfo.
+pub fn bpf_objects(pid: u32) -> Vec<(String, u32)> {
+    let mut ids = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
+        let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+        for line in info.lines() {
+            for kind in ["prog", "map", "link"] {
+                if let Some(id) = line.strip_prefix(&format!("{kind}_id:")) {
+                    ids.push((kind.to_string(), id.trim().parse().unwrap()));
+                }
+            }
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// How many of the BPF maps `pid` holds are named `name`.
+pub fn bpf_maps_named(pid: u32, name: &str) -> usize {
+    let held: Vec<u32> = bpf_objects(pid)
+        .into_iter()
+        .filter(|(kind, _)| kind == "map")
+        .map(|(_, id)| id)
+        .collect();
+    libbpf_rs::query::MapInfoIter::default()
+        .filter(|m| held.contains(&m.id) && m.name == name)
+        .count()
+}
+
 /// How many descriptors `pid` has open, and its resident memory in KiB.
 pub fn descriptors_and_rss(pid: u32) -> (usize, u64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
