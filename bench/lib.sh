@@ -56,9 +56,11 @@ bpf_snapshot() {
     bpf_programs "$1" | awk '{ t += $3; n += $4 } END { printf "%.0f %.0f\n", t, n }'
 }
 
-# kernel_mem_mib PID: the kernel memory of the BPF maps process PID holds open (their fdinfo's memlock), MiB
+# kernel_mem_mib PID: the kernel memory of the BPF maps process PID holds open (their fdinfo's memlock), MiB; each
+# map once, however many descriptors it holds of it (the unwind tables, shared by its collectors)
 kernel_mem_mib() {
-    awk '/^map_type:/ { map = 1 } /^memlock:/ && map { m += $2; map = 0 } END { printf "%.1f\n", m / 1048576 }' \
+    awk '/^map_type:/ { map = 1 } /^memlock:/ && map { m = $2 } /^map_id:/ && map { by_id[$2] = m; map = 0 }
+        END { for (id in by_id) t += by_id[id]; printf "%.1f\n", t / 1048576 }' \
         /proc/"$1"/fdinfo/* 2>/dev/null || echo n/a
 }
 

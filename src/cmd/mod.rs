@@ -70,7 +70,8 @@ pub struct TargetArgs {
     /// BTF file of the running kernel, for kernels without /sys/kernel/btf/vmlinux
     #[arg(long, value_name = "FILE")]
     pub btf: Option<PathBuf>,
-    /// Kernel memory the BPF maps of each collector may take, in MiB; past it, the maps that can be smaller are
+    /// Kernel memory the BPF maps of each collector may take, in MiB (the unwind tables, one copy for the
+    /// collectors of a run, within it too); past it, the maps that can be smaller are
     /// (said on stderr)
     #[arg(long, value_name = "MIB", default_value_t = crate::collect::budget::DEFAULT_MIB)]
     pub max_kernel_mem: u64,

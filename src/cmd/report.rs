@@ -2,13 +2,14 @@
 
 use std::{
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::report;
+use crate::{collect::unwind_store::Stores, report};
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -54,16 +55,19 @@ pub fn run(a: ReportArgs) -> Result<()> {
     }
     let targets = a.target.servers_to_read(a.all)?;
     if let [target] = targets.as_slice() {
-        return report_of(&a, target, &a.output);
+        return report_of(&a, target, &a.output, None);
     }
-    // Each server's report in a thread of its own, traced over the same time.
+    // Each server's report in a thread of its own, traced over the same time, servers of the same code with one
+    // copy of its unwind tables.
     let a = &a;
+    let stores = Arc::new(Stores::default());
     let failed: Vec<String> = std::thread::scope(|s| {
         let running: Vec<_> = targets
             .iter()
             .map(|t| {
                 let output = crate::cmd::per_server(&a.output, t.pid);
-                (t, s.spawn(move || report_of(a, t, &output)))
+                let stores = Arc::clone(&stores);
+                (t, s.spawn(move || report_of(a, t, &output, Some(stores))))
             })
             .collect();
         running
@@ -82,13 +86,19 @@ pub fn run(a: ReportArgs) -> Result<()> {
 }
 
 /// Traces `target` and writes its report to `output`.
-fn report_of(a: &ReportArgs, target: &crate::process::Target, output: &Path) -> Result<()> {
+fn report_of(
+    a: &ReportArgs,
+    target: &crate::process::Target,
+    output: &Path,
+    unwind: Option<Arc<Stores>>,
+) -> Result<()> {
     let options = report::Options {
         duration: Duration::from_secs(a.duration),
         frequency: a.frequency,
         min_block_us: a.min_block_us,
         top: a.top,
         queries: a.sql.clone().follow_options(&a.target),
+        unwind,
     };
     let r = report::trace(target, &options)?;
     let page = report::html::render(&r);

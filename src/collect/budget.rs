@@ -34,13 +34,20 @@ pub const DEGRADABLE: &[Degradable] = &[
 
 /// Fits the maps of `object` (not yet loaded) into `budget` bytes, shrinking [`DEGRADABLE`] maps as needed;
 /// returns the estimate of what they take. An error says what takes the memory when even the smallest
-/// sizes do not fit.
-pub fn fit(object: &mut OpenObject, budget: u64) -> Result<u64> {
+/// sizes do not fit. The maps named in `shared` are another's, counted where they were made (the unwind store's).
+pub fn fit(object: &mut OpenObject, budget: u64, shared: &[&str]) -> Result<u64> {
     let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1) as u64;
+    let map_bytes = |m: &OpenMap<'_>| {
+        if shared.iter().any(|s| m.name() == *s) {
+            0
+        } else {
+            map_bytes(m, cpus)
+        }
+    };
     let total = |object: &OpenObject| -> u64 {
         object
             .maps()
-            .map(|m| map_bytes(&m, cpus))
+            .map(|m| map_bytes(&m))
             .fold(0, u64::saturating_add)
     };
     let mut said = Vec::new();
@@ -92,7 +99,7 @@ pub fn fit(object: &mut OpenObject, budget: u64) -> Result<u64> {
     if used > budget {
         let mut largest: Vec<(u64, String)> = object
             .maps()
-            .map(|m| (map_bytes(&m, cpus), m.name().to_string_lossy().into_owned()))
+            .map(|m| (map_bytes(&m), m.name().to_string_lossy().into_owned()))
             .collect();
         largest.sort_unstable_by(|a, b| b.cmp(a));
         let named: Vec<String> = largest

@@ -199,6 +199,14 @@ impl CollectOptions {
         }
     }
 
+    /// The maps its objects reuse from another's rather than make (`budget::fit` leaves them out).
+    pub fn shared_maps(&self) -> &'static [&'static str] {
+        match &self.unwind {
+            Some(_) if !self.features().compat() => &unwind_store::SHARED_MAPS,
+            _ => &[],
+        }
+    }
+
     /// The features of the running kernel.
     pub fn features(&self) -> Features {
         Features::of_kernel(self.btf.as_deref())

@@ -783,7 +783,11 @@ fn load<'obj>(
     ] {
         prog.set_autoattach(false);
     }
-    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
+    super::budget::fit(
+        open.open_object_mut(),
+        opts.max_kernel_mem,
+        opts.shared_maps(),
+    )?;
     open.load()
         .context("loading the query tracing programs into the kernel")
 }

@@ -385,7 +385,7 @@ pub(crate) fn set_common<S: StackSkeleton>(
     let compat = Features::of_kernel(opts.btf.as_deref()).compat();
     let (rows, pages) = S::unwind_open(open);
     match opts.unwind.as_ref().filter(|_| !compat) {
-        Some(store) => store.share(rows, pages),
+        Some(store) => store.share(rows, pages, opts.max_kernel_mem),
         None => {
             rows.set_max_entries(1)
                 .context("sizing the unwind table map")?;
@@ -405,7 +405,11 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut open = open_object(builder, &mut object, opts)?;
     set_common::<C::Skel>(&mut open, opts)?;
     collector.configure(&mut open, &features)?;
-    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
+    super::budget::fit(
+        open.open_object_mut(),
+        opts.max_kernel_mem,
+        opts.shared_maps(),
+    )?;
     let mut skel = open
         .load()
         .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;

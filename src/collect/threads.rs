@@ -74,7 +74,11 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
     rodata.futex_syscall = libc::SYS_futex;
     open.progs.snapshot.set_autoattach(false);
-    super::budget::fit(open.open_object_mut(), opts.max_kernel_mem)?;
+    super::budget::fit(
+        open.open_object_mut(),
+        opts.max_kernel_mem,
+        opts.shared_maps(),
+    )?;
     let mut skel = open
         .load()
         .context("loading the thread snapshot program into the kernel")?;

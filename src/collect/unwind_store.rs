@@ -22,6 +22,10 @@ use crate::unwind::{Arena, BpfMapping, BpfRow, Compiled, Mappings, Tables};
 /// while tracing, and the servers that join the store later with code of their own.
 const SPARE_UNWIND_ROWS: usize = 65536;
 
+/// The maps of every collector's object that are the store's (`budget::fit` leaves them out: they are counted
+/// once, when made).
+pub const SHARED_MAPS: [&str; 2] = ["unwind_rows", "unwind_pages"];
+
 /// How often a process's memory map is read again for code mapped while tracing.
 const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -126,19 +130,30 @@ impl UnwindStore {
     }
 
     /// Makes a collector's (not yet loaded) unwind maps the store's, making them first: room for the tables
-    /// as they are and [`SPARE_UNWIND_ROWS`] more.
+    /// as they are and [`SPARE_UNWIND_ROWS`] more, within `budget` bytes of kernel memory.
     pub(crate) fn share(
         &self,
         rows: &mut OpenMapMut<'_>,
         pages: &mut OpenMapMut<'_>,
+        budget: u64,
     ) -> Result<()> {
         let mut inner = self.lock();
         if inner.kernel.is_none() {
-            let sizes = (inner.arena.rows.len(), inner.arena.pages.len());
-            inner.kernel = Some(Kernel::new(
-                sizes.0 + SPARE_UNWIND_ROWS,
-                sizes.1 + SPARE_UNWIND_ROWS,
-            )?);
+            let sizes = (
+                inner.arena.rows.len() + SPARE_UNWIND_ROWS,
+                inner.arena.pages.len() + SPARE_UNWIND_ROWS,
+            );
+            // Array values are 8-byte aligned.
+            let bytes = (sizes.0 * 16 + sizes.1 * 8) as u64;
+            anyhow::ensure!(
+                bytes <= budget,
+                "the unwind tables (unwind_rows, unwind_pages) need {:.1} MiB of kernel memory, more than \
+                 --max-kernel-mem {} MiB allows: \
+                 raise it, or walk stacks by frame pointers (--frame-pointers) without unwind tables",
+                bytes as f64 / f64::from(1 << 20),
+                budget >> 20
+            );
+            inner.kernel = Some(Kernel::new(sizes.0, sizes.1)?);
         }
         let k = inner.kernel.as_ref().expect("made above");
         rows.reuse_fd(k.rows.as_fd())

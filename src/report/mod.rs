@@ -20,7 +20,10 @@ use anyhow::{Context, Result};
 
 use crate::{
     collect::{
-        self, ring::RingOptions, unwind_store::UnwindStore, CollectOptions, Collected, Kind, Stop,
+        self,
+        ring::RingOptions,
+        unwind_store::{Stores, UnwindStore},
+        CollectOptions, Collected, Kind, Stop,
     },
     process::{self, Target},
     profile::{
@@ -47,6 +50,8 @@ pub struct Options {
     pub queries: FollowOptions,
     /// Rows of the digest and lock tables.
     pub top: usize,
+    /// Where the unwind tables join those of the other servers traced at once (`--all`); `None`: tables of its own.
+    pub unwind: Option<Arc<Stores>>,
 }
 
 /// A flame graph of the report.
@@ -209,7 +214,7 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
         },
         slices: None,
         attached: Some(attached_tx),
-        stores: None,
+        stores: o.unwind.as_deref(),
     };
     let stop = plan.stop().clone();
     // Before any collector starts: an error here must not leave them running.
