@@ -354,6 +354,26 @@ impl SiteNames {
             .map(|(site, _)| site.to_string())
     }
 
+    /// The sites whose waits have one cause that their name does not say (a function without a name of its own,
+    /// named by the type it announces to `thd_wait_begin`), for the sentences that name sites.
+    pub fn causes(&self) -> Vec<(String, Cause)> {
+        let mut named: Vec<(String, Cause)> = self
+            .by_stack
+            .values()
+            .flatten()
+            .filter_map(|(site, cause)| match cause {
+                StackCause::One(c) if !matches!(c, Cause::InternalLock | Cause::UnknownWait) => {
+                    Some((site.to_string(), *c))
+                }
+                _ => None,
+            })
+            .filter(|(site, _)| site_meaning(site).is_none())
+            .collect();
+        named.sort_unstable();
+        named.dedup_by(|a, b| a.0 == b.0);
+        named
+    }
+
     /// The cause of a wait at a stack that arrived, given the wait type its thread last announced.
     pub fn cause_of(&self, id: u64, hint: u32) -> Option<Cause> {
         self.by_stack

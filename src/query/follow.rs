@@ -29,6 +29,7 @@ use crate::{
         texts::PreparedTexts,
         Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
     },
+    server::Cause,
     symbolize::{
         data::DataSymbolizer,
         wait_calls::{calls_with_constant, ConstantCall},
@@ -199,6 +200,8 @@ pub struct Followed {
     pub forgotten_conns: u64,
     /// The time traced over the time statements were followed (1: all of it; `--sample-every`).
     pub scale: f64,
+    /// The wait sites whose cause their name does not say, with it (`SiteNames::causes`).
+    pub site_causes: Vec<(String, Cause)>,
 }
 
 impl Followed {
@@ -691,6 +694,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             forgotten_prepared: self.tracker.forgotten_prepared,
             forgotten_conns: self.tracker.forgotten_conns,
             scale: traced.scale,
+            site_causes: self.sites.causes(),
         }
     }
 }

@@ -19,6 +19,7 @@ const CLIENT_WAIT_FRAMES: [&str; 3] = ["my_net_read_packet", "vio_read", "vio_so
 
 pub fn findings(r: &Report) -> Vec<String> {
     let mut out = Vec::new();
+    let meanings = SiteMeanings::of(r);
     if let Some(s) = &r.statements {
         let running_at_end = r.threads.iter().filter(|t| t.statement.is_some()).count();
         statements(&s.rows, r.traced.as_secs_f64(), running_at_end, &mut out);
@@ -27,7 +28,7 @@ pub fn findings(r: &Report) -> Vec<String> {
     for p in &r.profiles {
         match p.id {
             "cpu" => on_cpu(p, &mut out),
-            "offcpu" => off_cpu(p, &mut out),
+            "offcpu" => off_cpu(p, &meanings, &mut out),
             _ => {}
         }
     }
@@ -40,8 +41,9 @@ pub fn findings(r: &Report) -> Vec<String> {
             .site
             .as_deref()
             .map(|s| {
-                let meaning = waits::site_meaning(s)
-                    .map(|m| format!(" ({m})"))
+                let meaning = meanings
+                    .meaning(s)
+                    .map(|m| format!(", waiting for {m}"))
                     .unwrap_or_default();
                 format!(", mostly in {s}{meaning}")
             })
@@ -199,8 +201,28 @@ fn on_cpu(p: &ProfileSection, out: &mut Vec<String>) {
     ));
 }
 
+/// What the wait sites wait for: by their names (`waits::site_meaning`), else by the cause the statements' waits
+/// there were given (a function without a name of its own that announces its waits to `thd_wait_begin`).
+struct SiteMeanings<'r>(HashMap<&'r str, Cause>);
+
+impl<'r> SiteMeanings<'r> {
+    fn of(r: &'r Report) -> Self {
+        let named = r.statements.iter().flat_map(|s| &s.followed.site_causes);
+        SiteMeanings(named.map(|(site, cause)| (site.as_str(), *cause)).collect())
+    }
+
+    /// `the redo log's write and sync`, for "waiting for …".
+    fn meaning(&self, site: &str) -> Option<String> {
+        if let Some(m) = waits::site_meaning(site) {
+            return Some(m.to_string());
+        }
+        let phrase = self.0.get(site)?.phrase();
+        phrase.strip_prefix("waits for ").map(str::to_string)
+    }
+}
+
 /// Where connections were blocked while running statements, by the site of each wait.
-fn off_cpu(p: &ProfileSection, out: &mut Vec<String>) {
+fn off_cpu(p: &ProfileSection, meanings: &SiteMeanings<'_>, out: &mut Vec<String>) {
     let (by_site, idle) = statement_waits(&p.profile);
     let total = by_site.values().fold(0u64, |a, &v| a.saturating_add(v));
     if total == 0 {
@@ -212,7 +234,8 @@ fn off_cpu(p: &ProfileSection, out: &mut Vec<String>) {
         .iter()
         .take(3)
         .map(|(site, v)| {
-            let meaning = waits::site_meaning(site)
+            let meaning = meanings
+                .meaning(site)
                 .map(|m| format!(", waiting for {m}"))
                 .unwrap_or_default();
             format!("{site} ({:.0}%{meaning})", *v as f64 * 100.0 / total as f64)
