@@ -203,16 +203,16 @@ fn on_cpu(p: &ProfileSection, out: &mut Vec<String>) {
 
 /// What the wait sites wait for: by their names (`waits::site_meaning`), else by the cause the statements' waits
 /// there were given (a function without a name of its own that announces its waits to `thd_wait_begin`).
-struct SiteMeanings<'r>(HashMap<&'r str, Cause>);
+pub(super) struct SiteMeanings<'r>(HashMap<&'r str, Cause>);
 
 impl<'r> SiteMeanings<'r> {
-    fn of(r: &'r Report) -> Self {
+    pub(super) fn of(r: &'r Report) -> Self {
         let named = r.statements.iter().flat_map(|s| &s.followed.site_causes);
         SiteMeanings(named.map(|(site, cause)| (site.as_str(), *cause)).collect())
     }
 
     /// `the redo log's write and sync`, for "waiting for …".
-    fn meaning(&self, site: &str) -> Option<String> {
+    pub(super) fn meaning(&self, site: &str) -> Option<String> {
         if let Some(m) = waits::site_meaning(site) {
             return Some(m.to_string());
         }

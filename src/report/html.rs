@@ -6,7 +6,6 @@ use std::fmt::Write;
 
 use super::Report;
 use crate::{
-    profile::waits,
     query::TimeParts,
     render::{
         queries::{clip, human_us},
@@ -238,11 +237,12 @@ fn locks(h: &mut String, r: &Report) {
          <th data-type=\"text\">Kind</th><th data-type=\"text\">Site</th><th>Waits</th><th>Total</th><th>Max</th>\
          <th class=\"nosort\">Waited in</th><th class=\"nosort\">Woken by</th></tr></thead><tbody>\n",
     );
+    let meanings = super::findings::SiteMeanings::of(r);
     for l in r.locks.iter().take(r.top) {
         let site = l
             .site
             .as_deref()
-            .map(|s| match waits::site_meaning(s) {
+            .map(|s| match meanings.meaning(s) {
                 Some(m) => format!("{s} ({m})"),
                 None => s.to_string(),
             })
