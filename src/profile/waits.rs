@@ -355,7 +355,7 @@ impl SiteNames {
     }
 
     /// The sites whose waits have one cause that their name does not say (a function without a name of its own,
-    /// named by the type it announces to `thd_wait_begin`), for the sentences that name sites.
+    /// named by the type it announces to `thd_wait_begin`), each once, for the sentences that name sites.
     pub fn causes(&self) -> Vec<(String, Cause)> {
         let mut named: Vec<(String, Cause)> = self
             .by_stack
@@ -370,8 +370,10 @@ impl SiteNames {
             .filter(|(site, _)| site_meaning(site).is_none())
             .collect();
         named.sort_unstable();
-        named.dedup_by(|a, b| a.0 == b.0);
-        named
+        named.dedup();
+        // A site whose waits were given several causes says none.
+        let once = |site: &str| named.iter().filter(|(s, _)| s == site).count() == 1;
+        named.iter().filter(|(s, _)| once(s)).cloned().collect()
     }
 
     /// The cause of a wait at a stack that arrived, given the wait type its thread last announced.

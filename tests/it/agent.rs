@@ -228,6 +228,13 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
+/// An instant whose scrapes Prometheus has all stored: queries evaluated at it see the same samples, however long
+/// apart they are made (a scrape is stamped when it starts and stored when it ends, after the queries at `now()`
+/// that came between).
+fn settled() -> f64 {
+    now() - 2.0
+}
+
 const TOTAL: &str =
     "sum by (db_query_text) (rate(myprobe_statement_duration_seconds_sum{job=\"myprobe\"}[10s]))";
 const PARTS: &str =
@@ -355,12 +362,12 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     );
     let deadline = Instant::now() + Duration::from_secs(90);
     let (total, parts) = loop {
-        let t = now();
+        let t = settled();
         let scrapes = query(prometheus_port, &scraped, t)
             .first()
             .map_or(0.0, |s| s.1);
         let total = by_fingerprint(prometheus_port, TOTAL, t);
-        if load_started.elapsed() >= Duration::from_secs(12)
+        if load_started.elapsed() >= Duration::from_secs(14)
             && scrapes >= 12.0
             && total.get(point_lookup).is_some_and(|&v| v > 0.0)
         {
@@ -373,7 +380,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         );
         std::thread::sleep(Duration::from_secs(1));
     };
-    let t = now();
+    let t = settled();
     let instant_total = by_fingerprint(prometheus_port, &TOTAL.replace("rate(", "irate("), t);
     let instant_parts = by_fingerprint(prometheus_port, &PARTS.replace("rate(", "irate("), t);
     // sysbench ends at its first error: then the last scrapes may have seen no statement.
