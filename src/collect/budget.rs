@@ -37,7 +37,7 @@ pub const DEGRADABLE: &[Degradable] = &[
 /// sizes do not fit. The maps named in `shared` are another's, counted where they were made (the unwind store's).
 pub fn fit(object: &mut OpenObject, budget: u64, shared: &[&str]) -> Result<u64> {
     let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1) as u64;
-    let counted = |m: &OpenMap<'_>| {
+    let map_bytes = |m: &OpenMap<'_>| {
         if shared.iter().any(|s| m.name() == *s) {
             0
         } else {
@@ -47,7 +47,7 @@ pub fn fit(object: &mut OpenObject, budget: u64, shared: &[&str]) -> Result<u64>
     let total = |object: &OpenObject| -> u64 {
         object
             .maps()
-            .map(|m| counted(&m))
+            .map(|m| map_bytes(&m))
             .fold(0, u64::saturating_add)
     };
     let mut said = Vec::new();
@@ -99,7 +99,7 @@ pub fn fit(object: &mut OpenObject, budget: u64, shared: &[&str]) -> Result<u64>
     if used > budget {
         let mut largest: Vec<(u64, String)> = object
             .maps()
-            .map(|m| (counted(&m), m.name().to_string_lossy().into_owned()))
+            .map(|m| (map_bytes(&m), m.name().to_string_lossy().into_owned()))
             .collect();
         largest.sort_unstable_by(|a, b| b.cmp(a));
         let named: Vec<String> = largest
@@ -146,7 +146,7 @@ fn map_bytes(map: &OpenMap<'_>, cpus: u64) -> u64 {
     )
 }
 
-pub(crate) fn bytes(map_type: MapType, key: u32, value: u32, entries: u32, cpus: u64) -> u64 {
+fn bytes(map_type: MapType, key: u32, value: u32, entries: u32, cpus: u64) -> u64 {
     let n = u64::from(entries);
     let (key, value) = (round8(key), round8(value));
     match map_type {

@@ -11,7 +11,7 @@ use libbpf_rs::skel::OpenSkel;
 use super::{
     super::unwind::{
         replay::{unwind, Registers, MAX_USER_FRAMES},
-        Tables,
+        ProcessTables, Tables,
     },
     maps::{read_exact, Plain},
     open_object,
@@ -109,7 +109,7 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     };
     let threads = match &opts.unwind {
         Some(store) => store.with_tables(opts.pid, replay),
-        None => replay(Tables::default()),
+        None => replay(ProcessTables::default().tables()),
     };
     Ok(Snapshot {
         threads,

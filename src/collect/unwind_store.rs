@@ -24,9 +24,7 @@ const SPARE_UNWIND_ROWS: usize = 65536;
 
 /// The maps of every collector's object that are the store's (`budget::fit` leaves them out: they are counted
 /// once, when made).
-pub const SHARED_MAPS: [&str; 2] = [ROWS_MAP, PAGES_MAP];
-const ROWS_MAP: &str = "unwind_rows";
-const PAGES_MAP: &str = "unwind_pages";
+pub const SHARED_MAPS: [&str; 2] = ["unwind_rows", "unwind_pages"];
 
 /// How often a process's memory map is read again for code mapped while tracing.
 const UNWIND_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -74,7 +72,9 @@ impl UnwindStore {
         }
         let (store, warnings) =
             Self::of(pid).context("reading the unwind tables of the process")?;
-        say_lacks(&warnings);
+        for w in &warnings {
+            say!("myprobe: warning: {w}");
+        }
         Ok(Some(store))
     }
 
@@ -113,7 +113,9 @@ impl UnwindStore {
             }
         }
         let mappings = compiled.place(&mut inner.arena);
-        say_lacks(&mappings.warnings);
+        for w in &mappings.warnings {
+            say!("myprobe: warning: {w}");
+        }
         inner.processes.insert(pid, Process::new(mappings));
         None
     }
@@ -141,10 +143,8 @@ impl UnwindStore {
                 inner.arena.rows.len() + SPARE_UNWIND_ROWS,
                 inner.arena.pages.len() + SPARE_UNWIND_ROWS,
             );
-            let array = |value: usize, entries: usize| {
-                super::budget::bytes(MapType::Array, 4, value as u32, entries as u32, 1)
-            };
-            let bytes = array(std::mem::size_of::<BpfRow>(), sizes.0) + array(4, sizes.1);
+            // Array values are 8-byte aligned.
+            let bytes = (sizes.0 * 16 + sizes.1 * 8) as u64;
             anyhow::ensure!(
                 bytes <= budget,
                 "the unwind tables (unwind_rows, unwind_pages) need {:.1} MiB of kernel memory, more than \
@@ -289,17 +289,11 @@ impl Kernel {
                 entries as u32,
                 &opts,
             )
-            .with_context(|| {
-                format!(
-                    "making the map {name} of {entries} entries: raise the memlock limit (ulimit -l) or this \
-                     cgroup's memory limit, or walk stacks by frame pointers (--frame-pointers, where the \
-                     command has it)"
-                )
-            })
+            .with_context(|| format!("making the map {name} of {entries} entries"))
         };
         Ok(Kernel {
-            rows: array(ROWS_MAP, std::mem::size_of::<BpfRow>(), rows)?,
-            pages: array(PAGES_MAP, 4, pages)?,
+            rows: array("unwind_rows", std::mem::size_of::<BpfRow>(), rows)?,
+            pages: array("unwind_pages", 4, pages)?,
             rows_written: 0,
             pages_written: 0,
         })
@@ -315,32 +309,24 @@ unsafe impl Plain for BpfRow {}
 pub struct Stores(Mutex<Vec<Weak<UnwindStore>>>);
 
 impl Stores {
-    /// The store for `pid`'s tables: none where stacks are walked by frame pointers (not x86_64).
-    pub fn for_process(&self, pid: u32) -> Result<Option<Arc<UnwindStore>>> {
-        if !cfg!(target_arch = "x86_64") {
-            return Ok(None);
-        }
+    /// The store for `pid`'s tables.
+    pub fn for_process(&self, pid: u32) -> Result<Arc<UnwindStore>> {
         let mut compiled =
             Compiled::read(pid).context("reading the unwind tables of the process")?;
         let mut stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
         stores.retain(|s| s.strong_count() > 0);
         for store in stores.iter().filter_map(Weak::upgrade) {
             match store.join(pid, compiled) {
-                None => return Ok(Some(store)),
+                None => return Ok(store),
                 Some(back) => compiled = back,
             }
         }
         let (store, warnings) = UnwindStore::of_compiled(pid, compiled);
-        say_lacks(&warnings);
+        for w in &warnings {
+            say!("myprobe: warning: {w}");
+        }
         stores.push(Arc::downgrade(&store));
-        Ok(Some(store))
-    }
-}
-
-/// What the tables lack, on stderr.
-fn say_lacks(warnings: &[String]) {
-    for w in warnings {
-        say!("myprobe: warning: {w}");
+        Ok(store)
     }
 }
 

@@ -372,13 +372,8 @@ impl SiteNames {
         named.sort_unstable();
         named.dedup();
         // A site whose waits were given several causes says none.
-        named
-            .chunk_by(|a, b| a.0 == b.0)
-            .filter_map(|same_site| match same_site {
-                [one] => Some(one.clone()),
-                _ => None,
-            })
-            .collect()
+        let once = |site: &str| named.iter().filter(|(s, _)| s == site).count() == 1;
+        named.iter().filter(|(s, _)| once(s)).cloned().collect()
     }
 
     /// The cause of a wait at a stack that arrived, given the wait type its thread last announced.

@@ -1,6 +1,5 @@
 //! Several collectors on one server at once: on-CPU, off-CPU and lock waits (each in a thread of its own with its
-//! own BPF object, all sharing one copy of the unwind tables in the kernel) and the statements (`query::follow`),
-//! under one [`Stop`].
+//! own BPF object, all sharing one copy of the unwind tables in the kernel) and the statements (`query::follow`), under one [`Stop`].
 //! `myprobe report` runs them for a time and reads what they found when they end; the agent runs them until the
 //! server exits, and reads their sums as they go ([`Plan::slices`]).
 
@@ -58,8 +57,8 @@ pub struct Prepared {
 pub fn prepare(plan: &Plan<'_>) -> Result<Prepared> {
     let pid = plan.target.pid;
     let tables = match plan.stores {
-        Some(stores) => stores.for_process(pid)?,
-        None => UnwindStore::for_tracing(pid, false)?,
+        Some(stores) if cfg!(target_arch = "x86_64") => Some(stores.for_process(pid)?),
+        _ => UnwindStore::for_tracing(pid, false)?,
     };
     Ok(Prepared {
         tables,

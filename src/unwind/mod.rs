@@ -189,7 +189,10 @@ impl Compiled {
         let mut tables = HashMap::new();
         for m in &code {
             tables.entry(m.file).or_insert_with(|| {
-                let table = compile(m, &mut warnings);
+                let table = Table::read(&m.path).unwrap_or_else(|e| {
+                    warnings.push(format!("no unwind table for {}: {e:#}", m.label));
+                    Table::default()
+                });
                 (content_key(&table), table)
             });
         }
@@ -231,14 +234,6 @@ impl Compiled {
         }
         m
     }
-}
-
-/// The table of a mapping's file; an empty one (frame pointers there) when it cannot be read, said in `warnings`.
-fn compile(m: &CodeMapping, warnings: &mut Vec<String>) -> Table {
-    Table::read(&m.path).unwrap_or_else(|e| {
-        warnings.push(format!("no unwind table for {}: {e:#}", m.label));
-        Table::default()
-    })
 }
 
 /// The executable file mappings of a memory map.
@@ -300,7 +295,11 @@ impl Mappings {
             return false;
         }
         if !self.files.contains_key(&m.file) {
-            let table = compile(m, &mut self.warnings);
+            let table = Table::read(&m.path).unwrap_or_else(|e| {
+                self.warnings
+                    .push(format!("no unwind table for {}: {e:#}", m.label));
+                Table::default()
+            });
             self.files.insert(m.file, arena.add(table));
         }
         let f = &self.files[&m.file];
@@ -353,9 +352,8 @@ impl ProcessTables {
     }
 }
 
-/// What the BPF unwinder reads of a process: the rows and page index of its files, and its mappings (none by
-/// default: frame pointers everywhere).
-#[derive(Clone, Copy, Default)]
+/// What the BPF unwinder reads of a process: the rows and page index of its files, and its mappings.
+#[derive(Clone, Copy)]
 pub struct Tables<'a> {
     pub rows: &'a [BpfRow],
     pub pages: &'a [u32],
