@@ -29,11 +29,13 @@ use crate::{
     collect::{
         self,
         periods::{self, Duty},
-        unwind_store::Stores,
+        targets::Targets,
+        unwind_store::{Stores, UnwindStore},
         Collected, Kind, Lost, RawStack, Row,
     },
     process::{self, Target},
     query::follow::FollowOptions,
+    runner,
 };
 
 use metrics::Metrics;
@@ -70,6 +72,8 @@ pub struct Options {
     pub duty: Option<Duty>,
     /// A process that is not mariadbd/mysqld may be traced.
     pub any_process: bool,
+    /// Each server's off-CPU programs its own (`--programs-per-server`), not one set for the servers of a store.
+    pub programs_per_server: bool,
     /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
     /// `--no-sql`), `--raw-sql`, `--btf`, memory.
     pub queries: FollowOptions,
@@ -167,6 +171,8 @@ pub struct Shared {
     requests: Mutex<Vec<ProfileRequest>>,
     /// The servers' unwind tables in the kernel, one copy for servers of the same code.
     unwind: Stores,
+    /// The off-CPU programs of the servers of each store: one set for them all.
+    offcpu: Mutex<Vec<OffcpuSet>>,
     pub retention: Retention,
     pub host: String,
 }
@@ -188,12 +194,71 @@ impl Shared {
     pub fn requests(&self) -> MutexGuard<'_, Vec<ProfileRequest>> {
         locked(&self.requests)
     }
+    /// Adds the server of `plan` to the off-CPU programs of the servers of its `store`, starting them where
+    /// none run; its slices go to `send`. The set's members are returned, for the server to leave it.
+    pub(crate) fn join_offcpu(
+        &self,
+        store: &Arc<UnwindStore>,
+        plan: &runner::Plan<'_>,
+        send: mpsc::Sender<collect::Slice>,
+    ) -> Arc<Targets> {
+        let pid = plan.target.pid;
+        let mut sets = locked(&self.offcpu);
+        // Those that ended (no member left, or they failed) are said and forgotten.
+        for set in sets.extract_if(.., |s| s.thread.is_finished()) {
+            set.join();
+        }
+        let mine = |s: &&OffcpuSet| Arc::ptr_eq(&s.store, store);
+        if let Some(set) = sets
+            .iter()
+            .filter(mine)
+            .find(|s| s.targets.join(pid, send.clone()))
+        {
+            return Arc::clone(&set.targets);
+        }
+        let targets = Arc::new(Targets::of(pid, send));
+        let (opts, settings) = plan.offcpu_of(Some(store), Some(Arc::clone(&targets)));
+        let thread = std::thread::Builder::new()
+            .name("offcpu".into())
+            .spawn(move || collect::offcpu::collect(&opts, settings).map(|_| ()));
+        match thread {
+            Ok(thread) => sets.push(OffcpuSet {
+                store: Arc::clone(store),
+                targets: Arc::clone(&targets),
+                thread,
+            }),
+            Err(e) => say!("myprobe: agent: warning: off-CPU not traced: starting a thread: {e}"),
+        }
+        targets
+    }
+
     /// Why no server is traced; said when it changes.
     fn set_waiting(&self, why: String) {
         let mut s = locked(&self.status);
         if s.waiting != why {
             say!("myprobe: agent: waiting for a server: {why}");
             s.waiting = why;
+        }
+    }
+}
+
+/// One set of off-CPU programs for the servers of a store (collect::targets), traced by a thread of its own
+/// until none of them is left.
+struct OffcpuSet {
+    store: Arc<UnwindStore>,
+    targets: Arc<Targets>,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl OffcpuSet {
+    /// Waits for its thread to end, and says why it did if it failed.
+    fn join(self) {
+        let result = self
+            .thread
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked")));
+        if let Err(e) = result {
+            say!("myprobe: agent: warning: off-CPU not traced: {e:#}");
         }
     }
 }
@@ -227,6 +292,7 @@ pub fn run(o: Options) -> Result<()> {
         status: Mutex::new(Status::default()),
         requests: Mutex::new(Vec::new()),
         unwind: Stores::default(),
+        offcpu: Mutex::new(Vec::new()),
         retention,
         host: crate::report::hostname(),
     });
@@ -315,6 +381,9 @@ pub fn run(o: Options) -> Result<()> {
     say!("myprobe: agent: stopping");
     for s in sessions {
         let _ = s.thread.join();
+    }
+    for set in locked(&shared.offcpu).drain(..) {
+        set.join();
     }
     let _ = server.join();
     Ok(())

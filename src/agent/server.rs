@@ -72,7 +72,8 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
     let mut lock_names =
         DataSymbolizer::new(target.pid).context("reading the process's memory map")?;
     let (slices, sliced) = mpsc::channel();
-    let plan = Plan {
+    let slices_to = slices.clone();
+    let mut plan = Plan {
         target,
         frequency: o.frequency,
         min_block_us: o.min_block_us,
@@ -92,13 +93,28 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         }),
         attached: None,
         stores: Some(&shared.unwind),
+        offcpu: true,
     };
     let prepared = runner::prepare(&plan)?;
+    // Off-CPU by the programs of the servers of the same store, where they can be shared.
+    let offcpu_set = prepared
+        .tables
+        .as_ref()
+        .filter(|_| {
+            !o.programs_per_server && !plan.statements.collect_options(0).features().compat()
+        })
+        .map(|store| shared.join_offcpu(store, &plan, slices_to.clone()));
+    plan.offcpu = offcpu_set.is_none();
     let labels = ServerLabels::of(target);
     start_metrics(target, &labels, &plan, shared);
     say!(
-        "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU, lock waits, statements",
-        o.frequency
+        "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU{}, lock waits, statements",
+        o.frequency,
+        if plan.offcpu {
+            ""
+        } else {
+            " (programs shared with the servers of the same code)"
+        }
     );
     let pid = target.pid;
     let mut names = Naming {
@@ -127,6 +143,9 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         );
         read_slices(running, &sliced, o, shared, &mut names)
     });
+    if let Some(set) = &offcpu_set {
+        set.leave(pid);
+    }
     if let Some(tables) = &prepared.tables {
         tables.leave(pid);
     }

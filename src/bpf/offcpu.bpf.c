@@ -70,7 +70,8 @@ struct {
 } threads SEC(".maps");
 
 struct offcpu_key {
-	__u64 tid;
+	__u32 tid;
+	__u32 tgid;  /* which process, where one set of programs traces several (many_targets) */
 	__u64 stack_id;
 };
 
@@ -191,7 +192,7 @@ SCHED_SWITCH_PROG(on_switch)
 		if (!st->stack_id)
 			return 0;
 		__u64 woke = st->preempted ? 0 : woken_at(st, next, now, off);
-		struct offcpu_key k = { .tid = tid, .stack_id = st->stack_id };
+		struct offcpu_key k = { .tid = tid, .tgid = many_targets ? next->tgid : 0, .stack_id = st->stack_id };
 		struct offcpu_time none = {};
 		struct offcpu_time *t = lookup_or_init(&totals, &k, &none);
 		if (!t) {

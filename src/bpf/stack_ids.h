@@ -193,8 +193,7 @@ static __always_inline __u64 call_site_stack_id(void *ctx, bool at_entry, bool o
 	struct thread_sites *t = bpf_task_storage_get(&sites, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!regs || !t || kernel_stacks)
 		return only_known ? 0 : stack_id_now(ctx);
-	if (t->generation != unwind_generation) {
-		t->generation = unwind_generation;
+	if (unwind_changed(task->tgid, &t->generation)) {
 		for (int i = 0; i < SITE_SETS; i++)
 			for (int j = 0; j < SITE_WAYS; j++)
 				t->slot[i][j].stack_id = 0;

@@ -9,6 +9,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "compat.h"
+#include "target.h"
 
 #define MAX_USER_FRAMES 127
 #define MAX_UNWIND_MAPPINGS 256
@@ -84,13 +85,47 @@ struct {
 	__type(value, __u32);
 } unwind_pages SEC(".maps");
 
-/* Written by user space through the mmapped .bss: sorted by start, count last. */
-struct unwind_mapping unwind_mappings[MAX_UNWIND_MAPPINGS];
-volatile __u32 unwind_mapping_count;
-/* Unwinding on: set by user space once the tables are loaded; else frame pointers (bpf_get_stack). */
-volatile __u32 unwind_enabled;
-/* Bumped by user space whenever tables are added: stacks kept from before may now unwind further. */
-volatile __u32 unwind_generation;
+/* A process's code, as the unwinder sees it. */
+struct unwind_process {
+	struct unwind_mapping mappings[MAX_UNWIND_MAPPINGS]; /* sorted by start */
+	__u32 count;
+	/* Unwinding on: set by user space once the tables are loaded; else frame pointers (bpf_get_stack). */
+	__u32 enabled;
+	/* Bumped by user space whenever tables are added: stacks kept from before may now unwind further. */
+	__u32 generation;
+	__u32 _pad;
+};
+
+/* The traced process's: written by user space through the mmapped .bss, count last. */
+volatile struct unwind_process unwind_self;
+
+/* With many_targets (target.h), each process's, by tgid, written whole by user space (an update replaces the
+ * value at once); sized 1 by user space otherwise. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_process);
+} unwind_processes SEC(".maps");
+
+/* The code of process `tgid`, or 0 if user space gave none. */
+static __always_inline struct unwind_process *unwind_process_of(__u32 tgid)
+{
+	if (!many_targets)
+		return (struct unwind_process *)&unwind_self;
+	return bpf_map_lookup_elem(&unwind_processes, &tgid);
+}
+
+/* Whether the tables of `tgid` changed since a cache stamped with `*generation` was filled; the stamp is renewed. */
+static __always_inline bool unwind_changed(__u32 tgid, __u32 *generation)
+{
+	struct unwind_process *p = unwind_process_of(tgid);
+	__u32 now = p ? *(volatile __u32 *)&p->generation : 0;
+	if (*generation == now)
+		return false;
+	*generation = now;
+	return true;
+}
 /* Set by user space: the leaf frame is the start of its unwind row, not the instruction itself. A thread
  * preempted or faulting leaves the CPU at any instruction; summed per stack, each instruction would be a
  * stack of its own, and tens of thousands a minute fill any table. The row start is in the same function. */
@@ -104,6 +139,7 @@ struct user_unwind {
 	__u32 done;
 	__u32 mapping;  /* the mapping of the previous frame */
 	__u32 _pad;
+	struct unwind_process *proc; /* the code of the task unwound */
 	__u64 *ips;     /* a MAX_USER_FRAMES array in a map value */
 	__u64 *slots;   /* a RECORDED_SLOTS array in a map value: where the return addresses of frames 1.. were */
 	struct task_struct *task;  /* another task's stack (unwind_task_step), else 0 */
@@ -146,6 +182,7 @@ struct {
 
 /* Binary searches run as bpf_loop callbacks: verified once, not once per iteration and path. */
 struct unwind_search {
+	struct unwind_process *proc; /* mappings: whose */
 	__u64 target;
 	__u32 lo;
 	__u32 hi;
@@ -159,27 +196,27 @@ static long mapping_search_step(__u64 step __attribute__((unused)), struct unwin
 	__u32 mid = (c->lo + c->hi) / 2;
 	if (mid >= MAX_UNWIND_MAPPINGS)
 		return 1;
-	if (unwind_mappings[mid].start <= c->target)
+	if (c->proc->mappings[mid].start <= c->target)
 		c->lo = mid + 1;
 	else
 		c->hi = mid;
 	return 0;
 }
 
-static __always_inline int find_unwind_mapping(__u64 ip, __u32 last)
+static __always_inline int find_unwind_mapping(struct unwind_process *p, __u64 ip, __u32 last)
 {
 	/* Most frames are in the same binary as the one before. */
-	if (last < MAX_UNWIND_MAPPINGS && unwind_mappings[last].start <= ip && ip < unwind_mappings[last].end)
+	if (last < MAX_UNWIND_MAPPINGS && p->mappings[last].start <= ip && ip < p->mappings[last].end)
 		return last;
-	__u32 count = unwind_mapping_count;
+	__u32 count = *(volatile __u32 *)&p->count;
 	if (count > MAX_UNWIND_MAPPINGS)
 		count = MAX_UNWIND_MAPPINGS;
-	struct unwind_search c = { .target = ip, .lo = 0, .hi = count };
+	struct unwind_search c = { .proc = p, .target = ip, .lo = 0, .hi = count };
 	bpf_loop(MAPPING_SEARCH_STEPS, mapping_search_step, &c, 0);
 	if (c.lo == 0 || c.lo > MAX_UNWIND_MAPPINGS)
 		return -1;
 	__u32 m = c.lo - 1;
-	if (m >= MAX_UNWIND_MAPPINGS || ip >= unwind_mappings[m].end)
+	if (m >= MAX_UNWIND_MAPPINGS || ip >= p->mappings[m].end)
 		return -1;
 	return m;
 }
@@ -255,12 +292,13 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 	__u64 cfa = 0, ra = 0, bp = s->bp;
 	struct unwind_row *row = 0;
 	__u64 bias = 0;
-	int m = find_unwind_mapping(pc, s->mapping);
-	if (m >= 0 && m < MAX_UNWIND_MAPPINGS) {
+	struct unwind_process *p = s->proc;
+	int m = p ? find_unwind_mapping(p, pc, s->mapping) : -1;
+	if (p && m >= 0 && m < MAX_UNWIND_MAPPINGS) {
 		s->mapping = m;
-		bias = unwind_mappings[m].bias;
-		if (unwind_mappings[m].row_count)
-			row = find_unwind_row(&unwind_mappings[m], pc - bias);
+		bias = p->mappings[m].bias;
+		if (p->mappings[m].row_count)
+			row = find_unwind_row(&p->mappings[m], pc - bias);
 	}
 	if (!index && row && leaf_at_row_start)
 		s->ips[0] = row->pc + bias;
@@ -330,7 +368,8 @@ static long unwind_step(__u64 index, struct user_unwind *s)
 }
 
 /* Unwinds from regs into ips with `step`; returns the number of frames, or -1. */
-static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct *task, void *step, __u64 *ips)
+static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct *task, struct unwind_process *p,
+					void *step, __u64 *ips)
 {
 	__u32 zero = 0;
 	struct unwind_buffer *buf = bpf_map_lookup_elem(&unwind_buffers, &zero);
@@ -344,6 +383,7 @@ static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct
 		.ips = buf->ips,
 		.slots = buf->slots,
 		.task = task,
+		.proc = p,
 	};
 	__builtin_memset(buf->slots, 0, sizeof(buf->slots));
 	if (!s.ip)
@@ -361,10 +401,11 @@ static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct
  * returns the number of frames, or -1 if unwinding is off or impossible (the caller uses frame pointers). */
 static __always_inline long unwind_user_stack(__u64 *ips)
 {
-	if (!unwind_enabled)
+	struct unwind_process *p = unwind_process_of(bpf_get_current_pid_tgid() >> 32);
+	if (!p || !*(volatile __u32 *)&p->enabled)
 		return -1;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	return regs ? unwind_from(regs, 0, unwind_step, ips) : -1;
+	return regs ? unwind_from(regs, 0, p, unwind_step, ips) : -1;
 }
 
 /* The stack slots of the current CPU's last unwind (unwind_buffer.slots), or 0. */
@@ -385,7 +426,10 @@ static long unwind_task_step(__u64 index, struct user_unwind *s)
 static __always_inline long unwind_task_user_stack(struct task_struct *task, __u64 *ips)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	return regs ? unwind_from(regs, task, unwind_task_step, ips) : -1;
+	struct unwind_process *p = unwind_process_of(task->tgid);
+	if (p && !*(volatile __u32 *)&p->enabled)
+		p = 0;
+	return regs ? unwind_from(regs, task, p, unwind_task_step, ips) : -1;
 }
 
 #else /* MYPROBE_COMPAT: no bpf_loop to search the tables */
@@ -410,7 +454,7 @@ static __always_inline struct unwind_row *address_row(__u64 pc)
  * pointers, and by address_rows again where those fail. */
 static __always_inline long unwind_user_stack(__u64 *ips)
 {
-	if (!unwind_enabled)
+	if (!unwind_self.enabled)
 		return -1;
 	struct pt_regs *regs = task_regs(current_task());
 	if (!regs)
@@ -498,7 +542,11 @@ static __always_inline __u64 *last_unwind_slots(void)
 	return 0;
 }
 
-static const __u32 unwind_generation = 0;
 const volatile bool leaf_at_row_start = false;
+
+static __always_inline bool unwind_changed(__u32 tgid, __u32 *generation)
+{
+	return false;
+}
 
 #endif

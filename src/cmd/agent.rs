@@ -62,6 +62,10 @@ pub struct AgentArgs {
     /// --max-kernel-mem)
     #[arg(long, value_name = "PERCENT", default_value_t = AGENT_STATEMENTS_CPU_PCT, value_parser = crate::cmd::queries::parse_cpu_percent)]
     pub statements_max_cpu: f64,
+    /// Give every server its own off-CPU programs, rather than one set for the servers whose unwind tables
+    /// are shared: each runs at every scheduler switch of the host (bench/README.md compares the two)
+    #[arg(long)]
+    pub programs_per_server: bool,
     #[command(flatten)]
     pub sql: crate::cmd::SqlArgs,
 }
@@ -133,6 +137,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
             budget: None,
         }),
         any_process: a.target.any_process,
+        programs_per_server: a.programs_per_server,
         queries: FollowOptions {
             sampling: match (a.sample_every, a.max_statements) {
                 (1, _) => SampleEvery::Every(1),

@@ -18,6 +18,7 @@ pub mod queries;
 pub mod ring;
 pub mod stack_collector;
 pub mod syscalls;
+pub mod targets;
 pub mod threads;
 pub mod trace;
 pub mod unwind_store;
@@ -155,6 +156,9 @@ pub struct CollectOptions {
     pub attached: Option<std::sync::mpsc::Sender<Kind>>,
     /// Sums moved out while tracing goes on (`myprobe agent`); `None`: read once, when tracing ends.
     pub slices: Option<Slices>,
+    /// Every process of this set rather than `pid` alone (target.h's `many_targets`: the agent's off-CPU for
+    /// its servers), each one's slices sent to it rather than to `slices.send`; the run ends once none is left.
+    pub targets: Option<Arc<targets::Targets>>,
     /// Attached for one period in N only (`myprobe agent`; `myprobe queries`, with N chosen from the rate of
     /// statements), the sums scaled by N; `None`: all the time.
     pub duty: Option<periods::Duty>,
@@ -193,6 +197,7 @@ impl CollectOptions {
             announce: String::new(),
             attached: None,
             slices: None,
+            targets: None,
             duty: None,
             stop,
             ring: ring::RingOptions::default(),

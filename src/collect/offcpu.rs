@@ -67,6 +67,7 @@ pub struct Options {
 /// `preemptors`, the preemptions.
 pub fn collect(opts: &CollectOptions, o: Options) -> Result<(Collected, Vec<Preemption>)> {
     let mut offcpu = Offcpu {
+        many: opts.targets.is_some(),
         min_ns: o.min_block_us.saturating_mul(1000),
         per_thread: o.per_thread,
         preemptors: o.preemptors,
@@ -94,12 +95,16 @@ const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Offcpu {
+    /// Several processes traced (`CollectOptions::targets`): each sum's process in its key, and what is read
+    /// when tracing ends (for one process) left out.
+    many: bool,
     min_ns: u64,
     /// Sums are kept per thread only when asked: otherwise what user space holds is bounded by the stacks,
     /// not by the threads that ever ran.
     per_thread: bool,
     /// The sums moved from the kernel so far, by (thread, stack id).
-    drained: HashMap<(u32, u64), [u64; 3]>,
+    /// By process (0 for one), thread (0 unless per_thread) and stack id.
+    drained: HashMap<(u32, u32, u64), [u64; 3]>,
     last_drain: Option<Instant>,
     /// The threads blocked throughout are found by a task iterator when tracing ends.
     blocked_iterator: bool,
@@ -169,6 +174,9 @@ impl Collector for Offcpu {
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.drain(skel)?;
+        if self.many {
+            return Ok(self.take_drained());
+        }
         if self.preemptors {
             for_each_typed(
                 &skel.maps.preemptions,
@@ -195,7 +203,7 @@ impl Collector for Offcpu {
             match blocked_throughout(&skel.progs.blocked_threads, stacks) {
                 Ok(blocked) => {
                     for (tid, stack_id) in blocked {
-                        self.add(tid, stack_id, [traced_ns, 0, 1]);
+                        self.add(0, tid, stack_id, [traced_ns, 0, 1]);
                     }
                 }
                 Err(e) => {
@@ -213,9 +221,9 @@ impl Collector for Offcpu {
 }
 
 impl Offcpu {
-    fn add(&mut self, tid: u32, stack_id: u64, values: [u64; 3]) {
+    fn add(&mut self, tgid: u32, tid: u32, stack_id: u64, values: [u64; 3]) {
         let tid = if self.per_thread { tid } else { 0 };
-        let sum = self.drained.entry((tid, stack_id)).or_default();
+        let sum = self.drained.entry((tgid, tid, stack_id)).or_default();
         for (s, v) in sum.iter_mut().zip(values) {
             *s = s.saturating_add(v);
         }
@@ -224,9 +232,9 @@ impl Offcpu {
     fn take_drained(&mut self) -> Vec<Sum> {
         self.drained
             .drain()
-            .map(|((tid, stack_id), values)| Sum {
+            .map(|((tgid, tid, stack_id), values)| Sum {
                 tid,
-                key: 0,
+                key: tgid.into(),
                 stack_id,
                 values: Box::new(values),
             })
@@ -239,7 +247,8 @@ impl Offcpu {
             &skel.maps.totals,
             |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
                 self.add(
-                    k.tid as u32,
+                    k.tgid,
+                    k.tid,
                     k.stack_id,
                     [t.blocked_ns, t.runnable_ns, t.periods],
                 );
@@ -274,7 +283,7 @@ impl Offcpu {
             } else {
                 [end - off, 0]
             };
-            self.add(st.tid, st.stack_id, [blocked, runnable, 1]);
+            self.add(0, st.tid, st.stack_id, [blocked, runnable, 1]);
         }
         Ok(())
     }

@@ -26,7 +26,9 @@ use super::{
     maps::{read_prefix, Plain},
     open_object,
     periods::SamplePeriods,
-    ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
+    ring,
+    targets::Published,
+    CollectOptions, Collected, Features, Lost, RawStack, Row,
 };
 use crate::unwind::{BpfMapping, BpfRow, Tables};
 
@@ -46,6 +48,11 @@ pub struct UnwindMaps<'a, M> {
     /// The compat build's rows by address, and the addresses it wants rows for (unwind.h).
     pub address_rows: &'a dyn MapCore,
     pub wanted_rows: &'a dyn MapCore,
+    /// With many targets (target.h): each process's code (`struct unwind_process` by tgid), and which
+    /// processes are traced (a bit per PID).
+    pub processes: &'a dyn MapCore,
+    pub target_bits: &'a dyn MapCore,
+    /// The one target's code, in `.bss`.
     pub mappings: &'a mut [M],
     pub count: &'a mut u32,
     pub enabled: &'a mut u32,
@@ -64,8 +71,9 @@ pub trait StackSkeleton {
     /// Where the frames of `struct stack_event` start.
     const STACK_EVENT_HEADER: usize;
 
-    /// Sets the target (`target_tgid`, `kernel_stacks`), before loading.
-    fn set_common(open: &mut Self::Open<'_>, pid: u32, kernel: bool) -> Result<()>;
+    /// Sets the target (`target_tgid`, `kernel_stacks`; `many_targets`: the processes of a [`Targets`]
+    /// instead), before loading.
+    fn set_common(open: &mut Self::Open<'_>, pid: u32, kernel: bool, many: bool) -> Result<()>;
     /// The unwind maps (`unwind_rows`, `unwind_pages`), before loading: sized, or shared with a store's.
     fn unwind_open<'a, 'o>(
         open: &'a mut Self::Open<'o>,
@@ -105,11 +113,27 @@ macro_rules! stack_skeleton {
             type StackEvent = skel::types::stack_event;
             const STACK_EVENT_HEADER: usize = std::mem::offset_of!(skel::types::stack_event, ips);
 
-            fn set_common(open: &mut Self::Open<'_>, pid: u32, kernel: bool) -> anyhow::Result<()> {
+            fn set_common(
+                open: &mut Self::Open<'_>,
+                pid: u32,
+                kernel: bool,
+                many: bool,
+            ) -> anyhow::Result<()> {
                 use anyhow::Context;
                 let rodata = $crate::collect::rodata(open.maps.rodata_data.as_deref_mut())?;
                 rodata.target_tgid = pid;
                 rodata.kernel_stacks = kernel;
+                rodata.many_targets = many;
+                if many {
+                    open.maps
+                        .target_bits
+                        .set_max_entries($crate::collect::targets::BIT_WORDS)
+                        .context("sizing the map of processes traced")?;
+                    open.maps
+                        .unwind_processes
+                        .set_max_entries($crate::collect::targets::MAX_TARGETS)
+                        .context("sizing the map of processes' code")?;
+                }
                 if !$crate::collect::features::Features::of_kernel(None).compat() {
                     // Only the compat build looks up rows by address.
                     for map in [&mut open.maps.address_rows, &mut open.maps.wanted_rows] {
@@ -146,10 +170,12 @@ macro_rules! stack_skeleton {
                     pages: &skel.maps.unwind_pages,
                     address_rows: &skel.maps.address_rows,
                     wanted_rows: &skel.maps.wanted_rows,
-                    mappings: &mut bss.unwind_mappings,
-                    count: &mut bss.unwind_mapping_count,
-                    enabled: &mut bss.unwind_enabled,
-                    generation: &mut bss.unwind_generation,
+                    processes: &skel.maps.unwind_processes,
+                    target_bits: &skel.maps.target_bits,
+                    mappings: &mut bss.unwind_self.mappings,
+                    count: &mut bss.unwind_self.count,
+                    enabled: &mut bss.unwind_self.enabled,
+                    generation: &mut bss.unwind_self.generation,
                 }
             }
 
@@ -381,8 +407,12 @@ pub(crate) fn set_common<S: StackSkeleton>(
     open: &mut S::Open<'_>,
     opts: &CollectOptions,
 ) -> Result<()> {
-    S::set_common(open, opts.pid, opts.kernel_stacks)?;
     let compat = Features::of_kernel(opts.btf.as_deref()).compat();
+    anyhow::ensure!(
+        opts.targets.is_none() || !compat,
+        "one set of programs for several processes needs bpf_loop (Linux 5.17)"
+    );
+    S::set_common(open, opts.pid, opts.kernel_stacks, opts.targets.is_some())?;
     let (rows, pages) = S::unwind_open(open);
     match opts.unwind.as_ref().filter(|_| !compat) {
         Some(store) => store.share(rows, pages, opts.max_kernel_mem),
@@ -413,8 +443,8 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut skel = open
         .load()
         .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;
-    let mut installed = Installed::default();
-    install_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+    let mut publishing = Publishing::default();
+    publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), true)?;
     let mut links = collector.attach(&mut skel)?;
     let mut periods = opts.duty.map(SamplePeriods::of);
     if !opts.announce.is_empty() {
@@ -444,8 +474,11 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
                 p.set(open);
             }
         }
-        if periods.as_ref().is_none_or(SamplePeriods::open) {
-            refresh_unwind::<C::Skel>(opts, &mut installed, C::Skel::unwind(&mut skel))?;
+        // A set of targets follows its members whether attached or not.
+        if (opts.targets.is_some() || periods.as_ref().is_none_or(SamplePeriods::open))
+            && !publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), false)?
+        {
+            opts.stop.stop();
         }
         collector.tick(&mut skel, &stacks.borrow())?;
         if let Some(slices) = opts
@@ -455,14 +488,9 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         {
             let since = last_slice.elapsed();
             last_slice = Instant::now();
-            let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since);
+            let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since)?;
             // The receiver gone: whoever wanted the slices has stopped.
-            let slice = super::Slice {
-                collector: C::KIND,
-                at: last_slice,
-                collected: slice?,
-            };
-            if slices.send.send(slice).is_err() {
+            if !publishing.deliver(collector, slices, slice, last_slice) {
                 opts.stop.stop();
             }
         }
@@ -499,6 +527,56 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     Ok(collected(collector, &skel, &mut stacks, sums, traced))
 }
 
+/// What a run has published of the unwind tables: its process's, or each of its targets'.
+#[derive(Default)]
+struct Publishing {
+    installed: Installed,
+    published: Published,
+}
+
+impl Publishing {
+    /// Publishes the tables, `first` or again where they changed; false once a set of targets has none left.
+    fn update<S: StackSkeleton>(
+        &mut self,
+        opts: &CollectOptions,
+        maps: UnwindMaps<'_, S::UnwindMapping>,
+        first: bool,
+    ) -> Result<bool> {
+        match &opts.targets {
+            Some(targets) => self
+                .published
+                .sync::<S>(targets, opts.unwind.as_deref(), &maps),
+            None if first => install_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
+            None => refresh_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
+        }
+    }
+
+    /// Sends a slice (and whether its stacks were forgotten) where it goes: to `slices.send`, or to each target
+    /// its rows; false if nobody took it.
+    fn deliver<C: Collector>(
+        &mut self,
+        collector: &C,
+        slices: &super::Slices,
+        (collected, forgot): (Collected, bool),
+        at: Instant,
+    ) -> bool {
+        if self.published.serves() {
+            if forgot {
+                self.published.forget_stacks();
+            }
+            return self
+                .published
+                .route(at, C::KIND, collected, collector.events_column());
+        }
+        let slice = super::Slice {
+            collector: C::KIND,
+            at,
+            collected,
+        };
+        slices.send.send(slice).is_ok()
+    }
+}
+
 /// The sums joined to their stacks, with what was lost since the collector attached.
 fn collected<C: Collector>(
     collector: &C,
@@ -522,18 +600,20 @@ fn collected<C: Collector>(
     }
 }
 
-/// The sums since the slice before, joined to their stacks. When user space holds too many stacks, they are
-/// forgotten on both sides: the kernel's record of the ids sent, and each thread's call-site cache (by a new
-/// generation), so that every stack is sent again the next time it is seen.
+/// The sums since the slice before, joined to their stacks, and whether the stacks were forgotten. When user
+/// space holds too many stacks, they are forgotten on both sides: the kernel's record of the ids sent, and each
+/// thread's call-site cache (by a new generation: the caller's, for several processes), so that every stack
+/// is sent again the next time it is seen.
 fn send_slice<C: Collector>(
     collector: &mut C,
     skel: &mut Loaded<'_, C>,
     stacks: &mut Stacks,
     traced: Duration,
-) -> Result<Collected> {
+) -> Result<(Collected, bool)> {
     let sums = collector.slice(skel, stacks)?;
     let slice = collected(collector, skel, stacks, sums, traced);
-    if stacks.by_id.len() > MAX_STACKS_KEPT {
+    let forget = stacks.by_id.len() > MAX_STACKS_KEPT;
+    if forget {
         stacks.by_id.clear();
         // stack_ids.h's record of the ids sent.
         if let Some(known) = skel.object().maps().find(|m| m.name() == "known_stacks") {
@@ -546,11 +626,11 @@ fn send_slice<C: Collector>(
         let maps = C::Skel::unwind(skel);
         *maps.generation = maps.generation.wrapping_add(1);
     }
-    Ok(slice)
+    Ok((slice, forget))
 }
 
 /// What the rows traced: the sum of their `column`, stopping at `u64::MAX`.
-fn events(rows: &[Row], column: usize) -> u64 {
+pub(crate) fn events(rows: &[Row], column: usize) -> u64 {
     rows.iter()
         .map(|r| r.values.get(column).copied().unwrap_or(0))
         .fold(0, u64::saturating_add)

@@ -15,6 +15,7 @@ use crate::{
     collect::{
         self,
         periods::Duty,
+        targets::Targets,
         unwind_store::{Stores, UnwindStore},
         CollectOptions, Collected, Kind, Lost, Slices, Stop,
     },
@@ -44,6 +45,9 @@ pub struct Plan<'a> {
     pub attached: Option<mpsc::Sender<Kind>>,
     /// Where the unwind tables join those of other servers (the agent's); `None`: tables of its own.
     pub stores: Option<&'a Stores>,
+    /// Off-CPU traced by this run's own programs; false where a set shared with other servers traces it
+    /// ([`Plan::offcpu_of`]).
+    pub offcpu: bool,
 }
 
 /// What the collectors share, read before any starts: an error here leaves nothing running.
@@ -102,6 +106,27 @@ impl Plan<'_> {
         }
     }
 
+    /// The off-CPU collector's options and settings; with `targets`, for the processes of that set (in their
+    /// store `tables`), under a stop of their own.
+    pub fn offcpu_of(
+        &self,
+        tables: Option<&Arc<UnwindStore>>,
+        targets: Option<Arc<Targets>>,
+    ) -> (CollectOptions, collect::offcpu::Options) {
+        let mut opts = self.collect_options(tables, self.duty);
+        if targets.is_some() {
+            opts.stop = Stop::new();
+            opts.attached = None;
+            opts.targets = targets;
+        }
+        let settings = collect::offcpu::Options {
+            min_block_us: self.min_block_us,
+            preempted_leaf_only: self.preempted_leaf_only,
+            ..Default::default()
+        };
+        (opts, settings)
+    }
+
     /// The run's stop: every collector of it ends when it is stopped.
     pub fn stop(&self) -> &Stop {
         &self.statements.stop
@@ -119,27 +144,22 @@ pub fn start<'scope, 'env>(
     on_lost: impl FnMut(Lost) + Send + 'scope,
 ) -> Running<'scope> {
     let cpu = plan.collect_options(tables, None);
-    let offcpu = plan.collect_options(tables, plan.duty);
+    let (offcpu, offcpu_options) = plan.offcpu_of(tables, None);
     let locks = plan.collect_options(tables, plan.duty);
-    let offcpu_options = collect::offcpu::Options {
-        min_block_us: plan.min_block_us,
-        preempted_leaf_only: plan.preempted_leaf_only,
-        ..Default::default()
-    };
-    let profiles = vec![
-        (
-            Kind::Cpu,
-            scope.spawn(move || collect::cpu::collect(&cpu, plan.frequency)),
-        ),
-        (
+    let mut profiles = vec![(
+        Kind::Cpu,
+        scope.spawn(move || collect::cpu::collect(&cpu, plan.frequency)),
+    )];
+    if plan.offcpu {
+        profiles.push((
             Kind::Offcpu,
             scope.spawn(move || collect::offcpu::collect(&offcpu, offcpu_options).map(|(c, _)| c)),
-        ),
-        (
-            Kind::Locks,
-            scope.spawn(move || collect::locks::collect(&locks)),
-        ),
-    ];
+        ));
+    }
+    profiles.push((
+        Kind::Locks,
+        scope.spawn(move || collect::locks::collect(&locks)),
+    ));
     let attached = plan.attached.clone();
     let tables = tables.cloned();
     let statements = scope.spawn(move || {

@@ -1123,7 +1123,9 @@ pub fn bpf_maps_named(pid: u32, name: &str) -> usize {
         .count()
 }
 
-/// How many descriptors `pid` has open, and its resident memory in KiB.
+/// How many descriptors `pid` has open, and its resident anonymous memory in KiB (`RssAnon`: what it allocated;
+/// the pages of the files it maps, its own binary and the symbols it reads, are the page cache's, resident as far
+/// as they were read, which the symbols of each window vary).
 pub fn descriptors_and_rss(pid: u32) -> (usize, u64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
@@ -1131,9 +1133,9 @@ pub fn descriptors_and_rss(pid: u32) -> (usize, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let rss = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix("RssAnon:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"));
+        .unwrap_or_else(|| panic!("no RssAnon in /proc/{pid}/status"));
     (fds, rss)
 }
 

@@ -1,0 +1,221 @@
+//! Several processes traced by one set of programs (target.h's `many_targets`): the agent's servers whose unwind
+//! tables share a store share one off-CPU object, whose programs run once per switch of the host rather than
+//! once per server. Who is traced now, and where each one's sums go.
+//!
+//! The programs know a target by its bit in `target_bits` and its code by its entry in `unwind_processes`
+//! (unwind.h); `stack_collector::run` writes both as members come and go, and sends each member the rows of its
+//! threads (the collector puts the process in each sum's `key`).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{mpsc::Sender, Mutex, MutexGuard},
+};
+
+use anyhow::{Context, Result};
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::{
+    maps::as_bytes,
+    stack_collector::{StackSkeleton, UnwindMaps},
+    unwind_store::{Installed, UnwindStore},
+    Collected, Slice,
+};
+
+/// The kernel's PID_MAX_LIMIT on 64-bit (include/linux/threads.h): no PID is above it, whatever pid_max says.
+const PID_MAX_LIMIT: u32 = 4 << 20;
+/// `target_bits`'s entries: a bit per PID.
+pub const BIT_WORDS: u32 = PID_MAX_LIMIT / 32;
+/// Processes one set of programs traces at most (`unwind_processes`'s entries: 12 KiB each).
+pub const MAX_TARGETS: u32 = 64;
+/// MAX_UNWIND_MAPPINGS of unwind.h.
+const MAX_UNWIND_MAPPINGS: usize = 256;
+
+/// The processes a set of programs traces, and where each one's slices go. A set with none left is closed: a
+/// process that comes later starts a set of its own.
+#[derive(Default)]
+pub struct Targets(Mutex<Members>);
+
+#[derive(Default)]
+struct Members {
+    by_pid: BTreeMap<u32, Sender<Slice>>,
+    closed: bool,
+}
+
+impl Targets {
+    /// A set with `pid` in it.
+    pub fn of(pid: u32, send: Sender<Slice>) -> Targets {
+        let targets = Targets::default();
+        targets.lock().by_pid.insert(pid, send);
+        targets
+    }
+
+    /// Adds `pid`, whose slices go to `send`; false if the set is closed or full.
+    pub fn join(&self, pid: u32, send: Sender<Slice>) -> bool {
+        let mut m = self.lock();
+        if m.closed || m.by_pid.len() >= MAX_TARGETS as usize {
+            return false;
+        }
+        m.by_pid.insert(pid, send);
+        true
+    }
+
+    /// Takes `pid` out: its threads are no longer traced, nothing more is sent for it.
+    pub fn leave(&self, pid: u32) {
+        self.lock().by_pid.remove(&pid);
+    }
+
+    /// The members now; `None` once none is left, the set then closed for good.
+    fn members(&self) -> Option<BTreeMap<u32, Sender<Slice>>> {
+        let mut m = self.lock();
+        if m.by_pid.is_empty() {
+            m.closed = true;
+        }
+        (!m.closed).then(|| m.by_pid.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Members> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What a set of programs has told the kernel of its members.
+#[derive(Default)]
+pub(crate) struct Published {
+    /// Each member's tables, as last written to `unwind_processes`.
+    installed: HashMap<u32, (Installed, u32)>,
+    /// Where each member's slices go.
+    members: BTreeMap<u32, Sender<Slice>>,
+    synced: bool,
+}
+
+impl Published {
+    /// Follows the members: a new one's bit set and its code given, a gone one's taken back, and every one's
+    /// code given again when its memory map changed. False once the set is closed (no member left).
+    pub(crate) fn sync<S: StackSkeleton>(
+        &mut self,
+        targets: &Targets,
+        store: Option<&UnwindStore>,
+        maps: &UnwindMaps<'_, S::UnwindMapping>,
+    ) -> Result<bool> {
+        self.synced = true;
+        let Some(members) = targets.members() else {
+            return Ok(false);
+        };
+        for &pid in self.members.keys().filter(|p| !members.contains_key(p)) {
+            set_bit(maps.target_bits, pid, false)?;
+            // None there (no tables were given) is what was wanted.
+            let _ = maps.processes.delete(&pid.to_ne_bytes());
+            self.installed.remove(&pid);
+        }
+        for &pid in members.keys().filter(|p| !self.members.contains_key(p)) {
+            set_bit(maps.target_bits, pid, true)?;
+        }
+        self.members = members;
+        let Some(store) = store else {
+            return Ok(true);
+        };
+        for &pid in self.members.keys() {
+            store.refresh(pid);
+            let (installed, generation) = self.installed.entry(pid).or_default();
+            let mut written = Ok(());
+            store.install(pid, MAX_UNWIND_MAPPINGS, installed, |usable| {
+                *generation = generation.wrapping_add(1);
+                written = write_process::<S>(maps.processes, pid, usable, *generation);
+            })?;
+            written?;
+        }
+        Ok(true)
+    }
+
+    /// Whether it follows a set of targets (it was synced once at least).
+    pub(crate) fn serves(&self) -> bool {
+        self.synced
+    }
+
+    /// Every member's code given again at the next [`Published::sync`], with a new generation: their
+    /// threads' call-site caches are forgotten with the stacks user space forgot.
+    pub(crate) fn forget_stacks(&mut self) {
+        for (installed, _) in self.installed.values_mut() {
+            *installed = Installed::default();
+        }
+    }
+
+    /// Sends each member the rows of its processes (`Row::key`, given back as 0), every one with the set's
+    /// losses; `events_column` counts what each traced. False if no member is left to take them.
+    pub(crate) fn route(
+        &self,
+        at: std::time::Instant,
+        kind: super::Kind,
+        c: Collected,
+        events_column: usize,
+    ) -> bool {
+        let mut by_pid: HashMap<u32, Vec<super::Row>> = HashMap::new();
+        for mut row in c.rows {
+            let pid = row.key as u32;
+            row.key = 0;
+            by_pid.entry(pid).or_default().push(row);
+        }
+        let mut delivered = false;
+        for (pid, send) in &self.members {
+            let rows = by_pid.remove(pid).unwrap_or_default();
+            let collected = Collected {
+                columns: c.columns.clone(),
+                events: super::stack_collector::events(&rows, events_column),
+                rows,
+                lost: c.lost,
+                traced: c.traced,
+                estimate: c.estimate.clone(),
+            };
+            let slice = Slice {
+                collector: kind,
+                at,
+                collected,
+            };
+            delivered |= send.send(slice).is_ok();
+        }
+        delivered
+    }
+}
+
+fn set_bit(bits: &dyn MapCore, pid: u32, on: bool) -> Result<()> {
+    let word = pid / 32;
+    anyhow::ensure!(word < BIT_WORDS, "PID {pid} is above the kernel's limit");
+    let key = word.to_ne_bytes();
+    let now = bits
+        .lookup(&key, MapFlags::ANY)
+        .context("reading the map of processes traced")?
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map_or(0, u32::from_ne_bytes);
+    let mask = 1 << (pid % 32);
+    let new = if on { now | mask } else { now & !mask };
+    bits.update(&key, &new.to_ne_bytes(), MapFlags::ANY)
+        .context("writing the map of processes traced")
+}
+
+/// Writes `struct unwind_process` of `pid` whole: its mappings, their count, unwinding on, its generation.
+fn write_process<S: StackSkeleton>(
+    processes: &dyn MapCore,
+    pid: u32,
+    usable: &[crate::unwind::BpfMapping],
+    generation: u32,
+) -> Result<()> {
+    let size = std::mem::size_of::<S::UnwindMapping>();
+    let mut value = vec![0u8; MAX_UNWIND_MAPPINGS * size + 16];
+    anyhow::ensure!(
+        processes.value_size() as usize == value.len(),
+        "unwind_processes holds {} bytes a process, not the {} expected",
+        processes.value_size(),
+        value.len()
+    );
+    for (slot, m) in value.chunks_exact_mut(size).zip(usable) {
+        slot.copy_from_slice(as_bytes(&[S::unwind_mapping(m)]));
+    }
+    let tail = MAX_UNWIND_MAPPINGS * size;
+    let count = usable.len().min(MAX_UNWIND_MAPPINGS) as u32;
+    for (i, v) in [count, 1, generation].into_iter().enumerate() {
+        value[tail + 4 * i..tail + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    processes
+        .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
+        .context("writing the code of a process traced")
+}
