@@ -171,8 +171,8 @@ pub struct Shared {
     requests: Mutex<Vec<ProfileRequest>>,
     /// The servers' unwind tables in the kernel, one copy for servers of the same code.
     unwind: Stores,
-    /// The off-CPU programs of the servers of each store: one set for them all.
-    offcpu: Mutex<Vec<OffcpuSet>>,
+    /// The off-CPU and lock programs of the servers of each store: one set of each for them all.
+    sets: Mutex<Vec<ProgramSet>>,
     pub retention: Retention,
     pub host: String,
 }
@@ -194,21 +194,22 @@ impl Shared {
     pub fn requests(&self) -> MutexGuard<'_, Vec<ProfileRequest>> {
         locked(&self.requests)
     }
-    /// Adds the server of `plan` to the off-CPU programs of the servers of its `store`, starting them where
-    /// none run; its slices go to `send`. The set's members are returned, for the server to leave it.
-    pub(crate) fn join_offcpu(
+    /// Adds the server of `plan` to the `kind` programs of the servers of its `store`, starting them where none
+    /// run; its slices go to `send`. The set's members are returned, for the server to leave it.
+    pub(crate) fn join_set(
         &self,
+        kind: Kind,
         store: &Arc<UnwindStore>,
         plan: &runner::Plan<'_>,
         send: mpsc::Sender<collect::Slice>,
     ) -> Arc<Targets> {
         let pid = plan.target.pid;
-        let mut sets = locked(&self.offcpu);
+        let mut sets = locked(&self.sets);
         // Those that ended (no member left, or they failed) are said and forgotten.
         for set in sets.extract_if(.., |s| s.thread.is_finished()) {
             set.join();
         }
-        let mine = |s: &&OffcpuSet| Arc::ptr_eq(&s.store, store);
+        let mine = |s: &&ProgramSet| s.kind == kind && Arc::ptr_eq(&s.store, store);
         if let Some(set) = sets
             .iter()
             .filter(mine)
@@ -217,17 +218,26 @@ impl Shared {
             return Arc::clone(&set.targets);
         }
         let targets = Arc::new(Targets::of(pid, send));
-        let (opts, settings) = plan.offcpu_of(Some(store), Some(Arc::clone(&targets)));
-        let thread = std::thread::Builder::new()
-            .name("offcpu".into())
-            .spawn(move || collect::offcpu::collect(&opts, settings).map(|_| ()));
+        let opts = plan.shared_options(store, Arc::clone(&targets));
+        let offcpu = plan.offcpu_settings();
+        let thread =
+            std::thread::Builder::new()
+                .name(kind.name().into())
+                .spawn(move || match kind {
+                    Kind::Offcpu => collect::offcpu::collect(&opts, offcpu).map(|_| ()),
+                    _ => collect::locks::collect(&opts).map(|_| ()),
+                });
         match thread {
-            Ok(thread) => sets.push(OffcpuSet {
+            Ok(thread) => sets.push(ProgramSet {
+                kind,
                 store: Arc::clone(store),
                 targets: Arc::clone(&targets),
                 thread,
             }),
-            Err(e) => say!("myprobe: agent: warning: off-CPU not traced: starting a thread: {e}"),
+            Err(e) => say!(
+                "myprobe: agent: warning: {} not traced: starting a thread: {e}",
+                kind.label()
+            ),
         }
         targets
     }
@@ -242,15 +252,20 @@ impl Shared {
     }
 }
 
-/// One set of off-CPU programs for the servers of a store (collect::targets), traced by a thread of its own
-/// until none of them is left.
-struct OffcpuSet {
+/// The collectors whose programs the servers of a store share: they run at events of the whole host (each
+/// switch, each futex call), where a set per server would run once per server for each.
+const SHARED_KINDS: [Kind; 2] = [Kind::Offcpu, Kind::Locks];
+
+/// One set of programs of a collector for the servers of a store (collect::targets), traced by a thread of its
+/// own until none of them is left.
+struct ProgramSet {
+    kind: Kind,
     store: Arc<UnwindStore>,
     targets: Arc<Targets>,
     thread: std::thread::JoinHandle<Result<()>>,
 }
 
-impl OffcpuSet {
+impl ProgramSet {
     /// Waits for its thread to end, and says why it did if it failed.
     fn join(self) {
         let result = self
@@ -258,7 +273,10 @@ impl OffcpuSet {
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked")));
         if let Err(e) = result {
-            say!("myprobe: agent: warning: off-CPU not traced: {e:#}");
+            say!(
+                "myprobe: agent: warning: {} not traced: {e:#}",
+                self.kind.label()
+            );
         }
     }
 }
@@ -292,7 +310,7 @@ pub fn run(o: Options) -> Result<()> {
         status: Mutex::new(Status::default()),
         requests: Mutex::new(Vec::new()),
         unwind: Stores::default(),
-        offcpu: Mutex::new(Vec::new()),
+        sets: Mutex::new(Vec::new()),
         retention,
         host: crate::report::hostname(),
     });
@@ -382,7 +400,7 @@ pub fn run(o: Options) -> Result<()> {
     for s in sessions {
         let _ = s.thread.join();
     }
-    for set in locked(&shared.offcpu).drain(..) {
+    for set in locked(&shared.sets).drain(..) {
         set.join();
     }
     let _ = server.join();

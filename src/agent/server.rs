@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    sync::mpsc,
+    sync::{mpsc, Arc},
     time::{Instant, SystemTime},
 };
 
@@ -16,7 +16,9 @@ use super::{
 };
 use crate::{
     client::socket::listening_port,
-    collect::{self, ring::RingOptions, Collected, Kind, Lost, Slice, Slices, Stop},
+    collect::{
+        self, ring::RingOptions, targets::Targets, Collected, Kind, Lost, Slice, Slices, Stop,
+    },
     process::{self, container::Container, Target},
     profile::{
         self,
@@ -93,27 +95,28 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         }),
         attached: None,
         stores: Some(&shared.unwind),
-        offcpu: true,
+        shared: Vec::new(),
     };
     let prepared = runner::prepare(&plan)?;
-    // Off-CPU by the programs of the servers of the same store, where they can be shared.
-    let offcpu_set = prepared
-        .tables
-        .as_ref()
-        .filter(|_| {
-            !o.programs_per_server && !plan.statements.collect_options(0).features().compat()
-        })
-        .map(|store| shared.join_offcpu(store, &plan, slices_to.clone()));
-    plan.offcpu = offcpu_set.is_none();
+    // Off-CPU and lock waits by the programs of the servers of the same store, where they can be shared.
+    let compat = plan.statements.collect_options(0).features().compat();
+    let sets: Vec<(Kind, Arc<Targets>)> = match &prepared.tables {
+        Some(store) if !o.programs_per_server && !compat => super::SHARED_KINDS
+            .into_iter()
+            .map(|kind| (kind, shared.join_set(kind, store, &plan, slices_to.clone())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    plan.shared = sets.iter().map(|(kind, _)| *kind).collect();
     let labels = ServerLabels::of(target);
     start_metrics(target, &labels, &plan, shared);
     say!(
-        "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU{}, lock waits, statements",
+        "myprobe: agent: tracing {target}: on-CPU at {} Hz, off-CPU, lock waits{}, statements",
         o.frequency,
-        if plan.offcpu {
+        if plan.shared.is_empty() {
             ""
         } else {
-            " (programs shared with the servers of the same code)"
+            " (by programs shared with the servers of the same code)"
         }
     );
     let pid = target.pid;
@@ -143,7 +146,7 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         );
         read_slices(running, &sliced, o, shared, &mut names)
     });
-    if let Some(set) = &offcpu_set {
+    for (_, set) in &sets {
         set.leave(pid);
     }
     if let Some(tables) = &prepared.tables {

@@ -24,7 +24,21 @@ const volatile __s64 futex_nr = -1;
 struct lock_key {
 	__u64 addr;
 	__u64 stack_id;
+	__u32 tgid;  /* whose word, where one set of programs traces several processes (many_targets); else 0 */
+	__u32 _pad;
 };
+
+/* A lock word: its address in a process. */
+struct lock_word {
+	__u64 addr;
+	__u64 tgid;  /* as lock_key's */
+};
+
+/* The process of the current thread, in keys: 0 where the programs trace one. */
+static __always_inline __u32 key_tgid(void)
+{
+	return many_targets ? bpf_get_current_pid_tgid() >> 32 : 0;
+}
 
 struct lock_wait {
 	__u64 count;
@@ -54,7 +68,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
-	__type(key, __u64);
+	__type(key, struct lock_word);
 	__type(value, __u8);
 } waited SEC(".maps");
 
@@ -85,8 +99,13 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 		} else {
 			count_lost(state);
 		}
-	} else if (futex_op_wakes(op) && bpf_map_lookup_elem(&waited, &addr)) {
-		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false) };
+		return;
+	}
+	if (!futex_op_wakes(op))
+		return;
+	struct lock_word word = { .addr = addr, .tgid = key_tgid() };
+	if (bpf_map_lookup_elem(&waited, &word)) {
+		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false), .tgid = word.tgid };
 		__u64 zero = 0;
 		__u64 *n = lookup_or_init(&wakes, &k, &zero);
 		if (n)
@@ -104,7 +123,7 @@ static __always_inline void futex_exited(void *ctx, long ret)
 		return;
 	__u64 took = bpf_ktime_get_ns() - c->ts;
 	__u64 op_bit = 1ULL << (c->op & 15);
-	struct lock_key k = { .addr = c->addr };
+	struct lock_key k = { .addr = c->addr, .tgid = key_tgid() };
 	__u32 period = c->period;
 	c->ts = 0;
 	current_thread_storage_release(&in_wait);
@@ -113,7 +132,8 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	if (period != attach_period)
 		return; /* entered before the programs were detached: its wait is not known */
 	__u8 one = 1;
-	bpf_map_update_elem(&waited, &k.addr, &one, BPF_ANY);
+	struct lock_word word = { .addr = k.addr, .tgid = k.tgid };
+	bpf_map_update_elem(&waited, &word, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);
 	struct lock_wait zero = {};
 	struct lock_wait *w = lookup_or_init(&waits, &k, &zero);

@@ -62,8 +62,9 @@ pub struct AgentArgs {
     /// --max-kernel-mem)
     #[arg(long, value_name = "PERCENT", default_value_t = AGENT_STATEMENTS_CPU_PCT, value_parser = crate::cmd::queries::parse_cpu_percent)]
     pub statements_max_cpu: f64,
-    /// Give every server its own off-CPU programs, rather than one set for the servers whose unwind tables
-    /// are shared: each runs at every scheduler switch of the host (bench/README.md compares the two)
+    /// Give every server its own off-CPU and lock programs, rather than one set for the servers whose unwind
+    /// tables are shared: each set runs at every scheduler switch and futex call of the host (bench/README.md
+    /// compares the two)
     #[arg(long)]
     pub programs_per_server: bool,
     #[command(flatten)]

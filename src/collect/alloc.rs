@@ -197,6 +197,7 @@ impl<R: FnMut(&Collected)> Alloc<'_, R> {
         amounts
             .into_iter()
             .map(|(stack_id, [bytes, count])| Sum {
+                pid: 0,
                 tid: 0,
                 key: 0,
                 stack_id,
@@ -328,6 +329,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
             |stack_id: u64, t: skel::types::alloc_total| {
                 if t.calls > 0 {
                     sums.push(Sum {
+                        pid: 0,
                         tid: 0,
                         key: 0,
                         stack_id,

@@ -74,6 +74,7 @@ fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
                 .into_iter()
                 .chain(w.hist);
             sums.push(Sum {
+                pid: k.tgid,
                 tid: 0,
                 key: k.addr,
                 stack_id: k.stack_id,
@@ -91,6 +92,7 @@ fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
                 .into_iter()
                 .chain(std::iter::repeat_n(0, buckets));
             sums.push(Sum {
+                pid: k.tgid,
                 tid: 0,
                 key: k.addr,
                 stack_id: k.stack_id,

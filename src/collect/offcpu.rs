@@ -232,9 +232,10 @@ impl Offcpu {
     fn take_drained(&mut self) -> Vec<Sum> {
         self.drained
             .drain()
-            .map(|((tgid, tid, stack_id), values)| Sum {
+            .map(|((pid, tid, stack_id), values)| Sum {
+                pid,
                 tid,
-                key: tgid.into(),
+                key: 0,
                 stack_id,
                 values: Box::new(values),
             })

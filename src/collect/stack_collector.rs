@@ -242,6 +242,8 @@ pub type Loaded<'o, C> = <<C as Collector>::Skel as StackSkeleton>::Loaded<'o>;
 /// Amounts summed in the kernel for one stack id: a row before its stack is joined.
 #[derive(Clone, Debug)]
 pub struct Sum {
+    /// The process, where one set of programs traces several (`CollectOptions::targets`); else 0.
+    pub pid: u32,
     pub tid: u32,
     pub key: u64,
     pub stack_id: u64,
@@ -389,6 +391,7 @@ impl Stacks {
 
 fn record_sum(tid: u32, stack_id: u64, n: u64) -> Sum {
     Sum {
+        pid: 0,
         tid,
         key: 0,
         stack_id,
@@ -488,9 +491,20 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         {
             let since = last_slice.elapsed();
             last_slice = Instant::now();
-            let slice = send_slice(collector, &mut skel, &mut stacks.borrow_mut(), since)?;
+            let stacks = &mut stacks.borrow_mut();
+            let sums = collector.slice(&mut skel, stacks)?;
+            let slice = Slicing {
+                sums,
+                traced: since,
+                at: last_slice,
+                to: slices,
+            };
+            let delivered = publishing.deliver(collector, &skel, stacks, slice);
+            if forget_past_limit::<C>(&mut skel, stacks) {
+                publishing.published.forget_stacks();
+            }
             // The receiver gone: whoever wanted the slices has stopped.
-            if !publishing.deliver(collector, slices, slice, last_slice) {
+            if !delivered {
                 opts.stop.stop();
             }
         }
@@ -551,30 +565,46 @@ impl Publishing {
         }
     }
 
-    /// Sends a slice (and whether its stacks were forgotten) where it goes: to `slices.send`, or to each target
-    /// its rows; false if nobody took it.
+    /// Sends the sums of a slice, joined to their stacks, where they go: to `slices.send`, or to each target its
+    /// own (an empty slice, with the set's losses, where it has none); false if nobody took them.
     fn deliver<C: Collector>(
         &mut self,
         collector: &C,
-        slices: &super::Slices,
-        (collected, forgot): (Collected, bool),
-        at: Instant,
+        skel: &Loaded<'_, C>,
+        stacks: &mut Stacks,
+        slice: Slicing<'_>,
     ) -> bool {
-        if self.published.serves() {
-            if forgot {
-                self.published.forget_stacks();
-            }
-            return self
-                .published
-                .route(at, C::KIND, collected, collector.events_column());
-        }
-        let slice = super::Slice {
-            collector: C::KIND,
-            at,
-            collected,
+        let mut send = |to: &std::sync::mpsc::Sender<super::Slice>, sums| {
+            let collected = collected(collector, skel, stacks, sums, slice.traced);
+            let slice = super::Slice {
+                collector: C::KIND,
+                at: slice.at,
+                collected,
+            };
+            to.send(slice).is_ok()
         };
-        slices.send.send(slice).is_ok()
+        if !self.published.serves() {
+            return send(&slice.to.send, slice.sums);
+        }
+        let mut by_pid: HashMap<u32, Vec<Sum>> = HashMap::new();
+        for sum in slice.sums {
+            by_pid.entry(sum.pid).or_default().push(sum);
+        }
+        let mut delivered = false;
+        for (pid, to) in self.published.members() {
+            delivered |= send(to, by_pid.remove(pid).unwrap_or_default());
+        }
+        delivered
     }
+}
+
+/// The sums of a slice, and where they go.
+struct Slicing<'a> {
+    sums: Vec<Sum>,
+    /// The time they cover, which ends `at`.
+    traced: Duration,
+    at: Instant,
+    to: &'a super::Slices,
 }
 
 /// The sums joined to their stacks, with what was lost since the collector attached.
@@ -600,37 +630,29 @@ fn collected<C: Collector>(
     }
 }
 
-/// The sums since the slice before, joined to their stacks, and whether the stacks were forgotten. When user
-/// space holds too many stacks, they are forgotten on both sides: the kernel's record of the ids sent, and each
-/// thread's call-site cache (by a new generation: the caller's, for several processes), so that every stack
-/// is sent again the next time it is seen.
-fn send_slice<C: Collector>(
-    collector: &mut C,
-    skel: &mut Loaded<'_, C>,
-    stacks: &mut Stacks,
-    traced: Duration,
-) -> Result<(Collected, bool)> {
-    let sums = collector.slice(skel, stacks)?;
-    let slice = collected(collector, skel, stacks, sums, traced);
-    let forget = stacks.by_id.len() > MAX_STACKS_KEPT;
-    if forget {
-        stacks.by_id.clear();
-        // stack_ids.h's record of the ids sent.
-        if let Some(known) = skel.object().maps().find(|m| m.name() == "known_stacks") {
-            let keys: Vec<Vec<u8>> = known.keys().collect();
-            for key in keys {
-                // One gone already (it made room for another in the LRU) is what was wanted.
-                let _ = known.delete(&key);
-            }
-        }
-        let maps = C::Skel::unwind(skel);
-        *maps.generation = maps.generation.wrapping_add(1);
+/// Forgets the stacks when user space holds too many, on both sides: the kernel's record of the ids sent, and
+/// each thread's call-site cache (by a new generation; for several processes, the caller gives each its own), so
+/// that every stack is sent again the next time it is seen. Whether it did.
+fn forget_past_limit<C: Collector>(skel: &mut Loaded<'_, C>, stacks: &mut Stacks) -> bool {
+    if stacks.by_id.len() <= MAX_STACKS_KEPT {
+        return false;
     }
-    Ok((slice, forget))
+    stacks.by_id.clear();
+    // stack_ids.h's record of the ids sent.
+    if let Some(known) = skel.object().maps().find(|m| m.name() == "known_stacks") {
+        let keys: Vec<Vec<u8>> = known.keys().collect();
+        for key in keys {
+            // One gone already (it made room for another in the LRU) is what was wanted.
+            let _ = known.delete(&key);
+        }
+    }
+    let maps = C::Skel::unwind(skel);
+    *maps.generation = maps.generation.wrapping_add(1);
+    true
 }
 
 /// What the rows traced: the sum of their `column`, stopping at `u64::MAX`.
-pub(crate) fn events(rows: &[Row], column: usize) -> u64 {
+fn events(rows: &[Row], column: usize) -> u64 {
     rows.iter()
         .map(|r| r.values.get(column).copied().unwrap_or(0))
         .fold(0, u64::saturating_add)

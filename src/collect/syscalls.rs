@@ -94,6 +94,7 @@ impl Collector for Syscalls {
             &skel.maps.calls,
             |k: skel::types::syscall_key, per_cpu: Vec<skel::types::syscall_calls>| {
                 sums.push(Sum {
+                    pid: 0,
                     tid: 0,
                     key: k.nr.into(),
                     stack_id: k.stack_id,

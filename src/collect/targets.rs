@@ -3,8 +3,8 @@
 //! once per server. Who is traced now, and where each one's sums go.
 //!
 //! The programs know a target by its bit in `target_bits` and its code by its entry in `unwind_processes`
-//! (unwind.h); `stack_collector::run` writes both as members come and go, and sends each member the rows of its
-//! threads (the collector puts the process in each sum's `key`).
+//! (unwind.h); `stack_collector::run` writes both as members come and go, and sends each member the sums of its
+//! threads (the collector gives each sum its process, `Sum::pid`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -18,7 +18,7 @@ use super::{
     maps::as_bytes,
     stack_collector::{StackSkeleton, UnwindMaps},
     unwind_store::{Installed, UnwindStore},
-    Collected, Slice,
+    Slice,
 };
 
 /// The kernel's PID_MAX_LIMIT on 64-bit (include/linux/threads.h): no PID is above it, whatever pid_max says.
@@ -140,40 +140,9 @@ impl Published {
         }
     }
 
-    /// Sends each member the rows of its processes (`Row::key`, given back as 0), every one with the set's
-    /// losses; `events_column` counts what each traced. False if no member is left to take them.
-    pub(crate) fn route(
-        &self,
-        at: std::time::Instant,
-        kind: super::Kind,
-        c: Collected,
-        events_column: usize,
-    ) -> bool {
-        let mut by_pid: HashMap<u32, Vec<super::Row>> = HashMap::new();
-        for mut row in c.rows {
-            let pid = row.key as u32;
-            row.key = 0;
-            by_pid.entry(pid).or_default().push(row);
-        }
-        let mut delivered = false;
-        for (pid, send) in &self.members {
-            let rows = by_pid.remove(pid).unwrap_or_default();
-            let collected = Collected {
-                columns: c.columns.clone(),
-                events: super::stack_collector::events(&rows, events_column),
-                rows,
-                lost: c.lost,
-                traced: c.traced,
-                estimate: c.estimate.clone(),
-            };
-            let slice = Slice {
-                collector: kind,
-                at,
-                collected,
-            };
-            delivered |= send.send(slice).is_ok();
-        }
-        delivered
+    /// The members as last synced, and where each one's slices go.
+    pub(crate) fn members(&self) -> &BTreeMap<u32, Sender<Slice>> {
+        &self.members
     }
 }
 

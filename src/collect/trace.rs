@@ -449,6 +449,7 @@ impl Collector for Trace<'_> {
                 });
                 if by_stack {
                     sums.push(Sum {
+                        pid: 0,
                         tid: k.tid,
                         key: u64::from(k.func),
                         stack_id: k.stack_id,

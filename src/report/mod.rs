@@ -215,7 +215,7 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
         slices: None,
         attached: Some(attached_tx),
         stores: o.unwind.as_deref(),
-        offcpu: true,
+        shared: Vec::new(),
     };
     let stop = plan.stop().clone();
     // Before any collector starts: an error here must not leave them running.

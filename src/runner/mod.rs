@@ -45,9 +45,9 @@ pub struct Plan<'a> {
     pub attached: Option<mpsc::Sender<Kind>>,
     /// Where the unwind tables join those of other servers (the agent's); `None`: tables of its own.
     pub stores: Option<&'a Stores>,
-    /// Off-CPU traced by this run's own programs; false where a set shared with other servers traces it
-    /// ([`Plan::offcpu_of`]).
-    pub offcpu: bool,
+    /// The collectors that a set of programs shared with other servers runs for this one, rather than this run
+    /// ([`Plan::shared_options`]).
+    pub shared: Vec<Kind>,
 }
 
 /// What the collectors share, read before any starts: an error here leaves nothing running.
@@ -106,25 +106,28 @@ impl Plan<'_> {
         }
     }
 
-    /// The off-CPU collector's options and settings; with `targets`, for the processes of that set (in their
-    /// store `tables`), under a stop of their own.
-    pub fn offcpu_of(
+    /// The options of a sampled collector (off-CPU, lock waits) for the processes of `targets` (in their store
+    /// `tables`), under a stop of their own.
+    pub fn shared_options(
         &self,
-        tables: Option<&Arc<UnwindStore>>,
-        targets: Option<Arc<Targets>>,
-    ) -> (CollectOptions, collect::offcpu::Options) {
-        let mut opts = self.collect_options(tables, self.duty);
-        if targets.is_some() {
-            opts.stop = Stop::new();
-            opts.attached = None;
-            opts.targets = targets;
+        tables: &Arc<UnwindStore>,
+        targets: Arc<Targets>,
+    ) -> CollectOptions {
+        CollectOptions {
+            stop: Stop::new(),
+            attached: None,
+            targets: Some(targets),
+            ..self.collect_options(Some(tables), self.duty)
         }
-        let settings = collect::offcpu::Options {
+    }
+
+    /// The off-CPU collector's settings.
+    pub fn offcpu_settings(&self) -> collect::offcpu::Options {
+        collect::offcpu::Options {
             min_block_us: self.min_block_us,
             preempted_leaf_only: self.preempted_leaf_only,
             ..Default::default()
-        };
-        (opts, settings)
+        }
     }
 
     /// The run's stop: every collector of it ends when it is stopped.
@@ -144,22 +147,25 @@ pub fn start<'scope, 'env>(
     on_lost: impl FnMut(Lost) + Send + 'scope,
 ) -> Running<'scope> {
     let cpu = plan.collect_options(tables, None);
-    let (offcpu, offcpu_options) = plan.offcpu_of(tables, None);
+    let offcpu = plan.collect_options(tables, plan.duty);
     let locks = plan.collect_options(tables, plan.duty);
     let mut profiles = vec![(
         Kind::Cpu,
         scope.spawn(move || collect::cpu::collect(&cpu, plan.frequency)),
     )];
-    if plan.offcpu {
+    if !plan.shared.contains(&Kind::Offcpu) {
+        let settings = plan.offcpu_settings();
         profiles.push((
             Kind::Offcpu,
-            scope.spawn(move || collect::offcpu::collect(&offcpu, offcpu_options).map(|(c, _)| c)),
+            scope.spawn(move || collect::offcpu::collect(&offcpu, settings).map(|(c, _)| c)),
         ));
     }
-    profiles.push((
-        Kind::Locks,
-        scope.spawn(move || collect::locks::collect(&locks)),
-    ));
+    if !plan.shared.contains(&Kind::Locks) {
+        profiles.push((
+            Kind::Locks,
+            scope.spawn(move || collect::locks::collect(&locks)),
+        ));
+    }
     let attached = plan.attached.clone();
     let tables = tables.cloned();
     let statements = scope.spawn(move || {

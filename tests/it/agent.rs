@@ -809,23 +809,33 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         "{copies} copies of the unwind tables for {} servers",
         servers.len()
     );
-    // Off-CPU: one set of programs for the servers of each copy of the tables (its `preemptions` map names it),
-    // not a set per server; each server's waits in its own windows.
-    let offcpu_sets = || bpf_maps_named(running.pid(), "preemptions");
-    wait_until("one off-CPU set per copy of the tables", &|| {
-        offcpu_sets() == copies
-    });
-    let offcpu_windows = |pid: u32| {
+    // Off-CPU and lock waits: one set of programs each for the servers of each copy of the tables (offcpu's
+    // `preemptions` map and locks' `waited` name them), not a set per server; each server's waits in its own
+    // windows.
+    let sets = || {
+        let pid = running.pid();
+        (
+            bpf_maps_named(pid, "preemptions"),
+            bpf_maps_named(pid, "waited"),
+        )
+    };
+    wait_until(
+        "one off-CPU set and one lock set per copy of the tables",
+        &|| sets() == (copies, copies),
+    );
+    let windows_of = |kind: &str, pid: u32| {
         std::fs::read_dir(&windows).unwrap().flatten().any(|f| {
             f.file_name()
                 .to_string_lossy()
-                .starts_with(&format!("offcpu-{pid}-"))
+                .starts_with(&format!("{kind}-{pid}-"))
         })
     };
     for (kind, server) in &servers {
-        wait_until(&format!("{kind}'s off-CPU window kept"), &|| {
-            offcpu_windows(server.pid)
-        });
+        for profile in ["offcpu", "locks"] {
+            wait_until(&format!("{kind}'s {profile} window kept"), &|| {
+                windows_of(profile, server.pid)
+            });
+        }
     }
     // A server started while the agent runs is traced once it listens; stopped, its series stay at their last
     // values (without target_info) until they age out; started again, it is another server, with series of its own.
@@ -839,12 +849,12 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         "a server of the same code has tables of its own"
     );
     wait_until("the server started has an off-CPU window", &|| {
-        offcpu_windows(extra.0.pid)
+        windows_of("offcpu", extra.0.pid)
     });
     assert_eq!(
-        offcpu_sets(),
-        copies,
-        "a server of the same code has off-CPU programs of its own"
+        sets(),
+        (copies, copies),
+        "a server of the same code has off-CPU or lock programs of its own"
     );
     let first_pid = extra.0.pid;
     extra.0.stop();
