@@ -205,10 +205,7 @@ impl Shared {
     ) -> Arc<Targets> {
         let pid = plan.target.pid;
         let mut sets = locked(&self.sets);
-        // Those that ended (no member left, or they failed) are said and forgotten.
-        for set in sets.extract_if(.., |s| s.thread.is_finished()) {
-            set.join();
-        }
+        end_finished(&mut sets);
         let mine = |s: &&ProgramSet| s.kind == kind && Arc::ptr_eq(&s.store, store);
         if let Some(set) = sets
             .iter()
@@ -220,13 +217,18 @@ impl Shared {
         let targets = Arc::new(Targets::of(pid, send));
         let opts = plan.shared_options(store, Arc::clone(&targets));
         let offcpu = plan.offcpu_settings();
-        let thread =
-            std::thread::Builder::new()
-                .name(kind.name().into())
-                .spawn(move || match kind {
+        let thread = std::thread::Builder::new()
+            .name(kind.name().into())
+            .spawn(move || {
+                let traced = match kind {
                     Kind::Offcpu => collect::offcpu::collect(&opts, offcpu).map(|_| ()),
                     _ => collect::locks::collect(&opts).map(|_| ()),
-                });
+                };
+                // What its objects took, handed back once they are closed.
+                drop(opts);
+                release_free_memory();
+                traced
+            });
         match thread {
             Ok(thread) => sets.push(ProgramSet {
                 kind,
@@ -263,6 +265,13 @@ struct ProgramSet {
     store: Arc<UnwindStore>,
     targets: Arc<Targets>,
     thread: std::thread::JoinHandle<Result<()>>,
+}
+
+/// Says and forgets the sets that ended (no member left, or they failed): their stores go with them.
+fn end_finished(sets: &mut Vec<ProgramSet>) {
+    for set in sets.extract_if(.., |s| s.thread.is_finished()) {
+        set.join();
+    }
 }
 
 impl ProgramSet {
@@ -350,6 +359,7 @@ pub fn run(o: Options) -> Result<()> {
             // What the tracing of that server took: its unwind tables, symbols and collectors.
             release_free_memory();
         }
+        end_finished(&mut locked(&shared.sets));
         match wanted.servers(&sessions) {
             Ok(pids) => {
                 let (found, share) = (pids.len(), pids.len().max(1) as u32);

@@ -23,11 +23,11 @@ use libbpf_rs::{
 
 pub(crate) use super::unwind_store::Installed;
 use super::{
-    maps::{read_prefix, Plain},
+    maps::{as_bytes, read_prefix, Plain},
     open_object,
     periods::SamplePeriods,
     ring,
-    targets::Published,
+    targets::{self, Published},
     CollectOptions, Collected, Features, Lost, RawStack, Row,
 };
 use crate::unwind::{BpfMapping, BpfRow, Tables};
@@ -557,9 +557,19 @@ impl Publishing {
         first: bool,
     ) -> Result<bool> {
         match &opts.targets {
-            Some(targets) => self
-                .published
-                .sync::<S>(targets, opts.unwind.as_deref(), &maps),
+            Some(targets) => {
+                let mapping = |m: &BpfMapping, bytes: &mut [u8]| {
+                    bytes.copy_from_slice(as_bytes(&[S::unwind_mapping(m)]));
+                };
+                let kernel = targets::Kernel {
+                    target_bits: maps.target_bits,
+                    processes: maps.processes,
+                    mapping_size: std::mem::size_of::<S::UnwindMapping>(),
+                    mapping: &mapping,
+                };
+                self.published
+                    .sync(targets, opts.unwind.as_deref(), &kernel)
+            }
             None if first => install_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
             None => refresh_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
         }

@@ -15,11 +15,10 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::{
-    maps::as_bytes,
-    stack_collector::{StackSkeleton, UnwindMaps},
     unwind_store::{Installed, UnwindStore},
     Slice,
 };
+use crate::unwind::BpfMapping;
 
 /// The kernel's PID_MAX_LIMIT on 64-bit (include/linux/threads.h): no PID is above it, whatever pid_max says.
 const PID_MAX_LIMIT: u32 = 4 << 20;
@@ -78,6 +77,15 @@ impl Targets {
     }
 }
 
+/// The maps of a loaded object that say who is traced (unwind.h, target.h), and how a mapping is laid out there.
+pub(crate) struct Kernel<'a> {
+    pub target_bits: &'a dyn MapCore,
+    pub processes: &'a dyn MapCore,
+    /// The size of the skeleton's `struct unwind_mapping`, and how one is written into those bytes.
+    pub mapping_size: usize,
+    pub mapping: &'a dyn Fn(&BpfMapping, &mut [u8]),
+}
+
 /// What a set of programs has told the kernel of its members.
 #[derive(Default)]
 pub(crate) struct Published {
@@ -91,24 +99,24 @@ pub(crate) struct Published {
 impl Published {
     /// Follows the members: a new one's bit set and its code given, a gone one's taken back, and every one's
     /// code given again when its memory map changed. False once the set is closed (no member left).
-    pub(crate) fn sync<S: StackSkeleton>(
+    pub(crate) fn sync(
         &mut self,
         targets: &Targets,
         store: Option<&UnwindStore>,
-        maps: &UnwindMaps<'_, S::UnwindMapping>,
+        kernel: &Kernel<'_>,
     ) -> Result<bool> {
         self.synced = true;
         let Some(members) = targets.members() else {
             return Ok(false);
         };
         for &pid in self.members.keys().filter(|p| !members.contains_key(p)) {
-            set_bit(maps.target_bits, pid, false)?;
+            set_bit(kernel.target_bits, pid, false)?;
             // None there (no tables were given) is what was wanted.
-            let _ = maps.processes.delete(&pid.to_ne_bytes());
+            let _ = kernel.processes.delete(&pid.to_ne_bytes());
             self.installed.remove(&pid);
         }
         for &pid in members.keys().filter(|p| !self.members.contains_key(p)) {
-            set_bit(maps.target_bits, pid, true)?;
+            set_bit(kernel.target_bits, pid, true)?;
         }
         self.members = members;
         let Some(store) = store else {
@@ -120,7 +128,7 @@ impl Published {
             let mut written = Ok(());
             store.install(pid, MAX_UNWIND_MAPPINGS, installed, |usable| {
                 *generation = generation.wrapping_add(1);
-                written = write_process::<S>(maps.processes, pid, usable, *generation);
+                written = write_process(kernel, pid, usable, *generation);
             })?;
             written?;
         }
@@ -162,29 +170,29 @@ fn set_bit(bits: &dyn MapCore, pid: u32, on: bool) -> Result<()> {
 }
 
 /// Writes `struct unwind_process` of `pid` whole: its mappings, their count, unwinding on, its generation.
-fn write_process<S: StackSkeleton>(
-    processes: &dyn MapCore,
+fn write_process(
+    kernel: &Kernel<'_>,
     pid: u32,
-    usable: &[crate::unwind::BpfMapping],
+    usable: &[BpfMapping],
     generation: u32,
 ) -> Result<()> {
-    let size = std::mem::size_of::<S::UnwindMapping>();
-    let mut value = vec![0u8; MAX_UNWIND_MAPPINGS * size + 16];
+    let mut value = vec![0u8; MAX_UNWIND_MAPPINGS * kernel.mapping_size + 16];
     anyhow::ensure!(
-        processes.value_size() as usize == value.len(),
+        kernel.processes.value_size() as usize == value.len(),
         "unwind_processes holds {} bytes a process, not the {} expected",
-        processes.value_size(),
+        kernel.processes.value_size(),
         value.len()
     );
-    for (slot, m) in value.chunks_exact_mut(size).zip(usable) {
-        slot.copy_from_slice(as_bytes(&[S::unwind_mapping(m)]));
+    for (slot, m) in value.chunks_exact_mut(kernel.mapping_size).zip(usable) {
+        (kernel.mapping)(m, slot);
     }
-    let tail = MAX_UNWIND_MAPPINGS * size;
+    let tail = MAX_UNWIND_MAPPINGS * kernel.mapping_size;
     let count = usable.len().min(MAX_UNWIND_MAPPINGS) as u32;
     for (i, v) in [count, 1, generation].into_iter().enumerate() {
         value[tail + 4 * i..tail + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
     }
-    processes
+    kernel
+        .processes
         .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
         .context("writing the code of a process traced")
 }

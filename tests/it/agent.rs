@@ -630,11 +630,13 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     );
     // What a window frees and what a server's tracing took are handed back (two arenas, malloc_trim): before
     // that, the restart left 40 MiB more resident (130 then 172 MiB). Of the 80 MiB resident now, 65 are the
-    // files mapped (the binaries whose symbols are read), which the pages read vary: 15 are allocated, 16 after
-    // the restart.
+    // files mapped (the binaries whose symbols are read), which the pages read vary, and are not counted here:
+    // 15 to 26 MiB are allocated, and after the restart 2 to 19 MiB more, as the two arenas hold the new
+    // server's tables and objects beside what the first left free in pieces (24 MiB more is what the bound
+    // allowed when it counted the files too).
     assert!(
         median_mib(late) <= median_mib(early) * 1.1 + 8.0
-            && median_mib(&after) <= median_mib(&before) * 1.2 + 8.0,
+            && median_mib(&after) <= median_mib(&before) + 24.0,
         "RSS grew: {before:?} then {after:?}"
     );
     drop(again);
