@@ -28,12 +28,6 @@ struct lock_key {
 	__u32 _pad;
 };
 
-/* A lock word: its address in a process. */
-struct lock_word {
-	__u64 addr;
-	__u64 tgid;  /* as lock_key's */
-};
-
 /* The process of the current thread, in keys: 0 where the programs trace one. */
 static __always_inline __u32 key_tgid(void)
 {
@@ -64,13 +58,16 @@ struct {
 	__type(value, __u64);
 } wakes SEC(".maps");
 
-/* Lock words someone waited on: only their wakes are worth a stack. */
+/* Lock words someone waited on (their key with no stack): only their wakes are worth a stack. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
-	__type(key, struct lock_word);
+	__type(key, struct lock_key);
 	__type(value, __u8);
 } waited SEC(".maps");
+
+/* The first sums of a lock word and stack: from here, not the stack, which the unwinder's frames fill. */
+const struct lock_wait no_waits = {};
 
 struct futex_call {
 	__u64 addr;
@@ -103,9 +100,9 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 	}
 	if (!futex_op_wakes(op))
 		return;
-	struct lock_word word = { .addr = addr, .tgid = key_tgid() };
-	if (bpf_map_lookup_elem(&waited, &word)) {
-		struct lock_key k = { .addr = addr, .stack_id = stack_id_of_call(ctx, false), .tgid = word.tgid };
+	struct lock_key k = { .addr = addr, .tgid = key_tgid() };
+	if (bpf_map_lookup_elem(&waited, &k)) {
+		k.stack_id = stack_id_of_call(ctx, false);
 		__u64 zero = 0;
 		__u64 *n = lookup_or_init(&wakes, &k, &zero);
 		if (n)
@@ -132,11 +129,9 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	if (period != attach_period)
 		return; /* entered before the programs were detached: its wait is not known */
 	__u8 one = 1;
-	struct lock_word word = { .addr = k.addr, .tgid = k.tgid };
-	bpf_map_update_elem(&waited, &word, &one, BPF_ANY);
+	bpf_map_update_elem(&waited, &k, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);
-	struct lock_wait zero = {};
-	struct lock_wait *w = lookup_or_init(&waits, &k, &zero);
+	struct lock_wait *w = lookup_or_init(&waits, &k, &no_waits);
 	if (!w) {
 		count_lost(state);
 		return;

@@ -598,6 +598,9 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     let before = stretch(&first.0);
     let again = restart_under_agent(&db, &first.0, port);
     let after = stretch(&again.0);
+    // Twice: what a restart leaves that the next one adds to again is kept, not a level the allocator settles at.
+    let third = restart_under_agent(&db, &again.0, port);
+    let last = stretch(&third.0);
     let (_, stderr) = running.stop();
     let failed = failed_closes(&closes);
     assert!(
@@ -625,20 +628,28 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     // A descriptor left behind by each window, or by each collector loaded again, would add tens; a few are
     // the HTTP requests and the statements' connection to the server, open at one moment and not another.
     assert!(
-        most(late) <= most(early) + 4 && most(&after) <= most(&before) + 4,
+        most(late) <= most(early) + 4
+            && most(&after) <= most(&before) + 4
+            && most(&last) <= most(&before) + 4,
         "descriptors grew: {before:?} then {after:?}"
     );
     // What a window frees and what a server's tracing took are handed back (two arenas, malloc_trim): before
-    // that, the restart left 40 MiB more resident (130 then 172 MiB). Of the 80 MiB resident now, 65 are the
+    // that, each restart left 40 MiB more resident (130 then 172 MiB). Of the 80 MiB resident now, 65 are the
     // files mapped (the binaries whose symbols are read), which the pages read vary, and are not counted here:
-    // 15 to 26 MiB are allocated, and after the restart 2 to 19 MiB more, as the two arenas hold the new
-    // server's tables and objects beside what the first left free in pieces (24 MiB more is what the bound
-    // allowed when it counted the files too).
+    // 15 to 26 MiB are allocated, and after the first restart 2 to 25 MiB more, as the two arenas hold the new
+    // server's tables and objects beside what the first left free in pieces; the second restart adds nothing
+    // to that.
+    eprintln!(
+        "anonymous RSS after the second restart {:.1} MiB",
+        median_mib(&last)
+    );
     assert!(
         median_mib(late) <= median_mib(early) * 1.1 + 8.0
-            && median_mib(&after) <= median_mib(&before) + 24.0,
-        "RSS grew: {before:?} then {after:?}"
+            && median_mib(&after) <= median_mib(&before) + 32.0
+            && median_mib(&last) <= median_mib(&after) * 1.1 + 8.0,
+        "RSS grew: {before:?} then {after:?} then {last:?}"
     );
+    drop(third);
     drop(again);
     drop(first);
 }
