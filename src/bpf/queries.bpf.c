@@ -536,7 +536,7 @@ static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long 
 {
 	if (st->phase == PHASE_RUNNING || st->phase == PHASE_INFILE) {
 		long m = n > REPLY_HEAD ? REPLY_HEAD : n;
-		if (m <= 0 || bpf_probe_read_user(st->ev.reply, m, (void *)buf))
+		if (m <= 0 || bpf_probe_read_user(st->ev.reply, BOUNDED_SIZE(m, REPLY_HEAD), (void *)buf))
 			m = 0;
 		st->ev.reply_len = m;
 		/* A query's first reply packet starting with 0xfb asks for a LOAD DATA LOCAL file: not the end. On a
@@ -560,7 +560,7 @@ static __always_inline void reply_sent(struct query_thread *st, __u64 buf, long 
 		__u32 off = st->ev.text_len;
 		if (keep && off <= MAX_TEXT - RESULT_HEAD) {
 			long k = n > RESULT_HEAD ? RESULT_HEAD : n;
-			if (k > 0 && !bpf_probe_read_user(&st->ev.text[off], k, (void *)buf)) {
+			if (k > 0 && !bpf_probe_read_user(&st->ev.text[off], BOUNDED_SIZE(k, RESULT_HEAD), (void *)buf)) {
 				st->ev.result_len = k;
 				st->ev.reply_len = 0;
 			}

@@ -9,7 +9,7 @@
 #define MAX_TEXT 1024         /* request bytes kept per statement: the SQL text, truncated (power of 2) */
 _Static_assert(!(MAX_TEXT & (MAX_TEXT - 1)), "text lengths are masked with MAX_TEXT - 1");
 #define MAX_PACKET_TEXT 512   /* bytes kept of a handshake packet */
-#define REPLY_HEAD 24         /* bytes kept of the first reply send: header, OK/ERR/PREPARE_OK fields */
+#define REPLY_HEAD 32         /* bytes kept of the first reply send: header, OK/ERR/PREPARE_OK fields (power of 2) */
 #define RESULT_HEAD 256       /* bytes kept of an execution's first reply send, after its request in text[]: the
 			       * result set's column definitions, which name a statement prepared before tracing */
 _Static_assert(RESULT_HEAD < MAX_TEXT, "an execution's reply is kept after its request");
