@@ -17,8 +17,7 @@ use super::{
 use crate::{
     client::socket::listening_port,
     collect::{
-        self, features::Features, ring::RingOptions, targets::Targets, Collected, Kind, Lost,
-        Slice, Slices, Stop,
+        self, ring::RingOptions, targets::Targets, Collected, Kind, Lost, Slice, Slices, Stop,
     },
     process::{self, container::Container, Target},
     profile::{
@@ -100,7 +99,7 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
     };
     let prepared = runner::prepare(&plan)?;
     // Off-CPU and lock waits by the programs of the servers of the same store, where they can be shared.
-    let compat = Features::of_kernel(plan.statements.btf.as_deref()).compat();
+    let compat = plan.statements.collect_options(0).features().compat();
     let sets: Vec<(Kind, Arc<Targets>)> = match &prepared.tables {
         Some(store) if !o.programs_per_server && !compat => super::SHARED_KINDS
             .into_iter()

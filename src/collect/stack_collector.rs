@@ -498,7 +498,6 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
                 traced: since,
                 at: last_slice,
                 to: slices,
-                by_process: opts.targets.is_some(),
             };
             let delivered = publishing.deliver(collector, &skel, stacks, slice);
             if forget_past_limit::<C>(&mut skel, stacks) {
@@ -594,7 +593,7 @@ impl Publishing {
             };
             to.send(slice).is_ok()
         };
-        if !slice.by_process {
+        if !self.published.serves() {
             return send(&slice.to.send, slice.sums);
         }
         let mut by_pid: HashMap<u32, Vec<Sum>> = HashMap::new();
@@ -616,8 +615,6 @@ struct Slicing<'a> {
     traced: Duration,
     at: Instant,
     to: &'a super::Slices,
-    /// Several processes traced: each member of the set is sent its own, not `to.send`.
-    by_process: bool,
 }
 
 /// The sums joined to their stacks, with what was lost since the collector attached.

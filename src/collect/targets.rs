@@ -93,6 +93,7 @@ pub(crate) struct Published {
     installed: HashMap<u32, (Installed, u32)>,
     /// Where each member's slices go.
     members: BTreeMap<u32, Sender<Slice>>,
+    synced: bool,
 }
 
 impl Published {
@@ -104,6 +105,7 @@ impl Published {
         store: Option<&UnwindStore>,
         kernel: &Kernel<'_>,
     ) -> Result<bool> {
+        self.synced = true;
         let Some(members) = targets.members() else {
             return Ok(false);
         };
@@ -131,6 +133,11 @@ impl Published {
             written?;
         }
         Ok(true)
+    }
+
+    /// Whether it follows a set of targets (it was synced once at least).
+    pub(crate) fn serves(&self) -> bool {
+        self.synced
     }
 
     /// Every member's code given again at the next [`Published::sync`], with a new generation: their
