@@ -51,6 +51,9 @@ enum Command {
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
     Diff(cmd::diff::DiffArgs),
+    /// Every BPF program of every collector loaded into this kernel in each configuration the commands use,
+    /// nothing attached: what its verifier needed for each, against its limit (an error past half of it).
+    Programs(cmd::programs::ProgramsArgs),
     /// The kernel features myprobe probed here, as `name=yes|no` (for scripts/kernels).
     #[command(hide = true)]
     Features,
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Agent(a) => cmd::agent::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Programs(a) => cmd::programs::run(a),
         Command::Features => {
             println!(
                 "{}",

@@ -151,20 +151,28 @@ static __always_inline void forget(__u64 ptr)
 
 static __always_inline int on_call(struct pt_regs *ctx)
 {
+	/* One account() whatever the kind: inlined once, verified once. */
 	enum alloc_kind kind = bpf_get_attach_cookie(ctx);
+	__u64 size = PT_REGS_PARM1(ctx), memptr = 0;
 	switch (kind) {
 	case ALLOC_CALLOC:
-		return account(ctx, kind, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx), 0);
+		size = PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx);
+		break;
 	case ALLOC_REALLOC:
 		forget(PT_REGS_PARM1(ctx));
-		return account(ctx, kind, PT_REGS_PARM2(ctx), 0);
+		size = PT_REGS_PARM2(ctx);
+		break;
 	case ALLOC_ALIGN_SIZE:
-		return account(ctx, kind, PT_REGS_PARM2(ctx), 0);
+		size = PT_REGS_PARM2(ctx);
+		break;
 	case ALLOC_POSIX_MEMALIGN:
-		return account(ctx, kind, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
+		size = PT_REGS_PARM3(ctx);
+		memptr = PT_REGS_PARM1(ctx);
+		break;
 	default:
-		return account(ctx, kind, PT_REGS_PARM1(ctx), 0);
+		break;
 	}
+	return account(ctx, kind, size, memptr);
 }
 
 /* Return of a traced call: the address is the return value, or *memptr for posix_memalign. */

@@ -263,6 +263,45 @@ static __always_inline struct unwind_row *find_unwind_row(struct unwind_mapping 
 	return bpf_map_lookup_elem(&unwind_rows, &key);
 }
 
+/* How to find the caller of the frame at an address: the rule of the row that holds it. */
+struct unwind_rule {
+	__u64 row_start;   /* the process address where the row starts */
+	__s32 cfa_offset;
+	__s16 fp_offset;
+	__u8 kind;         /* UNWIND_GAP where no row holds the address */
+	__u8 _pad;
+	__u32 mapping;     /* in: the mapping of the frame before (a hint); out: the address's */
+	__u32 _pad2;
+};
+
+/* The rule for pc in the code of p, into *r; 1 if a row holds pc. A global function: the verifier checks it once,
+ * on its own, where the searches inlined in the unwinder's step were checked again for every path that reached
+ * them. */
+__noinline int unwind_rule_of(struct unwind_process *p, __u64 pc, struct unwind_rule *r)
+{
+	if (!r)
+		return 0;
+	r->kind = UNWIND_GAP;
+	r->cfa_offset = 0;
+	r->fp_offset = 0;
+	r->row_start = pc;
+	if (!p)
+		return 0;
+	int m = find_unwind_mapping(p, pc, r->mapping);
+	if (m < 0 || m >= MAX_UNWIND_MAPPINGS)
+		return 0;
+	r->mapping = m;
+	__u64 bias = p->mappings[m].bias;
+	struct unwind_row *row = p->mappings[m].row_count ? find_unwind_row(&p->mappings[m], pc - bias) : 0;
+	if (!row)
+		return 0;
+	r->row_start = row->pc + bias;
+	r->cfa_offset = row->cfa_offset;
+	r->fp_offset = row->fp_offset;
+	r->kind = row->kind;
+	return 1;
+}
+
 /* Reads the user memory of the current task, or (other_task, a constant) of s->task: bpf_copy_from_user_task is
  * for sleepable programs only, so the two are separate callbacks. */
 static __always_inline long read_user(void *dst, __u32 size, __u64 ptr, struct user_unwind *s, bool other_task)
@@ -282,37 +321,32 @@ static __always_inline __u64 slot_of(__u64 index)
 
 static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, bool other_task)
 {
-	if (s->done || s->n >= MAX_USER_FRAMES)
+	/* index, not a count kept in s: the verifier checks a callback until its state stops changing, and a count
+	 * that it tracks exactly changes at every frame. */
+	if (s->done || index >= MAX_USER_FRAMES)
 		return 1;
-	s->ips[s->n & (UNWIND_BUFFER_FRAMES - 1)] = s->ip;
-	s->n++;
+	s->ips[index & (UNWIND_BUFFER_FRAMES - 1)] = s->ip;
+	s->n = index + 1;
 
 	/* A return address points after its call, which may be the last instruction of the function. */
 	__u64 pc = index ? s->ip - 1 : s->ip;
 	__u64 cfa = 0, ra = 0, bp = s->bp;
-	struct unwind_row *row = 0;
-	__u64 bias = 0;
-	struct unwind_process *p = s->proc;
-	int m = p ? find_unwind_mapping(p, pc, s->mapping) : -1;
-	if (p && m >= 0 && m < MAX_UNWIND_MAPPINGS) {
-		s->mapping = m;
-		bias = p->mappings[m].bias;
-		if (p->mappings[m].row_count)
-			row = find_unwind_row(&p->mappings[m], pc - bias);
-	}
-	if (!index && row && leaf_at_row_start)
-		s->ips[0] = row->pc + bias;
+	struct unwind_rule rule = { .mapping = s->mapping };
+	bool found = unwind_rule_of(s->proc, pc, &rule);
+	s->mapping = rule.mapping;
+	if (!index && found && leaf_at_row_start)
+		s->ips[0] = rule.row_start;
 
-	__u8 kind = row ? row->kind : UNWIND_GAP;
+	__u8 kind = rule.kind;
 	switch (kind) {
 	case UNWIND_END:
 		s->done = 1;
 		return 1;
 	case UNWIND_SP:
-		cfa = s->sp + row->cfa_offset;
+		cfa = s->sp + rule.cfa_offset;
 		break;
 	case UNWIND_FP:
-		cfa = s->bp + row->cfa_offset;
+		cfa = s->bp + rule.cfa_offset;
 		break;
 	case UNWIND_PLT:
 		cfa = s->sp + 8 + (((s->ip & 15) >= 11) ? 8 : 0);
@@ -320,7 +354,7 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 	case UNWIND_SIGNAL:
 		/* Named by the trampoline's own address: its FDE starts a byte before it, where the return address
 		 * minus 1 falls, and no symbol does. */
-		s->ips[(s->n - 1) & (UNWIND_BUFFER_FRAMES - 1)] = s->ip + 1;
+		s->ips[index & (UNWIND_BUFFER_FRAMES - 1)] = s->ip + 1;
 		if (read_user(&ra, sizeof(ra), s->sp + SIGFRAME_IP, s, other_task) || ra == 0 ||
 		    read_user(&cfa, sizeof(cfa), s->sp + SIGFRAME_SP, s, other_task) ||
 		    read_user(&bp, sizeof(bp), s->sp + SIGFRAME_BP, s, other_task)) {
@@ -352,8 +386,8 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 	}
 	if (index < RECORDED_SLOTS)
 		s->slots[slot_of(index)] = cfa - 8;
-	if (row && (kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && row->fp_offset) {
-		if (read_user(&bp, sizeof(bp), cfa + row->fp_offset, s, other_task))
+	if ((kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && rule.fp_offset) {
+		if (read_user(&bp, sizeof(bp), cfa + rule.fp_offset, s, other_task))
 			bp = 0;
 	}
 	s->ip = ra;

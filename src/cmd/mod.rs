@@ -5,6 +5,7 @@ pub mod diff;
 pub mod flame;
 pub mod pfs;
 pub mod profile;
+pub mod programs;
 pub mod queries;
 pub mod report;
 pub mod stacks;

@@ -10,6 +10,7 @@ pub mod alloc;
 pub mod budget;
 pub mod cpu;
 pub mod features;
+pub mod load;
 pub mod locks;
 pub mod maps;
 pub mod offcpu;
@@ -166,6 +167,9 @@ pub struct CollectOptions {
     pub stop: Stop,
     /// How the ring buffer is read: progress, wakeups.
     pub ring: ring::RingOptions,
+    /// Load the programs, tell here what the verifier needed for each, and end there, nothing attached
+    /// (`myprobe programs`).
+    pub verify_only: Option<std::sync::mpsc::Sender<load::Verified>>,
 }
 
 /// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a
@@ -201,6 +205,7 @@ impl CollectOptions {
             duty: None,
             stop,
             ring: ring::RingOptions::default(),
+            verify_only: None,
         }
     }
 
@@ -419,6 +424,7 @@ pub fn open_object<'obj, B: SkelBuilder<'obj>>(
     opts: &CollectOptions,
 ) -> Result<B::Output> {
     install_stop_handler();
+    load::install_print();
     if let Some(btf) = &opts.btf {
         builder
             .object_builder_mut()

@@ -579,6 +579,9 @@ pub fn collect(
     } = probes;
     let mut object = MaybeUninit::uninit();
     let mut skel = load(&mut object, opts, statements, dispatch.as_ref())?;
+    if opts.verify_only.is_some() {
+        return Ok(Traced::nothing());
+    }
     let mut installed = Installed::default();
     install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
     let mut tracepoints = Tracepoints {
@@ -788,8 +791,7 @@ fn load<'obj>(
         opts.max_kernel_mem,
         opts.shared_maps(),
     )?;
-    open.load()
-        .context("loading the query tracing programs into the kernel")
+    super::load::load(open, "queries", opts.verify_only.as_ref())
 }
 
 /// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
@@ -937,6 +939,17 @@ pub struct Traced {
     pub scale: f64,
     /// Statements shorter than `min_statement_ns`, not sent.
     pub below_min: u64,
+}
+
+impl Traced {
+    /// A trace of nothing (the programs loaded, never attached: `CollectOptions::verify_only`).
+    fn nothing() -> Traced {
+        Traced {
+            lost: Lost::default(),
+            scale: 1.0,
+            below_min: 0,
+        }
+    }
 }
 
 /// An adaptive duty began or ended sampling.

@@ -443,9 +443,13 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
         opts.max_kernel_mem,
         opts.shared_maps(),
     )?;
-    let mut skel = open
-        .load()
-        .with_context(|| format!("loading the {} programs into the kernel", C::NAME))?;
+    let mut skel = super::load::load(open, C::NAME, opts.verify_only.as_ref())?;
+    if opts.verify_only.is_some() {
+        return Ok(Collected {
+            columns: collector.columns(),
+            ..Collected::default()
+        });
+    }
     let mut publishing = Publishing::default();
     publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), true)?;
     let mut links = collector.attach(&mut skel)?;

@@ -5,7 +5,7 @@
 
 use std::mem::MaybeUninit;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use libbpf_rs::skel::OpenSkel;
 
 use super::{
@@ -79,9 +79,13 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
         opts.max_kernel_mem,
         opts.shared_maps(),
     )?;
-    let mut skel = open
-        .load()
-        .context("loading the thread snapshot program into the kernel")?;
+    let mut skel = super::load::load(open, "stacks", opts.verify_only.as_ref())?;
+    if opts.verify_only.is_some() {
+        return Ok(Snapshot {
+            threads: Vec::new(),
+            lost: Lost::default(),
+        });
+    }
     // The compat build (kernels before 5.18 have no sleepable iterators) reads no thread's memory: its user
     // stacks and futex words are read here, from /proc/PID/mem, after the iterator.
     let compat = super::features::Features::of_kernel(opts.btf.as_deref()).compat();

@@ -69,6 +69,8 @@ pub struct FollowOptions {
     pub stop: collect::Stop,
     /// How its ring buffer is read.
     pub ring: collect::ring::RingOptions,
+    /// Load the programs, tell here what the verifier needed for each, and end there (`myprobe programs`).
+    pub verify_only: Option<std::sync::mpsc::Sender<collect::load::Verified>>,
 }
 
 impl FollowOptions {
@@ -90,6 +92,7 @@ impl FollowOptions {
             max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
             stop: collect::Stop::new(),
             ring: collect::ring::RingOptions::default(),
+            verify_only: None,
         }
     }
 
@@ -98,6 +101,7 @@ impl FollowOptions {
     pub fn collect_options(&self, pid: u32) -> CollectOptions {
         CollectOptions {
             ring: self.ring,
+            verify_only: self.verify_only.clone(),
             ..CollectOptions::new(
                 pid,
                 self.btf.clone(),

@@ -232,20 +232,28 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
             |_| {},
         );
         // Tracing starts when every collector that could start is attached.
-        let mut ready = 0;
-        while ready < running.running() && !stop.is_stopped() {
-            if attached.recv_timeout(runner::ATTACH_POLL).is_ok() {
-                ready += 1;
+        let mut ready = Vec::new();
+        while ready.len() < running.running() && !stop.is_stopped() {
+            if let Ok(kind) = attached.recv_timeout(runner::ATTACH_POLL) {
+                ready.push(kind);
             }
         }
         let mut traced = Duration::ZERO;
         // Nothing attached: what each collector said is the error, at once.
-        if ready > 0 {
+        if !ready.is_empty() {
+            let names: Vec<String> = [Kind::Cpu, Kind::Offcpu, Kind::Locks, Kind::Statements]
+                .into_iter()
+                .filter(|k| ready.contains(k))
+                .map(|k| match k {
+                    Kind::Cpu => format!("on-CPU at {} Hz", o.frequency),
+                    other => other.label().to_string(),
+                })
+                .collect();
             say!(
-                "myprobe: tracing {target} with {ready} of {} collectors (on-CPU at {} Hz, off-CPU, lock waits, \
-                 statements) for {} s; Ctrl-C ends early",
+                "myprobe: tracing {target} with {} of {} collectors ({}) for {} s; Ctrl-C ends early",
+                ready.len(),
                 running.profiles.len() + 1,
-                o.frequency,
+                names.join(", "),
                 o.duration.as_secs()
             );
             traced = wait(o.duration, &stop, target.pid);

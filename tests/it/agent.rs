@@ -919,3 +919,43 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
     running.stop();
     drop(container);
 }
+
+#[test]
+fn a_collector_that_cannot_load_leaves_the_others_tracing() {
+    // The lock waits' maps (22 MiB) do not fit 16 MiB of kernel memory; the on-CPU, off-CPU and statements' do.
+    let db = testdb();
+    let _turn = agent_turn();
+    let dir = tempdir("agent-missing");
+    let _load = db.running_load();
+    let port = free_port();
+    let running = agent(
+        db.pid,
+        port,
+        &dir,
+        &["--max-kernel-mem", "16", "--sample-every", "1"],
+    );
+    running.wait_for_stderr("lock waits not traced: ");
+    let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !metrics().contains("myprobe_statements_total{") {
+        assert!(
+            Instant::now() < deadline,
+            "no statement in /metrics:\n{}",
+            metrics()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (status, profile) = get_bytes(&format!(
+        "http://127.0.0.1:{port}/debug/pprof/profile?seconds=1&pid={}",
+        db.pid
+    ))
+    .unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&profile));
+    let (_, stderr) = running.stop();
+    let missing: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("not traced"))
+        .collect();
+    assert_eq!(missing.len(), 1, "{stderr}");
+    assert!(missing[0].contains("--max-kernel-mem"), "{stderr}");
+}

@@ -19,6 +19,7 @@ mod names;
 mod pfs;
 mod process;
 mod profile;
+mod programs;
 mod queries;
 mod report;
 mod servers;

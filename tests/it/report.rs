@@ -259,3 +259,53 @@ fn report_bad_input_is_one_line() {
         "-d must be at least 1 second",
     );
 }
+
+#[test]
+fn a_collector_that_cannot_load_leaves_the_others_tracing() {
+    // The lock waits' maps (22 MiB) do not fit 16 MiB of kernel memory; the on-CPU, off-CPU and statements' do.
+    let db = testdb();
+    let dir = tempdir("report-missing");
+    let page = dir.join("r.html");
+    let _load = db.running_load();
+    let out = myprobe()
+        .args([
+            "report",
+            "-p",
+            &db.pid.to_string(),
+            "-d",
+            "2",
+            "--max-kernel-mem",
+            "16",
+        ])
+        .arg("-o")
+        .arg(&page)
+        .arg("--socket")
+        .arg(&db.socket)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let missing: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("myprobe: ") && l.contains("not traced"))
+        .collect();
+    assert_eq!(missing.len(), 1, "{stderr}");
+    assert!(
+        missing[0].starts_with("myprobe: warning: lock waits not traced: ")
+            && missing[0].contains("--max-kernel-mem"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("with 3 of 4 collectors (on-CPU at 99 Hz, off-CPU, statements)"),
+        "{stderr}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("lock waits: not traced"),
+        "missing not in the page"
+    );
+    assert!(
+        html.contains("On-CPU") && html.contains("Off-CPU"),
+        "profiles not in the page"
+    );
+}
