@@ -112,6 +112,15 @@ fn statements(no_wait_sites: bool, syscall_cpu: bool, min_ms: u64) -> FollowOpti
     }
 }
 
+/// The agent's off-CPU: a preempted thread at a new site keeps its leaf alone.
+fn agent_offcpu(opts: CollectOptions) -> Result<()> {
+    let settings = offcpu::Options {
+        preempted_leaf_only: true,
+        ..Default::default()
+    };
+    offcpu::collect(&opts, settings).map(drop)
+}
+
 /// The agent's off-CPU and lock waits: one set of programs for its servers.
 fn as_set(mut opts: CollectOptions) -> CollectOptions {
     let (send, _) = mpsc::channel();
@@ -174,25 +183,13 @@ const CONFIGURATIONS: &[Configuration] = &[
         label: "agent, off-CPU, a set per server",
         object: "offcpu",
         set: false,
-        load: |_, o| {
-            let settings = offcpu::Options {
-                preempted_leaf_only: true,
-                ..Default::default()
-            };
-            offcpu::collect(&o, settings).map(drop)
-        },
+        load: |_, o| agent_offcpu(o),
     },
     Configuration {
         label: "agent, off-CPU, one set for its servers",
         object: "offcpu",
         set: true,
-        load: |_, o| {
-            let settings = offcpu::Options {
-                preempted_leaf_only: true,
-                ..Default::default()
-            };
-            offcpu::collect(&as_set(o), settings).map(drop)
-        },
+        load: |_, o| agent_offcpu(as_set(o)),
     },
     Configuration {
         label: "profile locks",
@@ -301,6 +298,13 @@ pub fn run(a: ProgramsArgs) -> Result<()> {
     for c in CONFIGURATIONS {
         for outcome in load(c, &context, &features) {
             match outcome {
+                // The kernel counted nothing it could say.
+                Outcome::Loaded(v) if v.insns == 0 => {
+                    println!(
+                        "{:<52} {:<18} {:>12} {:>9}",
+                        c.label, v.program, "n/a", "n/a"
+                    );
+                }
                 Outcome::Loaded(v) => {
                     let share = f64::from(v.insns) * 100.0 / f64::from(VERIFIER_LIMIT);
                     println!(

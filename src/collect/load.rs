@@ -65,8 +65,9 @@ thread_local! {
     static CAPTURED: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// libbpf's messages: kept while the thread loads an object, else on stderr as libbpf prints them by default.
-fn print(_level: PrintLevel, message: String) {
+/// libbpf's messages: kept while the thread loads an object, else on stderr as libbpf prints them by default (its
+/// debug messages, asked for only to read the verifier's statistics, not at all).
+fn print(level: PrintLevel, message: String) {
     let kept = CAPTURED.with(|c| match c.borrow_mut().as_mut() {
         Some(log) => {
             log.push_str(&message);
@@ -74,7 +75,7 @@ fn print(_level: PrintLevel, message: String) {
         }
         None => false,
     });
-    if !kept {
+    if !kept && level != PrintLevel::Debug {
         say_part!("{message}");
     }
 }
@@ -90,33 +91,66 @@ pub fn install_print() {
 /// Loads `open`, the object of `collector` (as commands name it: `profile alloc`); with `verified`, tells it what
 /// the verifier needed for each program. A program refused is a [`Refused`] error.
 pub fn load<'o, O: OpenSkel<'o>>(
-    open: O,
+    mut open: O,
     collector: &str,
     verified: Option<&Sender<Verified>>,
 ) -> Result<O::Output> {
-    let skel = loading(collector, || open.load())?;
+    if verified.is_some() {
+        // Kernels before 5.16 do not count verified_insns: the verifier's statistics say it (BPF_LOG_STATS), which
+        // libbpf passes on as a debug message.
+        libbpf_rs::set_print(Some((PrintLevel::Debug, print)));
+        for mut prog in open.open_object_mut().progs_mut() {
+            prog.set_log_level(LOG_STATS);
+        }
+    }
+    let mut messages = String::new();
+    let skel = loading(collector, || open.load(), &mut messages)?;
     if let Some(to) = verified {
         let object = skel.object();
         let name = object.name().unwrap_or_default().to_string_lossy();
         for prog in object.progs().filter(|p| p.autoload()) {
+            let program = prog.name().to_string_lossy().into_owned();
+            let insns = match verified_insns(prog.as_fd()) {
+                0 => processed_insns(&messages, &program).unwrap_or(0),
+                n => n,
+            };
             let _ = to.send(Verified {
                 object: name.to_string(),
-                program: prog.name().to_string_lossy().into_owned(),
-                insns: verified_insns(prog.as_fd()),
+                program,
+                insns,
             });
         }
     }
     Ok(skel)
 }
 
+/// BPF_LOG_STATS: the verifier's log holds only its statistics.
+const LOG_STATS: u32 = 4;
+
+/// The instructions the verifier processed for `program`, from its statistics in libbpf's messages.
+fn processed_insns(messages: &str, program: &str) -> Option<u32> {
+    let log =
+        &messages[messages.find(&format!("prog '{program}': -- BEGIN PROG LOAD LOG --"))?..];
+    let log = &log[..log.find("-- END PROG LOAD LOG --")?];
+    let line = log
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("processed "))?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
 /// Runs `load`, which loads an object of `collector`, with libbpf's messages kept rather than printed: a program
 /// refused is a [`Refused`] error, the verifier's log in a file it names; another failure says libbpf's last word.
-pub fn loading<T>(collector: &str, load: impl FnOnce() -> libbpf_rs::Result<T>) -> Result<T> {
+/// libbpf's messages of the load go to `messages`.
+pub fn loading<T>(
+    collector: &str,
+    load: impl FnOnce() -> libbpf_rs::Result<T>,
+    messages: &mut String,
+) -> Result<T> {
     install_print();
     CAPTURED.with(|c| *c.borrow_mut() = Some(String::new()));
     let loaded = load();
-    let messages = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    loaded.map_err(|e| refusal(collector, &messages, e))
+    *messages = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    loaded.map_err(|e| refusal(collector, messages, e))
 }
 
 /// What the verifier processed to accept the program of `fd`; 0 where the kernel does not count it (before 5.16).
@@ -247,5 +281,15 @@ mod tests {
             verifier_reason("libbpf: map 'x': failed to create: -ENOMEM\n"),
             None
         );
+    }
+    #[test]
+    fn the_statistics_of_each_program_are_read_from_its_own_log() {
+        let messages =
+            "libbpf: prog 'a': -- BEGIN PROG LOAD LOG --\nprocessed 12 insns (limit 1000000)\n\
+            -- END PROG LOAD LOG --\nlibbpf: prog 'ab': -- BEGIN PROG LOAD LOG --\n\
+            processed 345 insns (limit 1000000) max_states_per_insn 1\n-- END PROG LOAD LOG --\n";
+        assert_eq!(processed_insns(messages, "a"), Some(12));
+        assert_eq!(processed_insns(messages, "ab"), Some(345));
+        assert_eq!(processed_insns(messages, "b"), None);
     }
 }
