@@ -636,9 +636,10 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     // What a window frees and what a server's tracing took are handed back (two arenas, malloc_trim): before
     // that, each restart left 40 MiB more resident (130 then 172 MiB). Of the 80 MiB resident now, 65 are the
     // files mapped (the binaries whose symbols are read), which the pages read vary, and are not counted here:
-    // 15 to 26 MiB are allocated, and after the first restart 2 to 25 MiB more, as the two arenas hold the new
-    // server's tables and objects beside what the first left free in pieces; the second restart adds nothing
-    // to that.
+    // 13 to 26 MiB are allocated, and after a restart up to 30 MiB more, as the two arenas hold the new server's
+    // tables and objects beside what the one before left free in pieces. Most runs' second restart adds nothing
+    // to that, but one in three added 10 to 15 MiB (40 then 53 and 55 MiB; the same with the build before
+    // 2e4da13): each restart is held to what the first may add, which a leak of 40 MiB a restart does not pass.
     eprintln!(
         "anonymous RSS after the second restart {:.1} MiB",
         median_mib(&last)
@@ -646,7 +647,7 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     assert!(
         median_mib(late) <= median_mib(early) * 1.1 + 8.0
             && median_mib(&after) <= median_mib(&before) + 32.0
-            && median_mib(&last) <= median_mib(&after) * 1.1 + 8.0,
+            && median_mib(&last) <= median_mib(&after) + 32.0,
         "RSS grew: {before:?} then {after:?} then {last:?}"
     );
     drop(third);
