@@ -190,17 +190,22 @@ fn start_metrics(target: &Target, labels: &ServerLabels, plan: &Plan, shared: &S
 /// requests, until every collector has ended (the server exited, or the agent stops). Returns why collectors
 /// ended early.
 fn read_slices(
-    mut running: runner::Running<'_>,
+    running: runner::Running<'_>,
     sliced: &mpsc::Receiver<Slice>,
     o: &Options,
     shared: &Shared,
     names: &mut Naming<'_>,
 ) -> Vec<String> {
+    let runner::Running {
+        mut profiles,
+        statements,
+    } = running;
+    let mut statements = Some(statements);
     let mut window = Window::new();
     let mut failed = Vec::new();
     // Until every collector has ended (the server exited, or the agent stops), and those that ended early have
     // been joined and said. The plan holds a sender of the slices: the channel stays open, a wait is a timeout.
-    while !(running.profiles.is_empty() && running.statements.is_finished()) {
+    while !(profiles.is_empty() && statements.is_none()) {
         if let Ok(slice) = sliced.recv_timeout(WAKE) {
             add_slice(shared, names.target.pid, &mut window, &slice);
         }
@@ -214,11 +219,25 @@ fn read_slices(
             end_window(ended, shared, names);
         }
         // A collector that ended early (it could not load here) is said once; the others go on.
-        for (kind, h) in running.profiles.extract_if(.., |(_, h)| h.is_finished()) {
+        for (kind, h) in profiles.extract_if(.., |(_, h)| h.is_finished()) {
             if let Err(e) = runner::joined(h, kind) {
                 let failure = format!("{}: {e:#}", kind.label());
                 say!("myprobe: agent: warning: not traced: {failure}");
                 failed.push(failure);
+            }
+        }
+        if let Some(h) = statements.take_if(|h| h.is_finished()) {
+            match runner::joined(h, Kind::Statements) {
+                Ok(f) => {
+                    if let Some(s) = shared.metrics().server(names.target.pid) {
+                        s.set_lost(Kind::Statements.name(), f.lost);
+                    }
+                }
+                Err(e) => {
+                    let failure = format!("{}: {e:#}", Kind::Statements.label());
+                    say!("myprobe: agent: warning: not traced: {failure}");
+                    failed.push(failure);
+                }
             }
         }
     }
@@ -226,14 +245,6 @@ fn read_slices(
         add_slice(shared, names.target.pid, &mut window, &slice);
     }
     end_window(window, shared, names);
-    match runner::joined(running.statements, Kind::Statements) {
-        Ok(f) => {
-            if let Some(s) = shared.metrics().server(names.target.pid) {
-                s.set_lost(Kind::Statements.name(), f.lost);
-            }
-        }
-        Err(e) => failed.push(format!("statements: {e:#}")),
-    }
     failed
 }
 
