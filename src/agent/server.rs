@@ -219,11 +219,14 @@ fn read_slices(
             end_window(ended, shared, names);
         }
         // A collector that ended early (it could not load here) is said once; the others go on.
+        let mut ended_early = |kind: Kind, e: anyhow::Error| {
+            let failure = format!("{}: {e:#}", kind.label());
+            say!("myprobe: agent: warning: not traced: {failure}");
+            failed.push(failure);
+        };
         for (kind, h) in profiles.extract_if(.., |(_, h)| h.is_finished()) {
             if let Err(e) = runner::joined(h, kind) {
-                let failure = format!("{}: {e:#}", kind.label());
-                say!("myprobe: agent: warning: not traced: {failure}");
-                failed.push(failure);
+                ended_early(kind, e);
             }
         }
         if let Some(h) = statements.take_if(|h| h.is_finished()) {
@@ -233,11 +236,7 @@ fn read_slices(
                         s.set_lost(Kind::Statements.name(), f.lost);
                     }
                 }
-                Err(e) => {
-                    let failure = format!("{}: {e:#}", Kind::Statements.label());
-                    say!("myprobe: agent: warning: not traced: {failure}");
-                    failed.push(failure);
-                }
+                Err(e) => ended_early(Kind::Statements, e),
             }
         }
     }

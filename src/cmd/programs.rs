@@ -11,7 +11,7 @@ use crate::{
     collect::{
         self,
         alloc::AllocOptions,
-        features::{Features, COMPAT_OBJECTS},
+        features::Features,
         load::{Refused, Verified, VERIFIER_LIMIT},
         offcpu,
         targets::Targets,
@@ -334,7 +334,7 @@ pub fn run(a: ProgramsArgs) -> Result<()> {
 
 /// Loads one configuration and says what came of it, program by program.
 fn load(c: &Configuration, context: &Context<'_>, features: &Features) -> Vec<Outcome> {
-    if features.compat() && (c.set || !COMPAT_OBJECTS.contains(&c.object)) {
+    if (features.compat() && c.set) || features.require_build_for(c.object).is_err() {
         return vec![Outcome::Unavailable(
             "not loaded: this kernel has no bpf_loop, which it needs (the command says so in one line)".into(),
         )];

@@ -20,8 +20,6 @@ pub const VERIFIER_LIMIT: u32 = 1_000_000;
 /// What the verifier needed to check one program it accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verified {
-    /// The object's name (`alloc_bpf`).
-    pub object: String,
     pub program: String,
     /// Instructions processed, paths and loop iterations counted each time (`verified_insns`; 0 where the
     /// kernel does not say).
@@ -103,22 +101,15 @@ pub fn load<'o, O: OpenSkel<'o>>(
             prog.set_log_level(LOG_STATS);
         }
     }
-    let mut messages = String::new();
-    let skel = loading(collector, || open.load(), &mut messages)?;
+    let (skel, messages) = loading(collector, || open.load())?;
     if let Some(to) = verified {
-        let object = skel.object();
-        let name = object.name().unwrap_or_default().to_string_lossy();
-        for prog in object.progs().filter(|p| p.autoload()) {
+        for prog in skel.object().progs().filter(|p| p.autoload()) {
             let program = prog.name().to_string_lossy().into_owned();
             let insns = match verified_insns(prog.as_fd()) {
                 0 => processed_insns(&messages, &program).unwrap_or(0),
                 n => n,
             };
-            let _ = to.send(Verified {
-                object: name.to_string(),
-                program,
-                insns,
-            });
+            let _ = to.send(Verified { program, insns });
         }
     }
     Ok(skel)
@@ -138,19 +129,21 @@ fn processed_insns(messages: &str, program: &str) -> Option<u32> {
     line.split_whitespace().next()?.parse().ok()
 }
 
-/// Runs `load`, which loads an object of `collector`, with libbpf's messages kept rather than printed: a program
-/// refused is a [`Refused`] error, the verifier's log in a file it names; another failure says libbpf's last word.
-/// libbpf's messages of the load go to `messages`.
+/// Runs `load`, which loads an object of `collector`, with libbpf's messages kept rather than printed, and returns
+/// what it loaded with those messages: a program refused is a [`Refused`] error, the verifier's log in a file it
+/// names; another failure says libbpf's last word.
 pub fn loading<T>(
     collector: &str,
     load: impl FnOnce() -> libbpf_rs::Result<T>,
-    messages: &mut String,
-) -> Result<T> {
+) -> Result<(T, String)> {
     install_print();
     CAPTURED.with(|c| *c.borrow_mut() = Some(String::new()));
     let loaded = load();
-    *messages = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    loaded.map_err(|e| refusal(collector, messages, e))
+    let messages = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    match loaded {
+        Ok(t) => Ok((t, messages)),
+        Err(e) => Err(refusal(collector, &messages, e)),
+    }
 }
 
 /// What the verifier processed to accept the program of `fd`; 0 where the kernel does not count it (before 5.16).

@@ -108,8 +108,7 @@ fn a_program_the_verifier_refuses_is_one_line_with_its_log_in_a_file() {
     let open = libbpf_rs::ObjectBuilder::default()
         .open_file(&object)
         .unwrap();
-    let mut messages = String::new();
-    let e = match load::loading("the fixture", || open.load(), &mut messages) {
+    let e = match load::loading("the fixture", || open.load()) {
         Ok(_) => panic!("the verifier let a map value be used without a check"),
         Err(e) => e,
     };
