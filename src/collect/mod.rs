@@ -1,15 +1,16 @@
 //! Collectors: load and attach BPF programs, trace until the duration ends or Ctrl-C, and hand what they
 //! found (raw stacks, with named values) to the layers above. One module per collector, one BPF file each.
 //!
-//! Every stack-capturing collector has the same life cycle, which [`stack_collector::run`] owns: a collector
-//! module supplies its skeleton, its own settings and programs, and its map of sums (see
-//! [`stack_collector::Collector`]). `queries` follows statements rather than stacks and drives the ring
-//! buffer itself ([`ring`]).
+//! Every collector that traces has the same life cycle, which [`lifecycle::run`] owns: a collector supplies its
+//! skeleton and its hooks ([`lifecycle::Lifecycle`]). The stack collectors' hooks are shared
+//! ([`stack_collector::run`]): each supplies its own settings and programs, and its map of sums (see
+//! [`stack_collector::Collector`]); `queries` follows statements rather than stacks, with hooks of its own.
 
 pub mod alloc;
 pub mod budget;
 pub mod cpu;
 pub mod features;
+pub mod lifecycle;
 pub mod load;
 pub mod locks;
 pub mod maps;
@@ -25,7 +26,6 @@ pub mod trace;
 pub mod unwind_store;
 
 use std::{
-    mem::MaybeUninit,
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -35,7 +35,6 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{skel::SkelBuilder, OpenObject};
 
 pub use features::Features;
 
@@ -65,7 +64,7 @@ pub struct Stop {
 }
 
 impl Stop {
-    /// A run not stopped yet. Ctrl-C stops it once the handler is installed, by [`open_object`] before
+    /// A run not stopped yet. Ctrl-C stops it once the handler is installed, by [`lifecycle::open_and_load`] before
     /// anything is attached (not here: the agent installs it after choosing its threads' scheduling, which the
     /// handler's thread inherits).
     pub fn new() -> Stop {
@@ -413,31 +412,6 @@ impl Collected {
 /// loading.
 pub fn rodata<T>(data: Option<&mut T>) -> Result<&mut T> {
     data.context("BPF object has no .rodata")
-}
-
-/// Opens a BPF object, pointing libbpf at the kernel's BTF when given one. From here on Ctrl-C ends tracing
-/// with results: the handler is installed before anything is attached, so that a Ctrl-C right after attaching
-/// still detaches cleanly.
-pub fn open_object<'obj, B: SkelBuilder<'obj>>(
-    mut builder: B,
-    object: &'obj mut MaybeUninit<OpenObject>,
-    opts: &CollectOptions,
-) -> Result<B::Output> {
-    install_stop_handler();
-    load::install_print();
-    if let Some(btf) = &opts.btf {
-        builder
-            .object_builder_mut()
-            .btf_custom_path(btf)
-            .context("setting the BTF path")?;
-    }
-    let open = builder.open(object).context("opening the BPF object")?;
-    let name = libbpf_rs::skel::OpenSkel::open_object(&open)
-        .name()
-        .unwrap_or_default();
-    let collector = name.to_str().unwrap_or_default().trim_end_matches("_bpf");
-    features::Features::of_kernel(opts.btf.as_deref()).require_build_for(collector)?;
-    Ok(open)
 }
 
 /// Runs a task iterator program once and returns what it wrote.

@@ -4,26 +4,19 @@
 
 use std::{
     cell::Cell,
-    mem::MaybeUninit,
     path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{
-    skel::{OpenSkel, Skel},
-    Link, UprobeOpts,
-};
+use libbpf_rs::{skel::Skel, Link, UprobeOpts};
 
 use super::{
+    lifecycle::{self, End, Lifecycle, Step},
     maps::{read_exact, read_prefix, read_prefix_into, Plain},
-    open_object,
     periods::SamplePeriods,
     ring,
-    stack_collector::{
-        attach_by_section, decode_stack, install_unwind, refresh_unwind, set_common,
-        stack_skeleton, Installed, StackSkeleton,
-    },
+    stack_collector::{attach_by_section, decode_stack, stack_skeleton, StackSkeleton},
     CollectOptions, Lost, RawStack,
 };
 use crate::process::probes::Function;
@@ -32,7 +25,7 @@ use crate::wire::{compression, protocol};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/queries.skel.rs"));
 }
-use skel::{types::*, QueriesSkelBuilder};
+use skel::{types::*, OpenQueriesSkel, QueriesSkel};
 stack_skeleton!(Skeleton, QueriesSkelBuilder, OpenQueriesSkel, QueriesSkel);
 // SAFETY: generated from BTF structs of integers, integer arrays and such structs.
 unsafe impl Plain for query_event {}
@@ -399,12 +392,11 @@ impl ExecuteLink {
     }
 }
 
-/// The socket and scheduler tracepoints, held here rather than in the skeleton: a sampled trace (the agent, or a
-/// busy server's statements) detaches them between periods. Statements start only within a period; at its end
-/// those in flight are followed to their end (`closing`), then the tracepoints are detached until the next.
+/// A sampled trace's state of the socket and scheduler tracepoints, whose links are the run's (`Step::links`):
+/// the agent, or a busy server's statements, detach them between periods. Statements start only within a period;
+/// at its end those in flight are followed to their end (`closing`), then the tracepoints are detached until the
+/// next.
 struct Tracepoints {
-    /// Empty between periods, never while attached (the switch tracepoint is always one of them).
-    links: Vec<Link>,
     /// The period ended: the tracepoints are detached once no statement is in flight.
     draining: bool,
     /// The cycle said last (`Status::Cycle`).
@@ -412,19 +404,16 @@ struct Tracepoints {
 }
 
 impl Tracepoints {
-    /// Statements are followed now (within a sampled trace's period, or its drain).
-    fn attached(&self) -> bool {
-        !self.links.is_empty()
-    }
-
     /// Follows a sampled trace's periods at a tick, given the statements traced since the last (`adaptive`: the
-    /// cycle follows their rate, and a change of sampling is said).
+    /// cycle is chosen from their rate). `links`: the tracepoints', empty between periods, never while attached
+    /// (the switch tracepoint is always one of them).
     fn follow_period(
         &mut self,
         p: &mut SamplePeriods,
         statements: u64,
         adaptive: bool,
         skel: &mut skel::QueriesSkel<'_>,
+        links: &mut Vec<Link>,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<()> {
         p.count(statements);
@@ -432,9 +421,9 @@ impl Tracepoints {
         if let Some(open) = p.due() {
             let bss = skel.maps.bss_data.as_deref_mut().context("no .bss")?;
             bss.closing = !open;
-            if open && !self.attached() {
+            if open && links.is_empty() {
                 bss.attach_period = bss.attach_period.wrapping_add(1);
-                self.links = attach_by_section(skel.object())
+                *links = attach_by_section(skel.object())
                     .context("attaching to the socket and scheduler tracepoints")?;
             }
             self.draining = !open;
@@ -447,7 +436,7 @@ impl Tracepoints {
             on_event(Event::Status(Status::Cycle(self.cycle)));
         }
         if self.draining && in_flight(&skel.progs.in_flight)?.is_empty() {
-            self.links.clear();
+            links.clear();
             self.draining = false;
         }
         if adaptive && sampled != (p.every() > 1) {
@@ -569,115 +558,168 @@ pub fn collect(
     control: &Control,
     probes: ServerProbes,
     attached: impl FnOnce() -> Vec<StartedBefore>,
-    mut on_event: impl FnMut(Event),
+    on_event: impl FnMut(Event),
 ) -> Result<Traced> {
-    let ServerProbes {
-        dispatch,
-        tls,
-        execute,
-        wait_types,
-    } = probes;
-    let mut object = MaybeUninit::uninit();
-    let mut skel = load(&mut object, opts, statements, dispatch.as_ref())?;
-    if opts.verify_only.is_some() {
-        return Ok(Traced::nothing());
-    }
-    let mut installed = Installed::default();
-    install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
-    let mut tracepoints = Tracepoints {
-        links: attach_by_section(skel.object())
-            .context("attaching to the socket and scheduler tracepoints")?,
-        draining: false,
-        cycle: opts.duty.map_or(1, |d| d.every),
+    let mut run = Statements {
+        statements,
+        control,
+        probes,
+        attached: Some(attached),
+        on_event,
+        traced: 0,
+        tracepoints: Tracepoints {
+            draining: false,
+            cycle: opts.duty.map_or(1, |d| d.every),
+        },
+        dispatch_links: Vec::new(),
+        tls_links: Vec::new(),
+        execute_link: ExecuteLink::default(),
+        lost_said: Lost::default(),
+        long_waits_read: Instant::now(),
     };
+    lifecycle::run(&mut run, opts)
+}
 
-    let mut dispatch_links: Vec<Link> = Vec::new();
-    let attach_dispatch = |progs: &skel::QueriesProgs, links: &mut Vec<Link>| -> Result<()> {
-        dispatch.as_ref().map_or(Ok(()), |d| {
-            d.attach_if_wanted(control.dispatch_wanted.get(), progs, opts.pid, links)
+/// The statements' hooks in the one life cycle (`lifecycle::run`), and what a trace of them keeps.
+struct Statements<'a, A, F> {
+    statements: StatementOptions,
+    control: &'a Control,
+    probes: ServerProbes<'a>,
+    /// Called once attached: the statements running then.
+    attached: Option<A>,
+    on_event: F,
+    /// Statements traced since the last tick: an adaptive duty's rate.
+    traced: u64,
+    tracepoints: Tracepoints,
+    dispatch_links: Vec<Link>,
+    /// The TLS probes and the wait types', for the whole trace (a sampled one's closed periods too): each attach
+    /// costs the server a few milliseconds.
+    tls_links: Vec<Link>,
+    execute_link: ExecuteLink,
+    lost_said: Lost,
+    long_waits_read: Instant,
+}
+
+impl<A, F> Statements<'_, A, F>
+where
+    F: FnMut(Event),
+{
+    fn attach_dispatch(&mut self, progs: &skel::QueriesProgs, pid: u32) -> Result<()> {
+        let wanted = self.control.dispatch_wanted.get();
+        self.probes.dispatch.as_ref().map_or(Ok(()), |d| {
+            d.attach_if_wanted(wanted, progs, pid, &mut self.dispatch_links)
         })
-    };
-    // For the whole trace (a sampled one's closed periods too): each attach costs the server a few milliseconds.
-    let mut tls_links =
-        wait_types.map_or_else(Vec::new, |w| w.attach(&skel.progs.on_wait_type, opts.pid));
-    tls_links.extend(
-        tls.map(|t| t.attach_said(&skel.progs, opts.pid, &mut on_event))
-            .unwrap_or_default(),
-    );
-    attach_dispatch(&skel.progs, &mut dispatch_links)?;
-    start_statements(&mut skel, attached(), &mut on_event);
+    }
+}
 
-    // Called by the reader and by the tick (losses).
-    let on_event = std::cell::RefCell::new(on_event);
-    // Statements traced since the last tick: an adaptive duty's rate.
-    let statements = Cell::new(0u64);
-    let reader = ring::reader(&skel.maps.events, |data| {
-        if let Some(e) = decode(data) {
-            statements.set(statements.get() + matches!(e, Event::Wire(Wire::Statement(_))) as u64);
-            (on_event.borrow_mut())(e);
+impl<A, F> Lifecycle for Statements<'_, A, F>
+where
+    A: FnOnce() -> Vec<StartedBefore>,
+    F: FnMut(Event),
+{
+    type Skel = Skeleton;
+    type Output = Traced;
+    const NAME: &'static str = "queries";
+    const KIND: super::Kind = super::Kind::Statements;
+
+    fn configure(&mut self, open: &mut OpenQueriesSkel<'_>, opts: &CollectOptions) -> Result<()> {
+        configure(open, opts, self.statements, self.probes.dispatch.as_ref())
+    }
+
+    fn attach(&mut self, skel: &mut QueriesSkel<'_>, opts: &CollectOptions) -> Result<Vec<Link>> {
+        let tracepoints = attach_by_section(skel.object())
+            .context("attaching to the socket and scheduler tracepoints")?;
+        let (pid, progs) = (opts.pid, &skel.progs);
+        if let Some(w) = &self.probes.wait_types {
+            self.tls_links = w.attach(&progs.on_wait_type, pid);
         }
-    })?;
-    let mut lost_said = Lost::default();
-    // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
-    // followed to their end (`closing`), then the tracepoints detached until the next period.
-    let mut periods = opts.duty.map(SamplePeriods::of);
-    let mut execute_link = ExecuteLink::default();
-    let mut long_waits_read = Instant::now();
-    let result = ring::poll(&reader, opts, |elapsed| {
-        if dispatch_links.is_empty() {
-            attach_dispatch(&skel.progs, &mut dispatch_links)?;
-            if !dispatch_links.is_empty() {
-                (on_event.borrow_mut())(Event::Status(Status::DispatchProbe));
+        if let Some(t) = &self.probes.tls {
+            let links = t.attach_said(progs, pid, &mut self.on_event);
+            self.tls_links.extend(links);
+        }
+        self.attach_dispatch(progs, pid)?;
+        let started = self.attached.take().map(|f| f()).unwrap_or_default();
+        start_statements(skel, started, &mut self.on_event);
+        Ok(tracepoints)
+    }
+
+    fn record(&mut self, data: &[u8]) {
+        if let Some(e) = decode(data) {
+            self.traced += matches!(e, Event::Wire(Wire::Statement(_))) as u64;
+            (self.on_event)(e);
+        }
+    }
+
+    fn tick(&mut self, step: &mut Step<'_, '_, Skeleton>) -> Result<ring::Tick> {
+        let pid = step.opts.pid;
+        if self.dispatch_links.is_empty() {
+            self.attach_dispatch(&step.skel.progs, pid)?;
+            if !self.dispatch_links.is_empty() {
+                (self.on_event)(Event::Status(Status::DispatchProbe));
             }
         }
-        if let Some(e) = &execute {
-            let on_event = &mut *on_event.borrow_mut();
-            let (wish, attached) = (control.execute.get(), tracepoints.attached());
-            execute_link.follow(e, wish, &mut skel, attached, opts.pid, on_event)?;
+        if let Some(e) = &self.probes.execute {
+            let (wish, attached) = (self.control.execute.get(), !step.links.is_empty());
+            let on_event = &mut self.on_event;
+            (self.execute_link).follow(e, wish, step.skel, attached, pid, on_event)?;
         }
-        if let Some(p) = periods.as_mut() {
-            let adaptive = opts.duty.is_some_and(|d| d.max_rate.is_some());
-            let on_event = &mut *on_event.borrow_mut();
-            tracepoints.follow_period(p, statements.take(), adaptive, &mut skel, on_event)?;
+        if let Some(p) = step.periods.as_deref_mut() {
+            let adaptive = step.opts.duty.is_some_and(|d| d.max_rate.is_some());
+            let traced = std::mem::take(&mut self.traced);
+            let (skel, links) = (&mut *step.skel, &mut *step.links);
+            (self.tracepoints).follow_period(
+                p,
+                traced,
+                adaptive,
+                skel,
+                links,
+                &mut self.on_event,
+            )?;
         }
-        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-            bss.want_results = control.want_results.get();
+        if let Some(bss) = step.skel.maps.bss_data.as_deref_mut() {
+            bss.want_results = self.control.want_results.get();
         }
-        if tracepoints.attached() {
-            refresh_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
+        if !step.links.is_empty() {
+            step.refresh_unwind()?;
         }
-        let (l, said) = said_at_tick(&skel, control, &mut lost_said, &mut long_waits_read);
-        said.into_iter().for_each(|e| (on_event.borrow_mut())(e));
-        // While draining, the statements in flight are looked for as often as before; else woken for the next
-        // period's edge on time, whatever the poll interval.
-        let due = if tracepoints.draining {
-            Some(Instant::now() + DRAIN_CHECK)
-        } else {
-            periods.as_ref().and_then(SamplePeriods::next_change)
-        };
+        let (lost_said, read) = (&mut self.lost_said, &mut self.long_waits_read);
+        let (l, said) = said_at_tick(step.skel, self.control, lost_said, read);
+        said.into_iter().for_each(|e| (self.on_event)(e));
+        // While draining, the statements in flight are looked for as often as before.
+        let due = (self.tracepoints.draining).then(|| Instant::now() + DRAIN_CHECK);
+        let periods = step.periods.as_deref();
         Ok(ring::Tick {
-            status: status_line(elapsed, opts.duration, periods.as_ref(), &l),
+            status: status_line(step.elapsed, step.opts.duration, periods, &l),
             due,
         })
-    });
-    if let Some(p) = periods.as_mut() {
-        p.end();
     }
-    detach(dispatch_links, tls_links, execute_link, tracepoints);
-    result?;
-    reader.consume().context("reading the ring buffer")?;
-    drop(reader);
-    let mut on_event = on_event.into_inner();
-    report_in_flight(&skel.progs.in_flight, &mut on_event);
-    Ok(Traced {
-        lost: Skeleton::lost(&skel),
-        scale: periods.map_or(1.0, |p| p.scale()),
-        below_min: skel
-            .maps
-            .bss_data
-            .as_deref()
-            .map_or(0, |b| b.below_min_statements),
-    })
+
+    /// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
+    /// return probe first), the TLS probes the other way (the entry probes first; the wait types' after them);
+    /// the tracepoints last (the run's links), so that nothing is sent after the last read of the ring buffer and
+    /// the threads' state is still when read.
+    fn stop(&mut self) {
+        self.dispatch_links.drain(..).for_each(drop);
+        self.tls_links.drain(..).rev().for_each(drop);
+        self.execute_link = ExecuteLink::default();
+    }
+
+    fn finish(&mut self, skel: &mut QueriesSkel<'_>, end: End<'_>) -> Result<Traced> {
+        report_in_flight(&skel.progs.in_flight, &mut self.on_event);
+        Ok(Traced {
+            lost: Skeleton::lost(skel),
+            scale: end.periods.map_or(1.0, SamplePeriods::scale),
+            below_min: skel
+                .maps
+                .bss_data
+                .as_deref()
+                .map_or(0, |b| b.below_min_statements),
+        })
+    }
+
+    fn unloaded(&mut self) -> Traced {
+        Traced::nothing()
+    }
 }
 
 /// Puts the threads of `started` in their statements (`start_statements`), their waits' stacks sent first; a thread
@@ -729,15 +771,13 @@ fn seed(
     Ok(())
 }
 
-/// Opens the programs, sets what they read (`.rodata`), chooses them and loads them.
-fn load<'obj>(
-    object: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+/// Sets what the programs read (`.rodata`) and chooses them, before loading.
+fn configure(
+    open: &mut OpenQueriesSkel<'_>,
     opts: &CollectOptions,
     statements: StatementOptions,
     dispatch: Option<&DispatchProbe<'_>>,
-) -> Result<skel::QueriesSkel<'obj>> {
-    let mut open = open_object(QueriesSkelBuilder::default(), object, opts)?;
-    set_common::<Skeleton>(&mut open, opts)?;
+) -> Result<()> {
     open.maps
         .events
         .set_max_entries(RING_BUFFER_BYTES)
@@ -786,22 +826,7 @@ fn load<'obj>(
     ] {
         prog.set_autoattach(false);
     }
-    super::budget::fit(
-        open.open_object_mut(),
-        opts.max_kernel_mem,
-        opts.shared_maps(),
-    )?;
-    super::load::load(open, "queries", opts.verify_only.as_ref())
-}
-
-/// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
-/// return probe first), the TLS probes the other way (the entry probes first; the wait types' after them); then the tracepoints, so that
-/// nothing is sent after the last read of the ring buffer and the threads' state is still when read.
-fn detach(dispatch: Vec<Link>, tls: Vec<Link>, execute: ExecuteLink, tracepoints: Tracepoints) {
-    dispatch.into_iter().for_each(drop);
-    tls.into_iter().rev().for_each(drop);
-    drop(execute);
-    drop(tracepoints);
+    Ok(())
 }
 
 /// The statements running when tracing ended (often the reason for tracing at all), as in flight, and those just

@@ -1,19 +1,13 @@
-//! The life cycle every stack-capturing collector shares, owned here: open the BPF object, set the target
-//! and the unwind maps' sizes, load, install the unwind tables, attach, read the stacks' definitions from
-//! the ring buffer while tracing (installing the tables of code mapped meanwhile), detach, read the
-//! collector's map of sums, join its stack ids to stacks, count what was lost.
+//! What every stack-capturing collector shares: the skeleton's common parts ([`StackSkeleton`], implemented by
+//! one [`stack_skeleton!`] line: every stack collector includes src/bpf/stack_ids.h, so the shared maps and globals
+//! have the same names in every skeleton), the stacks received ([`Stacks`]), and its hooks in the one life cycle
+//! of `lifecycle::run` ([`run`]): the ring buffer's records are stacks' definitions, a sampled run is detached
+//! between periods, the sums are read once detached (or moved out in slices while tracing) and joined to their
+//! stacks, with what was lost.
 //!
-//! A collector supplies only what differs: its skeleton (one [`stack_skeleton!`] line: every stack collector
-//! includes src/bpf/stack_ids.h, so the shared maps and globals have the same names in every skeleton), its
-//! own settings and programs, and its map of sums ([`Collector`]).
+//! A collector supplies only what differs: its own settings and programs, and its map of sums ([`Collector`]).
 
-use std::{
-    cell::RefCell,
-    collections::HashMap,
-    mem::MaybeUninit,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Arc, time::Duration, time::Instant};
 
 use anyhow::{Context, Result};
 use libbpf_rs::{
@@ -23,12 +17,10 @@ use libbpf_rs::{
 
 pub(crate) use super::unwind_store::Installed;
 use super::{
-    maps::{as_bytes, read_prefix, Plain},
-    open_object,
+    lifecycle::{self, End, Lifecycle, Slicing, Step},
+    maps::{read_prefix, Plain},
     periods::SamplePeriods,
-    ring,
-    targets::{self, Published},
-    CollectOptions, Collected, Features, Lost, RawStack, Row,
+    ring, CollectOptions, Collected, Features, Lost, RawStack, Row,
 };
 use crate::unwind::{BpfMapping, BpfRow, Tables};
 
@@ -431,194 +423,134 @@ pub(crate) fn set_common<S: StackSkeleton>(
 
 /// Traces with `collector` for the duration (or until Ctrl-C) and returns what it found.
 pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
-    // bpf_loop, which every object calls, was checked before anything started (features::check_environment).
-    let features = opts.features();
-    let mut object = MaybeUninit::uninit();
-    let builder = <C::Skel as StackSkeleton>::Builder::default();
-    let mut open = open_object(builder, &mut object, opts)?;
-    set_common::<C::Skel>(&mut open, opts)?;
-    collector.configure(&mut open, &features)?;
-    super::budget::fit(
-        open.open_object_mut(),
-        opts.max_kernel_mem,
-        opts.shared_maps(),
-    )?;
-    let mut skel = super::load::load(open, C::NAME, opts.verify_only.as_ref())?;
-    if opts.verify_only.is_some() {
-        return Ok(Collected {
-            columns: collector.columns(),
-            ..Collected::default()
-        });
-    }
-    let mut publishing = Publishing::default();
-    publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), true)?;
-    let mut links = collector.attach(&mut skel)?;
-    let mut periods = opts.duty.map(SamplePeriods::of);
-    if !opts.announce.is_empty() {
-        say!("{}", opts.announce);
-    }
-    if let Some(attached) = &opts.attached {
-        let _ = attached.send(C::KIND);
+    let mut run = StackRun {
+        collector,
+        stacks: Stacks::default(),
+    };
+    lifecycle::run(&mut run, opts)
+}
+
+/// A stack collector's hooks in the one life cycle: the collector, and the stacks its run has received.
+struct StackRun<'c, C> {
+    collector: &'c mut C,
+    stacks: Stacks,
+}
+
+impl<C: Collector> Lifecycle for StackRun<'_, C> {
+    type Skel = C::Skel;
+    type Output = Collected;
+    const NAME: &'static str = C::NAME;
+    const KIND: super::Kind = C::KIND;
+
+    fn configure(&mut self, open: &mut Open<'_, C>, opts: &CollectOptions) -> Result<()> {
+        self.collector.configure(open, &opts.features())
     }
 
-    let stacks = RefCell::new(Stacks::default());
-    let reader = ring::reader(C::Skel::events(&skel), |data| {
-        stacks.borrow_mut().add_record::<C::Skel>(data);
-    })?;
-    let mut last_slice = Instant::now();
-    let traced = ring::poll(&reader, opts, |elapsed| {
-        // Sampled: detached between periods, attached again by section (what offcpu and locks attach),
-        // their threads' state from before left stale.
-        if let Some(p) = periods.as_mut() {
+    fn attach(&mut self, skel: &mut Loaded<'_, C>, _opts: &CollectOptions) -> Result<Vec<Link>> {
+        self.collector.attach(skel)
+    }
+
+    fn record(&mut self, data: &[u8]) {
+        self.stacks.add_record::<C::Skel>(data);
+    }
+
+    fn tick(&mut self, step: &mut Step<'_, '_, C::Skel>) -> Result<ring::Tick> {
+        // Sampled: detached between periods, attached again by section (what offcpu and locks attach), their
+        // threads' state from before left stale.
+        if let Some(p) = step.periods.as_deref_mut() {
             if let Some(open) = p.due() {
                 if open {
-                    let period = C::Skel::attach_period(&mut skel);
+                    let period = C::Skel::attach_period(step.skel);
                     *period = period.wrapping_add(1);
-                    links = attach_by_section(skel.object())?;
+                    *step.links = attach_by_section(step.skel.object())?;
                 } else {
-                    links.clear();
+                    step.links.clear();
                 }
                 p.set(open);
             }
         }
         // A set of targets follows its members whether attached or not.
-        if (opts.targets.is_some() || periods.as_ref().is_none_or(SamplePeriods::open))
-            && !publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), false)?
-        {
-            opts.stop.stop();
+        let attached = step.periods.as_deref().is_none_or(SamplePeriods::open);
+        if (step.opts.targets.is_some() || attached) && !step.refresh_unwind()? {
+            step.opts.stop.stop();
         }
-        collector.tick(&mut skel, &stacks.borrow())?;
-        if let Some(slices) = opts
-            .slices
-            .as_ref()
-            .filter(|s| last_slice.elapsed() >= s.every)
-        {
-            let since = last_slice.elapsed();
-            last_slice = Instant::now();
-            let stacks = &mut stacks.borrow_mut();
-            let sums = collector.slice(&mut skel, stacks)?;
-            let slice = Slicing {
-                sums,
-                traced: since,
-                at: last_slice,
-                to: slices,
-            };
-            let delivered = publishing.deliver(collector, &skel, stacks, slice);
-            if forget_past_limit::<C>(&mut skel, stacks) {
-                publishing.published.forget_stacks();
-            }
-            // The receiver gone: whoever wanted the slices has stopped.
-            if !delivered {
-                opts.stop.stop();
-            }
-        }
-        let lost = C::Skel::lost(&skel).total();
-        // Woken for a period's edge and a slice on time, whatever the poll interval.
-        let due = [
-            periods.as_ref().and_then(SamplePeriods::next_change),
-            opts.slices.as_ref().map(|s| last_slice + s.every),
-            collector.next_tick(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        self.collector.tick(step.skel, &self.stacks)?;
+        let lost = C::Skel::lost(step.skel).total();
         Ok(ring::Tick {
             status: format!(
                 "{}: {:>4}/{} s, {} stacks, {lost} lost",
                 C::NAME,
-                elapsed.as_secs(),
-                opts.duration.as_secs(),
-                stacks.borrow().len()
+                step.elapsed.as_secs(),
+                step.opts.duration.as_secs(),
+                self.stacks.len()
             ),
-            due,
+            due: self.collector.next_tick(),
         })
-    });
-    collector.stop();
-    drop(links);
-    let traced = traced?;
-    // What the probes sent between the last read and their detaching: the definitions of stacks first seen
-    // then (a server shutting down while tracing ends makes hundreds).
-    reader.consume().context("reading the ring buffer")?;
-    drop(reader);
-    let mut stacks = stacks.into_inner();
-    let sums = collector.read(&mut skel, &mut stacks)?;
-    Ok(collected(collector, &skel, &mut stacks, sums, traced))
-}
-
-/// What a run has published of the unwind tables: its process's, or each of its targets'.
-#[derive(Default)]
-struct Publishing {
-    installed: Installed,
-    published: Published,
-}
-
-impl Publishing {
-    /// Publishes the tables, `first` or again where they changed; false once a set of targets has none left.
-    fn update<S: StackSkeleton>(
-        &mut self,
-        opts: &CollectOptions,
-        maps: UnwindMaps<'_, S::UnwindMapping>,
-        first: bool,
-    ) -> Result<bool> {
-        match &opts.targets {
-            Some(targets) => {
-                let mapping = |m: &BpfMapping, bytes: &mut [u8]| {
-                    bytes.copy_from_slice(as_bytes(&[S::unwind_mapping(m)]));
-                };
-                let kernel = targets::Kernel {
-                    target_bits: maps.target_bits,
-                    processes: maps.processes,
-                    mapping_size: std::mem::size_of::<S::UnwindMapping>(),
-                    mapping: &mapping,
-                };
-                self.published
-                    .sync(targets, opts.unwind.as_deref(), &kernel)
-            }
-            None if first => install_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
-            None => refresh_unwind::<S>(opts, &mut self.installed, maps).map(|()| true),
-        }
     }
 
-    /// Sends the sums of a slice, joined to their stacks, where they go: to `slices.send`, or to each target its
-    /// own (an empty slice, with the set's losses, where it has none); false if nobody took them.
-    fn deliver<C: Collector>(
-        &mut self,
-        collector: &C,
-        skel: &Loaded<'_, C>,
-        stacks: &mut Stacks,
-        slice: Slicing<'_>,
-    ) -> bool {
-        let mut send = |to: &std::sync::mpsc::Sender<super::Slice>, sums| {
-            let collected = collected(collector, skel, stacks, sums, slice.traced);
-            let slice = super::Slice {
-                collector: C::KIND,
-                at: slice.at,
-                collected,
-            };
-            to.send(slice).is_ok()
-        };
-        if !self.published.serves() {
-            return send(&slice.to.send, slice.sums);
+    fn slice(&mut self, step: &mut Step<'_, '_, C::Skel>, slice: Slicing<'_>) -> Result<bool> {
+        let sums = self.collector.slice(step.skel, &mut self.stacks)?;
+        let delivered = deliver(self.collector, step, &mut self.stacks, sums, slice);
+        if forget_past_limit::<C>(step.skel, &mut self.stacks) {
+            step.publishing.published.forget_stacks();
         }
-        let mut by_pid: HashMap<u32, Vec<Sum>> = HashMap::new();
-        for sum in slice.sums {
-            by_pid.entry(sum.pid).or_default().push(sum);
+        Ok(delivered)
+    }
+
+    fn stop(&mut self) {
+        self.collector.stop();
+    }
+
+    fn finish(&mut self, skel: &mut Loaded<'_, C>, end: End<'_>) -> Result<Collected> {
+        let sums = self.collector.read(skel, &mut self.stacks)?;
+        Ok(collected(
+            self.collector,
+            skel,
+            &mut self.stacks,
+            sums,
+            end.traced,
+        ))
+    }
+
+    fn unloaded(&mut self) -> Collected {
+        Collected {
+            columns: self.collector.columns(),
+            ..Collected::default()
         }
-        let mut delivered = false;
-        for (pid, to) in self.published.members() {
-            delivered |= send(to, by_pid.remove(pid).unwrap_or_default());
-        }
-        delivered
     }
 }
 
-/// The sums of a slice, and where they go.
-struct Slicing<'a> {
+/// Sends the sums of a slice, joined to their stacks, where they go: to `slices.send`, or to each target its own
+/// (an empty slice, with the set's losses, where it has none); false if nobody took them.
+fn deliver<C: Collector>(
+    collector: &C,
+    step: &Step<'_, '_, C::Skel>,
+    stacks: &mut Stacks,
     sums: Vec<Sum>,
-    /// The time they cover, which ends `at`.
-    traced: Duration,
-    at: Instant,
-    to: &'a super::Slices,
+    slice: Slicing<'_>,
+) -> bool {
+    let mut send = |to: &std::sync::mpsc::Sender<super::Slice>, sums| {
+        let collected = collected(collector, step.skel, stacks, sums, slice.traced);
+        let slice = super::Slice {
+            collector: C::KIND,
+            at: slice.at,
+            collected,
+        };
+        to.send(slice).is_ok()
+    };
+    let published = &step.publishing.published;
+    if !published.serves() {
+        return send(&slice.to.send, sums);
+    }
+    let mut by_pid: HashMap<u32, Vec<Sum>> = HashMap::new();
+    for sum in sums {
+        by_pid.entry(sum.pid).or_default().push(sum);
+    }
+    let mut delivered = false;
+    for (pid, to) in published.members() {
+        delivered |= send(to, by_pid.remove(pid).unwrap_or_default());
+    }
+    delivered
 }
 
 /// The sums joined to their stacks, with what was lost since the collector attached.

@@ -6,23 +6,22 @@
 use std::mem::MaybeUninit;
 
 use anyhow::Result;
-use libbpf_rs::skel::OpenSkel;
 
 use super::{
     super::unwind::{
         replay::{unwind, Registers, MAX_USER_FRAMES},
         ProcessTables, Tables,
     },
+    lifecycle::open_and_load,
     maps::{read_exact, Plain},
-    open_object,
-    stack_collector::{install_unwind, set_common, stack_skeleton, Installed, StackSkeleton},
+    stack_collector::{install_unwind, stack_skeleton, Installed, StackSkeleton},
     CollectOptions, Lost, RawStack,
 };
 
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/threads.skel.rs"));
 }
-use skel::{types::thread_record, ThreadsSkelBuilder};
+use skel::types::thread_record;
 stack_skeleton!(Skeleton, ThreadsSkelBuilder, OpenThreadsSkel, ThreadsSkel);
 // SAFETY: generated from BTF structs of integers, integer arrays and such structs.
 unsafe impl Plain for thread_record {}
@@ -69,17 +68,12 @@ pub struct Snapshot {
 /// Reads every thread of `opts.pid` once.
 pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     let mut object = MaybeUninit::uninit();
-    let mut open = open_object(ThreadsSkelBuilder::default(), &mut object, opts)?;
-    set_common::<Skeleton>(&mut open, opts)?;
-    let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
-    rodata.futex_syscall = libc::SYS_futex;
-    open.progs.snapshot.set_autoattach(false);
-    super::budget::fit(
-        open.open_object_mut(),
-        opts.max_kernel_mem,
-        opts.shared_maps(),
-    )?;
-    let mut skel = super::load::load(open, "stacks", opts.verify_only.as_ref())?;
+    let mut skel = open_and_load::<Skeleton>(&mut object, opts, "stacks", |open| {
+        let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
+        rodata.futex_syscall = libc::SYS_futex;
+        open.progs.snapshot.set_autoattach(false);
+        Ok(())
+    })?;
     if opts.verify_only.is_some() {
         return Ok(Snapshot {
             threads: Vec::new(),
