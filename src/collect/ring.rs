@@ -10,41 +10,8 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
 
 use super::CollectOptions;
-
-/// How [`poll`] reads a ring buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct RingOptions {
-    /// Whether it shows its progress line on a terminal: off where a command runs several collectors at once and
-    /// shows one line for all of them (`myprobe report`).
-    pub progress: bool,
-    /// Whether it says that the traced process exited: off where the command says it once for all its collectors.
-    pub say_exit: bool,
-    /// The longest it waits between ticks: 100 ms where records are written as they come and progress is shown;
-    /// the agent, which answers in seconds, waits 1 s, so that its readers wake a busy server's CPUs less (every
-    /// wakeup of a tracer thread there takes a CPU from a server thread).
-    pub interval: Duration,
-}
-
-impl Default for RingOptions {
-    fn default() -> RingOptions {
-        RingOptions {
-            progress: true,
-            say_exit: true,
-            interval: Duration::from_millis(100),
-        }
-    }
-}
-
-impl RingOptions {
-    /// For a collector that runs beside others, under a command that shows progress and says an exit once.
-    pub fn quiet(interval: Duration) -> RingOptions {
-        RingOptions {
-            progress: false,
-            say_exit: false,
-            interval,
-        }
-    }
-}
+// Beside the options it is part of; read here.
+pub use super::RingOptions;
 
 /// What a tick of [`poll`] returns: its status line, and when the next tick is due if sooner than the poll
 /// interval (a sampled period's edge, a slice).

@@ -8,6 +8,7 @@
 
 pub mod findings;
 pub mod html;
+mod model;
 
 use std::{
     io::IsTerminal,
@@ -28,17 +29,18 @@ use crate::{
     process::{self, Target},
     profile::{
         self,
-        locks::LockSummary,
         stacks::{self, StackNamer, StackOptions},
         Profile,
     },
-    query::digest::{Digest, DigestRow},
+    query::digest::Digest,
     query::follow::{FollowOptions, Followed},
     render::{self, Palette, RenderOptions},
     runner::{self, Plan},
     stacks::ThreadStack,
     symbolize::{data::DataSymbolizer, Symbolizer},
 };
+
+pub use model::{ProfileSection, Report, Statements};
 
 /// What to trace, and how.
 pub struct Options {
@@ -52,41 +54,6 @@ pub struct Options {
     pub top: usize,
     /// Where the unwind tables join those of the other servers traced at once (`--all`); `None`: tables of its own.
     pub unwind: Option<Arc<Stores>>,
-}
-
-/// A flame graph of the report.
-pub struct ProfileSection {
-    /// `cpu`, `offcpu`, `locks`: also the id of its place in the page.
-    pub id: &'static str,
-    pub title: String,
-    pub profile: Profile,
-    /// inferno's SVG, whole.
-    pub svg: String,
-    pub events: u64,
-    pub lost: Vec<String>,
-}
-
-/// The statements' part of the report.
-pub struct Statements {
-    pub rows: Vec<DigestRow>,
-    pub followed: Followed,
-}
-
-/// Everything the page shows.
-pub struct Report {
-    pub target: String,
-    pub host: String,
-    /// When tracing began, UTC, RFC 3339.
-    pub started: String,
-    pub traced: Duration,
-    pub profiles: Vec<ProfileSection>,
-    pub statements: Option<Statements>,
-    pub locks: Vec<LockSummary>,
-    pub threads: Vec<ThreadStack>,
-    /// What could not be traced or shown, and why (a collector's error, the server's process list).
-    pub missing: Vec<String>,
-    pub findings: Vec<String>,
-    pub top: usize,
 }
 
 /// What the collectors found, before symbolization.

@@ -3,11 +3,13 @@
 //! they share for what a thread waits on ([`WaitKind`]). A leaf: it imports nothing else of myprobe's.
 
 pub mod causes;
+mod flavor;
 pub mod frames;
 mod mariadb;
 mod mysql;
 
 pub use causes::Cause;
+pub use flavor::{all_lock_names, crash_report_of, is_start_in_log, of_version, Flavor, ALL};
 pub use mariadb::MariaDb;
 pub use mysql::MySql;
 
@@ -159,22 +161,6 @@ impl CrashReport {
     }
 }
 
-/// Whose crash report a text is (its `got signal` line and its lines): the server whose marks it holds, else
-/// MariaDB's (older reports hold none).
-pub fn crash_report_of(signal_line: Option<&str>, lines: &[&str]) -> CrashReport {
-    ALL.iter()
-        .map(|s| s.crash_report())
-        .find(|r| r.is_of(signal_line, lines))
-        .unwrap_or(MariaDb.crash_report())
-}
-
-/// Whether an error log's line is a server's start (any server's: a log is read without knowing whose it is).
-pub fn is_start_in_log(line: &str) -> bool {
-    ALL.iter()
-        .flat_map(|s| s.crash_report().start_marks)
-        .any(|m| line.contains(m))
-}
-
 /// The kind of a wait, by its primitive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WaitKind {
@@ -237,12 +223,6 @@ pub struct WaitCauses {
     pub wait_types: &'static [(u32, Cause)],
 }
 
-/// Every server's lock names: a stack is read without asking which server it came from (a core, a process
-/// given by PID), and their names do not collide.
-pub fn all_lock_names() -> impl Iterator<Item = &'static LockNames> {
-    ALL.into_iter().map(|s| s.lock_names())
-}
-
 /// A server's `dispatch_command`: its signature as its symbol demangles (checked against the running binary:
 /// another one is not read), and how it takes the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,74 +283,6 @@ macro_rules! common_status_counters {
 }
 pub(crate) use common_status_counters;
 
-/// What a traced process is, from the version it reports (`process::resolve`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
-    MariaDb,
-    MySql,
-    Percona,
-    /// Not a database server: traced on request (`--any-process`), e.g. a test fixture.
-    Other,
-}
-
-impl std::fmt::Display for Flavor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Flavor::MariaDb => "MariaDB",
-            Flavor::MySql => "MySQL",
-            Flavor::Percona => "Percona Server",
-            Flavor::Other => "process",
-        })
-    }
-}
-
-impl Flavor {
-    /// MariaDB says so in its version; Percona Server in its binary's compilation comment (searched only when
-    /// needed); where the version could not be read, the process's name tells MariaDB's. `comm`: the process's
-    /// name where known; one that is no server's is [`Flavor::Other`].
-    pub fn of(
-        version: &str,
-        comm: Option<&str>,
-        binary_says_percona: impl FnOnce() -> bool,
-    ) -> Flavor {
-        if comm.is_some_and(|c| !PROCESS_NAMES.contains(&c)) {
-            Flavor::Other
-        } else if version.contains("MariaDB") {
-            Flavor::MariaDb
-        } else if version.is_empty() {
-            match comm {
-                Some("mariadbd") => Flavor::MariaDb,
-                _ => Flavor::MySql,
-            }
-        } else if binary_says_percona() {
-            Flavor::Percona
-        } else {
-            Flavor::MySql
-        }
-    }
-
-    /// The server's ways: MySQL's for its forks, and for a process that is no server.
-    pub fn server(self) -> &'static dyn Server {
-        match self {
-            Flavor::MariaDb => &MariaDb,
-            _ => &MySql,
-        }
-    }
-
-    /// A database server, whose connections its memory holds (not a process traced with `--any-process`).
-    pub fn is_server(self) -> bool {
-        self != Flavor::Other
-    }
-
-    /// The database system as OpenTelemetry's `db.system` names it.
-    pub fn db_system(self) -> &'static str {
-        match self {
-            Flavor::MySql | Flavor::Percona => "mysql",
-            _ => "mariadb",
-        }
-    }
-}
-
 /// Debian's package of the debug symbols of a server's binary, by the binary's name, where it is known.
 pub fn debug_package(binary: &str) -> Option<&'static str> {
     (binary == "mariadbd").then_some("mariadb-server-core-dbgsym")
@@ -383,50 +295,9 @@ pub const STATEMENT_PROBES: (&str, &str, &str) = ("mysql", "query__start", "quer
 /// Process names of the servers myprobe knows.
 pub const PROCESS_NAMES: [&str; 2] = ["mariadbd", "mysqld"];
 
-/// The servers known, for what must be recognized whichever one runs (a tracer's own statements).
-pub const ALL: [&dyn Server; 2] = [&MariaDb, &MySql];
-
-/// The server whose `VERSION()` (or `server_version`) is `version`: MariaDB says so in it, MySQL and its forks
-/// (Percona Server) do not.
-pub fn of_version(version: &str) -> &'static dyn Server {
-    Flavor::of(version, None, || false).server()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flavors_from_the_version_and_the_binary() {
-        let mariadb = Flavor::of("10.11.19-MariaDB-0+deb12u1", Some("mysqld"), || {
-            panic!("a MariaDB version needs no search of the binary")
-        });
-        assert_eq!(mariadb, Flavor::MariaDb);
-        assert_eq!(
-            Flavor::of("8.0.36", Some("mariadbd"), || false),
-            Flavor::MySql
-        );
-        assert_eq!(
-            Flavor::of("8.0.35-27", Some("mysqld"), || true),
-            Flavor::Percona
-        );
-        assert_eq!(Flavor::of("", Some("mariadbd"), || true), Flavor::MariaDb);
-        assert_eq!(Flavor::of("", Some("mysqld"), || true), Flavor::MySql);
-        assert_eq!(Flavor::of("", Some("fixture"), || true), Flavor::Other);
-    }
-
-    #[test]
-    fn versions_choose_the_server() {
-        assert_eq!(of_version("10.11.19-MariaDB-0+deb12u1").name(), "MariaDB");
-        assert_eq!(
-            of_version("11.8.9-MariaDB-0+deb13u1 from Debian").name(),
-            "MariaDB"
-        );
-        assert_eq!(of_version("10.11.6-MariaDB-0+deb12u1").name(), "MariaDB");
-        assert_eq!(of_version("9.7.4-2").name(), "MySQL");
-        assert_eq!(of_version("8.0.36").name(), "MySQL");
-        assert_eq!(of_version("8.0.35-27").name(), "MySQL");
-    }
 
     #[test]
     fn every_processlist_reads_the_same_columns() {

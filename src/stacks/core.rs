@@ -170,7 +170,7 @@ fn sessions_of(
         .mapped_start(exe)
         .with_context(|| format!("the core does not map {} from its start", exe.display()))?;
     let version = crate::process::server_version_at(core, &file, mapped).unwrap_or_default();
-    let server = crate::server::Flavor::of(&version, Some(exe_name), || false).server();
+    let server = crate::server::Flavor::of(&version, Some(exe_name), |_| false).server();
     let layout = crate::sessions::Layout::at(&file, &binary, mapped, server)?;
     if let Some(unknown) = layout.unknown() {
         say!("myprobe: {unknown}");

@@ -3,6 +3,7 @@
 //! profile from it over HTTP; and a server restarted under it is attached again.
 
 use std::{
+    collections::HashMap,
     net::TcpListener,
     path::Path,
     process::{Child, Command, Stdio},
@@ -214,7 +215,7 @@ fn encode(s: &str) -> String {
 }
 
 /// Per fingerprint: the value of a query summed `by (db_query_text)`.
-fn by_fingerprint(port: u16, promql: &str, time: f64) -> std::collections::HashMap<String, f64> {
+fn by_fingerprint(port: u16, promql: &str, time: f64) -> HashMap<String, f64> {
     query(port, promql, time)
         .into_iter()
         .map(|(m, v)| (m["db_query_text"].as_str().unwrap_or("").to_string(), v))
@@ -273,10 +274,67 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         "{policies:?}"
     );
 
-    // pprof's own client pulls five seconds of on-CPU samples while the load runs: it is started, seen to
-    // reach the server (by the server's own count of statements, not the agent's), and seen still running
-    // when the profile has come back. A load that ended meanwhile (sysbench ends at its first error) is
-    // started again, up to three times: what is tested is the profile of a loaded server.
+    let top = pprof_pulls_a_loaded_server_s_profile(db, agent_port, &dir, &running);
+    assert!(top.contains("Type: samples"), "{top}");
+    the_windows_are_kept_and_served(agent_port);
+
+    let mut load = db.load(600);
+    let load_started = Instant::now();
+    let point_lookup = "select c from sbtest1 where id = ?";
+    let (total, parts) = rates_once_scraped(prometheus_port, &dir, point_lookup, load_started);
+    let t = settled();
+    let instant_total = by_fingerprint(prometheus_port, &TOTAL.replace("rate(", "irate("), t);
+    let instant_parts = by_fingerprint(prometheus_port, &PARTS.replace("rate(", "irate("), t);
+    // sysbench ends at its first error: then the last scrapes may have seen no statement.
+    if !load.running() {
+        panic!(
+            "the load ended before the scrapes were read ({:?} after it started):\n{}",
+            load_started.elapsed(),
+            load.end()
+        );
+    }
+    let counter = |family: &str| {
+        by_fingerprint(
+            prometheus_port,
+            &format!("sum by (db_query_text) ({family})"),
+            t,
+        )
+    };
+    let time = StatementTime {
+        total,
+        parts,
+        instant_total,
+        instant_parts,
+        counters_total: counter("myprobe_statement_duration_seconds_sum"),
+        counters_parts: counter("myprobe_statement_time_seconds_total"),
+        counters_causes: counter("myprobe_statement_cause_seconds_total"),
+    };
+    time.parts_add_up(point_lookup);
+    let (_, metrics) = get(&format!("http://127.0.0.1:{agent_port}/metrics")).unwrap();
+    for family in [
+        "# TYPE myprobe_statement_duration_seconds histogram",
+        "myprobe_lock_wait_seconds_total{server_pid=",
+        "cause=\"CPU\"}",
+        "collector=\"queries\",cause=\"ringbuf_full\"}",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.contains(family), "{family} in\n{metrics}");
+    }
+
+    drop(load);
+    running.stop();
+}
+
+/// pprof's own client pulls five seconds of on-CPU samples while the load runs: it is started, seen to reach the
+/// server (by the server's own count of statements, not the agent's), and seen still running when the profile has
+/// come back. A load that ended meanwhile (sysbench ends at its first error) is started again, up to three times:
+/// what is tested is the profile of a loaded server. pprof's `-top`.
+fn pprof_pulls_a_loaded_server_s_profile(
+    db: &TestDb,
+    agent_port: u16,
+    dir: &Path,
+    running: &Background,
+) -> String {
     let metrics_url = format!("http://127.0.0.1:{agent_port}/metrics");
     let questions = || db.questions();
     let mut attempts = Vec::new();
@@ -297,7 +355,7 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
             .arg(format!(
                 "http://127.0.0.1:{agent_port}/debug/pprof/profile?seconds=5"
             ))
-            .env("PPROF_TMPDIR", &*dir)
+            .env("PPROF_TMPDIR", dir)
             .output()
             .expect("running go tool pprof");
         let loaded = load.running();
@@ -328,8 +386,11 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
                 .unwrap_or_default()
         );
     };
-    assert!(top.contains("Type: samples"), "{top}");
-    // The same for off-CPU time; the windows are kept as files, listed and served.
+    top
+}
+
+/// The same for off-CPU time; the windows are kept as files, listed and served.
+fn the_windows_are_kept_and_served(agent_port: u16) {
     let (status, body) = get_bytes(&format!(
         "http://127.0.0.1:{agent_port}/debug/pprof/offcpu?seconds=1"
     ))
@@ -349,14 +410,20 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
     ))
     .unwrap();
     assert_eq!(status, 404);
+}
 
-    let mut load = db.load(600);
-    let load_started = Instant::now();
+/// The rates of the statement time and of its parts, by fingerprint, once Prometheus has scraped this load alone
+/// for longer than rate()'s range.
+fn rates_once_scraped(
+    prometheus_port: u16,
+    dir: &Path,
+    point_lookup: &str,
+    load_started: Instant,
+) -> (HashMap<String, f64>, HashMap<String, f64>) {
     // Scrapes with statements for longer than rate()'s range: each series' rate is then extrapolated over the
     // same time (a younger series is extrapolated less far back, the closer it started at zero). Prometheus
     // has scraped since the start, the statements of the profile's load too: only once this load has run
     // longer than the range are all of the range's scrapes, and the last two (irate), of this load.
-    let point_lookup = "select c from sbtest1 where id = ?";
     let scraped = format!(
         "count_over_time(myprobe_statements_total{{db_query_text=\"{point_lookup}\"}}[20s])"
     );
@@ -380,83 +447,73 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         );
         std::thread::sleep(Duration::from_secs(1));
     };
-    let t = settled();
-    let instant_total = by_fingerprint(prometheus_port, &TOTAL.replace("rate(", "irate("), t);
-    let instant_parts = by_fingerprint(prometheus_port, &PARTS.replace("rate(", "irate("), t);
-    // sysbench ends at its first error: then the last scrapes may have seen no statement.
-    if !load.running() {
-        panic!(
-            "the load ended before the scrapes were read ({:?} after it started):\n{}",
-            load_started.elapsed(),
-            load.end()
-        );
-    }
-    let counters_total = by_fingerprint(
-        prometheus_port,
-        "sum by (db_query_text) (myprobe_statement_duration_seconds_sum)",
-        t,
-    );
-    let counters_parts = by_fingerprint(
-        prometheus_port,
-        "sum by (db_query_text) (myprobe_statement_time_seconds_total)",
-        t,
-    );
-    let counters_causes = by_fingerprint(
-        prometheus_port,
-        "sum by (db_query_text) (myprobe_statement_cause_seconds_total)",
-        t,
-    );
-    // sysbench's statements each have their time, and its parts add up to it.
-    for fingerprint in [
-        point_lookup,
-        "select c from sbtest2 where id = ?",
-        "update sbtest1 set k = k + ? where id = ?",
-        "commit",
-    ] {
-        let t = total.get(fingerprint).copied().unwrap_or(0.0);
-        assert!(t > 0.0, "{fingerprint}: {total:?}");
-        // rate() extrapolates each series to the range's ends, but one that was at zero shortly before its
-        // first sample in the range (a rare part: sync, other, a row lock's wait) less far back: the parts' rates
-        // add up to the total's within that (5% seen on a busy host; exactly below, with irate and the counters).
-        let p = parts.get(fingerprint).copied().unwrap_or(0.0);
-        assert!(
-            (p - t).abs() <= t * 0.1,
-            "{fingerprint}: the parts' rates add up to {p}, the total's rate is {t}"
-        );
-        // irate() does not extrapolate: the same two scrapes for every series, so the parts add up exactly.
-        let t = instant_total[fingerprint];
-        let p = instant_parts[fingerprint];
-        assert!(
-            t > 0.0 && (p - t).abs() <= t * 1e-9,
-            "{fingerprint}: the parts' irates add up to {p}, the total's irate is {t}"
-        );
-        // The counters themselves, scraped at one instant, add up exactly (to the float's rounding).
-        let t = counters_total[fingerprint];
-        let p = counters_parts[fingerprint];
-        assert!(
-            t > 0.0 && (p - t).abs() <= t * 1e-12,
-            "{fingerprint}: the parts add up to {p}, the total is {t}"
-        );
-        // And so do its causes.
-        let c = counters_causes.get(fingerprint).copied().unwrap_or(0.0);
-        assert!(
-            (c - t).abs() <= t * 1e-12,
-            "{fingerprint}: the causes add up to {c}, the total is {t}"
-        );
-    }
-    let (_, metrics) = get(&format!("http://127.0.0.1:{agent_port}/metrics")).unwrap();
-    for family in [
-        "# TYPE myprobe_statement_duration_seconds histogram",
-        "myprobe_lock_wait_seconds_total{server_pid=",
-        "cause=\"CPU\"}",
-        "collector=\"queries\",cause=\"ringbuf_full\"}",
-        "process_resident_memory_bytes ",
-    ] {
-        assert!(metrics.contains(family), "{family} in\n{metrics}");
-    }
+    (total, parts)
+}
 
-    drop(load);
-    running.stop();
+/// Each fingerprint's statement time and its parts, as Prometheus has them at one instant.
+struct StatementTime {
+    /// rate() over 10 s.
+    total: HashMap<String, f64>,
+    parts: HashMap<String, f64>,
+    /// irate(): the last two scrapes.
+    instant_total: HashMap<String, f64>,
+    instant_parts: HashMap<String, f64>,
+    /// The counters themselves.
+    counters_total: HashMap<String, f64>,
+    counters_parts: HashMap<String, f64>,
+    counters_causes: HashMap<String, f64>,
+}
+
+impl StatementTime {
+    /// sysbench's statements each have their time, and its parts add up to it.
+    fn parts_add_up(&self, point_lookup: &str) {
+        let StatementTime {
+            total,
+            parts,
+            instant_total,
+            instant_parts,
+            counters_total,
+            counters_parts,
+            counters_causes,
+        } = self;
+        for fingerprint in [
+            point_lookup,
+            "select c from sbtest2 where id = ?",
+            "update sbtest1 set k = k + ? where id = ?",
+            "commit",
+        ] {
+            let t = total.get(fingerprint).copied().unwrap_or(0.0);
+            assert!(t > 0.0, "{fingerprint}: {total:?}");
+            // rate() extrapolates each series to the range's ends, but one that was at zero shortly before its
+            // first sample in the range (a rare part: sync, other, a row lock's wait) less far back: the parts' rates
+            // add up to the total's within that (5% seen on a busy host; exactly below, with irate and the counters).
+            let p = parts.get(fingerprint).copied().unwrap_or(0.0);
+            assert!(
+                (p - t).abs() <= t * 0.1,
+                "{fingerprint}: the parts' rates add up to {p}, the total's rate is {t}"
+            );
+            // irate() does not extrapolate: the same two scrapes for every series, so the parts add up exactly.
+            let t = instant_total[fingerprint];
+            let p = instant_parts[fingerprint];
+            assert!(
+                t > 0.0 && (p - t).abs() <= t * 1e-9,
+                "{fingerprint}: the parts' irates add up to {p}, the total's irate is {t}"
+            );
+            // The counters themselves, scraped at one instant, add up exactly (to the float's rounding).
+            let t = counters_total[fingerprint];
+            let p = counters_parts[fingerprint];
+            assert!(
+                t > 0.0 && (p - t).abs() <= t * 1e-12,
+                "{fingerprint}: the parts add up to {p}, the total is {t}"
+            );
+            // And so do its causes.
+            let c = counters_causes.get(fingerprint).copied().unwrap_or(0.0);
+            assert!(
+                (c - t).abs() <= t * 1e-12,
+                "{fingerprint}: the causes add up to {c}, the total is {t}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -753,71 +810,19 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
     let running = Background::start(&args, ATTACHED);
     let prometheus_port = free_port();
     let _prometheus = prometheus(&dir, prometheus_port, &listen);
-    let health = || get(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
-    let metrics = || get(&format!("http://127.0.0.1:{port}/metrics")).unwrap().1;
-    let traced = |pid: u32| {
-        let (status, text) = health();
-        status == 200
-            && text
-                .lines()
-                .any(|l| l.starts_with(&format!("ok: tracing PID {pid}:")))
-    };
-    let wait_until = |what: &str, check: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !check() {
-            assert!(
-                Instant::now() < deadline,
-                "never true: {what}\n{:?}\nthe agent said:\n{}",
-                health(),
-                running.stderr_so_far()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    };
-    // Each server's statements counted under its own labels: its host PID, port, version and what it is. Sent
-    // until counted: a server is said to be traced before its collectors are all in place.
-    let counted = |server: &TestDb| {
-        let label = format!("server_pid=\"{}\"", server.pid);
-        wait_until(
-            &format!("statements of PID {} counted", server.pid),
-            &|| {
-                server.sql("SELECT 'agent-every', 1");
-                series(&metrics(), "myprobe_statements_total", &label)
-                    .iter()
-                    .any(|l| l.contains("db_query_text=\"select ?, ?\""))
-            },
-        );
+    let agent = Watched {
+        port,
+        running: &running,
+        windows: &windows,
     };
     for (kind, server) in &servers {
-        wait_until(&format!("{kind} traced"), &|| traced(server.pid));
-        counted(server);
-        let info = metrics();
-        let info = series(
-            &info,
-            "myprobe_target_info",
-            &format!("server_pid=\"{}\"", server.pid),
-        );
-        assert_eq!(info.len(), 1, "{kind}: {info:?}");
-        let version = server.sql("SELECT VERSION()");
-        let system = if kind.starts_with("mysql") {
-            "mysql"
-        } else {
-            "mariadb"
-        };
-        for label in [
-            format!("server_port=\"{}\"", server.port()),
-            format!("server_version=\"{}\"", version.trim()),
-            format!("db_system=\"{system}\""),
-        ] {
-            assert!(info[0].contains(&label), "{kind}: {label} in {}", info[0]);
-        }
-        let in_container = info[0].contains(&format!("container_id=\"{}\"", container.id));
-        assert_eq!(in_container, kind == contained_kind, "{kind}: {}", info[0]);
+        agent.wait_until(&format!("{kind} traced"), &|| agent.traced(server.pid));
+        agent.counted(server);
+        is_labelled(&agent, kind, server, kind == contained_kind, &container.id);
     }
     // The unwind tables in the kernel: one copy for a server's four collectors, shared with the other servers
     // where they fit (all of them, when every server's tables were read before any collector was loaded).
-    let tables = || bpf_maps_named(running.pid(), "unwind_rows");
-    let copies = tables();
+    let copies = agent.tables();
     assert!(
         (1..=servers.len()).contains(&copies),
         "{copies} copies of the unwind tables for {} servers",
@@ -826,65 +831,19 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
     // Off-CPU and lock waits: one set of programs each for the servers of each copy of the tables (offcpu's
     // `preemptions` map and locks' `waited` name them), not a set per server; each server's waits in its own
     // windows.
-    let sets = || {
-        let pid = running.pid();
-        (
-            bpf_maps_named(pid, "preemptions"),
-            bpf_maps_named(pid, "waited"),
-        )
-    };
-    wait_until(
+    agent.wait_until(
         "one off-CPU set and one lock set per copy of the tables",
-        &|| sets() == (copies, copies),
+        &|| agent.sets() == (copies, copies),
     );
-    let windows_of = |kind: &str, pid: u32| {
-        std::fs::read_dir(&windows).unwrap().flatten().any(|f| {
-            f.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{kind}-{pid}-"))
-        })
-    };
     for (kind, server) in &servers {
         for profile in ["offcpu", "locks"] {
-            wait_until(&format!("{kind}'s {profile} window kept"), &|| {
-                windows_of(profile, server.pid)
+            agent.wait_until(&format!("{kind}'s {profile} window kept"), &|| {
+                agent.windows_of(profile, server.pid)
             });
         }
     }
-    // A server started while the agent runs is traced once it listens; stopped, its series stay at their last
-    // values (without target_info) until they age out; started again, it is another server, with series of its own.
-    let extra = db.start_another(&dir.join("extra"), &[]);
-    wait_until("the server started is traced", &|| traced(extra.0.pid));
-    counted(&extra.0);
-    // Of the same code as one traced already: its tables are those.
-    assert_eq!(
-        tables(),
-        copies,
-        "a server of the same code has tables of its own"
-    );
-    wait_until("the server started has an off-CPU window", &|| {
-        windows_of("offcpu", extra.0.pid)
-    });
-    assert_eq!(
-        sets(),
-        (copies, copies),
-        "a server of the same code has off-CPU or lock programs of its own"
-    );
-    let first_pid = extra.0.pid;
-    extra.0.stop();
-    wait_until("the server stopped is let go", &|| !traced(first_pid));
+    let (extra, first_pid, again) = a_server_comes_goes_and_comes_again(&agent, &db, &dir, copies);
     let gone = format!("server_pid=\"{first_pid}\"");
-    let text = metrics();
-    assert!(
-        !series(&text, "myprobe_statements_total", &gone).is_empty()
-            && series(&text, "myprobe_target_info", &gone).is_empty(),
-        "{text}"
-    );
-    let again = db.start_another(&extra.0.dir, &[]);
-    wait_until("the server started again is traced", &|| {
-        traced(again.0.pid)
-    });
-    counted(&again.0);
     // Prometheus scraped it all: each server's series apart, none of its counters ever went down.
     let pids: Vec<String> = servers
         .iter()
@@ -892,7 +851,169 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         .chain([first_pid, again.0.pid])
         .map(|pid| pid.to_string())
         .collect();
-    wait_until(
+    prometheus_kept_each_server_apart(&agent, prometheus_port, &pids);
+    agent.wait_until("the stopped server's series age out", &|| {
+        !agent.metrics().contains(&gone)
+    });
+    running.stop();
+    drop(container);
+    drop(again);
+    drop(extra);
+}
+
+/// The agent of `every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_go`, as its HTTP
+/// endpoints, its BPF maps and its windows show it.
+struct Watched<'a> {
+    port: u16,
+    running: &'a Background,
+    windows: &'a Path,
+}
+
+impl Watched<'_> {
+    fn health(&self) -> (u16, String) {
+        get(&format!("http://127.0.0.1:{}/healthz", self.port)).unwrap()
+    }
+
+    fn metrics(&self) -> String {
+        get(&format!("http://127.0.0.1:{}/metrics", self.port))
+            .unwrap()
+            .1
+    }
+
+    fn traced(&self, pid: u32) -> bool {
+        let (status, text) = self.health();
+        status == 200
+            && text
+                .lines()
+                .any(|l| l.starts_with(&format!("ok: tracing PID {pid}:")))
+    }
+
+    fn wait_until(&self, what: &str, check: &dyn Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !check() {
+            assert!(
+                Instant::now() < deadline,
+                "never true: {what}\n{:?}\nthe agent said:\n{}",
+                self.health(),
+                self.running.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Each server's statements counted under its own labels: its host PID, port, version and what it is. Sent
+    /// until counted: a server is said to be traced before its collectors are all in place.
+    fn counted(&self, server: &TestDb) {
+        let label = format!("server_pid=\"{}\"", server.pid);
+        self.wait_until(
+            &format!("statements of PID {} counted", server.pid),
+            &|| {
+                server.sql("SELECT 'agent-every', 1");
+                series(&self.metrics(), "myprobe_statements_total", &label)
+                    .iter()
+                    .any(|l| l.contains("db_query_text=\"select ?, ?\""))
+            },
+        );
+    }
+
+    /// The copies of the unwind tables in the kernel.
+    fn tables(&self) -> usize {
+        bpf_maps_named(self.running.pid(), "unwind_rows")
+    }
+
+    /// The off-CPU sets of programs, and the lock sets.
+    fn sets(&self) -> (usize, usize) {
+        let pid = self.running.pid();
+        (
+            bpf_maps_named(pid, "preemptions"),
+            bpf_maps_named(pid, "waited"),
+        )
+    }
+
+    fn windows_of(&self, kind: &str, pid: u32) -> bool {
+        std::fs::read_dir(self.windows).unwrap().flatten().any(|f| {
+            f.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{kind}-{pid}-"))
+        })
+    }
+}
+
+/// A server's `myprobe_target_info`: its port, version and system, and whether it runs in the container.
+fn is_labelled(agent: &Watched, kind: &str, server: &TestDb, contained: bool, container: &str) {
+    let info = agent.metrics();
+    let info = series(
+        &info,
+        "myprobe_target_info",
+        &format!("server_pid=\"{}\"", server.pid),
+    );
+    assert_eq!(info.len(), 1, "{kind}: {info:?}");
+    let version = server.sql("SELECT VERSION()");
+    let system = if kind.starts_with("mysql") {
+        "mysql"
+    } else {
+        "mariadb"
+    };
+    for label in [
+        format!("server_port=\"{}\"", server.port()),
+        format!("server_version=\"{}\"", version.trim()),
+        format!("db_system=\"{system}\""),
+    ] {
+        assert!(info[0].contains(&label), "{kind}: {label} in {}", info[0]);
+    }
+    let in_container = info[0].contains(&format!("container_id=\"{container}\""));
+    assert_eq!(in_container, contained, "{kind}: {}", info[0]);
+}
+
+/// A server started while the agent runs is traced once it listens; stopped, its series stay at their last values
+/// (without target_info) until they age out; started again, it is another server, with series of its own. The
+/// server first started (stopped), its PID, and the one started again in its place.
+fn a_server_comes_goes_and_comes_again(
+    agent: &Watched,
+    db: &TestDb,
+    dir: &Path,
+    copies: usize,
+) -> (OtherServer, u32, OtherServer) {
+    let extra = db.start_another(&dir.join("extra"), &[]);
+    agent.wait_until("the server started is traced", &|| {
+        agent.traced(extra.0.pid)
+    });
+    agent.counted(&extra.0);
+    // Of the same code as one traced already: its tables are those.
+    assert_eq!(
+        agent.tables(),
+        copies,
+        "a server of the same code has tables of its own"
+    );
+    agent.wait_until("the server started has an off-CPU window", &|| {
+        agent.windows_of("offcpu", extra.0.pid)
+    });
+    assert_eq!(
+        agent.sets(),
+        (copies, copies),
+        "a server of the same code has off-CPU or lock programs of its own"
+    );
+    let first_pid = extra.0.pid;
+    extra.0.stop();
+    agent.wait_until("the server stopped is let go", &|| !agent.traced(first_pid));
+    let gone = format!("server_pid=\"{first_pid}\"");
+    let text = agent.metrics();
+    assert!(
+        !series(&text, "myprobe_statements_total", &gone).is_empty()
+            && series(&text, "myprobe_target_info", &gone).is_empty(),
+        "{text}"
+    );
+    let again = db.start_another(&extra.0.dir, &[]);
+    agent.wait_until("the server started again is traced", &|| {
+        agent.traced(again.0.pid)
+    });
+    agent.counted(&again.0);
+    (extra, first_pid, again)
+}
+
+/// Prometheus has the series of each server in `pids` apart, and none of its counters ever went down.
+fn prometheus_kept_each_server_apart(agent: &Watched, prometheus_port: u16, pids: &[String]) {
+    agent.wait_until(
         &format!("Prometheus scraped the series of {pids:?}"),
         &|| {
             let by_server = query(
@@ -914,11 +1035,6 @@ fn every_server_of_the_host_is_traced_under_its_own_labels_as_servers_come_and_g
         t,
     );
     assert!(resets.is_empty(), "counters went down: {resets:?}");
-    wait_until("the stopped server's series age out", &|| {
-        !metrics().contains(&gone)
-    });
-    running.stop();
-    drop(container);
 }
 
 #[test]

@@ -198,20 +198,7 @@ fn known_failures(server: &str, language: &str) -> Vec<Known> {
 fn suite(language: &str, db: &TestDb) {
     let dir = clients_dir(language);
     let run = dir.join("run");
-    let list = Command::new(&run).arg("--list").output().unwrap();
-    assert!(
-        list.status.success(),
-        "{} --list: {}",
-        run.display(),
-        String::from_utf8_lossy(&list.stderr)
-    );
-    let configurations: Vec<String> = String::from_utf8(list.stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
-    assert!(!configurations.is_empty(), "{language}: no configuration");
-
+    let configurations = configurations(&run, language);
     let work = tempdir(&format!("clients-{language}"));
     let infile = work.join("infile.tsv");
     std::fs::write(
@@ -242,7 +229,64 @@ fn suite(language: &str, db: &TestDb) {
     let mut runs = Vec::new();
     for (i, configuration) in configurations.iter().enumerate() {
         let tag = format!("t{}_{language}_{i}", std::process::id());
-        let out = Command::new(&run)
+        let client = Client {
+            language,
+            server,
+            db,
+            infile: &infile,
+        };
+        let stdout = client.run(&run, configuration, &tag);
+        runs.push((configuration, tag, parse_run(configuration, &stdout)));
+    }
+    // The last replies are in before the tracer stops (records are sent at a statement's end).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (stdout, stderr) = tracer.stop();
+    let records = json_lines(&stdout);
+    let (failures, table) = compared(&records, &runs, &known_failures(server, language));
+    eprintln!("{language} against {server}:\n{table}");
+    if failures.is_empty() {
+        return;
+    }
+    let tagged = tagged_records(&records, &runs);
+    panic!(
+        "{language} against {server}: {} failures:\n{}\n\n{table}\nthe records with a tag:\n{tagged}\nmyprobe's stderr:\n{stderr}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// What `run --list` says: the configurations of a language.
+fn configurations(run: &Path, language: &str) -> Vec<String> {
+    let list = Command::new(run).arg("--list").output().unwrap();
+    assert!(
+        list.status.success(),
+        "{} --list: {}",
+        run.display(),
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let configurations: Vec<String> = String::from_utf8(list.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert!(!configurations.is_empty(), "{language}: no configuration");
+    configurations
+}
+
+/// What a language's `run` is told of the server (the README's environment).
+struct Client<'a> {
+    language: &'a str,
+    /// `mariadb` or `mysql`.
+    server: &'a str,
+    db: &'a TestDb,
+    infile: &'a Path,
+}
+
+impl Client<'_> {
+    /// Runs one configuration, tagging its statements with `tag`: what it printed.
+    fn run(&self, run: &Path, configuration: &str, tag: &str) -> String {
+        let (language, server, db) = (self.language, self.server, self.db);
+        let out = Command::new(run)
             .arg(configuration)
             .env("MYPROBE_CLIENT_HOST", "127.0.0.1")
             .env("MYPROBE_CLIENT_PORT", db.port())
@@ -252,8 +296,8 @@ fn suite(language: &str, db: &TestDb) {
             .env("MYPROBE_CLIENT_PASSWORD2", "sbtest2")
             .env("MYPROBE_CLIENT_DB", "sbtest")
             .env("MYPROBE_CLIENT_SERVER", server)
-            .env("MYPROBE_CLIENT_TAG", &tag)
-            .env("MYPROBE_CLIENT_INFILE", &infile)
+            .env("MYPROBE_CLIENT_TAG", tag)
+            .env("MYPROBE_CLIENT_INFILE", self.infile)
             .env(
                 "MYPROBE_CLIENT_ROOT",
                 db.env("MYPROBE_TEST_ROOT").unwrap_or_default(),
@@ -266,19 +310,21 @@ fn suite(language: &str, db: &TestDb) {
             out.status.success(),
             "{language} {configuration} failed against {server}:\n{stderr}\nit printed:\n{stdout}"
         );
-        runs.push((configuration, tag, parse_run(configuration, &stdout)));
+        stdout
     }
-    // The last replies are in before the tracer stops (records are sent at a statement's end).
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let (stdout, stderr) = tracer.stop();
-    let records = json_lines(&stdout);
+}
 
-    let known = known_failures(server, language);
+/// Each configuration's statements against the records: the failures not known, and a table of every mode.
+fn compared(
+    records: &[Value],
+    runs: &[(&String, String, Run)],
+    known: &[Known],
+) -> (Vec<String>, String) {
     let mut failures = Vec::new();
     let mut table = String::new();
     let mut known_seen = vec![false; known.len()];
-    for (configuration, tag, run) in &runs {
-        let found = check(&records, &run.sent, tag);
+    for (configuration, tag, run) in runs {
+        let found = check(records, &run.sent, tag);
         let mut modes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
         for s in &run.sent {
             modes.entry(&s.mode).or_default().0 += 1;
@@ -320,11 +366,12 @@ fn suite(language: &str, db: &TestDb) {
             );
         }
     }
-    eprintln!("{language} against {server}:\n{table}");
-    if failures.is_empty() {
-        return;
-    }
-    let tagged: String = records
+    (failures, table)
+}
+
+/// The records that carry a run's tag, a line each, for a failure's message.
+fn tagged_records(records: &[Value], runs: &[(&String, String, Run)]) -> String {
+    records
         .iter()
         .filter(|r| {
             r["query"]
@@ -350,12 +397,7 @@ fn suite(language: &str, db: &TestDb) {
                 }
             )
         })
-        .collect();
-    panic!(
-        "{language} against {server}: {} failures:\n{}\n\n{table}\nthe records with a tag:\n{tagged}\nmyprobe's stderr:\n{stderr}",
-        failures.len(),
-        failures.join("\n")
-    );
+        .collect()
 }
 
 fn on_mysql(language: &str) {

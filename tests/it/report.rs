@@ -58,8 +58,37 @@ fn report_of_a_loaded_server_in_chromium() {
     let dir = tempdir("report");
     let page = dir.join("report.html");
     let load = db.running_load();
-    // Its four collectors end on threads of their own: each closes only what it owns (strace sees every close
-    // that fails), and none leaves a descriptor behind while tracing goes on.
+    let stderr = report_closes_what_it_owns(&db, &dir, &page, load);
+    assert!(
+        stderr.contains("with 4 of 4 collectors"),
+        "every collector traces: {stderr}"
+    );
+    assert!(
+        stderr.contains("report: 5/8 s traced"),
+        "progress: {stderr}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    std::fs::copy(&page, artefacts().join("report.html")).unwrap();
+    // Self-contained: nothing is fetched from anywhere.
+    for outside in ["src=\"http", "href=\"http", "@import", "url(http"] {
+        assert!(!html.contains(outside), "the page loads {outside}…");
+    }
+
+    // The DOM once Chromium ran the page's scripts, with a search for do_command through every flame graph's
+    // own script (report.html#search=…).
+    let profile = dir.join("chromium");
+    let url = format!("file://{}#search=do_command", page.display());
+    let dom = String::from_utf8(chromium(&profile, &["--dump-dom"], &url)).unwrap();
+    the_digest_shows_sysbench_s_statements(&dom);
+    each_flame_graph_searches_its_own_frames(&dom);
+    the_findings_locks_and_threads_are_shown(&dom);
+    a_screenshot_is_kept(&profile, &url);
+}
+
+/// `myprobe report` of the server under `load`, which ends with it, run under strace: its stderr. Its four
+/// collectors end on threads of their own: each closes only what it owns (strace sees every close that fails), and
+/// none leaves a descriptor behind while tracing goes on.
+fn report_closes_what_it_owns(db: &TestDb, dir: &Path, page: &Path, load: Load) -> String {
     let closes = dir.join("closes");
     let pid = db.pid.to_string();
     let args = [
@@ -95,29 +124,13 @@ fn report_of_a_loaded_server_in_chromium() {
         late.iter().max() <= Some(&(early.iter().max().unwrap() + 2)),
         "descriptors while tracing: {descriptors:?}"
     );
-    assert!(
-        stderr.contains("with 4 of 4 collectors"),
-        "every collector traces: {stderr}"
-    );
-    assert!(
-        stderr.contains("report: 5/8 s traced"),
-        "progress: {stderr}"
-    );
-    let html = std::fs::read_to_string(&page).unwrap();
-    std::fs::copy(&page, artefacts().join("report.html")).unwrap();
-    // Self-contained: nothing is fetched from anywhere.
-    for outside in ["src=\"http", "href=\"http", "@import", "url(http"] {
-        assert!(!html.contains(outside), "the page loads {outside}…");
-    }
+    stderr
+}
 
-    // The DOM once Chromium ran the page's scripts, with a search for do_command through every flame graph's
-    // own script (report.html#search=…).
-    let profile = dir.join("chromium");
-    let url = format!("file://{}#search=do_command", page.display());
-    let dom = String::from_utf8(chromium(&profile, &["--dump-dom"], &url)).unwrap();
-
+/// The digest's rows: sysbench's statements, each with a bar whose parts add up to 100%.
+fn the_digest_shows_sysbench_s_statements(dom: &str) {
     let digest = Regex::new(r#"(?s)<table id="digest"[^>]*>.*?<tbody>(.*?)</tbody>"#).unwrap();
-    let rows = &digest.captures(&dom).expect("a digest table")[1];
+    let rows = &digest.captures(dom).expect("a digest table")[1];
     let fingerprints: Vec<String> = Regex::new(r#"<td class="fp" title="([^"]*)""#)
         .unwrap()
         .captures_iter(rows)
@@ -153,9 +166,11 @@ fn report_of_a_loaded_server_in_chromium() {
     for sum in &bars {
         assert!((sum - 100.0).abs() < 0.2, "a bar adds up to {sum}%");
     }
+}
 
-    // One flame graph per profile, each drawn and searched by its own script: the frames highlighted are
-    // exactly the frames whose name matches, counted here from the SVG the page holds.
+/// One flame graph per profile, each drawn and searched by its own script: the frames highlighted are exactly the
+/// frames whose name matches, counted here from the SVG the page holds.
+fn each_flame_graph_searches_its_own_frames(dom: &str) {
     let section = Regex::new(
         r#"(?s)<section class="profile" id="profile-(\w+)" data-profile="\w+" data-highlighted="(\d+)">.*?<iframe class="flame"[^>]* srcdoc="([^"]*)"></iframe>"#,
     )
@@ -163,7 +178,7 @@ fn report_of_a_loaded_server_in_chromium() {
     let title = Regex::new(r"<g><title>([^<]*)</title>").unwrap();
     let mut searched = Vec::new();
     let mut total = 0;
-    for c in section.captures_iter(&dom) {
+    for c in section.captures_iter(dom) {
         let (id, highlighted) = (c[1].to_string(), c[2].parse::<usize>().unwrap());
         let svg = unescape(&c[3]);
         assert_eq!(svg.matches("<svg").count(), 2, "{id}: one flame graph");
@@ -188,9 +203,12 @@ fn report_of_a_loaded_server_in_chromium() {
         )),
         "the search's status line"
     );
+}
 
+/// The findings' sentences, the lock table's rows and the threads' stacks.
+fn the_findings_locks_and_threads_are_shown(dom: &str) {
     let findings = Regex::new(r#"(?s)<section id="findings">.*?</section>"#).unwrap();
-    let findings = &findings.find(&dom).expect("findings").as_str();
+    let findings = &findings.find(dom).expect("findings").as_str();
     let items: Vec<&str> = findings.matches("<li>").collect();
     assert!(items.len() >= 4, "findings: {findings}");
     assert!(
@@ -198,25 +216,27 @@ fn report_of_a_loaded_server_in_chromium() {
         "findings name the statements and the CPU: {findings}"
     );
     let locks = Regex::new(r#"(?s)<table id="lock-table".*?<tbody>(.*?)</tbody>"#).unwrap();
-    let locks = &locks.captures(&dom).expect("a lock table")[1];
+    let locks = &locks.captures(dom).expect("a lock table")[1];
     assert!(locks.matches("<tr>").count() >= 1, "lock rows: {locks}");
     let threads = Regex::new(r#"(?s)<pre class="threads">(.*?)</pre>"#).unwrap();
-    let threads = &threads.captures(&dom).expect("the threads")[1];
+    let threads = &threads.captures(dom).expect("the threads")[1];
     assert!(
         threads.contains("do_command"),
         "connection threads: {threads}"
     );
+}
 
-    // What a person sees, kept for a look.
+/// What a person sees, kept for a look.
+fn a_screenshot_is_kept(profile: &Path, url: &str) {
     let shot = artefacts().join("report.png");
     let _ = std::fs::remove_file(&shot);
     chromium(
-        &profile,
+        profile,
         &[
             "--window-size=1400,3000",
             &format!("--screenshot={}", shot.display()),
         ],
-        &url,
+        url,
     );
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(

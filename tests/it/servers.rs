@@ -500,11 +500,17 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
     let error_log = dir.join("db/error.log");
     let core = core_file_in(&dir.join("db/data"), ns_pid);
     assert!(core.exists(), "no core at {}", core.display());
+    mysql_s_report_is_resolved_under_its_root(&error_log, &root);
+    mysql_s_core_names_the_statement_s_frames(&dir, &core, &root, tid);
+    mysql_s_core_names_the_connections(&core, &root, tid, id, &incident);
+}
 
+/// The error log's report, resolved with the server's filesystem (`--root`) and, saying so, without it.
+fn mysql_s_report_is_resolved_under_its_root(error_log: &Path, root: &str) {
     // The report without the server's filesystem: the host's mysqld is another binary, and it says so.
     let run = myprobe()
         .args(["stacks", "--resolve"])
-        .arg(&error_log)
+        .arg(error_log)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&run.stderr);
@@ -513,8 +519,8 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
 
     let run = myprobe()
         .args(["stacks", "--resolve"])
-        .arg(&error_log)
-        .args(["--root", &root])
+        .arg(error_log)
+        .args(["--root", root])
         .output()
         .unwrap();
     let out = assert_crash_resolved(&run);
@@ -529,14 +535,16 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         out.contains("mysqld+0x") && out.contains("libc.so.6+0x"),
         "{out}"
     );
+}
 
-    // The core: the same thread (as its namespace numbers it), unwound through the signal handler to the
-    // statement and the thread's start.
+/// The core: the same thread (as its namespace numbers it), unwound through the signal handler to the statement
+/// and the thread's start.
+fn mysql_s_core_names_the_statement_s_frames(dir: &Path, core: &Path, root: &str, tid: u32) {
     let json = dir.join("core.json");
     let run = myprobe()
         .args(["stacks", "--core"])
-        .arg(&core)
-        .args(["--root", &root, "-o"])
+        .arg(core)
+        .args(["--root", root, "-o"])
         .arg(&json)
         .output()
         .unwrap();
@@ -579,13 +587,22 @@ fn mysql_9_7_crash_report_and_core_name_the_statement_and_its_frames() {
         })
         .count();
     assert!(named_threads >= 2, "{threads:?}");
-    // The connections, read from the core's memory (and from the root's binary, what the core left out): the
-    // crashed one's statement, the procedure's, by its user from its host, in the procedure's database, on the
-    // thread that crashed (by its id in the server's namespace, as the core has it).
+}
+
+/// The connections, read from the core's memory (and from the root's binary, what the core left out): the crashed
+/// one's statement, the procedure's, by its user from its host, in the procedure's database, on the thread that
+/// crashed (by its id in the server's namespace, as the core has it).
+fn mysql_s_core_names_the_connections(
+    core: &Path,
+    root: &str,
+    tid: u32,
+    id: u64,
+    incident: &Incident,
+) {
     let run = myprobe()
         .args(["stacks", "--core"])
-        .arg(&core)
-        .args(["--root", &root])
+        .arg(core)
+        .args(["--root", root])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&run.stdout);

@@ -3,6 +3,7 @@
 
 use std::{
     io::{BufRead, BufReader},
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -625,10 +626,17 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     let core = core_file_in(&dir.join("db/data"), pid);
     assert!(core.exists(), "no core at {}", core.display());
 
-    // The error log's crash report, resolved.
+    the_error_log_s_report_is_resolved(&error_log);
+    the_core_s_crashed_thread_is_unwound_to_the_statement(&dir, &core, tid);
+    the_core_s_summary_and_connections_name_the_crash(&core, tid, id, &incident);
+    a_cut_core_is_refused_or_shows_only_what_ran(&dir, &core);
+}
+
+/// The error log's crash report, resolved.
+fn the_error_log_s_report_is_resolved(error_log: &Path) {
     let run = myprobe()
         .args(["stacks", "--resolve"])
-        .arg(&error_log)
+        .arg(error_log)
         .output()
         .unwrap();
     let out = assert_crash_resolved(&run);
@@ -636,12 +644,14 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     for line in out.lines().skip(1).filter(|l| l.contains("+0x")) {
         assert!(line.trim().starts_with("mariadbd+0x"), "{line}\n{out}");
     }
+}
 
-    // The core: the same thread, unwound through the signal handler's frame to the statement's.
+/// The core: the same thread, unwound through the signal handler's frame to the statement's.
+fn the_core_s_crashed_thread_is_unwound_to_the_statement(dir: &Path, core: &Path, tid: u32) {
     let json = dir.join("core.json");
     let run = myprobe()
         .args(["stacks", "--core"])
-        .arg(&core)
+        .arg(core)
         .arg("-o")
         .arg(&json)
         .output()
@@ -670,9 +680,18 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     );
     assert!(at("Item_func_sleep::val_int") < at("sp_head::execute_procedure"));
     assert!(at("sp_head::execute_procedure") < at("do_command"));
+}
+
+/// The core's summary line names the crash and where it happened; its connections are the server's.
+fn the_core_s_summary_and_connections_name_the_crash(
+    core: &Path,
+    tid: u32,
+    id: u64,
+    incident: &Incident,
+) {
     let run = myprobe()
         .args(["stacks", "--core"])
-        .arg(&core)
+        .arg(core)
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&run.stdout);
@@ -699,10 +718,13 @@ fn a_crashed_server_s_report_and_core_name_the_statement_and_its_frames() {
     );
     // And the others, as the server held them when it crashed.
     incident.assert_shown(&out);
-    // The same core cut short (a disk that filled, a copy stopped), at points from its end to its headers: refused
-    // in a line that says so, never a panic, and never a statement the server did not run.
+}
+
+/// The same core cut short (a disk that filled, a copy stopped), at points from its end to its headers: refused
+/// in a line that says so, never a panic, and never a statement the server did not run.
+fn a_cut_core_is_refused_or_shows_only_what_ran(dir: &Path, core: &Path) {
     let cut = dir.join("cut.core");
-    std::fs::copy(&core, &cut).unwrap();
+    std::fs::copy(core, &cut).unwrap();
     let len = std::fs::metadata(&cut).unwrap().len();
     for fraction in [0.999, 0.9, 0.6, 0.3, 0.05, 0.001] {
         let file = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
@@ -790,6 +812,44 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
     servers_alone();
     let servers = crate::common::every_server();
     for (kind, db) in &servers {
+        let connections = Connections::open(kind, db);
+        let out = {
+            // SAFETY: as in Stopped's drop.
+            assert_eq!(unsafe { libc::kill(db.pid as i32, libc::SIGSTOP) }, 0);
+            let _stopped = Stopped(db.pid);
+            myprobe()
+                .args(["stacks", "-p", &db.pid.to_string(), "--no-sql"])
+                .output()
+                .unwrap()
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{kind}: {stderr}");
+        let section = stdout
+            .split_once("connections read from the server's memory: ")
+            .unwrap_or_else(|| panic!("{kind}: no connections read: {stdout}\n{stderr}"))
+            .1;
+        memory_counts_the_connections(kind, section, &stderr);
+        memory_shows_the_idle_in_transaction(kind, section, &connections);
+        memory_shows_the_running_statements(kind, db, &stdout, section, &stderr, &connections);
+        connections.close(db);
+    }
+}
+
+/// The connections of `a_stopped_server_s_statements_are_read_from_its_memory`, each doing what it says.
+struct Connections {
+    /// (its session, its id, its statement, who it is as PROCESSLIST says).
+    running: Vec<(Session, u64, String, String)>,
+    holder: Session,
+    holder_id: u64,
+    in_transaction: Session,
+    in_transaction_id: u64,
+    idle: Vec<Client>,
+    max_connections: String,
+}
+
+impl Connections {
+    fn open(kind: &str, db: &TestDb) -> Connections {
         let mut running = Vec::new();
         for i in 0..3 {
             let mut session = db.session_in(Some("sbtest"));
@@ -837,99 +897,108 @@ fn a_stopped_server_s_statements_are_read_from_its_memory() {
             .into_iter()
             .map(|(session, id, text)| (session, id, text, who(id)))
             .collect();
-        let out = {
-            // SAFETY: as in Stopped's drop.
-            assert_eq!(unsafe { libc::kill(db.pid as i32, libc::SIGSTOP) }, 0);
-            let _stopped = Stopped(db.pid);
-            myprobe()
-                .args(["stacks", "-p", &db.pid.to_string(), "--no-sql"])
-                .output()
-                .unwrap()
-        };
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{kind}: {stderr}");
-        let section = stdout
-            .split_once("connections read from the server's memory: ")
-            .unwrap_or_else(|| panic!("{kind}: no connections read: {stdout}\n{stderr}"))
-            .1;
-        // These 4 running (myprobe's none: it asked nothing; an earlier test's statement may still run, its client
-        // gone), the rest idle: the 200, the holder, the one in its transaction, and whatever else the server
-        // serves.
-        let (counts, _) = section.split_once('\n').unwrap_or((section, ""));
-        let counted = counts
-            .split_once(" running a statement, ")
-            .and_then(|(running, idle)| {
-                let (idle, in_transaction) = idle.split_once(" idle (")?;
-                let in_transaction = in_transaction.strip_suffix(" in an open transaction)")?;
-                Some((
-                    running.parse::<usize>().ok()?,
-                    idle.parse::<usize>().ok()?,
-                    in_transaction.parse::<usize>().ok()?,
-                ))
-            });
-        assert!(
-            counted.is_some_and(|(running, idle, in_transaction)| running >= 4
-                && idle >= 202
-                && in_transaction >= 2),
-            "{kind}: {counts}\n{stderr}"
-        );
-        // Beside each statement, its user and host, database and command, as PROCESSLIST says them.
-        let context = "sbtest, Query, ";
-        // The holder of the row lock, and the other in its transaction: idle, which is how a DBA finds who holds
-        // what others wait for.
-        for id in [holder_id, in_transaction_id] {
-            let line = section
-                .lines()
-                .find(|l| l.starts_with(&format!("  connection {id} ")))
-                .unwrap_or_else(|| panic!("{kind}: connection {id} not shown: {section}"));
-            assert!(
-                line.contains(" (sbtest, Sleep, ")
-                    && line.contains(" s, in a transaction), thread ")
-                    && line.ends_with(": idle in its transaction"),
-                "{kind}: {line}"
-            );
+        Connections {
+            running,
+            holder,
+            holder_id,
+            in_transaction,
+            in_transaction_id,
+            idle,
+            max_connections,
         }
-        // Its time in the command: whole seconds since it began, which is less than 30 s ago; then the server's
-        // thread that serves it.
-        let seconds = |line: &str| -> Option<u64> {
-            let rest = line.strip_prefix(context)?;
-            let (n, rest) = rest.split_once(" s), thread ")?;
-            let (tid, _) = rest.split_once(": ")?;
-            let tid: u32 = tid.parse().ok()?;
-            std::path::Path::new(&format!("/proc/{}/task/{tid}", db.pid))
-                .exists()
-                .then_some(())?;
-            n.parse().ok()
-        };
-        for (_, id, text, who) in &running {
-            let (prefix, statement) = (
-                format!("  connection {id} {who} ("),
-                format!(": {}", myprobe::wire::fingerprint::normalize(text)),
-            );
-            let line = section
-                .lines()
-                .find(|l| l.starts_with(&prefix) && l.ends_with(&statement))
-                .unwrap_or_else(|| {
-                    panic!("{kind}: no `{prefix}…{statement}` in {section}\n{stderr}")
-                });
-            assert!(
-                seconds(&line[prefix.len()..]).is_some_and(|s| s < 30),
-                "{kind}: `{line}` says no database, command, time and thread {context}N s), thread TID"
-            );
-            // And its thread's stack has it beside.
-            assert!(
-                stdout.contains(&format!("statement{statement}")),
-                "{kind}: no thread runs `{statement}`: {stdout}"
-            );
-        }
-        for (_, id, _, _) in &running {
+    }
+
+    fn close(self, db: &TestDb) {
+        for (_, id, _, _) in &self.running {
             db.sql(&format!("KILL {id}"));
         }
-        drop((holder, in_transaction, idle));
+        drop((self.holder, self.in_transaction, self.idle));
         db.sql(&format!(
             "SET GLOBAL max_connections = {}",
-            max_connections.trim()
+            self.max_connections.trim()
         ));
+    }
+}
+
+/// These 4 running (myprobe's none: it asked nothing; an earlier test's statement may still run, its client
+/// gone), the rest idle: the 200, the holder, the one in its transaction, and whatever else the server serves.
+fn memory_counts_the_connections(kind: &str, section: &str, stderr: &str) {
+    let (counts, _) = section.split_once('\n').unwrap_or((section, ""));
+    let counted = counts
+        .split_once(" running a statement, ")
+        .and_then(|(running, idle)| {
+            let (idle, in_transaction) = idle.split_once(" idle (")?;
+            let in_transaction = in_transaction.strip_suffix(" in an open transaction)")?;
+            Some((
+                running.parse::<usize>().ok()?,
+                idle.parse::<usize>().ok()?,
+                in_transaction.parse::<usize>().ok()?,
+            ))
+        });
+    assert!(
+        counted.is_some_and(|(running, idle, in_transaction)| running >= 4
+            && idle >= 202
+            && in_transaction >= 2),
+        "{kind}: {counts}\n{stderr}"
+    );
+}
+
+/// The holder of the row lock, and the other in its transaction: idle, which is how a DBA finds who holds what
+/// others wait for.
+fn memory_shows_the_idle_in_transaction(kind: &str, section: &str, connections: &Connections) {
+    for id in [connections.holder_id, connections.in_transaction_id] {
+        let line = section
+            .lines()
+            .find(|l| l.starts_with(&format!("  connection {id} ")))
+            .unwrap_or_else(|| panic!("{kind}: connection {id} not shown: {section}"));
+        assert!(
+            line.contains(" (sbtest, Sleep, ")
+                && line.contains(" s, in a transaction), thread ")
+                && line.ends_with(": idle in its transaction"),
+            "{kind}: {line}"
+        );
+    }
+}
+
+/// Beside each statement, its user and host, database and command, as PROCESSLIST says them.
+fn memory_shows_the_running_statements(
+    kind: &str,
+    db: &TestDb,
+    stdout: &str,
+    section: &str,
+    stderr: &str,
+    connections: &Connections,
+) {
+    let context = "sbtest, Query, ";
+    // Its time in the command: whole seconds since it began, which is less than 30 s ago; then the server's
+    // thread that serves it.
+    let seconds = |line: &str| -> Option<u64> {
+        let rest = line.strip_prefix(context)?;
+        let (n, rest) = rest.split_once(" s), thread ")?;
+        let (tid, _) = rest.split_once(": ")?;
+        let tid: u32 = tid.parse().ok()?;
+        std::path::Path::new(&format!("/proc/{}/task/{tid}", db.pid))
+            .exists()
+            .then_some(())?;
+        n.parse().ok()
+    };
+    for (_, id, text, who) in &connections.running {
+        let (prefix, statement) = (
+            format!("  connection {id} {who} ("),
+            format!(": {}", myprobe::wire::fingerprint::normalize(text)),
+        );
+        let line = section
+            .lines()
+            .find(|l| l.starts_with(&prefix) && l.ends_with(&statement))
+            .unwrap_or_else(|| panic!("{kind}: no `{prefix}…{statement}` in {section}\n{stderr}"));
+        assert!(
+            seconds(&line[prefix.len()..]).is_some_and(|s| s < 30),
+            "{kind}: `{line}` says no database, command, time and thread {context}N s), thread TID"
+        );
+        // And its thread's stack has it beside.
+        assert!(
+            stdout.contains(&format!("statement{statement}")),
+            "{kind}: no thread runs `{statement}`: {stdout}"
+        );
     }
 }

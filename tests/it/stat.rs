@@ -44,11 +44,42 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     crate::common::servers_alone();
     let db = testdb();
     let load = db.running_load();
+    let side_by_side = run_with_vmstat_and_iostat(&db);
+    load.finish();
+    let ours = &side_by_side.ours;
+    assert!(
+        ours.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&ours.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), LINES);
+    agrees_with_vmstat(&lines, &side_by_side.vmstat, side_by_side.vmstat_secs);
+    agrees_with_iostat(&lines, &side_by_side.iostat);
+    agrees_with_the_server(&lines, side_by_side.questions);
+}
+
+/// `myprobe stat`, vmstat and iostat run over the same seconds, and the server's own count of its statements
+/// meanwhile.
+struct SideBySide {
+    ours: std::process::Output,
+    vmstat: String,
+    /// The wall time vmstat's lines cover.
+    vmstat_secs: f64,
+    iostat: String,
+    /// The server's `Questions` over the run.
+    questions: f64,
+}
+
+fn run_with_vmstat_and_iostat(db: &TestDb) -> SideBySide {
     let questions = |db: &TestDb| -> f64 {
         let out = db.sql("SHOW GLOBAL STATUS LIKE 'Questions'");
         out.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
-    let q0 = questions(&db);
+    let q0 = questions(db);
     // The three start together; each prints a line per second.
     let ours = myprobe()
         .args([
@@ -81,31 +112,34 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
         .spawn()
         .unwrap();
     let ours = ours.wait_with_output().unwrap();
-    let q1 = questions(&db);
+    let q1 = questions(db);
     let (vmstat, vmstat_secs) = vmstat.join().unwrap();
     let vmstat = String::from_utf8_lossy(&vmstat.stdout).into_owned();
     let iostat = String::from_utf8_lossy(&iostat.wait_with_output().unwrap().stdout).into_owned();
-    load.finish();
-    assert!(
-        ours.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ours.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8_lossy(&ours.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), LINES);
-    let sum = |key: &str| lines.iter().map(|l| l[key].as_f64().unwrap()).sum::<f64>();
+    SideBySide {
+        ours,
+        vmstat,
+        vmstat_secs,
+        iostat,
+        questions: q1 - q0,
+    }
+}
 
+fn sum(lines: &[Value], key: &str) -> f64 {
+    lines.iter().map(|l| l[key].as_f64().unwrap()).sum::<f64>()
+}
+
+/// Interrupts, context switches and CPU shares against vmstat's.
+fn agrees_with_vmstat(lines: &[Value], vmstat: &str, vmstat_secs: f64) {
+    let sum = |key: &str| sum(lines, key);
     // vmstat: r b swpd free buff cache si so bi bo in cs us sy id wa st; its first line counts since boot.
-    let v = table(&vmstat, |w| w.parse::<u64>().is_ok());
+    let v = table(vmstat, |w| w.parse::<u64>().is_ok());
     assert_eq!(v.len(), LINES + 1, "{vmstat}");
     let v = &v[1..];
     let col = |i: usize| v.iter().map(|l| l[i]).sum::<f64>();
     // Each tool's mean rate over its span: ours from its lines' own seconds.
     let our_secs = sum("seconds");
-    let mean = |key: &str| counted(&lines, |l| l[key].as_f64().unwrap()) / our_secs;
+    let mean = |key: &str| counted(lines, |l| l[key].as_f64().unwrap()) / our_secs;
     // At least a second each; a busy host's timer comes late.
     assert!(
         (LINES as f64 - 0.1..2.0 * LINES as f64).contains(&our_secs),
@@ -129,8 +163,10 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
     near(sum("user_pct") / n, col(12) / n, 0.10, 3.0, "user %");
     near(sum("system_pct") / n, col(13) / n, 0.10, 3.0, "system %");
     near(sum("idle_pct") / n, col(14) / n, 0.10, 3.0, "idle %");
+}
 
-    // iostat -x: the busiest disk's wkB/s and %util (the last column).
+/// iostat -x: the busiest disk's wkB/s and %util (the last column).
+fn agrees_with_iostat(lines: &[Value], iostat: &str) {
     let header = iostat
         .lines()
         .find(|l| l.starts_with("Device"))
@@ -155,7 +191,7 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
             w(a).total_cmp(&w(b))
         })
         .expect("no disk shown");
-    let io = table(&iostat, |w| w == busiest);
+    let io = table(iostat, |w| w == busiest);
     assert_eq!(io.len(), LINES, "{iostat}");
     let disk_sum = |key: &str| {
         lines
@@ -175,6 +211,7 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
         0.0,
         "write kB/s",
     );
+    let n = LINES as f64;
     near(
         disk_sum("util_pct") / n,
         io_col(names.len() - 1) / n,
@@ -182,18 +219,20 @@ fn columns_agree_with_vmstat_and_iostat_under_load() {
         2.0,
         "%util",
     );
+}
 
-    // The server's own counters: its Questions over the run (ours, plus the test's reads), and its process.
-    let qps = counted(&lines, |l| l["status"]["Questions"].as_f64().unwrap());
+/// The server's own counters: its Questions over the run (ours, plus the test's reads), and its process.
+fn agrees_with_the_server(lines: &[Value], questions: f64) {
+    let qps = counted(lines, |l| l["status"]["Questions"].as_f64().unwrap());
     assert!(qps > 0.0);
-    near(qps, q1 - q0, 0.10, 0.0, "queries counted");
+    near(qps, questions, 0.10, 0.0, "queries counted");
     assert!(lines
         .iter()
         .all(|l| l["status"]["Threads_running"].as_f64().unwrap() >= 1.0));
     assert!(lines
         .iter()
         .all(|l| l["server_threads"].as_u64().unwrap() > 1));
-    assert!(sum("server_cpu_pct") > 0.0);
+    assert!(sum(lines, "server_cpu_pct") > 0.0);
 }
 
 #[test]

@@ -5,24 +5,26 @@
 //! prepared statement, engine, `Item_func_*` classes). Pure functions of the text: resolving addresses
 //! against binaries and rendering are the caller's.
 //!
-//! One file per text format, each a `Format`; the helpers they share are here.
+//! One file per text format, each a `Format`; the helpers they share are here, the order they are tried in
+//! formats.rs.
 
 mod addresses;
 mod crash_log;
 mod elements;
 mod eu_stack;
+mod formats;
 mod gdb;
 #[cfg(test)]
 mod test_support;
 
 use std::str::FromStr;
 
-use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::symbolize::clean_name;
 
 pub use elements::{crash_site, identify, summary_line, Elements};
+pub use formats::parse;
 pub use gdb::strip_gdb_arguments;
 
 /// One frame as the text gives it.
@@ -140,46 +142,6 @@ struct Found {
     threads: Vec<TextThread>,
     /// As [`CrashInfo::format`] names it: one format may tell variants apart (gdb and pstack).
     format: &'static str,
-}
-
-/// Tried in this order, the first that finds a stack wins: a crash report's own backtrace over gdb or
-/// eu-stack text pasted with it, and bare addresses, which the others' lines may also be, last.
-const FORMATS: &[&dyn Format] = &[
-    &crash_log::CrashLog,
-    &gdb::Gdb,
-    &eu_stack::EuStack,
-    &addresses::Addresses,
-];
-
-/// Parses pasted stack text. An error log may hold several crashes: the LAST crash section is taken (the
-/// one nearest the end of the text, up to the next server start). Crash facts are read even when the stack
-/// comes from gdb or eu-stack text pasted along with the log. `name` names the text in messages (a file
-/// name, or `-` for standard input).
-///
-/// Errors when the text holds no stack, with one line telling what was expected.
-pub fn parse(text: &str, name: &str) -> Result<ParsedText> {
-    let lines: Vec<&str> = text.lines().map(clean_line).collect();
-    let crash = crash_log::facts(&lines);
-    if let Some(found) = FORMATS.iter().find_map(|f| f.parse(&lines)) {
-        return Ok(ParsedText {
-            threads: found.threads,
-            crash: CrashInfo {
-                format: found.format,
-                ..crash
-            },
-        });
-    }
-    // Only a crash report's `got signal` (or `got exception`) line gives a signal: its backtrace is missing.
-    if crash.signal.is_some() {
-        bail!(
-            "no stack found in {name}: the crash report has no backtrace lines (expected lines such as \
-             `mariadbd(handle_fatal_signal+0x269)[0x55f64889b0f9]` after \"Attempting backtrace\")"
-        );
-    }
-    bail!(
-        "no stack found in {name}: expected a MariaDB/MySQL crash report, gdb `thread apply all bt`, \
-         eu-stack or pstack text, or a list of addresses"
-    )
 }
 
 /// A frame name cleaned for showing and classifying: demangled (`_ZN15Item_func_sleep7val_intEv` →
