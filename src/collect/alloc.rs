@@ -20,7 +20,8 @@ use super::{
     maps::{for_each_per_cpu, for_each_typed, Plain},
     monotonic_ns,
     periods::SamplePeriods,
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Estimate, Features,
 };
 

@@ -9,7 +9,8 @@ use perf_event_open_sys as perf;
 
 use super::{
     online_cpus,
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Stacks, Sum},
     CollectOptions, Collected,
 };
 

@@ -23,7 +23,7 @@ use libbpf_rs::{
 use super::{
     periods::SamplePeriods,
     ring,
-    stack_collector::{install_unwind, refresh_unwind, StackSkeleton, UnwindMaps},
+    skeleton::{install_unwind, refresh_unwind, StackSkeleton, UnwindMaps},
     targets::{self, Published},
     unwind_store::Installed,
     CollectOptions, Features, Kind,
@@ -138,7 +138,7 @@ pub fn open_and_load<'obj, S: StackSkeleton>(
         .unwrap_or_default()
         .trim_end_matches("_bpf");
     Features::of_kernel(opts.btf.as_deref()).require_build_for(collector)?;
-    super::stack_collector::set_common::<S>(&mut open, opts)?;
+    super::skeleton::set_common::<S>(&mut open, opts)?;
     configure(&mut open)?;
     super::budget::fit(
         open.open_object_mut(),

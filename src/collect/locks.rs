@@ -5,7 +5,8 @@ use anyhow::{Context, Result};
 
 use super::{
     maps::{read_typed, Plain},
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 

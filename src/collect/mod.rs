@@ -19,6 +19,7 @@ pub mod offcpu;
 pub mod periods;
 pub mod queries;
 pub mod ring;
+pub mod skeleton;
 pub mod stack_collector;
 pub mod syscalls;
 pub mod targets;

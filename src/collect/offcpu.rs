@@ -12,7 +12,8 @@ use libbpf_rs::{skel::Skel, Link};
 use super::{
     maps::{drain_typed, for_each_typed, read_exact, Plain},
     monotonic_ns,
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 
@@ -154,7 +155,7 @@ impl Collector for Offcpu {
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
         self.started_ns = monotonic_ns();
         self.last_drain = Some(Instant::now());
-        stack_collector::attach_by_section(skel.object())
+        super::skeleton::attach_by_section(skel.object())
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {

@@ -16,7 +16,7 @@ use super::{
     maps::{read_exact, read_prefix, read_prefix_into, Plain},
     periods::SamplePeriods,
     ring,
-    stack_collector::{attach_by_section, decode_stack, stack_skeleton, StackSkeleton},
+    skeleton::{attach_by_section, decode_stack, stack_skeleton, StackSkeleton},
     CollectOptions, Lost, RawStack,
 };
 use crate::process::probes::Function;

@@ -6,7 +6,8 @@ use syscalls::Sysno;
 
 use super::{
     maps::{for_each_per_cpu, for_each_typed, Plain},
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 

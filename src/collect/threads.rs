@@ -14,7 +14,7 @@ use super::{
     },
     lifecycle::open_and_load,
     maps::{read_exact, Plain},
-    stack_collector::{install_unwind, stack_skeleton, Installed, StackSkeleton},
+    skeleton::{install_unwind, stack_skeleton, Installed, StackSkeleton},
     CollectOptions, Lost, RawStack,
 };
 

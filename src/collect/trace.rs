@@ -13,7 +13,8 @@ use libbpf_rs::{Link, MapCore, UprobeMultiOpts, UprobeOpts, UsdtOpts};
 
 use super::{
     maps::{for_each_typed, Plain},
-    stack_collector::{self, stack_skeleton, Collector, Loaded, Open, Stacks, Sum},
+    skeleton::stack_skeleton,
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 use crate::process::probes::EntryProbe;
