@@ -588,7 +588,7 @@ pub fn collect(
         links: attach_by_section(skel.object())
             .context("attaching to the socket and scheduler tracepoints")?,
         draining: false,
-        cycle: opts.duty.map_or(1, |d| d.every),
+        cycle: opts.duty.as_ref().map_or(1, |d| d.every),
     };
 
     let mut dispatch_links: Vec<Link> = Vec::new();
@@ -620,7 +620,7 @@ pub fn collect(
     let mut lost_said = Lost::default();
     // Sampled (the agent, or a busy server's statements): statements start only within a period; at its end the statements in flight are
     // followed to their end (`closing`), then the tracepoints detached until the next period.
-    let mut periods = opts.duty.map(SamplePeriods::of);
+    let mut periods = opts.duty.clone().map(SamplePeriods::of);
     let mut execute_link = ExecuteLink::default();
     let mut long_waits_read = Instant::now();
     let result = ring::poll(&reader, opts, |elapsed| {
@@ -636,7 +636,7 @@ pub fn collect(
             execute_link.follow(e, wish, &mut skel, attached, opts.pid, on_event)?;
         }
         if let Some(p) = periods.as_mut() {
-            let adaptive = opts.duty.is_some_and(|d| d.max_rate.is_some());
+            let adaptive = opts.duty.as_ref().is_some_and(|d| d.max_rate.is_some());
             let on_event = &mut *on_event.borrow_mut();
             tracepoints.follow_period(p, statements.take(), adaptive, &mut skel, on_event)?;
         }

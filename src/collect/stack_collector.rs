@@ -453,7 +453,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut publishing = Publishing::default();
     publishing.update::<C::Skel>(opts, C::Skel::unwind(&mut skel), true)?;
     let mut links = collector.attach(&mut skel)?;
-    let mut periods = opts.duty.map(SamplePeriods::of);
+    let mut periods = opts.duty.clone().map(SamplePeriods::of);
     if !opts.announce.is_empty() {
         say!("{}", opts.announce);
     }
