@@ -23,7 +23,7 @@ use libbpf_rs::{
 
 pub(crate) use super::unwind_store::Installed;
 use super::{
-    maps::{as_bytes, read_prefix, Plain},
+    maps::{read_prefix, Plain},
     open_object,
     periods::SamplePeriods,
     ring,
@@ -562,14 +562,9 @@ impl Publishing {
     ) -> Result<bool> {
         match &opts.targets {
             Some(targets) => {
-                let mapping = |m: &BpfMapping, bytes: &mut [u8]| {
-                    bytes.copy_from_slice(as_bytes(&[S::unwind_mapping(m)]));
-                };
                 let kernel = targets::Kernel {
                     target_bits: maps.target_bits,
                     processes: maps.processes,
-                    mapping_size: std::mem::size_of::<S::UnwindMapping>(),
-                    mapping: &mapping,
                 };
                 self.published
                     .sync(targets, opts.unwind.as_deref(), &kernel)
@@ -752,7 +747,7 @@ fn seed_rows<S: StackSkeleton>(
     maps: &UnwindMaps<'_, S::UnwindMapping>,
 ) {
     /// COMPAT_ROW_FRAMES of unwind.h.
-    const ROW_FRAMES: usize = 4;
+    const ROW_FRAMES: usize = crate::unwind::abi::unwind_limits::COMPAT_ROW_FRAMES.0 as usize;
     use crate::process::memory::Memory;
     let Ok(mem) = crate::process::memory::ProcMemory::open(pid) else {
         return;
