@@ -1,5 +1,6 @@
 //! Compiles every `src/bpf/<name>.bpf.c` into a CO-RE object and a Rust skeleton `<name>.skel.rs` in OUT_DIR,
-//! with warnings as errors; and checks that every header of src/bpf compiles on its own.
+//! with warnings as errors; and checks that every header of src/bpf compiles on its own, rendering the types and
+//! enums of those that modules below `collect` share (`ABI_HEADERS`) as Rust.
 //!
 //! The collectors that run on kernels without `bpf_loop` (before 5.17: `COMPAT_OBJECTS`) are compiled a second
 //! time with `-DMYPROBE_COMPAT` (compat.h). Its skeleton must be the same as the first's but for the object's
@@ -15,6 +16,11 @@ use libbpf_cargo::SkeletonBuilder;
 
 /// The objects also built for kernels before 5.17 (compat.h); the others refuse there.
 const COMPAT_OBJECTS: &[&str] = &["cpu", "locks", "offcpu", "queries", "syscalls", "threads"];
+
+/// Headers whose types and enums modules below `collect` use (they may not import a collector's skeleton): each
+/// one's check also renders its BTF as Rust, a skeleton's `types` module, in OUT_DIR/<name>_abi.rs, with every enum
+/// it defines (given a variable of its type there, as BTF holds only the types something uses).
+const ABI_HEADERS: &[&str] = &["protocol.h", "unwind.h"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
@@ -90,17 +96,34 @@ fn build_entry(path: &Path, out: &Path, clang_args: &[String]) {
             );
             join_compat(&skel, &compat_skel, path);
         }
-    } else if file.ends_with(".h") && file != "vmlinux.h" {
+    } else if let Some(stem) = file.strip_suffix(".h").filter(|_| file != "vmlinux.h") {
         // Self-contained: a header includes what it uses, so any order of includes compiles.
-        let check = out.join(format!("header_{}.bpf.c", file.trim_end_matches(".h")));
+        let check = out.join(format!("header_{stem}.bpf.c"));
         let root = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-        fs::write(&check, format!("#include \"{root}/src/bpf/{file}\"\n"))
-            .expect("OUT_DIR is writable");
-        SkeletonBuilder::new()
+        let mut source = format!("#include \"{root}/src/bpf/{file}\"\n");
+        let abi = ABI_HEADERS.contains(&file);
+        if abi {
+            let text = fs::read_to_string(path).expect("src/bpf's files are text");
+            for name in defined_types(&text, "enum ") {
+                source.push_str(&format!("enum {name} abi_{name};\n"));
+            }
+        }
+        fs::write(&check, source).expect("OUT_DIR is writable");
+        let mut builder = SkeletonBuilder::new();
+        builder
             .source(&check)
             .obj(check.with_extension("o"))
-            .clang_args(clang_args)
-            .build()
+            .clang_args(clang_args);
+        let compiled = if abi {
+            let skel = check.with_extension("skel.rs");
+            builder.build_and_generate(&skel).map(|()| {
+                let types = types_module(&fs::read_to_string(&skel).expect("just written"));
+                fs::write(out.join(format!("{stem}_abi.rs")), types).expect("OUT_DIR is writable");
+            })
+        } else {
+            builder.build()
+        };
+        compiled
             .unwrap_or_else(|e| panic!("{} does not compile on its own: {e:#}", path.display()));
     }
 }
@@ -268,19 +291,47 @@ fn own_types() -> Vec<String> {
             continue;
         }
         let text = fs::read_to_string(&path).expect("src/bpf's files are text");
-        for line in text.lines() {
-            for kind in ["struct ", "enum "] {
-                if let Some(rest) = line.strip_prefix(kind) {
-                    let name: String = rest
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && rest[name.len()..].trim_start().starts_with(['{', ':']) {
-                        names.push(name);
-                    }
-                }
-            }
+        for kind in ["struct ", "enum "] {
+            names.extend(defined_types(&text, kind));
         }
     }
     names
+}
+
+/// The names of the types of `kind` (`"struct "`, `"enum "`) that `text` defines at the start of a line.
+fn defined_types(text: &str, kind: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for rest in text.lines().filter_map(|line| line.strip_prefix(kind)) {
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() && rest[name.len()..].trim_start().starts_with(['{', ':']) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// The items of a skeleton's `types` module, to be included in a module of their own.
+fn types_module(skeleton: &str) -> String {
+    let lines: Vec<&str> = skeleton.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim_start() == "pub mod types {")
+        .expect("a skeleton has a types module");
+    let indent = lines[start].len() - lines[start].trim_start().len();
+    let mut items = String::new();
+    for line in &lines[start + 1..] {
+        let inner = line.get(indent + 4..).unwrap_or(line.trim_start());
+        if line.len() - line.trim_start().len() == indent && line.trim_start() == "}" {
+            return items;
+        }
+        // Its glob import of the skeleton's module, which the types do not need.
+        if !inner.starts_with("#[allow(unused_imports)]") && !inner.starts_with("use super::*;") {
+            items.push_str(inner);
+            items.push('\n');
+        }
+    }
+    panic!("the types module of a skeleton ends")
 }

@@ -27,15 +27,15 @@ const MAX_REQUESTS: usize = 8;
 const MAX_SECONDS: u64 = 300;
 const DEFAULT_SECONDS: u64 = 30;
 
-/// Listens on `address` (an error at once if it cannot) and serves from a thread of its own until
-/// `collect::interrupted`.
+/// Listens on `address` (an error at once if it cannot) and serves from a thread of its own until the agent is
+/// stopped (`Shared::stop`).
 pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHandle<()>> {
     let server = Server::http(address)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("listening on {address} (choose another with --listen)"))?;
     let busy = Arc::new(AtomicUsize::new(0));
     Ok(std::thread::spawn(move || {
-        while !crate::collect::interrupted() {
+        while !shared.stop.is_stopped() {
             // Ctrl-C is seen within a second; a request wakes it at once.
             let request = match server.recv_timeout(super::WAKE) {
                 Ok(Some(r)) => r,

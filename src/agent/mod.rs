@@ -28,10 +28,10 @@ use anyhow::{Context, Result};
 use crate::{
     collect::{
         self,
-        periods::{self, Duty},
+        periods::{BudgetShares, Duty},
         targets::Targets,
         unwind_store::{Stores, UnwindStore},
-        Collected, Kind, Lost, RawStack, Row,
+        Collected, Kind, Lost, RawStack, Row, Stop,
     },
     process::{self, Target},
     query::follow::FollowOptions,
@@ -175,6 +175,10 @@ pub struct Shared {
     sets: Mutex<Vec<ProgramSet>>,
     pub retention: Retention,
     pub host: String,
+    /// The agent's run: Ctrl-C and SIGTERM end it, and with it every loop of the agent.
+    stop: Stop,
+    /// Between how many servers the statements' CPU budget is split: those found now.
+    budget_shares: BudgetShares,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -322,6 +326,8 @@ pub fn run(o: Options) -> Result<()> {
         sets: Mutex::new(Vec::new()),
         retention,
         host: crate::report::hostname(),
+        stop: Stop::new(),
+        budget_shares: BudgetShares::default(),
     });
     let server = http::serve(&o.listen, Arc::clone(&shared))?;
     say!(
@@ -334,7 +340,7 @@ pub fn run(o: Options) -> Result<()> {
     let mut wanted = Wanted::new(o.pid);
     let mut sessions: Vec<Session> = Vec::new();
     let mut failed: HashMap<u32, Failed> = HashMap::new();
-    while !collect::interrupted() {
+    while !shared.stop.is_stopped() {
         // Servers whose tracing ended: they exited, or it failed (tried again later).
         for s in sessions.extract_if(.., |s| s.thread.is_finished()) {
             let pid = s.target.pid;
@@ -364,7 +370,7 @@ pub fn run(o: Options) -> Result<()> {
             Ok(pids) => {
                 let (found, share) = (pids.len(), pids.len().max(1) as u32);
                 // The statements' CPU budget, split between the servers found now at each of their periods.
-                periods::BUDGET_SHARES.store(share, std::sync::atomic::Ordering::Relaxed);
+                shared.budget_shares.set(share);
                 for pid in pids {
                     let traced = sessions.iter().any(|s| s.target.pid == pid);
                     let later = failed.get(&pid).is_some_and(|f| Instant::now() < f.at);

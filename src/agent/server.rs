@@ -16,9 +16,7 @@ use super::{
 };
 use crate::{
     client::socket::listening_port,
-    collect::{
-        self, ring::RingOptions, targets::Targets, Collected, Kind, Lost, Slice, Slices, Stop,
-    },
+    collect::{ring::RingOptions, targets::Targets, Collected, Kind, Lost, Slice, Slices, Stop},
     process::{self, container::Container, Target},
     profile::{
         self,
@@ -67,7 +65,7 @@ impl ServerLabels {
 
 /// Traces `target` until it exits or the agent stops, its maps within `share` of the agent's kernel memory
 /// budget (the servers found as it attaches: maps are sized once, when loaded); the statements' CPU budget is
-/// split between the servers found at each of its periods (`periods::BUDGET_SHARES`).
+/// split between the servers found at each of its periods (`Shared::budget_shares`).
 pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Result<()> {
     let mut symbolizer = Symbolizer::new(target.pid).context("preparing symbolization")?;
     symbolizer.preload(false);
@@ -81,11 +79,12 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         min_block_us: o.min_block_us,
         // Always on: a preempted thread is not unwound at every switch (bench/README.md).
         preempted_leaf_only: true,
-        duty: o.duty,
+        duty: o.duty.clone(),
         statements: FollowOptions {
             // Its readers wake once a second (a slice, a period's edge, or a batch of records), not ten times.
             ring: RingOptions::quiet(WAKE),
             stop: Stop::new(),
+            budget_shares: shared.budget_shares.clone(),
             max_kernel_mem_mib: (o.queries.max_kernel_mem_mib / u64::from(share.max(1))).max(1),
             ..o.queries.clone()
         },
@@ -154,7 +153,7 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
     }
     shared.metrics().detached(pid);
     shared.status_mut().attached.retain(|a| a.pid != pid);
-    if !process::exited(pid) && !collect::interrupted() {
+    if !process::exited(pid) && !shared.stop.is_stopped() {
         anyhow::bail!("every collector ended: {}", failed.join("; "));
     }
     Ok(())
@@ -164,12 +163,12 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
 fn start_metrics(target: &Target, labels: &ServerLabels, plan: &Plan, shared: &Shared) {
     {
         let mut m = shared.metrics();
-        m.sample_every = plan.duty.map_or(1, |d| d.every).into();
+        m.sample_every = plan.duty.as_ref().map_or(1, |d| d.every).into();
         let s = m.attach(target.pid, labels.prometheus());
         s.statements_every = plan
             .statements
             .sampling
-            .duty(plan.statements.max_cpu_pct)
+            .duty(plan.statements.max_cpu_pct, &plan.statements.budget_shares)
             .map_or(1, |d| d.every.into());
         // Every collector's losses are exported from the start, at zero.
         for kind in Kind::PROFILES {

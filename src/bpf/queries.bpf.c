@@ -27,6 +27,7 @@
 #include "futex.h"
 #include "lost.h"
 #include "maps.h"
+#include "protocol.h"
 #include "queries.h"
 #include "ringbuf.h"
 #include "stack_ids.h"
@@ -58,20 +59,6 @@ const volatile __u64 min_statement_ns = 0;
 __u64 below_min_statements;
 
 #define MSG_PEEK 0x02
-#define COM_QUIT 0x01
-#define COM_QUERY 0x03
-#define COM_STMT_EXECUTE 0x17
-#define COM_INIT_DB 0x02
-#define COM_STMT_PREPARE 0x16
-#define COM_STMT_RESET 0x1a
-#define COM_STMT_SEND_LONG_DATA 0x18
-#define COM_STMT_CLOSE 0x19
-#define COM_PING 0x0e
-#define COM_STMT_FETCH 0x1c
-#define COM_STMT_BULK_EXECUTE 0xfa
-#define CLIENT_COMPRESS 0x20
-#define CLIENT_ZSTD_COMPRESSION 0x4000000 /* MySQL's: the compressed protocol with zstd */
-#define CLIENT_SSL 0x800
 /* MySQL's X protocol: another framing on another port, not followed. */
 #define X_PROTOCOL_PORT 33060
 /* Packets parsed after the first in one read (a server that reads ahead). */
@@ -753,7 +740,7 @@ static __always_inline void client_packet(struct query_thread *st, __u32 tid, __
 		st->tls_fd = fd;
 		st->tls_requested = 1;
 		st->tls_synced = 1;
-	} else if (caps & (CLIENT_COMPRESS | CLIENT_ZSTD_COMPRESSION)) {
+	} else if (caps & (CLIENT_COMPRESS | CLIENT_ZSTD_COMPRESSION_ALGORITHM)) {
 		st->compression = COMPRESSION_ASKED;
 		st->compressed_fd = fd;
 		st->compressed_ino = socket_ino(st->call_sk);

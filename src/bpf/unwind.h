@@ -11,19 +11,26 @@
 #include "compat.h"
 #include "target.h"
 
-#define MAX_USER_FRAMES 127
-#define MAX_UNWIND_MAPPINGS 256
-#define UNWIND_BUFFER_FRAMES 128 /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
-/* Return addresses whose stack slots an unwind records (unwind_buffer.slots), for the call-site cache of
- * stack_ids.h to check that a stack seen at the same place is still the same stack. */
-#define RECORDED_SLOTS 4
+/* The numbers src/unwind/ shares with this header: enums rather than #defines, so that they are in BTF, from which
+ * build.rs generates `unwind::abi` (this header compiled alone); Rust writes none of them again. */
+enum unwind_limits {
+	MAX_USER_FRAMES = 127,
+	MAX_UNWIND_MAPPINGS = 256,
+	UNWIND_BUFFER_FRAMES = 128, /* a power of 2 above MAX_USER_FRAMES, for masking indexes */
+	/* Return addresses whose stack slots an unwind records (unwind_buffer.slots), for the call-site cache of
+	 * stack_ids.h to check that a stack seen at the same place is still the same stack. */
+	RECORDED_SLOTS = 4,
+	/* Binary search steps: enough for the largest range each searches. */
+	MAPPING_SEARCH_STEPS = 9, /* over [0, MAX_UNWIND_MAPPINGS] */
+	ROW_SEARCH_STEPS = 33,    /* over a range of __u32 row indexes */
+	/* unwind_pages indexes pages of 4 KiB: an address's page is address >> UNWIND_PAGE_SHIFT. */
+	UNWIND_PAGE_SHIFT = 12,
+	/* The compat build: frames of a thread in a syscall unwound by address_rows (unwind_user_stack). */
+	COMPAT_ROW_FRAMES = 4,
+};
 _Static_assert(UNWIND_BUFFER_FRAMES > MAX_USER_FRAMES && !(UNWIND_BUFFER_FRAMES & (UNWIND_BUFFER_FRAMES - 1)),
 	       "frame indexes are masked with UNWIND_BUFFER_FRAMES - 1");
-
-/* Binary search steps: enough for the largest range each searches. */
-#define MAPPING_SEARCH_STEPS 9 /* over [0, MAX_UNWIND_MAPPINGS] */
 _Static_assert((1 << (MAPPING_SEARCH_STEPS - 1)) >= MAX_UNWIND_MAPPINGS, "mapping search too short");
-#define ROW_SEARCH_STEPS 33 /* over a range of __u32 row indexes */
 _Static_assert((1ULL << (ROW_SEARCH_STEPS - 1)) >= (1ULL << 32), "row search too short");
 
 enum unwind_kind {
@@ -40,9 +47,11 @@ enum unwind_kind {
 /* Where the kernel saves the interrupted frame's registers in an x86_64 signal frame: the struct ucontext at sp
  * (past the handler's return), its uc_mcontext after uc_flags, uc_link and uc_stack; rbp, rsp and rip in struct
  * sigcontext. */
-#define SIGFRAME_BP (40 + 10 * 8)
-#define SIGFRAME_SP (40 + 15 * 8)
-#define SIGFRAME_IP (40 + 16 * 8)
+enum unwind_sigframe {
+	SIGFRAME_BP = 40 + 10 * 8,
+	SIGFRAME_SP = 40 + 15 * 8,
+	SIGFRAME_IP = 40 + 16 * 8,
+};
 
 struct unwind_row {
 	__u32 pc;          /* ELF virtual address where the row starts */
@@ -248,8 +257,8 @@ static __always_inline __s64 page_row(__u32 index)
 /* The row of mapping m that holds vaddr, or 0. */
 static __always_inline struct unwind_row *find_unwind_row(struct unwind_mapping *m, __u64 vaddr)
 {
-	__u64 page = (vaddr >> 12) - m->first_page;
-	if ((vaddr >> 12) < m->first_page || page >= m->page_count)
+	__u64 page = (vaddr >> UNWIND_PAGE_SHIFT) - m->first_page;
+	if ((vaddr >> UNWIND_PAGE_SHIFT) < m->first_page || page >= m->page_count)
 		return 0;
 	__s64 lo = page_row(m->page_start + page);
 	__s64 hi = page_row(m->page_start + page + 1);
@@ -468,10 +477,9 @@ static __always_inline long unwind_task_user_stack(struct task_struct *task, __u
 
 #else /* MYPROBE_COMPAT: no bpf_loop to search the tables */
 
-/* Frames of a thread in a syscall unwound by address_rows before frame pointers take over: the C library's
- * functions between a syscall and the code that called them have no frame pointers (Debian's glibc), and a wait
- * there (a futex, a poll) would keep only its leaf, the frame pointer being another register there. */
-#define COMPAT_ROW_FRAMES 4
+/* COMPAT_ROW_FRAMES: frames of a thread in a syscall unwound by address_rows before frame pointers take over: the
+ * C library's functions between a syscall and the code that called them have no frame pointers (Debian's glibc),
+ * and a wait there (a futex, a poll) would keep only its leaf, the frame pointer being another register there. */
 
 /* The row of the instruction at pc, from address_rows; asked of user space when it is not there yet. */
 static __always_inline struct unwind_row *address_row(__u64 pc)

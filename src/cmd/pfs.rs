@@ -13,7 +13,7 @@ use clap::Args;
 
 use crate::{
     client::{self, Client, ConnectArgs},
-    collect::{install_stop_handler, interrupted},
+    collect::{install_stop_handler, Stop},
     pfs::{self, Kind, Rings, Setup, Totals, NEST_KINDS},
     process,
     profile::Profile,
@@ -84,6 +84,7 @@ pub fn run(a: PfsArgs) -> Result<()> {
     let mut client = client::connect(&a.connect, pid)?;
     pfs::check_enabled(&mut client)?;
     install_stop_handler();
+    let stop = Stop::new();
     let kinds: Vec<Kind> = if a.nest {
         NEST_KINDS.to_vec()
     } else {
@@ -104,7 +105,7 @@ pub fn run(a: PfsArgs) -> Result<()> {
             if let Some(d) = setup.describe() {
                 say!("myprobe: {d}");
             }
-            measure(&mut client, &a, unit, per_unit)
+            measure(&mut client, &a, unit, per_unit, &stop)
         });
     let restored = setup.restore(&mut client);
     // A run that failed because the server is gone: its settings went with it (performance_schema starts from
@@ -134,6 +135,7 @@ fn measure(
     a: &PfsArgs,
     unit: crate::profile::Unit,
     per_unit: u64,
+    stop: &Stop,
 ) -> Result<Measured> {
     // With --nest, every kind's summary: how many events each ring should have kept.
     let summaries = if a.nest {
@@ -158,7 +160,7 @@ fn measure(
     let gone = |e: anyhow::Error| e.context("the server stopped answering during the run");
     let started = Instant::now();
     let duration = Duration::from_secs_f64(a.duration);
-    while started.elapsed() < duration && !interrupted() {
+    while started.elapsed() < duration && !stop.is_stopped() {
         let left = duration.saturating_sub(started.elapsed());
         std::thread::sleep(RING_READ_INTERVAL.min(left));
         if let Some(r) = &mut rings {

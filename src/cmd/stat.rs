@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::{
     client::{self, Client, ConnectArgs},
-    collect::{install_stop_handler, interrupted},
+    collect::{install_stop_handler, Stop},
     process, stat,
 };
 
@@ -69,6 +69,7 @@ pub fn run(a: StatArgs) -> Result<()> {
         _ => None,
     };
     install_stop_handler();
+    let stop = Stop::new();
     // SAFETY: sysconf with valid names has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
@@ -83,7 +84,7 @@ pub fn run(a: StatArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     while a.count.is_none_or(|c| printed < c) {
         while Instant::now() < next {
-            if interrupted() {
+            if stop.is_stopped() {
                 return Ok(());
             }
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(100)));

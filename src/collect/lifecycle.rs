@@ -28,7 +28,6 @@ use super::{
     unwind_store::Installed,
     CollectOptions, Features, Kind,
 };
-use crate::unwind::BpfMapping;
 
 pub type Open<'o, L> = <<L as Lifecycle>::Skel as StackSkeleton>::Open<'o>;
 pub type Loaded<'o, L> = <<L as Lifecycle>::Skel as StackSkeleton>::Loaded<'o>;
@@ -173,7 +172,7 @@ pub fn run<L: Lifecycle>(collector: &mut L, opts: &CollectOptions) -> Result<L::
     let reader = ring::reader(L::Skel::events(&skel), |data| {
         collector.borrow_mut().record(data);
     })?;
-    let mut periods = opts.duty.map(SamplePeriods::of);
+    let mut periods = opts.duty.clone().map(SamplePeriods::of);
     let mut last_slice = Instant::now();
     let traced = ring::poll(&reader, opts, |elapsed| {
         let collector = &mut *collector.borrow_mut();
@@ -251,14 +250,9 @@ impl Publishing {
     ) -> Result<bool> {
         match &opts.targets {
             Some(targets) => {
-                let mapping = |m: &BpfMapping, bytes: &mut [u8]| {
-                    bytes.copy_from_slice(super::maps::as_bytes(&[S::unwind_mapping(m)]));
-                };
                 let kernel = targets::Kernel {
                     target_bits: maps.target_bits,
                     processes: maps.processes,
-                    mapping_size: std::mem::size_of::<S::UnwindMapping>(),
-                    mapping: &mapping,
                 };
                 self.published
                     .sync(targets, opts.unwind.as_deref(), &kernel)

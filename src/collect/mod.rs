@@ -42,7 +42,8 @@ pub(crate) use collected::lost_in_kernel;
 pub use collected::{Collected, Estimate, Kind, Lost, RawStack, Row, Slice};
 pub use features::Features;
 
-/// Set by Ctrl-C (or SIGTERM), for every run of the process: a signal handler has no other place to write to.
+/// Set by Ctrl-C (or SIGTERM), for every run of the process: a signal handler has no other place to write to. Read
+/// only through [`Stop`], which every loop that Ctrl-C ends is given.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C handler once; a second Ctrl-C while results are being written is ignored.
@@ -53,14 +54,15 @@ pub fn install_stop_handler() {
     });
 }
 
-/// Whether Ctrl-C (or SIGTERM) came: what ends a command that runs no collector (`stat`, `pfs`, the agent).
-pub fn interrupted() -> bool {
+/// Whether Ctrl-C (or SIGTERM) came.
+fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
 /// Ends a run of collectors, and tells when it ended. One per run, cloned into each collector of it (the
 /// clones share it): the command that runs several ends them all at once, a collector whose results nobody
-/// reads any more ends its own run, and Ctrl-C ends every run.
+/// reads any more ends its own run, and Ctrl-C ends every run. Commands that run no collector (`stat`, `pfs`)
+/// and the agent's own loops ask one too: it is the only way to the Ctrl-C flag.
 #[derive(Clone, Debug, Default)]
 pub struct Stop {
     stopped: Arc<AtomicBool>,

@@ -8,12 +8,15 @@
 //! finds stands for the cycle it opened (`SamplePeriods::every` then), whatever is chosen at its end.
 
 use std::{
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
 /// Collectors probed for `length` in each cycle of `every` periods (`CollectOptions::duty`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Duty {
     pub length: Duration,
     pub every: u32,
@@ -30,20 +33,40 @@ pub struct Duty {
 /// the kernel's BPF statistics for every program of the host) and what this process spends on it (its CPU time
 /// over each period traced: reading and joining the events; not its work between periods, which tracing fewer
 /// would not save).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuBudget {
     pub per_mille_of_cpu: u32,
     pub kernel_ns_per_event: u64,
     /// Whose CPU time is this process's part: all its threads', or only the one that reads the events (the
     /// agent's statements, whose process runs other collectors too).
     pub own: OwnCpu,
-    /// Split evenly between as many as [`BUDGET_SHARES`] says now (the agent's servers, as they come and go).
-    pub shared: bool,
+    /// Split evenly between as many as these say now (the agent's servers, as they come and go).
+    pub shares: BudgetShares,
 }
 
-/// Between how many a `shared` budget is split: set by whoever splits it (the agent, to the servers it finds),
-/// read at the end of each period.
-pub static BUDGET_SHARES: AtomicU32 = AtomicU32::new(1);
+/// Between how many a budget is split: kept by whoever splits it (the agent, set to the servers it finds) and
+/// given to each share's tracing, which reads it at the end of each period. One until set.
+#[derive(Clone, Debug, Default)]
+pub struct BudgetShares(Arc<AtomicU32>);
+
+impl BudgetShares {
+    pub fn set(&self, shares: u32) {
+        self.0.store(shares, Ordering::Relaxed);
+    }
+
+    fn now(&self) -> u32 {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// The same shares: the same splitter's.
+impl PartialEq for BudgetShares {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for BudgetShares {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OwnCpu {
@@ -54,11 +77,7 @@ pub enum OwnCpu {
 impl CpuBudget {
     /// Events a second that stay within the budget when each costs `ns`.
     pub fn max_rate(&self, ns: f64) -> u64 {
-        let shares = if self.shared {
-            BUDGET_SHARES.load(Ordering::Relaxed).max(1)
-        } else {
-            1
-        };
+        let shares = self.shares.now();
         (f64::from(self.per_mille_of_cpu) / f64::from(shares) * 1e6 / ns.max(1.0)).max(1.0) as u64
     }
 }
@@ -143,8 +162,11 @@ impl SamplePeriods {
     pub fn of(duty: Duty) -> Self {
         SamplePeriods {
             max_rate: duty.max_rate,
+            cpu_mark: duty
+                .budget
+                .as_ref()
+                .map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
             budget: duty.budget,
-            cpu_mark: duty.budget.map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
             ..SamplePeriods::new(duty.length, duty.every.into())
         }
     }
@@ -153,8 +175,11 @@ impl SamplePeriods {
     pub fn restart(&mut self) {
         *self = SamplePeriods {
             max_rate: self.max_rate,
-            budget: self.budget,
-            cpu_mark: self.budget.map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
+            cpu_mark: self
+                .budget
+                .as_ref()
+                .map_or(Duration::ZERO, |b| own_cpu_time(b.own)),
+            budget: self.budget.take(),
             floor: self.floor,
             ..SamplePeriods::new(self.length, self.every.into())
         };
@@ -204,7 +229,7 @@ impl SamplePeriods {
             // A period ended: as many in the next cycle as bring its rate within max_rate, itself from the cost of
             // an event over the cycle that ended, where a budget is set.
             self.rate = self.counted as f64 / probed.as_secs_f64();
-            if let Some(budget) = self.budget {
+            if let Some(budget) = &self.budget {
                 let cpu = own_cpu_time(budget.own);
                 let spent = cpu.saturating_sub(self.cpu_mark).as_nanos() as f64;
                 self.cpu_mark = cpu;
@@ -286,7 +311,7 @@ impl SamplePeriods {
             (self.period_began, self.counted) = (now, 0);
             // A period's cost is what it spent tracing: between periods this process's CPU goes on other work,
             // which following fewer statements would not save.
-            if let Some(budget) = self.budget {
+            if let Some(budget) = &self.budget {
                 self.cpu_mark = own_cpu_time(budget.own);
             }
         }
@@ -510,18 +535,24 @@ mod tests {
             per_mille_of_cpu: 30,
             kernel_ns_per_event: 2_000,
             own: OwnCpu::Process,
-            shared: false,
+            shares: BudgetShares::default(),
         };
         // 3% of a CPU at 3 µs an event: 10,000 a second.
         assert_eq!(budget.max_rate(3_000.0), 10_000);
-        // Shared: split between as many as share it now.
+        // Shared: split between as many as its splitter says share it now.
+        let splitter = BudgetShares::default();
         let shared = CpuBudget {
-            shared: true,
-            ..budget
+            shares: splitter.clone(),
+            ..budget.clone()
         };
-        BUDGET_SHARES.store(4, Ordering::Relaxed);
+        splitter.set(4);
         assert_eq!(shared.max_rate(3_000.0), 2_500);
-        BUDGET_SHARES.store(1, Ordering::Relaxed);
+        assert_eq!(
+            budget.max_rate(3_000.0),
+            10_000,
+            "another budget's shares are its own"
+        );
+        splitter.set(1);
         assert_eq!(shared.max_rate(3_000.0), 10_000);
         advance(Duration::ZERO);
         let ms = Duration::from_millis;

@@ -569,7 +569,7 @@ pub fn collect(
         traced: 0,
         tracepoints: Tracepoints {
             draining: false,
-            cycle: opts.duty.map_or(1, |d| d.every),
+            cycle: opts.duty.as_ref().map_or(1, |d| d.every),
         },
         dispatch_links: Vec::new(),
         tls_links: Vec::new(),
@@ -664,7 +664,7 @@ where
             (self.execute_link).follow(e, wish, step.skel, attached, pid, on_event)?;
         }
         if let Some(p) = step.periods.as_deref_mut() {
-            let adaptive = step.opts.duty.is_some_and(|d| d.max_rate.is_some());
+            let adaptive = (step.opts.duty.as_ref()).is_some_and(|d| d.max_rate.is_some());
             let traced = std::mem::take(&mut self.traced);
             let (skel, links) = (&mut *step.skel, &mut *step.links);
             (self.tracepoints).follow_period(

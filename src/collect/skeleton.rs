@@ -342,7 +342,7 @@ fn seed_rows<S: StackSkeleton>(
     maps: &UnwindMaps<'_, S::UnwindMapping>,
 ) {
     /// COMPAT_ROW_FRAMES of unwind.h.
-    const ROW_FRAMES: usize = 4;
+    const ROW_FRAMES: usize = crate::unwind::abi::unwind_limits::COMPAT_ROW_FRAMES.0 as usize;
     use crate::process::memory::Memory;
     let Ok(mem) = crate::process::memory::ProcMemory::open(pid) else {
         return;

@@ -15,10 +15,14 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::{
+    maps::{as_bytes, Plain},
     unwind_store::{Installed, UnwindStore},
     Slice,
 };
-use crate::unwind::BpfMapping;
+use crate::unwind::{
+    abi::{unwind_limits, unwind_process},
+    BpfMapping,
+};
 
 /// The kernel's PID_MAX_LIMIT on 64-bit (include/linux/threads.h): no PID is above it, whatever pid_max says.
 const PID_MAX_LIMIT: u32 = 4 << 20;
@@ -27,7 +31,11 @@ pub const BIT_WORDS: u32 = PID_MAX_LIMIT / 32;
 /// Processes one set of programs traces at most (`unwind_processes`'s entries: 12 KiB each).
 pub const MAX_TARGETS: u32 = 64;
 /// MAX_UNWIND_MAPPINGS of unwind.h.
-const MAX_UNWIND_MAPPINGS: usize = 256;
+const MAX_UNWIND_MAPPINGS: usize = unwind_limits::MAX_UNWIND_MAPPINGS.0 as usize;
+
+// SAFETY: `struct unwind_process` of unwind.h, generated from its BTF: integers and structs of integers, its
+// padding explicit fields.
+unsafe impl Plain for unwind_process {}
 
 /// The processes a set of programs traces, and where each one's slices go. A set with none left is closed: a
 /// process that comes later starts a set of its own.
@@ -77,13 +85,10 @@ impl Targets {
     }
 }
 
-/// The maps of a loaded object that say who is traced (unwind.h, target.h), and how a mapping is laid out there.
+/// The maps of a loaded object that say who is traced (unwind.h, target.h).
 pub(crate) struct Kernel<'a> {
     pub target_bits: &'a dyn MapCore,
     pub processes: &'a dyn MapCore,
-    /// The size of the skeleton's `struct unwind_mapping`, and how one is written into those bytes.
-    pub mapping_size: usize,
-    pub mapping: &'a dyn Fn(&BpfMapping, &mut [u8]),
 }
 
 /// What a set of programs has told the kernel of its members.
@@ -176,23 +181,24 @@ fn write_process(
     usable: &[BpfMapping],
     generation: u32,
 ) -> Result<()> {
-    let mut value = vec![0u8; MAX_UNWIND_MAPPINGS * kernel.mapping_size + 16];
+    let mut process = Box::new(unwind_process {
+        count: usable.len().min(MAX_UNWIND_MAPPINGS) as u32,
+        enabled: 1,
+        generation,
+        ..unwind_process::default()
+    });
+    for (slot, m) in process.mappings.iter_mut().zip(usable) {
+        *slot = *m;
+    }
+    let value = as_bytes(std::slice::from_ref(&*process));
     anyhow::ensure!(
         kernel.processes.value_size() as usize == value.len(),
         "unwind_processes holds {} bytes a process, not the {} expected",
         kernel.processes.value_size(),
         value.len()
     );
-    for (slot, m) in value.chunks_exact_mut(kernel.mapping_size).zip(usable) {
-        (kernel.mapping)(m, slot);
-    }
-    let tail = MAX_UNWIND_MAPPINGS * kernel.mapping_size;
-    let count = usable.len().min(MAX_UNWIND_MAPPINGS) as u32;
-    for (i, v) in [count, 1, generation].into_iter().enumerate() {
-        value[tail + 4 * i..tail + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
-    }
     kernel
         .processes
-        .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
+        .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
         .context("writing the code of a process traced")
 }

@@ -15,7 +15,7 @@ use crate::{
     client::ConnectArgs,
     collect::{
         self,
-        periods::{CpuBudget, Duty, OwnCpu},
+        periods::{BudgetShares, CpuBudget, Duty, OwnCpu},
         queries::{Control, DispatchProbe, Event, ExecuteProbe, Status, Wire},
         unwind_store::UnwindStore,
         CollectOptions,
@@ -65,6 +65,8 @@ pub struct FollowOptions {
     pub sampling: SampleEvery,
     /// `SampleEvery::Auto`'s budget: the share of one CPU, in percent, that following statements may take.
     pub max_cpu_pct: f64,
+    /// Between how many `SampleEvery::AtLeast`'s budget is split now: the agent's servers, which it sets.
+    pub budget_shares: BudgetShares,
     /// Ends the run (the command's, or that of the collectors this one runs beside).
     pub stop: collect::Stop,
     /// How its ring buffer is read.
@@ -90,6 +92,7 @@ impl FollowOptions {
             connect,
             sampling: SampleEvery::Every(1),
             max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
+            budget_shares: BudgetShares::default(),
             stop: collect::Stop::new(),
             ring: collect::ring::RingOptions::default(),
             verify_only: None,
@@ -120,7 +123,7 @@ pub enum SampleEvery {
     Every(u32),
     /// One second in N or more (the agent's): as many as keep the statements traced within `max_rate` a second,
     /// or `None`, within `max_cpu_pct` (the CPU of the thread that reads them: the agent's other collectors run
-    /// in the same process), split with the other servers the agent traces (`periods::BUDGET_SHARES`).
+    /// in the same process), split with the other servers the agent traces (`FollowOptions::budget_shares`).
     AtLeast {
         every: u32,
         max_rate: Option<u64>,
@@ -139,12 +142,12 @@ pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
 const OWN_NS_PER_STATEMENT: u64 = 400;
 
 /// A budget of `max_cpu_pct` of one CPU for following statements.
-fn auto_budget(max_cpu_pct: f64, own: OwnCpu, shared: bool) -> CpuBudget {
+fn auto_budget(max_cpu_pct: f64, own: OwnCpu, shares: BudgetShares) -> CpuBudget {
     CpuBudget {
         per_mille_of_cpu: (max_cpu_pct * 10.0).round().max(1.0) as u32,
         kernel_ns_per_event: KERNEL_NS_PER_STATEMENT,
         own,
-        shared,
+        shares,
     }
 }
 
@@ -160,15 +163,19 @@ impl SampleEvery {
     }
 
     /// The duty of the statement tracing: none when every statement is followed; `auto` and `AtLeast` without a
-    /// rate within `max_cpu_pct` of one CPU.
-    pub fn duty(self, max_cpu_pct: f64) -> Option<Duty> {
+    /// rate within `max_cpu_pct` of one CPU (`AtLeast`'s split between as many as `shares` says).
+    pub fn duty(self, max_cpu_pct: f64, shares: &BudgetShares) -> Option<Duty> {
         let (every, max_rate, budget) = match self {
             SampleEvery::Every(1) => return None,
             SampleEvery::Every(n) => (n, None, None),
             SampleEvery::Auto => (
                 1,
                 None,
-                Some(auto_budget(max_cpu_pct, OwnCpu::Process, false)),
+                Some(auto_budget(
+                    max_cpu_pct,
+                    OwnCpu::Process,
+                    BudgetShares::default(),
+                )),
             ),
             SampleEvery::AtLeast {
                 every,
@@ -176,7 +183,7 @@ impl SampleEvery {
             } => (
                 every,
                 None,
-                Some(auto_budget(max_cpu_pct, OwnCpu::Thread, true)),
+                Some(auto_budget(max_cpu_pct, OwnCpu::Thread, shares.clone())),
             ),
             SampleEvery::AtLeast { every, max_rate } => (every, max_rate, None),
         };
@@ -185,7 +192,7 @@ impl SampleEvery {
         Some(Duty {
             length: Duration::from_secs(1),
             every: every.max(1),
-            max_rate: max_rate.or(budget.map(|b| b.max_rate(first_guess))),
+            max_rate: max_rate.or(budget.as_ref().map(|b| b.max_rate(first_guess))),
             budget,
         })
     }
@@ -396,11 +403,11 @@ pub fn follow(
             None
         })
     };
-    let duty = a.sampling.duty(a.max_cpu_pct);
+    let duty = a.sampling.duty(a.max_cpu_pct, &a.budget_shares);
     let opts = CollectOptions {
         duration: a.duration.unwrap_or(Duration::MAX),
         unwind,
-        duty,
+        duty: duty.clone(),
         ..a.collect_options(target.pid)
     };
     let control = Control::default();
@@ -709,11 +716,12 @@ mod tests {
 
     #[test]
     fn each_sampling_gets_its_duty() {
-        assert_eq!(SampleEvery::Every(1).duty(3.0), None);
-        let every = SampleEvery::Every(7).duty(3.0).expect("sampled");
+        let one = BudgetShares::default();
+        assert_eq!(SampleEvery::Every(1).duty(3.0, &one), None);
+        let every = SampleEvery::Every(7).duty(3.0, &one).expect("sampled");
         assert_eq!((every.every, every.max_rate, every.budget), (7, None, None));
         // auto: every statement up to what 3% of a CPU allows at 2.2 µs each, the whole process measured.
-        let auto = SampleEvery::Auto.duty(3.0).expect("sampled");
+        let auto = SampleEvery::Auto.duty(3.0, &one).expect("sampled");
         assert_eq!((auto.every, auto.max_rate), (1, Some(13_636)));
         assert_eq!(auto.budget.map(|b| b.own), Some(OwnCpu::Process));
         // The agent's: one second in 10 at least, within 0.5% of a CPU, its reading thread measured.
@@ -721,7 +729,7 @@ mod tests {
             every: 10,
             max_rate: None,
         }
-        .duty(0.5)
+        .duty(0.5, &one)
         .expect("sampled");
         assert_eq!((agent.every, agent.max_rate), (10, Some(2_272)));
         assert_eq!(agent.budget.map(|b| b.own), Some(OwnCpu::Thread));
@@ -729,7 +737,7 @@ mod tests {
             every: 10,
             max_rate: Some(1_000),
         }
-        .duty(0.5)
+        .duty(0.5, &one)
         .expect("sampled");
         assert_eq!(
             (fixed.every, fixed.max_rate, fixed.budget),

@@ -117,7 +117,7 @@ impl Plan<'_> {
             stop: Stop::new(),
             attached: None,
             targets: Some(targets),
-            ..self.collect_options(Some(tables), self.duty)
+            ..self.collect_options(Some(tables), self.duty.clone())
         }
     }
 
@@ -147,8 +147,8 @@ pub fn start<'scope, 'env>(
     on_lost: impl FnMut(Lost) + Send + 'scope,
 ) -> Running<'scope> {
     let cpu = plan.collect_options(tables, None);
-    let offcpu = plan.collect_options(tables, plan.duty);
-    let locks = plan.collect_options(tables, plan.duty);
+    let offcpu = plan.collect_options(tables, plan.duty.clone());
+    let locks = plan.collect_options(tables, plan.duty.clone());
     let mut profiles = vec![(
         Kind::Cpu,
         scope.spawn(move || collect::cpu::collect(&cpu, plan.frequency)),

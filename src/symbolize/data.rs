@@ -904,6 +904,7 @@ mod tests {
         assert!(DataSymbolizer::new(pid).is_err());
     }
 
+    // A static of this process on purpose: the variable the test names from its address.
     static RUST_STATIC: [AtomicU64; 4] = [
         AtomicU64::new(1),
         AtomicU64::new(2),

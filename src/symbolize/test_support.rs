@@ -16,6 +16,7 @@ pub fn fixture_source(rel: &str) -> PathBuf {
 /// A directory for builds, one per test process and prefix (private, `<prefix><pid>-<random>` in the temporary
 /// directory); those of test processes that are gone are removed.
 pub fn build_dir(prefix: &str) -> PathBuf {
+    // Per test process: its tests run on threads of one process, and each prefix's directory is made once.
     static DIRS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, dir)) = dirs.iter().find(|(p, _)| p == prefix) {

@@ -6,6 +6,8 @@
 pub mod replay;
 pub mod table;
 
+pub mod abi;
+
 use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{Context, Result};
@@ -18,29 +20,13 @@ use crate::{
 };
 
 /// `struct unwind_row` of src/bpf/unwind.h.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BpfRow {
-    pub pc: u32,
-    pub cfa_offset: i32,
-    pub fp_offset: i16,
-    pub kind: u8,
-    pub _pad: u8,
-}
+pub type BpfRow = abi::unwind_row;
 
 /// `struct unwind_mapping` of src/bpf/unwind.h.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BpfMapping {
-    pub start: u64,
-    pub end: u64,
-    pub bias: u64,
-    pub row_start: u32,
-    pub row_count: u32,
-    pub first_page: u64,
-    pub page_start: u32,
-    pub page_count: u32,
-}
+pub type BpfMapping = abi::unwind_mapping;
+
+/// unwind.h's pages of the page index: an address's page is `address >> PAGE_SHIFT`.
+const PAGE_SHIFT: u32 = abi::unwind_limits::UNWIND_PAGE_SHIFT.0;
 
 /// Where a file's rows and page index are in the arrays of an [`Arena`], and its segments (to place its
 /// other mappings).
@@ -121,11 +107,11 @@ impl Arena {
             kind: r.kind as u8,
             _pad: 0,
         }));
-        let (first_page, last_page) = (first.pc >> 12, last.pc >> 12);
+        let (first_page, last_page) = (first.pc >> PAGE_SHIFT, last.pc >> PAGE_SHIFT);
         let page_start = self.pages.len() as u32;
         let mut row = 0usize;
         for page in first_page..=last_page + 1 {
-            let base = page << 12;
+            let base = page << PAGE_SHIFT;
             while row + 1 < table.rows.len() && table.rows[row + 1].pc <= base {
                 row += 1;
             }

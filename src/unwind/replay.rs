@@ -2,19 +2,25 @@
 //! tables and the walk can be tested without a kernel, and unwind the threads of a core file
 //! ([`crate::stacks::core_file::Core`]) as the kernel would have unwound them.
 
-use super::{table::Kind, BpfMapping, BpfRow, Tables};
+use super::{
+    abi::{unwind_limits as limits, unwind_sigframe as sigframe},
+    table::Kind,
+    BpfMapping, BpfRow, Tables,
+};
 
 /// MAX_UNWIND_MAPPINGS of unwind.h: the BPF side holds only the first ones.
-const MAX_UNWIND_MAPPINGS: usize = 256;
+const MAX_UNWIND_MAPPINGS: usize = limits::MAX_UNWIND_MAPPINGS.0 as usize;
 /// MAPPING_SEARCH_STEPS and ROW_SEARCH_STEPS of unwind.h.
-const MAPPING_SEARCH_STEPS: u32 = 9;
-const ROW_SEARCH_STEPS: u32 = 33;
+const MAPPING_SEARCH_STEPS: u32 = limits::MAPPING_SEARCH_STEPS.0;
+const ROW_SEARCH_STEPS: u32 = limits::ROW_SEARCH_STEPS.0;
 /// SIGFRAME_BP, SIGFRAME_SP and SIGFRAME_IP of unwind.h: the interrupted frame's registers in a signal frame.
-const SIGFRAME_BP: u64 = 40 + 10 * 8;
-const SIGFRAME_SP: u64 = 40 + 15 * 8;
-const SIGFRAME_IP: u64 = 40 + 16 * 8;
+const SIGFRAME_BP: u64 = sigframe::SIGFRAME_BP.0 as u64;
+const SIGFRAME_SP: u64 = sigframe::SIGFRAME_SP.0 as u64;
+const SIGFRAME_IP: u64 = sigframe::SIGFRAME_IP.0 as u64;
 /// MAX_USER_FRAMES of unwind.h.
-pub const MAX_USER_FRAMES: usize = 127;
+pub const MAX_USER_FRAMES: usize = limits::MAX_USER_FRAMES.0 as usize;
+/// unwind.h's pages of the page index: an address's page is `address >> PAGE_SHIFT`.
+const PAGE_SHIFT: u32 = limits::UNWIND_PAGE_SHIFT.0;
 
 /// The registers an unwind starts from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -197,8 +203,8 @@ fn page_row(pages: &[u32], index: u32) -> i64 {
 
 /// `find_unwind_row` and `row_search_step` of unwind.h: the row of `m` that holds `vaddr`.
 fn find_unwind_row<'t>(t: Tables<'t>, m: &BpfMapping, vaddr: u64) -> Option<&'t BpfRow> {
-    let page = (vaddr >> 12).wrapping_sub(m.first_page);
-    if (vaddr >> 12) < m.first_page || page >= m.page_count.into() {
+    let page = (vaddr >> PAGE_SHIFT).wrapping_sub(m.first_page);
+    if (vaddr >> PAGE_SHIFT) < m.first_page || page >= m.page_count.into() {
         return None;
     }
     // The index is a __u32 in BPF.

@@ -8,27 +8,29 @@ use anyhow::{Context, Result};
 use gimli::{CfaRule, RegisterRule, X86_64};
 use object::read::ReadCache;
 
+use super::abi::unwind_kind;
 use crate::symbolize::elf::{for_each_fde, Segment};
 
-/// How a row finds the CFA; values of `enum unwind_kind` in src/bpf/unwind.h.
+/// How a row finds the CFA: `enum unwind_kind` of src/bpf/unwind.h, its values taken from the generated type
+/// (`unwind_row.kind` holds them as a byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Kind {
     /// No unwind information here (between functions): the unwinder falls back to frame pointers.
-    Gap = 0,
+    Gap = unwind_kind::UNWIND_GAP.0 as u8,
     /// CFA = stack pointer + offset.
-    Sp = 1,
+    Sp = unwind_kind::UNWIND_SP.0 as u8,
     /// CFA = frame pointer + offset.
-    Fp = 2,
+    Fp = unwind_kind::UNWIND_FP.0 as u8,
     /// A PLT stub: CFA = sp + 8, or sp + 16 past the stub's push (the expression every linker emits).
-    Plt = 3,
+    Plt = unwind_kind::UNWIND_PLT.0 as u8,
     /// The return address is undefined: the outermost frame of a thread (`_start`, `clone3`).
-    End = 4,
+    End = unwind_kind::UNWIND_END.0 as u8,
     /// A rule the unwinder cannot follow (other DWARF expressions, registers): falls back to frame pointers.
-    Unsupported = 5,
+    Unsupported = unwind_kind::UNWIND_UNSUPPORTED.0 as u8,
     /// A signal handler's return trampoline (glibc's `__restore_rt`, an FDE of a CIE with the `S`
     /// augmentation): the interrupted frame's registers are in the signal frame the kernel pushed.
-    Signal = 6,
+    Signal = unwind_kind::UNWIND_SIGNAL.0 as u8,
 }
 
 /// One row: from `pc` (an ELF virtual address) up to the next row's `pc`.

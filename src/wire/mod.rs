@@ -5,3 +5,5 @@
 pub mod compression;
 pub mod fingerprint;
 pub mod protocol;
+
+pub mod abi;

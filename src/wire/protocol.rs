@@ -11,73 +11,79 @@
 // A complete protocol table: each caller uses a different subset.
 #![allow(dead_code)]
 
+use super::abi::{client_capability, mysql_command};
+
+// The numbers the statements' programs share are src/bpf/protocol.h's, through `wire::abi`: written once, in C.
+
 /// Command bytes (the first payload byte of a client request).
-pub const COM_SLEEP: u8 = 0x00;
-pub const COM_QUIT: u8 = 0x01;
-pub const COM_INIT_DB: u8 = 0x02;
-pub const COM_QUERY: u8 = 0x03;
-pub const COM_FIELD_LIST: u8 = 0x04;
-pub const COM_CREATE_DB: u8 = 0x05;
-pub const COM_DROP_DB: u8 = 0x06;
-pub const COM_REFRESH: u8 = 0x07;
-pub const COM_SHUTDOWN: u8 = 0x08;
-pub const COM_STATISTICS: u8 = 0x09;
-pub const COM_PROCESS_INFO: u8 = 0x0a;
-pub const COM_CONNECT: u8 = 0x0b;
-pub const COM_PROCESS_KILL: u8 = 0x0c;
-pub const COM_DEBUG: u8 = 0x0d;
-pub const COM_PING: u8 = 0x0e;
-pub const COM_TIME: u8 = 0x0f;
-pub const COM_DELAYED_INSERT: u8 = 0x10;
-pub const COM_CHANGE_USER: u8 = 0x11;
-pub const COM_BINLOG_DUMP: u8 = 0x12;
-pub const COM_TABLE_DUMP: u8 = 0x13;
-pub const COM_CONNECT_OUT: u8 = 0x14;
-pub const COM_REGISTER_SLAVE: u8 = 0x15;
-pub const COM_STMT_PREPARE: u8 = 0x16;
-pub const COM_STMT_EXECUTE: u8 = 0x17;
-pub const COM_STMT_SEND_LONG_DATA: u8 = 0x18;
-pub const COM_STMT_CLOSE: u8 = 0x19;
-pub const COM_STMT_RESET: u8 = 0x1a;
-pub const COM_SET_OPTION: u8 = 0x1b;
-pub const COM_STMT_FETCH: u8 = 0x1c;
-pub const COM_DAEMON: u8 = 0x1d;
-pub const COM_BINLOG_DUMP_GTID: u8 = 0x1e;
-pub const COM_RESET_CONNECTION: u8 = 0x1f;
+pub const COM_SLEEP: u8 = mysql_command::COM_SLEEP.0;
+pub const COM_QUIT: u8 = mysql_command::COM_QUIT.0;
+pub const COM_INIT_DB: u8 = mysql_command::COM_INIT_DB.0;
+pub const COM_QUERY: u8 = mysql_command::COM_QUERY.0;
+pub const COM_FIELD_LIST: u8 = mysql_command::COM_FIELD_LIST.0;
+pub const COM_CREATE_DB: u8 = mysql_command::COM_CREATE_DB.0;
+pub const COM_DROP_DB: u8 = mysql_command::COM_DROP_DB.0;
+pub const COM_REFRESH: u8 = mysql_command::COM_REFRESH.0;
+pub const COM_SHUTDOWN: u8 = mysql_command::COM_SHUTDOWN.0;
+pub const COM_STATISTICS: u8 = mysql_command::COM_STATISTICS.0;
+pub const COM_PROCESS_INFO: u8 = mysql_command::COM_PROCESS_INFO.0;
+pub const COM_CONNECT: u8 = mysql_command::COM_CONNECT.0;
+pub const COM_PROCESS_KILL: u8 = mysql_command::COM_PROCESS_KILL.0;
+pub const COM_DEBUG: u8 = mysql_command::COM_DEBUG.0;
+pub const COM_PING: u8 = mysql_command::COM_PING.0;
+pub const COM_TIME: u8 = mysql_command::COM_TIME.0;
+pub const COM_DELAYED_INSERT: u8 = mysql_command::COM_DELAYED_INSERT.0;
+pub const COM_CHANGE_USER: u8 = mysql_command::COM_CHANGE_USER.0;
+pub const COM_BINLOG_DUMP: u8 = mysql_command::COM_BINLOG_DUMP.0;
+pub const COM_TABLE_DUMP: u8 = mysql_command::COM_TABLE_DUMP.0;
+pub const COM_CONNECT_OUT: u8 = mysql_command::COM_CONNECT_OUT.0;
+pub const COM_REGISTER_SLAVE: u8 = mysql_command::COM_REGISTER_SLAVE.0;
+pub const COM_STMT_PREPARE: u8 = mysql_command::COM_STMT_PREPARE.0;
+pub const COM_STMT_EXECUTE: u8 = mysql_command::COM_STMT_EXECUTE.0;
+pub const COM_STMT_SEND_LONG_DATA: u8 = mysql_command::COM_STMT_SEND_LONG_DATA.0;
+pub const COM_STMT_CLOSE: u8 = mysql_command::COM_STMT_CLOSE.0;
+pub const COM_STMT_RESET: u8 = mysql_command::COM_STMT_RESET.0;
+pub const COM_SET_OPTION: u8 = mysql_command::COM_SET_OPTION.0;
+pub const COM_STMT_FETCH: u8 = mysql_command::COM_STMT_FETCH.0;
+pub const COM_DAEMON: u8 = mysql_command::COM_DAEMON.0;
+pub const COM_BINLOG_DUMP_GTID: u8 = mysql_command::COM_BINLOG_DUMP_GTID.0;
+pub const COM_RESET_CONNECTION: u8 = mysql_command::COM_RESET_CONNECTION.0;
 /// MySQL 8.
-pub const COM_CLONE: u8 = 0x20;
+pub const COM_CLONE: u8 = mysql_command::COM_CLONE.0;
 /// MariaDB: array binding of a prepared statement (statement id follows, like COM_STMT_EXECUTE).
-pub const COM_STMT_BULK_EXECUTE: u8 = 0xfa;
+pub const COM_STMT_BULK_EXECUTE: u8 = mysql_command::COM_STMT_BULK_EXECUTE.0;
 /// MariaDB (10.2 - 10.5): several commands in one packet.
-pub const COM_MULTI: u8 = 0xfe;
+pub const COM_MULTI: u8 = mysql_command::COM_MULTI.0;
 
 /// Capability flags (greeting and handshake response).
-pub const CLIENT_LONG_PASSWORD: u32 = 0x0000_0001;
-pub const CLIENT_FOUND_ROWS: u32 = 0x0000_0002;
-pub const CLIENT_LONG_FLAG: u32 = 0x0000_0004;
-pub const CLIENT_CONNECT_WITH_DB: u32 = 0x0000_0008;
-pub const CLIENT_NO_SCHEMA: u32 = 0x0000_0010;
-pub const CLIENT_COMPRESS: u32 = 0x0000_0020;
-pub const CLIENT_LOCAL_FILES: u32 = 0x0000_0080;
-pub const CLIENT_IGNORE_SPACE: u32 = 0x0000_0100;
-pub const CLIENT_PROTOCOL_41: u32 = 0x0000_0200;
-pub const CLIENT_INTERACTIVE: u32 = 0x0000_0400;
-pub const CLIENT_SSL: u32 = 0x0000_0800;
-pub const CLIENT_TRANSACTIONS: u32 = 0x0000_2000;
-pub const CLIENT_SECURE_CONNECTION: u32 = 0x0000_8000;
-pub const CLIENT_MULTI_STATEMENTS: u32 = 0x0001_0000;
-pub const CLIENT_MULTI_RESULTS: u32 = 0x0002_0000;
-pub const CLIENT_PS_MULTI_RESULTS: u32 = 0x0004_0000;
-pub const CLIENT_PLUGIN_AUTH: u32 = 0x0008_0000;
-pub const CLIENT_CONNECT_ATTRS: u32 = 0x0010_0000;
-pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 = 0x0020_0000;
-pub const CLIENT_SESSION_TRACK: u32 = 0x0080_0000;
-pub const CLIENT_DEPRECATE_EOF: u32 = 0x0100_0000;
+pub const CLIENT_LONG_PASSWORD: u32 = client_capability::CLIENT_LONG_PASSWORD.0;
+pub const CLIENT_FOUND_ROWS: u32 = client_capability::CLIENT_FOUND_ROWS.0;
+pub const CLIENT_LONG_FLAG: u32 = client_capability::CLIENT_LONG_FLAG.0;
+pub const CLIENT_CONNECT_WITH_DB: u32 = client_capability::CLIENT_CONNECT_WITH_DB.0;
+pub const CLIENT_NO_SCHEMA: u32 = client_capability::CLIENT_NO_SCHEMA.0;
+pub const CLIENT_COMPRESS: u32 = client_capability::CLIENT_COMPRESS.0;
+pub const CLIENT_LOCAL_FILES: u32 = client_capability::CLIENT_LOCAL_FILES.0;
+pub const CLIENT_IGNORE_SPACE: u32 = client_capability::CLIENT_IGNORE_SPACE.0;
+pub const CLIENT_PROTOCOL_41: u32 = client_capability::CLIENT_PROTOCOL_41.0;
+pub const CLIENT_INTERACTIVE: u32 = client_capability::CLIENT_INTERACTIVE.0;
+pub const CLIENT_SSL: u32 = client_capability::CLIENT_SSL.0;
+pub const CLIENT_TRANSACTIONS: u32 = client_capability::CLIENT_TRANSACTIONS.0;
+pub const CLIENT_SECURE_CONNECTION: u32 = client_capability::CLIENT_SECURE_CONNECTION.0;
+pub const CLIENT_MULTI_STATEMENTS: u32 = client_capability::CLIENT_MULTI_STATEMENTS.0;
+pub const CLIENT_MULTI_RESULTS: u32 = client_capability::CLIENT_MULTI_RESULTS.0;
+pub const CLIENT_PS_MULTI_RESULTS: u32 = client_capability::CLIENT_PS_MULTI_RESULTS.0;
+pub const CLIENT_PLUGIN_AUTH: u32 = client_capability::CLIENT_PLUGIN_AUTH.0;
+pub const CLIENT_CONNECT_ATTRS: u32 = client_capability::CLIENT_CONNECT_ATTRS.0;
+pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 =
+    client_capability::CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA.0;
+pub const CLIENT_SESSION_TRACK: u32 = client_capability::CLIENT_SESSION_TRACK.0;
+pub const CLIENT_DEPRECATE_EOF: u32 = client_capability::CLIENT_DEPRECATE_EOF.0;
 /// MySQL's compressed protocol with zstd instead of zlib.
-pub const CLIENT_ZSTD_COMPRESSION_ALGORITHM: u32 = 0x0400_0000;
+pub const CLIENT_ZSTD_COMPRESSION_ALGORITHM: u32 =
+    client_capability::CLIENT_ZSTD_COMPRESSION_ALGORITHM.0;
 /// MySQL 8.0.23 on: COM_QUERY and COM_STMT_EXECUTE carry named parameters (query attributes) before the
 /// statement (MariaDB has no such bit).
-pub const CLIENT_QUERY_ATTRIBUTES: u32 = 0x0800_0000;
+pub const CLIENT_QUERY_ATTRIBUTES: u32 = client_capability::CLIENT_QUERY_ATTRIBUTES.0;
 
 /// A payload of this length continues in the next packet.
 pub const MAX_PAYLOAD_LEN: u32 = 0x00ff_ffff;
