@@ -25,9 +25,10 @@ use crate::{
     query::{
         files::Files,
         holders::{self, Holders},
+        record::QueryRecord,
         started::Started,
         texts::PreparedTexts,
-        Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
+        tracker::{Notice, Tracker, UNKNOWN_PREPARED},
     },
     server::Cause,
     symbolize::{
@@ -223,7 +224,7 @@ impl Followed {
                 "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
                  executions show as `{UNKNOWN_PREPARED} #ID`",
                 self.forgotten_prepared,
-                crate::query::MAX_PREPARED_PER_CONN
+                crate::query::tracker::MAX_PREPARED_PER_CONN
             );
         }
         if self.forgotten_conns > 0 {
@@ -231,7 +232,7 @@ impl Followed {
                 "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
                  no user or database",
                 self.forgotten_conns,
-                crate::query::MAX_CONNS
+                crate::query::tracker::MAX_CONNS
             );
         }
         for line in self.lost.report(self.seen) {

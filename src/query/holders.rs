@@ -11,9 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
-
-use super::{CauseWait, QueryRecord};
+use super::record::{CauseWait, Holder, QueryRecord};
 use crate::{
     client::{self, Client, ConnectArgs},
     process::memory::ProcMemory,
@@ -30,64 +28,6 @@ pub const LONG_WAIT: Duration = Duration::from_millis(200);
 
 /// The holders kept, by waiting connection; past it, the oldest reads are forgotten.
 const MAX_WAITING: usize = 10_000;
-
-/// The connection that holds what a statement waits for, as the server said while it waited.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Holder {
-    /// The connection's id, user and host.
-    pub conn: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Its command (`Sleep`: idle) and how long it had been in it, in seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command_s: Option<u64>,
-    /// How long its transaction had been open, in seconds, where the server says.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transaction_s: Option<u64>,
-    /// The statement it ran, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub statement: Option<String>,
-    /// The waiting connection the wait queued behind, where that one's request came first (InnoDB's queue of a
-    /// row's locks, a pending exclusive metadata lock): this one is the root of the chain, which holds the lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queued_behind: Option<u64>,
-}
-
-impl Holder {
-    /// In a DBA's words: `connection 42 (root@localhost), idle in its transaction for 40 s`.
-    pub fn describe(&self) -> String {
-        let who = match (&self.user, &self.host) {
-            (Some(u), Some(h)) => format!("connection {} ({u}@{h})", self.conn),
-            (Some(u), None) => format!("connection {} ({u})", self.conn),
-            _ => format!("connection {}", self.conn),
-        };
-        let held = match (self.command.as_deref(), &self.statement) {
-            (Some("Sleep"), _) => match self.transaction_s.or(self.command_s) {
-                Some(s) => format!("{who}, idle in its transaction for {s} s"),
-                None => format!("{who}, idle in its transaction"),
-            },
-            (_, Some(statement)) => {
-                let running = self
-                    .command_s
-                    .map(|s| format!(" for {s} s"))
-                    .unwrap_or_default();
-                format!(
-                    "{who}, running{running}: {}",
-                    super::shown_text(statement.clone(), false)
-                )
-            }
-            _ => who,
-        };
-        match self.queued_behind {
-            Some(c) => format!("{held} (queued behind connection {c})"),
-            None => held,
-        }
-    }
-}
 
 /// A lock wait the server listed: what is waited for, and who holds it.
 #[derive(Clone, Debug)]

@@ -14,7 +14,10 @@ use crate::{
         CollectOptions,
     },
     process::Target,
-    query::{dispatch_fd, Tracker},
+    query::{
+        record::{dispatch_fd, realtime_offset_ns},
+        tracker::Tracker,
+    },
     sessions::{self, Layout, Query, Session},
     wire::protocol,
 };
@@ -54,7 +57,7 @@ impl Started {
             .context("reading the threads that run statements")?
             .threads;
         let serving = sessions::serving_threads(&running, &threads);
-        let offset_ns = crate::query::realtime_offset_ns();
+        let offset_ns = realtime_offset_ns();
         let now = collect::monotonic_ns();
         let mut seeds = Vec::new();
         for s in running {
