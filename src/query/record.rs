@@ -554,25 +554,26 @@ pub fn format_ts(epoch_ns: i128) -> String {
     ts
 }
 
-/// `2026-11-22T10:30:01` (UTC) from seconds since the epoch.
+/// The last second [`format_ts`] writes in its 19 bytes (four-digit years): 9999-12-31T23:59:59.
+const LAST_SECOND: i64 = 253_402_300_799;
+
+/// `2026-11-22T10:30:01` (UTC) from seconds since the epoch: the C library's civil date (`gmtime_r`).
 fn format_second(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 → civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    // Four digits: format_ts keeps the result in 19 bytes.
-    let year = (yoe + era * 400 + (month <= 2) as i64).clamp(0, 9999);
+    let time = secs.clamp(0, LAST_SECOND) as libc::time_t;
+    // SAFETY: all zeroes is a valid `tm` (integers, and a null pointer for the zone's name, which gmtime_r sets).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: gmtime_r reads `time` and writes `tm` only, both alive across the call (it is reentrant: no static).
+    if unsafe { libc::gmtime_r(&time, &mut tm) }.is_null() {
+        return "1970-01-01T00:00:00".to_string();
+    }
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        i64::from(tm.tm_year) + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
     )
 }
 
@@ -621,6 +622,12 @@ mod tests {
         assert_eq!(
             format_ts(951_782_400_000_001_000),
             "2000-02-29T00:00:00.000001Z"
+        );
+        // Before the epoch is the epoch; past year 9999, its last second (the prefix has four-digit years).
+        assert_eq!(format_ts(-5), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            format_ts(i128::from(LAST_SECOND + 86_400) * 1_000_000_000),
+            "9999-12-31T23:59:59.000000Z"
         );
     }
 }
