@@ -661,7 +661,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         record.name_io(|part, fd| files.cause(part, fd));
         let sites = &self.sites;
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
-        if let Some(holders) = &self.holders {
+        if let Some(holders) = &mut self.holders {
             holders.name(&mut record);
         }
         if record.lock_addr_raw != 0 {

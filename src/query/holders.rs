@@ -6,12 +6,13 @@
 use std::{
     collections::HashMap,
     path::Path,
-    sync::{mpsc, Arc, Mutex},
-    thread,
     time::{Duration, Instant},
 };
 
-use super::record::{CauseWait, Holder, QueryRecord};
+use super::{
+    reader::{Asked, Reader},
+    record::{CauseWait, Holder, QueryRecord},
+};
 use crate::{
     client::{self, Client, ConnectArgs},
     process::memory::ProcMemory,
@@ -89,8 +90,9 @@ pub fn listed(
 
 /// The reader of the server's lock tables, and what it found.
 pub struct Holders {
-    ask: mpsc::SyncSender<()>,
-    found: Arc<Mutex<HashMap<u64, Vec<Listed>>>>,
+    /// Asked once a second at most; it sends the waits it listed, by waiting connection.
+    reader: Option<Reader<(), Vec<(u64, Listed)>>>,
+    found: HashMap<u64, Vec<Listed>>,
     asked: Option<Instant>,
 }
 
@@ -98,20 +100,19 @@ impl Holders {
     /// Starts the reader of the server `pid`'s lock tables (and of its memory, which runs `binary`, where its
     /// metadata locks are), connecting as `args` when first asked.
     pub fn start(args: &ConnectArgs, pid: u32, binary: &Path) -> Holders {
-        let (ask, asked) = mpsc::sync_channel::<()>(1);
-        let found = Arc::new(Mutex::new(HashMap::new()));
-        let into = Arc::clone(&found);
         let args = args.clone();
         let binary = binary.to_path_buf();
-        let spawned = thread::Builder::new()
-            .name("myprobe-holders".into())
-            .spawn(move || read_when_asked(&args, pid, &binary, &asked, &into));
-        if let Err(e) = spawned {
-            say!("myprobe: warning: who holds the locks statements wait for is not read: {e}");
-        }
+        let reader = Reader::spawn("myprobe-holders", move |asked| {
+            read_when_asked(&args, pid, &binary, &asked)
+        });
+        let reader = reader
+            .map_err(|e| {
+                say!("myprobe: warning: who holds the locks statements wait for is not read: {e}")
+            })
+            .ok();
         Holders {
-            ask,
-            found,
+            reader,
+            found: HashMap::new(),
             asked: None,
         }
     }
@@ -126,14 +127,33 @@ impl Holders {
             return;
         }
         self.asked = Some(Instant::now());
-        let _ = self.ask.try_send(());
+        if let Some(reader) = &self.reader {
+            reader.ask(());
+        }
+    }
+
+    /// Takes in what the reader listed since.
+    fn take_found(&mut self) {
+        let Some(reader) = &self.reader else { return };
+        for listed in reader.found() {
+            if self.found.len() > MAX_WAITING {
+                self.found.clear();
+            }
+            for (waiting, l) in listed {
+                let of = self.found.entry(waiting).or_default();
+                if of.len() >= 64 {
+                    of.remove(0);
+                }
+                of.push(l);
+            }
+        }
     }
 
     /// Gives the record's waits the holder and object the server listed for its connection while it ran.
-    pub fn name(&self, record: &mut QueryRecord) {
+    pub fn name(&mut self, record: &mut QueryRecord) {
         let Some(conn) = record.conn else { return };
-        let Ok(found) = self.found.lock() else { return };
-        let Some(listed) = found.get(&u64::from(conn)) else {
+        self.take_found();
+        let Some(listed) = self.found.get(&u64::from(conn)) else {
             return;
         };
         let during =
@@ -155,18 +175,17 @@ impl Holders {
     }
 }
 
-/// Reads the lock tables each time asked, until the pipeline ends (the channel closes).
+/// Reads the lock tables each time asked (once for the asks that came during a read), until the pipeline ends.
 fn read_when_asked(
     args: &ConnectArgs,
     pid: u32,
     binary: &Path,
-    asked: &mpsc::Receiver<()>,
-    found: &Mutex<HashMap<u64, Vec<Listed>>>,
+    asked: &Asked<(), Vec<(u64, Listed)>>,
 ) {
     let mut client = None;
     let mut said = false;
     let mut in_memory: Option<Option<MemoryLocks>> = None;
-    while asked.recv().is_ok() {
+    while asked.next().is_ok() && asked.take(|()| false).is_ok() {
         if client.is_none() {
             match client::connect(args, Some(pid)) {
                 Ok(c) => client = Some(c),
@@ -184,16 +203,8 @@ fn read_when_asked(
         if let Some(e) = failed.filter(|_| !std::mem::replace(&mut said, true)) {
             say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
         }
-        let Ok(mut found) = found.lock() else { return };
-        if found.len() > MAX_WAITING {
-            found.clear();
-        }
-        for (waiting, l) in listed {
-            let of = found.entry(waiting).or_default();
-            if of.len() >= 64 {
-                of.remove(0);
-            }
-            of.push(l);
+        if !asked.send(listed) {
+            return;
         }
     }
 }

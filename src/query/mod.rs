@@ -10,6 +10,7 @@ pub mod files;
 pub mod finder;
 pub mod follow;
 pub mod holders;
+pub mod reader;
 pub mod record;
 pub mod started;
 pub mod text_reader;

@@ -1,20 +1,15 @@
 //! The thread that reads the server's tables for the texts of statements prepared before tracing and the users of
-//! connections opened before it ([`PreparedTexts`](super::texts::PreparedTexts) asks and takes in what it found):
-//! the process list sampled, the table of prepared statements, myprobe's own statements run for the calibration
-//! of the execution probe (`executed.rs`).
+//! connections opened before it (texts.rs's `PreparedTexts` asks, [`Ask`], and takes in what it found, [`Found`],
+//! through a [`Reader`](super::reader::Reader)): the process list sampled, the table of prepared statements,
+//! myprobe's own statements run for the calibration of the execution probe (`executed.rs`).
 
 use rustc_hash::FxHashMap as HashMap;
-use std::{
-    sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
-        mpsc, Arc,
-    },
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use super::{
     executed::CALIBRATION_TEXTS,
     finder::{Sample, SampleRow},
+    reader::{Asked, Ended},
 };
 use crate::{
     client::{self, ConnectArgs},
@@ -100,26 +95,13 @@ pub(super) enum Found {
 
 /// Where the texts of statements prepared before tracing come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
 pub(super) enum TextSource {
     /// The server's table of prepared statements (performance_schema on).
-    Table = 1,
+    Table,
     /// The executions themselves, at the server's statement objects ([`ExecutedTexts`]).
     Executions,
     /// Samples of the process list, joined with the executions traced ([`TextFinder`]): the last resort.
     ProcessList,
-}
-
-impl TextSource {
-    fn of(n: u8) -> Option<TextSource> {
-        [
-            TextSource::Table,
-            TextSource::Executions,
-            TextSource::ProcessList,
-        ]
-        .into_iter()
-        .find(|s| *s as u8 == n)
-    }
 }
 
 /// The whole process list, by host thread: what the server says of connections whose handshake went by unseen.
@@ -142,36 +124,122 @@ pub(super) struct PreparedTable {
     pub(super) statements: HashMap<(u32, u32), (String, bool)>,
 }
 
-/// The thread that reads the server's tables ([`PreparedTexts::start`]): what it shares with [`PreparedTexts`],
-/// and when it last read what was asked for.
-pub(super) struct Reader {
-    pub(super) args: ConnectArgs,
-    pub(super) pid: u32,
-    /// The server's function that runs executions was found: texts can be read there.
-    pub(super) can_execute: bool,
-    pub(super) tx: mpsc::Sender<Result<Found, String>>,
-    pub(super) wanted: Arc<AtomicBool>,
-    pub(super) threads_wanted: Arc<AtomicBool>,
-    pub(super) table_wanted: Arc<AtomicBool>,
-    pub(super) paused: Arc<AtomicBool>,
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) interval_us: Arc<AtomicU64>,
-    pub(super) source: Arc<AtomicU8>,
-    pub(super) calibrate: Arc<AtomicBool>,
-    /// Reads asked for (a connection's user, a prepare's statement) at most once an interval each: records
-    /// keep asking while they wait.
-    pub(super) last_threads: Option<Instant>,
-    pub(super) last_table: Option<Instant>,
+/// What texts.rs asks of the reader; each changes what it reads from then on, and some wake it at once.
+pub(super) enum Ask {
+    /// Texts are wanted (statements were seen without one), or no longer: the process list is sampled only then.
+    Wanted(bool),
+    /// No statement is traced for a while (between sampled periods), or they are again: nothing is sampled
+    /// meanwhile.
+    Paused(bool),
+    /// A statement was newly wanted: sampled at `SAMPLE_INTERVAL` from now on, and at once.
+    NewlyWanted(Duration),
+    /// None was newly wanted for a while: sampled at `SLOW_SAMPLE_INTERVAL`.
+    Slowly(Duration),
+    /// A record waits for its connection's user: the whole process list is read, once.
+    Threads,
+    /// A prepare seen at dispatch_command (TLS: its reply with the id is encrypted): the server's table of
+    /// prepared statements is read at once, while the statement is likely still there.
+    Table,
+    /// The execution probe was first attached: myprobe's own statements are run, for its calibration.
+    Calibrate,
+    /// The execution probe failed: texts are looked for there instead.
+    Source(TextSource),
 }
 
-impl Reader {
-    /// Connects, says where texts are looked for, and reads until stopped, or until a read fails or nobody
-    /// listens any more.
+/// What the reader was asked, as last told.
+struct Wants {
+    texts: bool,
+    paused: bool,
+    interval: Duration,
+    source: Option<TextSource>,
+    threads: bool,
+    table: bool,
+    calibrate: bool,
+    /// An ask came that ends the next wait at once, whenever it comes (as an unpark before a park does).
+    woken: bool,
+}
+
+impl Wants {
+    /// Takes in `ask`; true if it wakes the reader: what it asks for was not asked already.
+    fn take(&mut self, ask: Ask) -> bool {
+        let wakes = match ask {
+            Ask::Wanted(wanted) => !std::mem::replace(&mut self.texts, wanted) && wanted,
+            Ask::Paused(paused) => std::mem::replace(&mut self.paused, paused) && !paused,
+            Ask::NewlyWanted(interval) => {
+                self.interval = interval;
+                true
+            }
+            Ask::Slowly(interval) => {
+                self.interval = interval;
+                false
+            }
+            Ask::Threads => !std::mem::replace(&mut self.threads, true),
+            Ask::Table => !std::mem::replace(&mut self.table, true),
+            Ask::Calibrate => {
+                self.calibrate = true;
+                true
+            }
+            Ask::Source(source) => {
+                self.source = Some(source);
+                true
+            }
+        };
+        self.woken |= wakes;
+        wakes
+    }
+}
+
+/// The thread that reads the server's tables (`PreparedTexts::start`): what it was asked, and when it last read
+/// what was asked for.
+pub(super) struct TextReader {
+    args: ConnectArgs,
+    pid: u32,
+    /// The server's function that runs executions was found: texts can be read there.
+    can_execute: bool,
+    asked: Asked<Ask, Result<Found, String>>,
+    wants: Wants,
+    /// Reads asked for (a connection's user, a prepare's statement) at most once an interval each: records
+    /// keep asking while they wait.
+    last_threads: Option<Instant>,
+    last_table: Option<Instant>,
+}
+
+impl TextReader {
+    /// The reader of the server `pid`, connecting as `args`, sampling at `interval` once texts are wanted.
+    pub(super) fn new(
+        args: ConnectArgs,
+        pid: u32,
+        can_execute: bool,
+        interval: Duration,
+        asked: Asked<Ask, Result<Found, String>>,
+    ) -> TextReader {
+        TextReader {
+            args,
+            pid,
+            can_execute,
+            asked,
+            wants: Wants {
+                texts: false,
+                paused: false,
+                interval,
+                source: None,
+                threads: false,
+                table: false,
+                calibrate: false,
+                woken: false,
+            },
+            last_threads: None,
+            last_table: None,
+        }
+    }
+
+    /// Connects, says where texts are looked for, and reads until the pipeline ends, or until a read fails or
+    /// nobody listens any more.
     pub(super) fn run(mut self) {
         let mut client = match client::connect(&self.args, Some(self.pid)) {
             Ok(c) => c,
             Err(e) => {
-                let _ = self.tx.send(Err(format!("{e:#}")));
+                let _ = self.asked.send(Err(format!("{e:#}")));
                 return;
             }
         };
@@ -180,13 +248,15 @@ impl Reader {
         if !self.choose_source(&mut client) {
             return;
         }
-        while !self.stop.load(Ordering::Relaxed) {
-            let from = TextSource::of(self.source.load(Ordering::Relaxed));
+        while self.take_asks().is_ok() {
+            let from = self.wants.source;
             let from_table = from == Some(TextSource::Table);
             let mut found = self.read_asked(&mut client, &mut tids, from_table);
-            let sampling = self.wanted.load(Ordering::Relaxed)
-                && !self.paused.load(Ordering::Relaxed)
-                && from != Some(TextSource::Executions);
+            if self.take_asks().is_err() {
+                return;
+            }
+            let sampling =
+                self.wants.texts && !self.wants.paused && from != Some(TextSource::Executions);
             if sampling {
                 found.push(if from_table {
                     self.last_table = Some(Instant::now());
@@ -197,17 +267,25 @@ impl Reader {
             }
             for f in found {
                 let failed = f.is_err();
-                if self.tx.send(f.map_err(|e| format!("{e:#}"))).is_err() || failed {
+                if !self.asked.send(f.map_err(|e| format!("{e:#}"))) || failed {
                     return;
                 }
             }
-            self.wait(sampling, from_table);
+            if self.wait(sampling, from_table).is_err() {
+                return;
+            }
         }
     }
 
-    /// Where texts are looked for first, and where if that fails: stored for [`PreparedTexts`] and sent. False
-    /// when nobody listens any more.
-    fn choose_source(&self, client: &mut client::Client) -> bool {
+    /// Takes in what was asked since.
+    fn take_asks(&mut self) -> Result<(), Ended> {
+        let wants = &mut self.wants;
+        self.asked.take(|ask| wants.take(ask)).map(|_| ())
+    }
+
+    /// Where texts are looked for first, and where if that fails: kept, and sent. False when nobody listens any
+    /// more.
+    fn choose_source(&mut self, client: &mut client::Client) -> bool {
         // The server's table of prepared statements where it keeps one (performance_schema on); else (MariaDB's
         // default) the executions themselves, or, failing those, samples of its process list.
         let server = client.server();
@@ -223,8 +301,8 @@ impl Reader {
             (false, true) => TextSource::Executions,
             (false, false) => last_resort,
         };
-        self.source.store(first as u8, Ordering::Relaxed);
-        self.tx.send(Ok(Found::Source(first, last_resort))).is_ok()
+        self.wants.source = Some(first);
+        self.asked.send(Ok(Found::Source(first, last_resort)))
     }
 
     /// What was asked for since the last round: myprobe's own statements run, the whole process list, the
@@ -236,20 +314,20 @@ impl Reader {
         from_table: bool,
     ) -> Vec<anyhow::Result<Found>> {
         let mut found = Vec::new();
-        if self.calibrate.swap(false, Ordering::Relaxed) {
+        if std::mem::take(&mut self.wants.calibrate) {
             let ran = CALIBRATION_TEXTS
                 .iter()
                 .map(|&text| Ok((client.execute_own(text)?, text)))
                 .collect::<anyhow::Result<Vec<_>>>();
             found.push(Ok(Found::OwnStatements(ran.map_err(|e| format!("{e:#}")))));
         }
-        if self.threads_wanted.load(Ordering::Relaxed) && due(self.last_threads) {
-            self.threads_wanted.store(false, Ordering::Relaxed);
+        if self.wants.threads && due(self.last_threads) {
+            self.wants.threads = false;
             self.last_threads = Some(Instant::now());
             found.push(read_threads(client, tids).map(Found::Threads));
         }
-        if from_table && self.table_wanted.load(Ordering::Relaxed) && due(self.last_table) {
-            self.table_wanted.store(false, Ordering::Relaxed);
+        if from_table && self.wants.table && due(self.last_table) {
+            self.wants.table = false;
             self.last_table = Some(Instant::now());
             found.push(read_prepared(client, tids).map(Found::Prepared));
         }
@@ -259,24 +337,31 @@ impl Reader {
     /// Waits for the next round: the sampler's interval while it samples the process list; else `ASKED_INTERVAL`
     /// while reads are asked for, `TABLE_INTERVAL` while the table is read, and until woken (or a second) when
     /// nothing is wanted.
-    fn wait(&self, sampling: bool, from_table: bool) {
-        let asked = self.threads_wanted.load(Ordering::Relaxed)
-            || (from_table && self.table_wanted.load(Ordering::Relaxed));
-        if sampling && !from_table {
-            std::thread::sleep(Duration::from_micros(
-                self.interval_us.load(Ordering::Relaxed),
-            ));
+    fn wait(&mut self, sampling: bool, from_table: bool) -> Result<(), Ended> {
+        self.take_asks()?;
+        let asked = self.wants.threads || (from_table && self.wants.table);
+        let timeout = if sampling && !from_table {
+            // Not woken: an ask waits for the end of the interval, as it comes within one of the next.
+            std::thread::sleep(self.wants.interval);
+            return Ok(());
         } else if asked {
-            std::thread::park_timeout(ASKED_INTERVAL);
+            ASKED_INTERVAL
         } else if sampling {
             // The table is whole at each read: it is read again for statements prepared since, at once when an
-            // execution of one comes (`wake_sampler`), while its connection still holds it.
-            std::thread::park_timeout(TABLE_INTERVAL);
+            // execution of one comes (`Ask::NewlyWanted`), while its connection still holds it.
+            TABLE_INTERVAL
         } else {
-            // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop would cost about 1%
-            // of a CPU for nothing.
-            std::thread::park_timeout(Duration::from_secs(1));
+            // Woken when texts are wanted again: a sleep of 2 ms in a loop would cost about 1% of a CPU for
+            // nothing.
+            Duration::from_secs(1)
+        };
+        if std::mem::take(&mut self.wants.woken) {
+            return Ok(());
         }
+        let wants = &mut self.wants;
+        let waited = self.asked.wait(timeout, |ask| wants.take(ask));
+        self.wants.woken = false;
+        waited
     }
 }
 

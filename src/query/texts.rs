@@ -7,18 +7,15 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::{
     collections::VecDeque,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
-        mpsc, Arc,
-    },
     time::{Duration, Instant},
 };
 
 use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
     finder::{Execution, TextFinder, MAX_EXECUTIONS},
+    reader::Reader,
     record::{QueryRecord, Text},
-    text_reader::{Found, PreparedTable, Reader, TextSource},
+    text_reader::{Ask, Found, PreparedTable, TextReader, TextSource},
     tracker::Tracker,
 };
 use crate::{
@@ -34,7 +31,7 @@ impl PreparedTexts {
     /// A record whose connection's user went by unseen (its handshake before tracing, or under TLS), and that
     /// began after the latest read of the process list: the next read says it.
     fn awaits_user(&self, r: &QueryRecord) -> bool {
-        self.sampler.is_some() && r.user.is_none() && r.start_ns > self.threads_read_ns
+        self.reader.is_some() && r.user.is_none() && r.start_ns > self.threads_read_ns
     }
 }
 
@@ -67,10 +64,11 @@ const MAX_HELD: usize = 200_000;
 /// thread's records stay in order; the records of other threads go at once).
 pub struct PreparedTexts {
     pub finder: TextFinder,
-    samples: Option<mpsc::Receiver<Result<Found, String>>>,
-    /// Where texts are looked for (a `TextSource`; 0 until the reader has connected), and where if the
-    /// executions fail.
-    source: Arc<AtomicU8>,
+    /// The thread that reads the server's tables, asked what to read; `None` until started, or if it could not be.
+    reader: Option<Reader<Ask, Result<Found, String>>>,
+    /// Whether what it finds is taken in: not once it failed.
+    listening: bool,
+    /// Where texts are looked for if the executions fail.
     fallback: Option<TextSource>,
     /// The server's function that runs executions, where texts are read (`Server::statement_execute`), if found.
     execute_function: Option<String>,
@@ -78,27 +76,19 @@ pub struct PreparedTexts {
     pid: u32,
     /// Texts read at the executions themselves, where that is the source.
     executed: Option<ExecutedTexts>,
-    /// Set when the execution probe is first attached: the reader runs myprobe's own statements.
-    calibrate: Arc<AtomicBool>,
     /// The server's own table of prepared statements, where it has one, as last read.
     prepared: PreparedTable,
     /// When each thread last prepared a statement: an id it was given may stand for another statement in a table
     /// read before (a connection that ended, whose thread serves another that counts its ids anew).
     last_prepare: HashMap<u32, u64>,
-    /// Set while texts are wanted (the sampler reads the list only then, and not while `paused`); `stop` ends
-    /// the sampler.
-    wanted: Arc<AtomicBool>,
-    /// Set while a record waits for its connection's user (`awaits_user`): the sampler reads the whole process
-    /// list once, and clears it.
-    threads_wanted: Arc<AtomicBool>,
-    /// Set by a prepare seen at dispatch_command (TLS: its reply with the id is encrypted): the server's table of
-    /// prepared statements is read at once, while the statement is likely still there.
-    table_wanted: Arc<AtomicBool>,
+    /// Whether texts are wanted, and whether tracing is paused, as the reader was last told (`Ask::Wanted`,
+    /// `Ask::Paused`: it samples the list only while wanted and not paused).
+    wanted: bool,
+    paused: bool,
     /// CLOCK_MONOTONIC before the latest read of the whole process list: what began before it was there to see.
     threads_read_ns: u64,
-    paused: Arc<AtomicBool>,
-    /// The sampler's interval, µs; and when a statement was last newly wanted.
-    interval_us: Arc<AtomicU64>,
+    /// Whether the reader samples slowly (`Ask::Slowly`); and when a statement was last newly wanted.
+    slowly: bool,
     last_new: Instant,
     /// When an execution of unknown text last came (the execution probe is wanted for a while after).
     last_unknown: Option<Instant>,
@@ -111,8 +101,6 @@ pub struct PreparedTexts {
     events_ns: u64,
     /// The calibration's line, said at the next tick.
     found_offset: Option<String>,
-    stop: Arc<AtomicBool>,
-    sampler: Option<std::thread::JoinHandle<()>>,
     /// Per thread, the records waiting, from one whose text is looked for.
     held: HashMap<u32, VecDeque<(QueryRecord, Instant)>>,
     held_count: usize,
@@ -135,21 +123,18 @@ impl Default for PreparedTexts {
     fn default() -> Self {
         PreparedTexts {
             finder: TextFinder::default(),
-            samples: None,
-            source: Arc::new(AtomicU8::new(0)),
+            reader: None,
+            listening: false,
             fallback: None,
             execute_function: None,
             pid: 0,
             executed: None,
-            calibrate: Arc::new(AtomicBool::new(false)),
             prepared: PreparedTable::default(),
             last_prepare: HashMap::default(),
-            wanted: Arc::new(AtomicBool::new(false)),
-            threads_wanted: Arc::new(AtomicBool::new(false)),
-            table_wanted: Arc::new(AtomicBool::new(false)),
+            wanted: false,
+            paused: false,
             threads_read_ns: 0,
-            paused: Arc::new(AtomicBool::new(false)),
-            interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
+            slowly: false,
             last_new: Instant::now(),
             last_unknown: None,
             probe_attached: false,
@@ -157,8 +142,6 @@ impl Default for PreparedTexts {
             probe_ready_ns: 0,
             events_ns: 0,
             found_offset: None,
-            stop: Arc::new(AtomicBool::new(false)),
-            sampler: None,
             held: HashMap::default(),
             held_count: 0,
             own_fingerprints: crate::server::ALL
@@ -187,33 +170,17 @@ impl PreparedTexts {
     /// once: the texts then stay unknown). `execute_function`: the server's function that runs executions, where
     /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it.
     pub fn start(&mut self, args: &ConnectArgs, pid: u32, execute_function: Option<String>) {
-        let (tx, rx) = mpsc::channel();
         self.pid = pid;
         let can_execute = execute_function.is_some();
         self.execute_function = execute_function;
-        let reader = Reader {
-            args: args.clone(),
-            pid,
-            can_execute,
-            tx,
-            wanted: Arc::clone(&self.wanted),
-            threads_wanted: Arc::clone(&self.threads_wanted),
-            table_wanted: Arc::clone(&self.table_wanted),
-            paused: Arc::clone(&self.paused),
-            stop: Arc::clone(&self.stop),
-            interval_us: Arc::clone(&self.interval_us),
-            source: Arc::clone(&self.source),
-            calibrate: Arc::clone(&self.calibrate),
-            last_threads: None,
-            last_table: None,
-        };
-        let sampler = std::thread::Builder::new()
-            .name("myprobe-processlist".into())
-            .spawn(move || reader.run());
-        match sampler {
-            Ok(handle) => {
-                self.sampler = Some(handle);
-                self.samples = Some(rx);
+        let args = args.clone();
+        let reader = Reader::spawn("myprobe-processlist", move |asked| {
+            TextReader::new(args, pid, can_execute, SAMPLE_INTERVAL, asked).run()
+        });
+        match reader {
+            Ok(reader) => {
+                self.reader = Some(reader);
+                self.listening = true;
             }
             Err(e) => self.fail(&format!("cannot start a thread: {e}")),
         }
@@ -223,20 +190,22 @@ impl PreparedTexts {
     /// records held for their texts are written now (the samples taken joined first), not when the next
     /// period's come.
     pub fn pause(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        self.paused.store(true, Ordering::Relaxed);
+        if !std::mem::replace(&mut self.paused, true) {
+            self.ask(Ask::Paused(true));
+        }
         self.join(tracker, true);
         self.release(true, true, emit);
     }
 
     pub fn resume(&mut self) {
-        if self.paused.swap(false, Ordering::Relaxed) {
-            self.wake_sampler();
+        if std::mem::replace(&mut self.paused, false) {
+            self.ask(Ask::Paused(false));
         }
     }
 
-    fn wake_sampler(&self) {
-        if let Some(sampler) = &self.sampler {
-            sampler.thread().unpark();
+    fn ask(&self, ask: Ask) {
+        if let Some(reader) = &self.reader {
+            reader.ask(ask);
         }
     }
 
@@ -248,7 +217,7 @@ impl PreparedTexts {
                  server's process list (--no-sql does without): {why}"
             );
         }
-        self.samples = None;
+        self.listening = false;
     }
 
     /// Takes a record and writes (`emit`) those ready: a record whose text is still looked for waits for it;
@@ -260,7 +229,7 @@ impl PreparedTexts {
         mut record: QueryRecord,
         emit: &mut impl FnMut(QueryRecord),
     ) {
-        if self.sampler.is_none() {
+        if self.reader.is_none() {
             return emit(record);
         }
         // Named first: a tracer's own statements prepared before this one began are known by their texts.
@@ -280,8 +249,8 @@ impl PreparedTexts {
                 self.last_prepare.clear();
             }
             self.last_prepare.insert(record.tid, record.start_ns);
-            if record.socket < -1 && !self.table_wanted.swap(true, Ordering::Relaxed) {
-                self.wake_sampler();
+            if record.socket < -1 {
+                self.ask(Ask::Table);
             }
         }
         if let Some(key) = record.prepared {
@@ -295,14 +264,12 @@ impl PreparedTexts {
             if self.finder.execution(e, known) {
                 // Sampled often from now on; slowly again once none is new for SLOW_AFTER (at a tick).
                 self.last_new = Instant::now();
-                self.interval_us
-                    .store(SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
-                self.wake_sampler();
+                self.slowly = false;
+                self.ask(Ask::NewlyWanted(SAMPLE_INTERVAL));
             }
             let wanted = self.finder.wants_texts();
-            let was_wanted = self.wanted.swap(wanted, Ordering::Relaxed);
-            if wanted && !was_wanted {
-                self.wake_sampler();
+            if wanted != std::mem::replace(&mut self.wanted, wanted) {
+                self.ask(Ask::Wanted(wanted));
             }
             if wanted {
                 if let Some(why) = self.error.take() {
@@ -316,10 +283,11 @@ impl PreparedTexts {
         }
         let behind = self.held.get(&record.tid).is_some_and(|q| !q.is_empty());
         let awaits_user = self.awaits_user(&record);
-        if awaits_user && !self.threads_wanted.swap(true, Ordering::Relaxed) {
-            self.wake_sampler();
+        if awaits_user {
+            // The reader reads the list once, however many ask: it wakes at the first ask since its last read.
+            self.ask(Ask::Threads);
         }
-        if behind || (self.samples.is_some() && (awaits_text(&record) || awaits_user)) {
+        if behind || (self.listening && (awaits_text(&record) || awaits_user)) {
             self.held
                 .entry(record.tid)
                 .or_default()
@@ -380,8 +348,7 @@ impl PreparedTexts {
             self.probe_ready = Some(Instant::now());
             self.probe_ready_ns = collect::monotonic_ns();
         } else if executed.attached() {
-            self.calibrate.store(true, Ordering::Relaxed);
-            self.wake_sampler();
+            self.ask(Ask::Calibrate);
         }
     }
 
@@ -438,8 +405,7 @@ impl PreparedTexts {
                         _ => "they are looked for in performance_schema instead",
                     }
                 );
-                self.source.store(fallback as u8, Ordering::Relaxed);
-                self.wake_sampler();
+                self.ask(Ask::Source(fallback));
             }
         }
     }
@@ -475,11 +441,11 @@ impl PreparedTexts {
     /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
     /// whether or not statements come.
     pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        if self.last_new.elapsed() >= SLOW_AFTER {
-            self.interval_us
-                .store(SLOW_SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
+        if !self.slowly && self.last_new.elapsed() >= SLOW_AFTER {
+            self.slowly = true;
+            self.ask(Ask::Slowly(SLOW_SAMPLE_INTERVAL));
         }
-        if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
+        if self.reader.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
             self.join_and_release(tracker, true, emit);
         }
     }
@@ -487,7 +453,10 @@ impl PreparedTexts {
     /// Joins the samples read so far; the records waiting for the statements they name get their text.
     fn join(&mut self, tracker: &mut Tracker, done: bool) {
         let mut error = None;
-        let found: Vec<_> = self.samples.iter().flat_map(|rx| rx.try_iter()).collect();
+        let found: Vec<_> = match &self.reader {
+            Some(reader) if self.listening => reader.found().collect(),
+            _ => Vec::new(),
+        };
         for found in found {
             match found {
                 Ok(Found::Source(first, fallback)) => {
@@ -535,7 +504,7 @@ impl PreparedTexts {
             }
         }
         if let Some(e) = error {
-            self.samples = None;
+            self.listening = false;
             if self.finder.wants_texts() {
                 self.fail(&e);
             } else {
@@ -584,7 +553,7 @@ impl PreparedTexts {
     /// show it, so that a reader behind a busy server does not give up on the texts still to be read; and, when
     /// `caught_up` (nothing is left to read), in the reader's time too, for a server that went quiet.
     fn release(&mut self, done: bool, caught_up: bool, emit: &mut impl FnMut(QueryRecord)) {
-        let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
+        let looking = self.listening && !done && self.held_count < MAX_HELD;
         // Read at the executions, a text comes with the statement's next execution once the probe is ready: a
         // record waits for that, however long the probe took to attach and find its offset.
         let probe = self.executed.as_ref().is_some_and(|x| !x.failed());
@@ -660,10 +629,8 @@ impl PreparedTexts {
 
     /// Tracing ended: the last samples are joined, the sampler stopped, every record written.
     pub fn finish(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.wake_sampler();
-        if let Some(sampler) = self.sampler.take() {
-            let _ = sampler.join();
+        if let Some(reader) = &mut self.reader {
+            reader.stop();
         }
         self.join(tracker, true);
         self.release(true, true, emit);
