@@ -6,7 +6,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -25,7 +25,7 @@ use crate::{
     query::{
         files::Files,
         holders::{self, Holders},
-        record::QueryRecord,
+        record::{Learned, QueryRecord},
         started::Started,
         texts::PreparedTexts,
         tracker::{Notice, Tracker, UNKNOWN_PREPARED},
@@ -135,6 +135,9 @@ pub const AUTO_CPU_PER_MILLE: u32 = 30;
 /// The in-kernel cost of a statement followed: bench/overhead's `kernel_ns_per_statement` on the CPU-bound server
 /// (bench/README.md). myprobe's own cost is measured as it runs.
 pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
+
+/// How long executions' replies are kept after the last one that would have labelled a statement.
+const RESULTS_WANTED_FOR: Duration = Duration::from_secs(5);
 
 /// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
 const OWN_NS_PER_STATEMENT: u64 = 400;
@@ -429,7 +432,7 @@ pub fn follow(
             .map(|d| d.function.demangled.as_str()),
         tracker: Tracker::new(a.raw_sql).for_server(target.flavor.server()),
         // Connected before tracing, read only when texts are wanted.
-        texts: PreparedTexts::default(),
+        texts: PreparedTexts::new(a.raw_sql),
         sites: waits::SiteNames::new(target.pid, Some(wait_begins)),
         pid: target.pid,
         files: Files::new(target.pid),
@@ -446,6 +449,7 @@ pub fn follow(
         stands_for: duty.map_or(1, |d| d.every),
         tls_followed: false,
         tls_said: false,
+        results_wanted_at: None,
         seen: 0,
         started: &started,
     };
@@ -514,6 +518,9 @@ struct Stages<'a, E, L> {
     /// TLS connections are read at the server's own TLS read and write.
     tls_followed: bool,
     tls_said: bool,
+    /// When an execution of a statement prepared before tracing last came back with column definitions that
+    /// were not kept (`Notice::ResultsWanted`).
+    results_wanted_at: Option<Instant>,
     seen: u64,
     /// The statements running when tracing began, whose records get their text and connection from it.
     started: &'a std::cell::RefCell<Started>,
@@ -555,11 +562,26 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             }
             Event::Tick => {
                 // Read by the collector at its next poll; asked here, not at each record (a clock read).
-                self.control.keep_results(self.tracker.wants_results());
+                self.control.keep_results(self.wants_results());
                 let sink = &mut self.sink;
-                self.texts.tick(&mut self.tracker, &mut |r| sink.emit(r));
+                let learned = self.texts.tick(&mut |r| sink.emit(r));
+                self.learn(learned);
                 self.ask_execute();
             }
+        }
+    }
+
+    /// Whether the kernel side should keep executions' replies long (their column definitions): only while
+    /// statements prepared before tracing come back with definitions that would label them.
+    fn wants_results(&self) -> bool {
+        self.results_wanted_at
+            .is_some_and(|t| t.elapsed() < RESULTS_WANTED_FOR)
+    }
+
+    /// What a later stage learned, for the tracker's later records.
+    fn learn(&mut self, learned: Vec<Learned>) {
+        for l in learned {
+            self.tracker.learn(l);
         }
     }
 
@@ -576,7 +598,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             Status::Period(true) => self.texts.resume(),
             Status::Period(false) => {
                 let sink = &mut self.sink;
-                self.texts.pause(&mut self.tracker, &mut |r| sink.emit(r));
+                let learned = self.texts.pause(&mut |r| sink.emit(r));
+                self.learn(learned);
             }
             Status::Cycle(every) => self.stands_for = every,
             Status::ExecuteProbe(attached) => self.texts.execute_probe(attached),
@@ -600,15 +623,18 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
 
     fn wire(&mut self, mut wire: Wire) {
         if let Wire::Statement(s) = &mut wire {
-            if s.before_tracing && !self.started.borrow_mut().join(s, &mut self.tracker) {
-                return;
+            if s.before_tracing {
+                let Some(connection) = self.started.borrow_mut().join(s) else {
+                    return;
+                };
+                self.tracker.learn(connection);
             }
         }
-        let record = self.tracker.handle(wire);
-        for notice in std::mem::take(&mut self.tracker.notices) {
+        let handled = self.tracker.handle(wire);
+        if let Some(notice) = handled.notice {
             self.notice(notice);
         }
-        if let Some(record) = record {
+        if let Some(record) = handled.record {
             self.named(record);
         }
     }
@@ -635,6 +661,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
                 }
             }
             Notice::Tls { .. } => {}
+            Notice::ResultsWanted => self.results_wanted_at = Some(Instant::now()),
         }
     }
 
@@ -676,8 +703,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         // What the execution probe is to do changes with an execution of unknown text (else at a tick).
         let unknown_execution = record.prepared.is_some() && record.query.is_none();
         let sink = &mut self.sink;
-        self.texts
-            .add(&mut self.tracker, record, &mut |r| sink.emit(r));
+        let learned = self.texts.add(record, &mut |r| sink.emit(r));
+        self.learn(learned);
         if unknown_execution {
             self.ask_execute();
         }
@@ -686,7 +713,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
     /// Tracing ended: the records still held are written, and what was counted is returned.
     fn finish(mut self, traced: collect::queries::Traced) -> Followed {
         let sink = &mut self.sink;
-        self.texts.finish(&mut self.tracker, &mut |r| sink.emit(r));
+        let learned = self.texts.finish(&mut |r| sink.emit(r));
+        self.learn(learned);
         if let Some(line) = self.texts.summary() {
             say!("myprobe: {line}");
         }

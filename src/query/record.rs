@@ -431,6 +431,30 @@ pub fn dispatch_fd(tid: u32) -> i32 {
     -1 - (tid & 0x3fff_ffff) as i32
 }
 
+/// What a later stage learned that the tracker did not see, handed to it by the pipeline (`Tracker::learn`):
+/// the later records carry it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// The text of a statement prepared before tracing (or whose prepare went by unseen).
+    Prepared { key: StatementKey, text: String },
+    /// What the server says of the connection on `socket` (its process list, or its memory), where its
+    /// handshake went by unseen.
+    Connection {
+        socket: i32,
+        id: u32,
+        user: Option<String>,
+        db: Option<String>,
+    },
+}
+
+impl QueryRecord {
+    /// Gives this record, an execution of a statement whose text went by unseen, the text learned for it.
+    pub fn name_statement(&mut self, text: &str, raw_sql: bool) {
+        self.fingerprint = Some(fingerprint::fingerprint(text).into());
+        self.query = Some(shown_text(text.to_string(), raw_sql).into());
+    }
+}
+
 /// A statement's text as records show it: literals hidden unless raw SQL is asked for.
 pub fn shown_text(text: String, raw_sql: bool) -> String {
     if raw_sql {

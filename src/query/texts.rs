@@ -14,9 +14,8 @@ use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
     finder::{Execution, TextFinder, MAX_EXECUTIONS},
     reader::Reader,
-    record::{QueryRecord, Text},
+    record::{Learned, QueryRecord, Text},
     text_reader::{Ask, Found, PreparedTable, TextReader, TextSource},
-    tracker::Tracker,
 };
 use crate::{
     client::{self, ConnectArgs},
@@ -64,6 +63,8 @@ const MAX_HELD: usize = 200_000;
 /// thread's records stay in order; the records of other threads go at once).
 pub struct PreparedTexts {
     pub finder: TextFinder,
+    /// Literals shown as they were sent (`FollowOptions::raw_sql`), in the texts given to records.
+    raw_sql: bool,
     /// The thread that reads the server's tables, asked what to read; `None` until started, or if it could not be.
     reader: Option<Reader<Ask, Result<Found, String>>>,
     /// Whether what it finds is taken in: not once it failed.
@@ -123,6 +124,7 @@ impl Default for PreparedTexts {
     fn default() -> Self {
         PreparedTexts {
             finder: TextFinder::default(),
+            raw_sql: false,
             reader: None,
             listening: false,
             fallback: None,
@@ -166,6 +168,14 @@ impl Default for PreparedTexts {
 }
 
 impl PreparedTexts {
+    /// Nothing read yet: [`PreparedTexts::start`] starts the reader; until then, records go as they come.
+    pub fn new(raw_sql: bool) -> Self {
+        PreparedTexts {
+            raw_sql,
+            ..PreparedTexts::default()
+        }
+    }
+
     /// Starts reading the server's tables, through a connection of a thread of its own (whose failure is said
     /// once: the texts then stay unknown). `execute_function`: the server's function that runs executions, where
     /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it.
@@ -189,12 +199,14 @@ impl PreparedTexts {
     /// No statement is traced for a while (between sampled periods): the list is not read meanwhile, and the
     /// records held for their texts are written now (the samples taken joined first), not when the next
     /// period's come.
-    pub fn pause(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+    pub fn pause(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
         if !std::mem::replace(&mut self.paused, true) {
             self.ask(Ask::Paused(true));
         }
-        self.join(tracker, true);
+        let mut learned = Vec::new();
+        self.join(&mut learned, true);
         self.release(true, true, emit);
+        learned
     }
 
     pub fn resume(&mut self) {
@@ -222,19 +234,20 @@ impl PreparedTexts {
 
     /// Takes a record and writes (`emit`) those ready: a record whose text is still looked for waits for it;
     /// the others go at once. The reader's own statements are not the server's: they are kept for dating
-    /// the samples, and not written.
+    /// the samples, and not written. Returns what was learned meanwhile, for the tracker.
     pub fn add(
         &mut self,
-        tracker: &mut Tracker,
         mut record: QueryRecord,
         emit: &mut impl FnMut(QueryRecord),
-    ) {
+    ) -> Vec<Learned> {
+        let mut learned = Vec::new();
         if self.reader.is_none() {
-            return emit(record);
+            emit(record);
+            return learned;
         }
         // Named first: a tracer's own statements prepared before this one began are known by their texts.
-        self.name_from_table(tracker, &mut record);
-        self.name_from_execution(tracker, &mut record);
+        self.name_from_table(&mut learned, &mut record);
+        self.name_from_execution(&mut learned, &mut record);
         if record
             .fingerprint
             .as_ref()
@@ -242,7 +255,7 @@ impl PreparedTexts {
         {
             self.finder.own_statement(record.tid, record.start_ns);
             self.own_statements += 1;
-            return;
+            return learned;
         }
         if record.command == "Prepare" {
             if self.last_prepare.len() >= MAX_EXECUTIONS {
@@ -300,21 +313,22 @@ impl PreparedTexts {
         if self.events_ns.saturating_sub(self.last_join_ns) >= join_ns
             || self.held_count >= MAX_HELD
         {
-            self.join_and_release(tracker, false, emit);
+            self.join_and_release(&mut learned, false, emit);
         }
+        learned
     }
 
     /// Takes in what the reader found and writes the records that no longer wait (`caught_up`: at a tick, when
     /// the reader's clock may end a wait).
     fn join_and_release(
         &mut self,
-        tracker: &mut Tracker,
+        learned: &mut Vec<Learned>,
         caught_up: bool,
         emit: &mut impl FnMut(QueryRecord),
     ) {
         self.last_join = Instant::now();
         self.last_join_ns = self.events_ns;
-        self.join(tracker, false);
+        self.join(learned, false);
         self.release(false, caught_up, emit);
     }
 
@@ -411,7 +425,7 @@ impl PreparedTexts {
     }
 
     /// Names `r`, an execution, from the text its probe event gave, and every record held for the same statement.
-    fn name_from_execution(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+    fn name_from_execution(&mut self, learned: &mut Vec<Learned>, r: &mut QueryRecord) {
         let (Some(executed), Some(key)) = (self.executed.as_mut(), r.prepared) else {
             return;
         };
@@ -427,31 +441,33 @@ impl PreparedTexts {
         // Named once, whether or not it was wanted yet (its first execution is this one).
         self.named += self.finder.text(&key).is_none() as u64;
         self.finder.found_elsewhere(key, &text);
-        tracker.learn_prepared(key, &text);
-        tracker.name_execution(r, &text);
+        r.name_statement(&text, self.raw_sql);
         r.truncated |= cut;
         for (held, _) in self.held.values_mut().flatten() {
             if held.prepared == Some(key) && held.query.is_none() {
-                tracker.name_execution(held, &text);
+                held.name_statement(&text, self.raw_sql);
                 held.truncated |= cut;
             }
         }
+        learned.push(Learned::Prepared { key, text });
     }
 
     /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
     /// whether or not statements come.
-    pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+    pub fn tick(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
         if !self.slowly && self.last_new.elapsed() >= SLOW_AFTER {
             self.slowly = true;
             self.ask(Ask::Slowly(SLOW_SAMPLE_INTERVAL));
         }
+        let mut learned = Vec::new();
         if self.reader.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
-            self.join_and_release(tracker, true, emit);
+            self.join_and_release(&mut learned, true, emit);
         }
+        learned
     }
 
     /// Joins the samples read so far; the records waiting for the statements they name get their text.
-    fn join(&mut self, tracker: &mut Tracker, done: bool) {
+    fn join(&mut self, learned: &mut Vec<Learned>, done: bool) {
         let mut error = None;
         let found: Vec<_> = match &self.reader {
             Some(reader) if self.listening => reader.found().collect(),
@@ -478,7 +494,7 @@ impl PreparedTexts {
                     self.prepared = table;
                     let mut held = std::mem::take(&mut self.held);
                     for (r, _) in held.values_mut().flatten() {
-                        self.name_from_table(tracker, r);
+                        self.name_from_table(learned, r);
                     }
                     self.held = held;
                 }
@@ -489,12 +505,12 @@ impl PreparedTexts {
                         else {
                             continue;
                         };
-                        tracker.learn_connection(
-                            r.socket,
-                            row.id,
-                            Some(&row.user),
-                            row.db.as_deref(),
-                        );
+                        learned.push(Learned::Connection {
+                            socket: r.socket,
+                            id: row.id,
+                            user: Some(row.user.clone()),
+                            db: row.db.clone(),
+                        });
                         r.conn = r.conn.or(Some(row.id));
                         r.user = Some(row.user.as_str().into());
                         r.db = row.db.as_deref().map(Text::from);
@@ -515,17 +531,17 @@ impl PreparedTexts {
         self.calibrated(overdue);
         for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
             self.named += 1;
-            tracker.learn_prepared(key, &text);
             for (r, _) in self.held.values_mut().flatten() {
                 if r.prepared == Some(key) && r.query.is_none() {
-                    tracker.name_execution(r, &text);
+                    r.name_statement(&text, self.raw_sql);
                 }
             }
+            learned.push(Learned::Prepared { key, text });
         }
     }
 
     /// Names `r` from the server's table of prepared statements, if it awaits its text and the table has it.
-    fn name_from_table(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+    fn name_from_table(&mut self, learned: &mut Vec<Learned>, r: &mut QueryRecord) {
         let Some(key) = r.prepared.filter(|_| awaits_text(r)) else {
             return;
         };
@@ -542,9 +558,12 @@ impl PreparedTexts {
         };
         if self.finder.found_elsewhere(key, text) {
             self.named += 1;
-            tracker.learn_prepared(key, text);
+            learned.push(Learned::Prepared {
+                key,
+                text: text.clone(),
+            });
         }
-        tracker.name_execution(r, text);
+        r.name_statement(text, self.raw_sql);
         r.truncated |= *cut;
     }
 
@@ -628,11 +647,13 @@ impl PreparedTexts {
     }
 
     /// Tracing ended: the last samples are joined, the sampler stopped, every record written.
-    pub fn finish(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
+    pub fn finish(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
         if let Some(reader) = &mut self.reader {
             reader.stop();
         }
-        self.join(tracker, true);
+        let mut learned = Vec::new();
+        self.join(&mut learned, true);
         self.release(true, true, emit);
+        learned
     }
 }

@@ -1,17 +1,15 @@
 //! The statement tracker: the collector's events turned into records ([`Tracker`]), following each connection's
-//! handshake, database and prepared statements. Pure: what it is told is all it knows (what later stages learn
-//! comes back to it through its caller), and what it notices is returned with each record.
+//! handshake, database and prepared statements. Pure: it reads no clock but once, for the offset of wall-clock
+//! time, and holds nothing shared; what later stages learn comes back to it through its caller
+//! ([`Tracker::learn`]), and what it noticed is returned with each record ([`Handled`]).
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
 
 use super::record::{
-    dispatch_fd, realtime_offset_ns, shown_text, QueryRecord, StatementKey, Text, TimeParts,
-    Timestamp,
+    dispatch_fd, realtime_offset_ns, shown_text, Learned, QueryRecord, StatementKey, Text,
+    TimeParts, Timestamp,
 };
 use crate::collect::queries::{Counters, RawStatement, Wire};
 use crate::wire::{
@@ -238,7 +236,7 @@ struct Request {
     unknown_statement: Option<u32>,
     /// Prepared statements forgotten to make room for one its reply named.
     forgot_prepared: u64,
-    /// Its reply's column definitions were sent and not kept (see [`Tracker::wants_results`]).
+    /// Its reply's column definitions were sent and not kept (see [`Notice::ResultsWanted`]).
     results_wanted: bool,
 }
 
@@ -286,6 +284,17 @@ fn make_room<K: std::hash::Hash + Eq + Copy, V, S: std::hash::BuildHasher>(
 pub enum Notice {
     /// A client asked for TLS: its statements cannot be read from the socket.
     Tls { conn: Option<u32> },
+    /// An execution of a statement prepared before tracing came back with column definitions that were not
+    /// kept: the kernel side should keep executions' replies long for a while, as they would label the
+    /// statement. Clients that cache definitions (MariaDB's Connector/C) send none, and cost nothing.
+    ResultsWanted,
+}
+
+/// What one event told the tracker: a statement's record, and what its caller is to know of.
+#[derive(Debug, Default)]
+pub struct Handled {
+    pub record: Option<QueryRecord>,
+    pub notice: Option<Notice>,
 }
 
 /// Turns the collector's events into records: follows handshakes, `USE`/COM_INIT_DB and prepared statements.
@@ -297,17 +306,10 @@ pub struct Tracker {
     pub forgotten_conns: u64,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC, ns: turns the kernel's timestamps into wall-clock time.
     realtime_offset_ns: i128,
-    pub notices: Vec<Notice>,
-    /// When an execution of a statement prepared before tracing last came back with column definitions
-    /// that were not kept (see [`Tracker::wants_results`]).
-    results_wanted_at: Option<Instant>,
     /// The server takes query attributes (MySQL): a COM_QUERY of a connection whose capabilities went by
     /// unseen is read past them when it starts as they do.
     query_attributes: bool,
 }
-
-/// How long executions' replies are kept after the last one that would have labelled a statement.
-const RESULTS_WANTED_FOR: Duration = Duration::from_secs(5);
 
 impl Tracker {
     pub fn new(raw_sql: bool) -> Self {
@@ -317,8 +319,6 @@ impl Tracker {
             forgotten_prepared: 0,
             forgotten_conns: 0,
             realtime_offset_ns: realtime_offset_ns(),
-            notices: Vec::new(),
-            results_wanted_at: None,
             query_attributes: false,
         }
     }
@@ -329,16 +329,8 @@ impl Tracker {
         self
     }
 
-    /// Whether the kernel side should keep executions' replies long (their column definitions): only while
-    /// statements prepared before tracing come back with definitions that would label them. Clients that
-    /// cache definitions (MariaDB's Connector/C) get none, and cost nothing.
-    pub fn wants_results(&self) -> bool {
-        self.results_wanted_at
-            .is_some_and(|t| t.elapsed() < RESULTS_WANTED_FOR)
-    }
-
-    /// Feeds what was read on a connection; returns a record for a statement.
-    pub fn handle(&mut self, wire: Wire) -> Option<QueryRecord> {
+    /// Feeds what was read on a connection; returns a record for a statement, and what it noticed.
+    pub fn handle(&mut self, wire: Wire) -> Handled {
         match wire {
             Wire::PacketOut {
                 tid,
@@ -348,7 +340,9 @@ impl Tracker {
             } => {
                 // The greeting opens a connection on this socket (a reused fd starts afresh), and on its
                 // thread, as statements seen at dispatch_command know it.
-                let (_, seq, payload) = protocol::split_packet(&bytes)?;
+                let Some((_, seq, payload)) = protocol::split_packet(&bytes) else {
+                    return Handled::default();
+                };
                 if seq == 0 {
                     if let Some(g) = protocol::parse_greeting(payload) {
                         for (key, ino) in [(fd, socket_ino), (dispatch_fd(tid), 0)] {
@@ -358,7 +352,7 @@ impl Tracker {
                         }
                     }
                 }
-                None
+                Handled::default()
             }
             Wire::PacketIn {
                 tid,
@@ -370,6 +364,7 @@ impl Tracker {
                 ts_ns,
             } => {
                 let command = payload.first().copied();
+                let mut notice = None;
                 if seq == 0 && command == Some(protocol::COM_STMT_CLOSE) {
                     let id = protocol::stmt_execute_id(&payload);
                     if let (Some(conn), Some(id)) = (self.conns.get_mut(&fd), id) {
@@ -377,7 +372,7 @@ impl Tracker {
                     }
                 } else if seq == 0 && command.is_some_and(protocol::command_is_answered) {
                     // A command read ahead: a statement of its own, within the time of the one before it.
-                    return Some(self.record(RawStatement {
+                    return self.record(RawStatement {
                         tid,
                         fd,
                         socket_ino,
@@ -390,7 +385,7 @@ impl Tracker {
                         in_flight: false,
                         pipelined: true,
                         before_tracing: false,
-                    }));
+                    });
                 } else if seq == 1 || seq == 2 {
                     // At sequence 2: the handshake response that follows a TLS request, read in its plaintext
                     // (otherwise, a COM_CHANGE_USER's authentication).
@@ -406,8 +401,7 @@ impl Tracker {
                         let conn = self.conn_at(fd, socket_ino);
                         if h.ssl_request && seq == 1 {
                             conn.tls_requested = true;
-                            let id = conn.id;
-                            self.notices.push(Notice::Tls { conn: id });
+                            notice = Some(Notice::Tls { conn: conn.id });
                         } else {
                             conn.user = Some(h.user.as_str().into());
                             conn.db = h.database.as_deref().map(Text::from);
@@ -415,9 +409,12 @@ impl Tracker {
                         }
                     }
                 }
-                None
+                Handled {
+                    record: None,
+                    notice,
+                }
             }
-            Wire::Statement(s) => Some(self.record(*s)),
+            Wire::Statement(s) => self.record(*s),
         }
     }
 
@@ -456,7 +453,7 @@ impl Tracker {
         conn
     }
 
-    fn record(&mut self, s: RawStatement) -> QueryRecord {
+    fn record(&mut self, s: RawStatement) -> Handled {
         let cmd = s.request.first().copied().unwrap_or(0xff);
         let reply = protocol::parse_reply_stream(&s.reply, cmd);
         let ok = !s.in_flight && !matches!(reply, Reply::Err { .. });
@@ -475,9 +472,7 @@ impl Tracker {
         };
         let (user, db, id) = (conn.user.clone(), conn.db.clone(), conn.id);
         self.forgotten_prepared += request.forgot_prepared + forgot_prepared;
-        if request.results_wanted {
-            self.results_wanted_at = Some(Instant::now());
-        }
+        let notice = request.results_wanted.then_some(Notice::ResultsWanted);
         let error = match reply {
             Reply::Err { code, .. } => Some(code),
             _ => None,
@@ -491,7 +486,7 @@ impl Tracker {
         let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
         let (time, duration_us) = TimeParts::of(s.end_ns.saturating_sub(s.start_ns), &c.part_ns);
-        QueryRecord {
+        let record = QueryRecord {
             ts: Timestamp(s.start_ns as i128 + self.realtime_offset_ns),
             tid: s.tid,
             conn: id,
@@ -535,20 +530,38 @@ impl Tracker {
             socket,
             start_ns: s.start_ns,
             end_ns: s.end_ns,
+        };
+        Handled {
+            record: Some(record),
+            notice,
+        }
+    }
+
+    /// What a later stage learned (the text of a prepared statement, the user of a connection): the later
+    /// records carry it.
+    pub fn learn(&mut self, learned: Learned) {
+        match learned {
+            Learned::Prepared { key, text } => self.learn_prepared(key, &text),
+            Learned::Connection {
+                socket,
+                id,
+                user,
+                db,
+            } => self.learn_connection(socket, id, user.as_deref(), db.as_deref()),
         }
     }
 
     /// What the server says of the connection on `socket` (its process list, or its memory), where its handshake
     /// went by unseen: its later statements carry it.
-    pub fn learn_connection(&mut self, socket: i32, id: u32, user: Option<&str>, db: Option<&str>) {
+    fn learn_connection(&mut self, socket: i32, id: u32, user: Option<&str>, db: Option<&str>) {
         let conn = self.conn_entry(socket);
         conn.id = conn.id.or(Some(id));
         conn.user = user.map(Text::from);
         conn.db = db.map(Text::from);
     }
 
-    /// A prepared statement's text learned otherwise (`texts::TextFinder`): its later executions carry it.
-    pub fn learn_prepared(&mut self, (fd, id): StatementKey, text: &str) {
+    /// A prepared statement's text learned otherwise (texts.rs): its later executions carry it.
+    fn learn_prepared(&mut self, (fd, id): StatementKey, text: &str) {
         if id == LAST_PREPARED {
             return; // the statement prepared last then, not at the next execution by this id
         }
@@ -557,12 +570,6 @@ impl Tracker {
         let forgot = make_room(&mut conn.prepared, &id, MAX_PREPARED_PER_CONN);
         conn.prepared.insert(id, Prepared::of(text, raw_sql, false));
         self.forgotten_prepared += forgot;
-    }
-
-    /// Gives `r`, an execution of a statement prepared before tracing, the text learned for it.
-    pub fn name_execution(&self, r: &mut QueryRecord, text: &str) {
-        r.fingerprint = Some(fingerprint::fingerprint(text).into());
-        r.query = Some(shown_text(text.to_string(), self.raw_sql).into());
     }
 }
 
@@ -608,11 +615,12 @@ mod tests {
         // Before any prepare is seen, the id alone; then MariaDB's -1 is the statement prepared last.
         let r = t
             .handle(execute(protocol::COM_STMT_EXECUTE, LAST_PREPARED))
+            .record
             .unwrap();
         assert_eq!(r.query, None);
         t.handle(prepared(7));
         for cmd in [protocol::COM_STMT_EXECUTE, protocol::COM_STMT_BULK_EXECUTE] {
-            let r = t.handle(execute(cmd, LAST_PREPARED)).unwrap();
+            let r = t.handle(execute(cmd, LAST_PREPARED)).record.unwrap();
             assert_eq!(r.query.as_deref(), Some("SELECT ?"));
             assert_eq!(r.prepared, Some((5, 7)));
         }
@@ -623,9 +631,13 @@ mod tests {
             &[protocol::COM_RESET_CONNECTION],
             vec![7, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0],
         ));
-        t.learn_prepared((5, LAST_PREPARED), "SELECT 'stale'");
+        t.learn(Learned::Prepared {
+            key: (5, LAST_PREPARED),
+            text: "SELECT 'stale'".into(),
+        });
         let r = t
             .handle(execute(protocol::COM_STMT_EXECUTE, LAST_PREPARED))
+            .record
             .unwrap();
         assert_eq!(r.query, None);
     }
@@ -680,25 +692,31 @@ mod tests {
         };
         t.handle(greeting(1, 5, 100, 42));
         assert_eq!(
-            t.handle(on(5, 100, b"\x03SELECT 1")).unwrap().conn,
+            t.handle(on(5, 100, b"\x03SELECT 1")).record.unwrap().conn,
             Some(42)
         );
         // Connection 43 on the same descriptor, then a late record of 42's, then 43's.
         t.handle(greeting(2, 5, 101, 43));
         assert_eq!(
-            t.handle(on(5, 100, b"\x03SELECT 2")).unwrap().conn,
+            t.handle(on(5, 100, b"\x03SELECT 2")).record.unwrap().conn,
             Some(42)
         );
         assert_eq!(
-            t.handle(on(5, 101, b"\x03SELECT 3")).unwrap().conn,
+            t.handle(on(5, 101, b"\x03SELECT 3")).record.unwrap().conn,
             Some(43)
         );
         // Where the socket is not known, the connection there now.
-        assert_eq!(t.handle(on(5, 0, b"\x03SELECT 4")).unwrap().conn, Some(43));
-        // A socket never greeted (opened before tracing) is a connection of its own, not 43.
-        assert_eq!(t.handle(on(5, 102, b"\x03SELECT 5")).unwrap().conn, None);
         assert_eq!(
-            t.handle(on(5, 101, b"\x03SELECT 6")).unwrap().conn,
+            t.handle(on(5, 0, b"\x03SELECT 4")).record.unwrap().conn,
+            Some(43)
+        );
+        // A socket never greeted (opened before tracing) is a connection of its own, not 43.
+        assert_eq!(
+            t.handle(on(5, 102, b"\x03SELECT 5")).record.unwrap().conn,
+            None
+        );
+        assert_eq!(
+            t.handle(on(5, 101, b"\x03SELECT 6")).record.unwrap().conn,
             Some(43)
         );
     }
@@ -708,12 +726,12 @@ mod tests {
         // The greeting of connection 42 on thread 9.
         let mut t = Tracker::new(true);
         t.handle(greeting(9, 5, 0, 42));
-        let query = t.handle(dispatched(b"\x03SELECT 1")).unwrap();
+        let query = t.handle(dispatched(b"\x03SELECT 1")).record.unwrap();
         assert_eq!((query.conn, query.socket), (Some(42), dispatch_fd(9)));
         t.learn_connection(dispatch_fd(9), 42, Some("alice"), Some("shop"));
         let mut execute = vec![protocol::COM_STMT_EXECUTE];
         execute.extend(7u32.to_le_bytes());
-        let e = t.handle(dispatched(&execute)).unwrap();
+        let e = t.handle(dispatched(&execute)).record.unwrap();
         assert_eq!(
             (e.user.as_deref(), e.db.as_deref()),
             (Some("alice"), Some("shop"))
@@ -760,29 +778,28 @@ mod tests {
     fn after_a_tls_request_the_handshake_response_comes_at_sequence_2() {
         let mut t = Tracker::new(false);
         let caps = protocol::CLIENT_SSL;
-        t.handle(client_packet(5, 1, handshake_response(caps, None)));
-        assert_eq!(t.notices, [Notice::Tls { conn: None }]);
-        t.handle(client_packet(5, 2, handshake_response(caps, Some("alice"))));
+        let tls = t.handle(client_packet(5, 1, handshake_response(caps, None)));
+        assert_eq!(tls.notice, Some(Notice::Tls { conn: None }));
+        let response = t.handle(client_packet(5, 2, handshake_response(caps, Some("alice"))));
+        assert_eq!(response.notice, None);
         // A COM_CHANGE_USER's authentication, also at sequence 2, is no handshake response.
         let all_caps = caps | protocol::CLIENT_PROTOCOL_41 | protocol::CLIENT_SECURE_CONNECTION;
         let mut auth = all_caps.to_le_bytes().to_vec();
         auth.extend([0x61; 28]);
-        t.handle(client_packet(5, 2, auth));
-        let r = t.handle(prepared(1)).unwrap();
+        assert_eq!(t.handle(client_packet(5, 2, auth)).notice, None);
+        let r = t.handle(prepared(1)).record.unwrap();
         assert_eq!(r.user.as_deref(), Some("alice"));
-        assert_eq!(t.notices.len(), 1);
     }
 
     #[test]
     fn a_zstd_compressed_connection_is_followed_and_remembered_within_bounds() {
         let mut t = Tracker::new(false);
-        t.handle(compressed_handshake(7, "alice"));
-        assert!(t.notices.is_empty());
+        assert_eq!(t.handle(compressed_handshake(7, "alice")).notice, None);
         let Wire::Statement(mut s) = prepared(1) else {
             unreachable!()
         };
         s.fd = 7;
-        let r = t.handle(Wire::Statement(s)).unwrap();
+        let r = t.handle(Wire::Statement(s)).record.unwrap();
         assert_eq!(r.user.as_deref(), Some("alice"));
         for fd in 0..(MAX_CONNS as i32 + 100) {
             t.handle(compressed_handshake(fd, "mallory"));
@@ -801,7 +818,7 @@ mod tests {
         s.counters.lock_waits = u64::from(u32::MAX) + 2;
         s.counters.syncs = u64::from(u32::MAX) + 3;
         s.counters.syscalls = u64::from(u32::MAX) + 4;
-        let r = t.handle(Wire::Statement(s)).unwrap();
+        let r = t.handle(Wire::Statement(s)).record.unwrap();
         assert_eq!(
             (r.lock_waits, r.syncs, r.syscalls),
             (4_294_967_297, 4_294_967_298, 4_294_967_299)
