@@ -25,6 +25,7 @@ use crate::{
     query::{
         files::Files,
         holders::{self, Holders},
+        reader::OwnConnections,
         record::{Learned, QueryRecord},
         started::Started,
         texts::PreparedTexts,
@@ -423,6 +424,8 @@ pub fn follow(
         execute_function.as_ref(),
         &wait_begins.calls,
     );
+    // myprobe's own connections (its readers'), whose statements are not the server's load.
+    let own = OwnConnections::default();
     let mut stages = Stages {
         control: &control,
         exe: &target.exe,
@@ -434,11 +437,10 @@ pub fn follow(
         // Connected before tracing, read only when texts are wanted.
         texts: PreparedTexts::new(a.raw_sql),
         sites: waits::SiteNames::new(target.pid, Some(wait_begins)),
-        pid: target.pid,
         files: Files::new(target.pid),
         holders: a.connect.as_ref().map(|c| {
             control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
-            Holders::start(c, target.pid, &target.binary)
+            Holders::start(c, target.pid, &target.binary, &own)
         }),
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
@@ -452,6 +454,7 @@ pub fn follow(
         results_wanted_at: None,
         seen: 0,
         started: &started,
+        own: own.clone(),
     };
     if let Some(connect) = &a.connect {
         if execute_function.is_none() {
@@ -463,7 +466,7 @@ pub fn follow(
             );
         }
         let execute_name = execute_function.as_ref().map(|f| f.demangled.clone());
-        stages.texts.start(connect, target.pid, execute_name);
+        stages.texts.start(connect, target.pid, execute_name, &own);
     }
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
@@ -504,8 +507,6 @@ struct Stages<'a, E, L> {
     tracker: Tracker,
     texts: PreparedTexts,
     sites: waits::SiteNames,
-    /// The server's PID.
-    pid: u32,
     /// The files behind blocked I/O.
     files: Files,
     /// Who holds the locks statements wait for long, read from the server's tables while they wait.
@@ -524,6 +525,8 @@ struct Stages<'a, E, L> {
     seen: u64,
     /// The statements running when tracing began, whose records get their text and connection from it.
     started: &'a std::cell::RefCell<Started>,
+    /// The connections this run opened to the server.
+    own: OwnConnections,
 }
 
 /// The caller's `emit`, counting what it was given.
@@ -668,10 +671,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
     /// A statement's record: its wait site and lock named, then its text looked for.
     fn named(&mut self, mut record: QueryRecord) {
         // Its own statements (who holds a lock, prepared statements' texts) are not the server's load.
-        if record
-            .conn
-            .is_some_and(|c| crate::client::is_own_connection(self.pid, u64::from(c)))
-        {
+        if record.conn.is_some_and(|c| self.own.contains(u64::from(c))) {
             return;
         }
         self.seen += 1;

@@ -10,11 +10,11 @@ use std::{
 };
 
 use super::{
-    reader::{Asked, Reader},
+    reader::{Asked, OwnConnections, Reader},
     record::{CauseWait, Holder, QueryRecord},
 };
 use crate::{
-    client::{self, Client, ConnectArgs},
+    client::{Client, ConnectArgs},
     process::memory::ProcMemory,
     server::{causes::holder_cause, Cause, Server},
     sessions::{
@@ -98,12 +98,12 @@ pub struct Holders {
 
 impl Holders {
     /// Starts the reader of the server `pid`'s lock tables (and of its memory, which runs `binary`, where its
-    /// metadata locks are), connecting as `args` when first asked.
-    pub fn start(args: &ConnectArgs, pid: u32, binary: &Path) -> Holders {
-        let args = args.clone();
+    /// metadata locks are), connecting as `args` when first asked (the connection one of the run's `own`).
+    pub fn start(args: &ConnectArgs, pid: u32, binary: &Path, own: &OwnConnections) -> Holders {
+        let (args, own) = (args.clone(), own.clone());
         let binary = binary.to_path_buf();
         let reader = Reader::spawn("myprobe-holders", move |asked| {
-            read_when_asked(&args, pid, &binary, &asked)
+            read_when_asked(&args, pid, &binary, &own, &asked)
         });
         let reader = reader
             .map_err(|e| {
@@ -180,6 +180,7 @@ fn read_when_asked(
     args: &ConnectArgs,
     pid: u32,
     binary: &Path,
+    own: &OwnConnections,
     asked: &Asked<(), Vec<(u64, Listed)>>,
 ) {
     let mut client = None;
@@ -187,7 +188,7 @@ fn read_when_asked(
     let mut in_memory: Option<Option<MemoryLocks>> = None;
     while asked.next().is_ok() && asked.take(|()| false).is_ok() {
         if client.is_none() {
-            match client::connect(args, Some(pid)) {
+            match own.connect(args, pid) {
                 Ok(c) => client = Some(c),
                 Err(e) => {
                     if !std::mem::replace(&mut said, true) {

@@ -1,12 +1,18 @@
 //! A thread of its own that reads the server for the statements' pipeline, so that the pipeline never waits for
 //! the server ([`Reader`]): asked through one channel, it answers through another. The texts' reader
-//! (text_reader.rs) and the holders' (holders.rs) are both one; neither shares anything else with the pipeline.
+//! (text_reader.rs) and the holders' (holders.rs) are both one; what they share besides with the pipeline is the
+//! set of the run's own connections ([`OwnConnections`]), each registered as it is opened.
 
 use std::{
-    sync::mpsc::{self, RecvTimeoutError, TryRecvError},
+    sync::{
+        mpsc::{self, RecvTimeoutError, TryRecvError},
+        Arc, Mutex,
+    },
     thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
+
+use crate::client::{self, Client, ConnectArgs};
 
 /// The pipeline's end of a reader thread: what it asks goes to the thread, what the thread found comes back.
 /// Dropped, the thread ends at its next wait for asks, unwaited for; [`Reader::stop`] waits for it.
@@ -109,6 +115,32 @@ impl<Ask, Found> Asked<Ask, Found> {
                 Err(RecvTimeoutError::Disconnected) => return Err(Ended),
             }
         }
+    }
+}
+
+/// The connections a run opened to the server it traces: their statements are the run's own, not the server's
+/// load. Made by the run (`follow`), cloned into each reader that connects, asked of each record.
+#[derive(Clone, Debug, Default)]
+pub struct OwnConnections(Arc<Mutex<Vec<u64>>>);
+
+impl OwnConnections {
+    /// Connects to the server `pid` as `args` (`client::connect`), the connection counted as the run's own from
+    /// before its first statement.
+    pub fn connect(&self, args: &ConnectArgs, pid: u32) -> anyhow::Result<Client> {
+        let client = client::connect(args, Some(pid))?;
+        if let Ok(mut own) = self.0.lock() {
+            // A run opens a few; a reader that connects again and again stays bounded.
+            if own.len() >= 64 {
+                own.remove(0);
+            }
+            own.push(client.connection_id());
+        }
+        Ok(client)
+    }
+
+    /// Whether the server's connection `id` is one the run opened.
+    pub fn contains(&self, id: u64) -> bool {
+        self.0.lock().is_ok_and(|own| own.contains(&id))
     }
 }
 

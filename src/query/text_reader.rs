@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{
     executed::CALIBRATION_TEXTS,
     finder::{Sample, SampleRow},
-    reader::{Asked, Ended},
+    reader::{Asked, Ended, OwnConnections},
 };
 use crate::{
     client::{self, ConnectArgs},
@@ -197,6 +197,8 @@ pub(super) struct TextReader {
     /// The server's function that runs executions was found: texts can be read there.
     can_execute: bool,
     asked: Asked<Ask, Result<Found, String>>,
+    /// Where the connection it opens is registered.
+    own: OwnConnections,
     wants: Wants,
     /// Reads asked for (a connection's user, a prepare's statement) at most once an interval each: records
     /// keep asking while they wait.
@@ -205,12 +207,14 @@ pub(super) struct TextReader {
 }
 
 impl TextReader {
-    /// The reader of the server `pid`, connecting as `args`, sampling at `interval` once texts are wanted.
+    /// The reader of the server `pid`, connecting as `args` (its connection one of the run's `own`), sampling at
+    /// `interval` once texts are wanted.
     pub(super) fn new(
         args: ConnectArgs,
         pid: u32,
         can_execute: bool,
         interval: Duration,
+        own: OwnConnections,
         asked: Asked<Ask, Result<Found, String>>,
     ) -> TextReader {
         TextReader {
@@ -218,6 +222,7 @@ impl TextReader {
             pid,
             can_execute,
             asked,
+            own,
             wants: Wants {
                 texts: false,
                 paused: false,
@@ -236,7 +241,7 @@ impl TextReader {
     /// Connects, says where texts are looked for, and reads until the pipeline ends, or until a read fails or
     /// nobody listens any more.
     pub(super) fn run(mut self) {
-        let mut client = match client::connect(&self.args, Some(self.pid)) {
+        let mut client = match self.own.connect(&self.args, self.pid) {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.asked.send(Err(format!("{e:#}")));

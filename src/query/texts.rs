@@ -13,7 +13,7 @@ use std::{
 use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
     finder::{Execution, TextFinder, MAX_EXECUTIONS},
-    reader::Reader,
+    reader::{OwnConnections, Reader},
     record::{Learned, QueryRecord, Text},
     text_reader::{Ask, Found, PreparedTable, TextReader, TextSource},
 };
@@ -178,14 +178,21 @@ impl PreparedTexts {
 
     /// Starts reading the server's tables, through a connection of a thread of its own (whose failure is said
     /// once: the texts then stay unknown). `execute_function`: the server's function that runs executions, where
-    /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it.
-    pub fn start(&mut self, args: &ConnectArgs, pid: u32, execute_function: Option<String>) {
+    /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it. Its
+    /// connection is one of the run's `own`.
+    pub fn start(
+        &mut self,
+        args: &ConnectArgs,
+        pid: u32,
+        execute_function: Option<String>,
+        own: &OwnConnections,
+    ) {
         self.pid = pid;
         let can_execute = execute_function.is_some();
         self.execute_function = execute_function;
-        let args = args.clone();
+        let (args, own) = (args.clone(), own.clone());
         let reader = Reader::spawn("myprobe-processlist", move |asked| {
-            TextReader::new(args, pid, can_execute, SAMPLE_INTERVAL, asked).run()
+            TextReader::new(args, pid, can_execute, SAMPLE_INTERVAL, own, asked).run()
         });
         match reader {
             Ok(reader) => {
