@@ -18,7 +18,11 @@ use std::{
 use anyhow::{Context, Result};
 use tiny_http::{Header, Request, Response, Server};
 
-use super::{metrics::Own, Kind, ProfileRequest, Shared, Status};
+use super::{
+    metrics::Own,
+    shared::{ProfileRequest, Shared, Status, WAKE},
+};
+use crate::collect::Kind;
 
 /// Requests served at once.
 const MAX_REQUESTS: usize = 8;
@@ -37,7 +41,7 @@ pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHand
     Ok(std::thread::spawn(move || {
         while !shared.stop.is_stopped() {
             // Ctrl-C is seen within a second; a request wakes it at once.
-            let request = match server.recv_timeout(super::WAKE) {
+            let request = match server.recv_timeout(WAKE) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(e) => {

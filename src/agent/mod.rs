@@ -15,284 +15,26 @@ pub mod http;
 pub mod metrics;
 pub mod retain;
 pub mod server;
+mod shared;
+
+use shared::{release_free_memory, SLICE, WAKE};
+pub use shared::{Attached, Options, ProfileRequest, Shared, Status, Sums};
 
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{mpsc, Arc, Mutex, MutexGuard},
-    time::{Duration, Instant, SystemTime},
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 
 use crate::{
-    collect::{
-        self,
-        periods::{BudgetShares, Duty},
-        targets::Targets,
-        unwind_store::{Stores, UnwindStore},
-        Collected, Kind, Lost, RawStack, Row, Stop,
-    },
+    collect,
     process::{self, Target},
-    query::follow::FollowOptions,
-    runner,
 };
 
-use metrics::Metrics;
 use retain::Retention;
-
-/// How often the stack collectors' sums are moved out of the kernel: what a profile request's time is
-/// rounded to.
-const SLICE: Duration = Duration::from_secs(1);
-
-/// How long the agent's threads sleep at most: every wakeup of a thread of its own takes a busy server's CPU
-/// for a moment, so they wake for what is due (slices, periods, requests) and otherwise this seldom.
-const WAKE: Duration = Duration::from_secs(1);
-
-/// Addresses whose names are kept from one window to the next: past these, they are symbolized again.
-const MAX_NAMES_CACHED: usize = 100_000;
-
-pub struct Options {
-    pub pid: Option<u32>,
-    pub window: Duration,
-    /// On-CPU sampling frequency, Hz.
-    pub frequency: u64,
-    pub min_block_us: u64,
-    /// Where the HTTP server listens: `127.0.0.1:9369`.
-    pub listen: String,
-    /// Where the windows are kept, for how long, and within how many bytes.
-    pub dir: PathBuf,
-    pub retain: Duration,
-    pub retain_bytes: u64,
-    /// Fingerprints with series of their own, per server.
-    pub top: usize,
-    /// How long the series of a server that exited stay, at their last values.
-    pub forget_after: Duration,
-    /// Off-CPU and lock tracing attached one second in N (`None`: all the time).
-    pub duty: Option<Duty>,
-    /// A process that is not mariadbd/mysqld may be traced.
-    pub any_process: bool,
-    /// Each server's off-CPU programs its own (`--programs-per-server`), not one set for the servers of a store.
-    pub programs_per_server: bool,
-    /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
-    /// `--no-sql`), `--raw-sql`, `--btf`, memory.
-    pub queries: FollowOptions,
-}
-
-/// Rows of one kind summed over a time (a window, or a request's seconds), by lock word and stack: bounded by
-/// the stacks seen, not by the time.
-#[derive(Default)]
-pub struct Sums {
-    columns: Vec<String>,
-    rows: HashMap<(u64, Arc<RawStack>), Box<[u64]>>,
-    events: u64,
-    traced: Duration,
-    lost: Lost,
-}
-
-impl Sums {
-    /// Adds `c`'s rows, each value multiplied by `scale` (traced one period in `scale`).
-    fn add(&mut self, c: &Collected, scale: u64) {
-        if self.columns.is_empty() {
-            self.columns = c.columns.clone();
-        }
-        for row in &c.rows {
-            let sum = self
-                .rows
-                .entry((row.key, Arc::clone(&row.stack)))
-                .or_insert_with(|| vec![0; row.values.len()].into());
-            for (s, v) in sum.iter_mut().zip(&row.values) {
-                *s = s.saturating_add(v.saturating_mul(scale));
-            }
-        }
-        self.events = self.events.saturating_add(c.events);
-        self.traced += c.traced;
-        self.lost = c.lost;
-    }
-
-    fn collected(&self) -> Collected {
-        Collected {
-            columns: self.columns.clone(),
-            rows: self
-                .rows
-                .iter()
-                .map(|((key, stack), values)| Row {
-                    tid: 0,
-                    key: *key,
-                    stack: Arc::clone(stack),
-                    values: values.clone(),
-                })
-                .collect(),
-            events: self.events,
-            lost: self.lost,
-            traced: self.traced,
-            estimate: None,
-        }
-    }
-}
-
-/// A `/debug/pprof/...?seconds=N` waiting for its seconds to pass.
-pub struct ProfileRequest {
-    /// The server profiled.
-    pub pid: u32,
-    pub kind: Kind,
-    pub until: Instant,
-    pub started: SystemTime,
-    pub sums: Sums,
-    /// Until when the slices added cover.
-    pub covered: Option<Instant>,
-    /// The gzip-compressed pprof, or why there is none.
-    pub reply: mpsc::Sender<Result<Vec<u8>, String>>,
-}
-
-/// What the agent is doing, for `/healthz` and `/debug/pprof/`.
-#[derive(Clone, Default)]
-pub struct Status {
-    /// The servers traced now.
-    pub attached: Vec<Attached>,
-    /// Why no server is traced, where none is.
-    pub waiting: String,
-}
-
-/// A server traced now.
-#[derive(Clone)]
-pub struct Attached {
-    pub pid: u32,
-    /// `mariadbd (PID 123, MariaDB 10.11.19-…)`.
-    pub server: String,
-    /// Since when (RFC 3339).
-    pub since: String,
-}
-
-/// What the HTTP threads, the main thread and the servers' threads share.
-pub struct Shared {
-    metrics: Mutex<Metrics>,
-    status: Mutex<Status>,
-    requests: Mutex<Vec<ProfileRequest>>,
-    /// The servers' unwind tables in the kernel, one copy for servers of the same code.
-    unwind: Stores,
-    /// The off-CPU and lock programs of the servers of each store: one set of each for them all.
-    sets: Mutex<Vec<ProgramSet>>,
-    pub retention: Retention,
-    pub host: String,
-    /// The agent's run: Ctrl-C and SIGTERM end it, and with it every loop of the agent.
-    stop: Stop,
-    /// Between how many servers the statements' CPU budget is split: those found now.
-    budget_shares: BudgetShares,
-}
-
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
-        locked(&self.metrics)
-    }
-    pub fn status(&self) -> Status {
-        locked(&self.status).clone()
-    }
-    fn status_mut(&self) -> MutexGuard<'_, Status> {
-        locked(&self.status)
-    }
-    pub fn requests(&self) -> MutexGuard<'_, Vec<ProfileRequest>> {
-        locked(&self.requests)
-    }
-    /// Adds the server of `plan` to the `kind` programs of the servers of its `store`, starting them where none
-    /// run; its slices go to `send`. The set's members are returned, for the server to leave it.
-    pub(crate) fn join_set(
-        &self,
-        kind: Kind,
-        store: &Arc<UnwindStore>,
-        plan: &runner::Plan<'_>,
-        send: mpsc::Sender<collect::Slice>,
-    ) -> Arc<Targets> {
-        let pid = plan.target.pid;
-        let mut sets = locked(&self.sets);
-        end_finished(&mut sets);
-        let mine = |s: &&ProgramSet| s.kind == kind && Arc::ptr_eq(&s.store, store);
-        if let Some(set) = sets
-            .iter()
-            .filter(mine)
-            .find(|s| s.targets.join(pid, send.clone()))
-        {
-            return Arc::clone(&set.targets);
-        }
-        let targets = Arc::new(Targets::of(pid, send));
-        let opts = plan.shared_options(store, Arc::clone(&targets));
-        let offcpu = plan.offcpu_settings();
-        let thread = std::thread::Builder::new()
-            .name(kind.name().into())
-            .spawn(move || {
-                let traced = match kind {
-                    Kind::Offcpu => collect::offcpu::collect(&opts, offcpu).map(|_| ()),
-                    _ => collect::locks::collect(&opts).map(|_| ()),
-                };
-                // What its objects took, handed back once they are closed.
-                drop(opts);
-                release_free_memory();
-                traced
-            });
-        match thread {
-            Ok(thread) => sets.push(ProgramSet {
-                kind,
-                store: Arc::clone(store),
-                targets: Arc::clone(&targets),
-                thread,
-            }),
-            Err(e) => say!(
-                "myprobe: agent: warning: {} not traced: starting a thread: {e}",
-                kind.label()
-            ),
-        }
-        targets
-    }
-
-    /// Why no server is traced; said when it changes.
-    fn set_waiting(&self, why: String) {
-        let mut s = locked(&self.status);
-        if s.waiting != why {
-            say!("myprobe: agent: waiting for a server: {why}");
-            s.waiting = why;
-        }
-    }
-}
-
-/// The collectors whose programs the servers of a store share: they run at events of the whole host (each
-/// switch, each futex call), where a set per server would run once per server for each.
-const SHARED_KINDS: [Kind; 2] = [Kind::Offcpu, Kind::Locks];
-
-/// One set of programs of a collector for the servers of a store (collect::targets), traced by a thread of its
-/// own until none of them is left.
-struct ProgramSet {
-    kind: Kind,
-    store: Arc<UnwindStore>,
-    targets: Arc<Targets>,
-    thread: std::thread::JoinHandle<Result<()>>,
-}
-
-/// Says and forgets the sets that ended (no member left, or they failed): their stores go with them.
-fn end_finished(sets: &mut Vec<ProgramSet>) {
-    for set in sets.extract_if(.., |s| s.thread.is_finished()) {
-        set.join();
-    }
-}
-
-impl ProgramSet {
-    /// Waits for its thread to end, and says why it did if it failed.
-    fn join(self) {
-        let result = self
-            .thread
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("its thread panicked")));
-        if let Err(e) = result {
-            say!(
-                "myprobe: agent: warning: {} not traced: {e:#}",
-                self.kind.label()
-            );
-        }
-    }
-}
 
 /// A server traced by a thread of its own.
 struct Session {
@@ -318,17 +60,7 @@ pub fn run(o: Options) -> Result<()> {
     few_arenas();
     collect::install_stop_handler();
     let retention = Retention::new(&o.dir, o.retain, o.retain_bytes)?;
-    let shared = Arc::new(Shared {
-        metrics: Mutex::new(Metrics::new(o.top)),
-        status: Mutex::new(Status::default()),
-        requests: Mutex::new(Vec::new()),
-        unwind: Stores::default(),
-        sets: Mutex::new(Vec::new()),
-        retention,
-        host: crate::report::hostname(),
-        stop: Stop::new(),
-        budget_shares: BudgetShares::default(),
-    });
+    let shared = Arc::new(Shared::new(o.top, retention, crate::report::hostname()));
     let server = http::serve(&o.listen, Arc::clone(&shared))?;
     say!(
         "myprobe: agent: serving http://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
@@ -365,7 +97,7 @@ pub fn run(o: Options) -> Result<()> {
             // What the tracing of that server took: its unwind tables, symbols and collectors.
             release_free_memory();
         }
-        end_finished(&mut locked(&shared.sets));
+        shared.end_finished_sets();
         match wanted.servers(&sessions) {
             Ok(pids) => {
                 let (found, share) = (pids.len(), pids.len().max(1) as u32);
@@ -416,9 +148,7 @@ pub fn run(o: Options) -> Result<()> {
     for s in sessions {
         let _ = s.thread.join();
     }
-    for set in locked(&shared.sets).drain(..) {
-        set.join();
-    }
+    shared.end_every_set();
     let _ = server.join();
     Ok(())
 }
@@ -527,13 +257,6 @@ fn yield_to_the_server() {
 fn few_arenas() {
     // SAFETY: mallopt only sets the allocator's own parameter; before any other thread exists.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
-}
-
-/// Hands the pages that the allocator holds free back to the system: after a window's profiles and after a server's
-/// tracing, which free more than the agent goes on using.
-fn release_free_memory() {
-    // SAFETY: malloc_trim only returns free memory of the allocator's own to the system.
-    unsafe { libc::malloc_trim(0) };
 }
 
 /// What tells a server apart from others of the same executable: its `--datadir` (the port and socket may

@@ -12,7 +12,10 @@ use anyhow::{Context, Result};
 
 use super::{
     metrics::{escape, LockWaits},
-    release_free_memory, Options, ProfileRequest, Shared, Sums, MAX_NAMES_CACHED, SLICE, WAKE,
+    shared::{
+        release_free_memory, Attached, Options, ProfileRequest, Shared, Sums, MAX_NAMES_CACHED,
+        SHARED_KINDS, SLICE, WAKE,
+    },
 };
 use crate::{
     client::socket::listening_port,
@@ -100,7 +103,7 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
     // Off-CPU and lock waits by the programs of the servers of the same store, where they can be shared.
     let compat = plan.statements.collect_options(0).features().compat();
     let sets: Vec<(Kind, Arc<Targets>)> = match &prepared.tables {
-        Some(store) if !o.programs_per_server && !compat => super::SHARED_KINDS
+        Some(store) if !o.programs_per_server && !compat => SHARED_KINDS
             .into_iter()
             .map(|kind| (kind, shared.join_set(kind, store, &plan, slices_to.clone())))
             .collect(),
@@ -178,7 +181,7 @@ fn start_metrics(target: &Target, labels: &ServerLabels, plan: &Plan, shared: &S
     }
     let mut status = shared.status_mut();
     status.attached.retain(|a| a.pid != target.pid);
-    status.attached.push(super::Attached {
+    status.attached.push(Attached {
         pid: target.pid,
         server: target.to_string(),
         since: crate::report::rfc3339(SystemTime::now()),

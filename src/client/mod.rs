@@ -348,24 +348,7 @@ pub fn connect(args: &ConnectArgs, server_pid: Option<u32>) -> Result<Client> {
     for note in &settings.notes {
         say!("myprobe: note: {note}");
     }
-    let client = Client::connect(&settings)?;
-    if let (Some(pid), Ok(mut own)) = (server_pid, OWN_CONNECTIONS.lock()) {
-        if own.len() >= 64 {
-            own.remove(0);
-        }
-        own.push((pid, client.connection_id));
-    }
-    Ok(client)
-}
-
-/// The connections myprobe opened, by server PID: their statements are its own, not the server's load.
-static OWN_CONNECTIONS: std::sync::Mutex<Vec<(u32, u64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Whether connection `id` of the server `pid` is one myprobe opened.
-pub fn is_own_connection(pid: u32, id: u64) -> bool {
-    OWN_CONNECTIONS
-        .lock()
-        .is_ok_and(|own| own.contains(&(pid, id)))
+    Client::connect(&settings)
 }
 
 /// An open connection to the server.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::{largest_remainder, CauseWait, QueryRecord, TimeParts};
+use super::record::{largest_remainder, CauseWait, QueryRecord, TimeParts, PARTS};
 use crate::server::Cause;
 
 /// Distinct fingerprints kept at most; the rest are counted under one `(other)` row.
@@ -20,7 +20,7 @@ struct Entry {
     errors: u64,
     latency_us: Histogram<u64>,
     total_us: u64,
-    parts_us: [u64; crate::query::PARTS],
+    parts_us: [u64; PARTS],
     /// The time by cause (`QueryRecord::by_cause`), in the order of `Cause::ALL`.
     causes_us: [u64; Cause::ALL.len()],
     /// The longest wait of each cause whose object or holder the server named (at most one per cause).
@@ -39,7 +39,7 @@ impl Entry {
             latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 2)
                 .expect("valid histogram bounds"),
             total_us: 0,
-            parts_us: [0; crate::query::PARTS],
+            parts_us: [0; PARTS],
             causes_us: [0; Cause::ALL.len()],
             named: Vec::new(),
             lock_symbols: HashMap::default(),
@@ -156,8 +156,7 @@ impl Shares {
             return Shares::default();
         }
         // In millionths of the total (widened: no product overflows), rounded to thousandths.
-        let exact: [u64; crate::query::PARTS] =
-            v.map(|x| ((x as u128 * 1_000_000) / total as u128) as u64);
+        let exact: [u64; PARTS] = v.map(|x| ((x as u128 * 1_000_000) / total as u128) as u64);
         let p = largest_remainder(&exact, 1000, 1000);
         let [user, sys, runq, lock, read, write, sync, net, other, sleep, unseen] =
             p.map(|x| x as f64 / 10.0);
@@ -176,7 +175,7 @@ impl Shares {
         }
     }
 
-    pub fn values(&self) -> [f64; crate::query::PARTS] {
+    pub fn values(&self) -> [f64; PARTS] {
         [
             self.user_pct,
             self.sys_pct,

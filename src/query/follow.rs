@@ -6,7 +6,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -25,9 +25,11 @@ use crate::{
     query::{
         files::Files,
         holders::{self, Holders},
+        reader::OwnConnections,
+        record::{Learned, QueryRecord},
         started::Started,
         texts::PreparedTexts,
-        Notice, QueryRecord, Tracker, UNKNOWN_PREPARED,
+        tracker::{Notice, Tracker, UNKNOWN_PREPARED},
     },
     server::Cause,
     symbolize::{
@@ -138,6 +140,9 @@ pub const AUTO_CPU_PER_MILLE: u32 = 30;
 /// (bench/README.md). myprobe's own cost is measured as it runs.
 pub const KERNEL_NS_PER_STATEMENT: u64 = 1_800;
 
+/// How long executions' replies are kept after the last one that would have labelled a statement.
+const RESULTS_WANTED_FOR: Duration = Duration::from_secs(5);
+
 /// myprobe's own cost of a statement followed, until measured (`--summary`; `--json` costs twice that).
 const OWN_NS_PER_STATEMENT: u64 = 400;
 
@@ -230,7 +235,7 @@ impl Followed {
                 "myprobe: warning: {} prepared statements forgotten (over {} open on one connection): their \
                  executions show as `{UNKNOWN_PREPARED} #ID`",
                 self.forgotten_prepared,
-                crate::query::MAX_PREPARED_PER_CONN
+                crate::query::tracker::MAX_PREPARED_PER_CONN
             );
         }
         if self.forgotten_conns > 0 {
@@ -238,7 +243,7 @@ impl Followed {
                 "myprobe: warning: {} connections forgotten (over {} at once): statements of the oldest may show \
                  no user or database",
                 self.forgotten_conns,
-                crate::query::MAX_CONNS
+                crate::query::tracker::MAX_CONNS
             );
         }
         for line in self.lost.report(self.seen) {
@@ -426,6 +431,8 @@ pub fn follow(
         execute_function.as_ref(),
         &wait_begins.calls,
     );
+    // myprobe's own connections (its readers'), whose statements are not the server's load.
+    let own = OwnConnections::default();
     let mut stages = Stages {
         control: &control,
         exe: &target.exe,
@@ -435,13 +442,12 @@ pub fn follow(
             .map(|d| d.function.demangled.as_str()),
         tracker: Tracker::new(a.raw_sql).for_server(target.flavor.server()),
         // Connected before tracing, read only when texts are wanted.
-        texts: PreparedTexts::default(),
+        texts: PreparedTexts::new(a.raw_sql),
         sites: waits::SiteNames::new(target.pid, Some(wait_begins)),
-        pid: target.pid,
         files: Files::new(target.pid),
         holders: a.connect.as_ref().map(|c| {
             control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
-            Holders::start(c, target.pid, &target.binary)
+            Holders::start(c, target.pid, &target.binary, &own)
         }),
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
@@ -452,8 +458,10 @@ pub fn follow(
         stands_for: duty.map_or(1, |d| d.every),
         tls_followed: false,
         tls_said: false,
+        results_wanted_at: None,
         seen: 0,
         started: &started,
+        own: own.clone(),
     };
     if let Some(connect) = &a.connect {
         if execute_function.is_none() {
@@ -465,7 +473,7 @@ pub fn follow(
             );
         }
         let execute_name = execute_function.as_ref().map(|f| f.demangled.clone());
-        stages.texts.start(connect, target.pid, execute_name);
+        stages.texts.start(connect, target.pid, execute_name, &own);
     }
     let statements = collect::queries::StatementOptions {
         wait_sites: a.wait_sites,
@@ -506,8 +514,6 @@ struct Stages<'a, E, L> {
     tracker: Tracker,
     texts: PreparedTexts,
     sites: waits::SiteNames,
-    /// The server's PID.
-    pid: u32,
     /// The files behind blocked I/O.
     files: Files,
     /// Who holds the locks statements wait for long, read from the server's tables while they wait.
@@ -520,9 +526,14 @@ struct Stages<'a, E, L> {
     /// TLS connections are read at the server's own TLS read and write.
     tls_followed: bool,
     tls_said: bool,
+    /// When an execution of a statement prepared before tracing last came back with column definitions that
+    /// were not kept (`Notice::ResultsWanted`).
+    results_wanted_at: Option<Instant>,
     seen: u64,
     /// The statements running when tracing began, whose records get their text and connection from it.
     started: &'a std::cell::RefCell<Started>,
+    /// The connections this run opened to the server.
+    own: OwnConnections,
 }
 
 /// The caller's `emit`, counting what it was given.
@@ -561,11 +572,26 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             }
             Event::Tick => {
                 // Read by the collector at its next poll; asked here, not at each record (a clock read).
-                self.control.keep_results(self.tracker.wants_results());
+                self.control.keep_results(self.wants_results());
                 let sink = &mut self.sink;
-                self.texts.tick(&mut self.tracker, &mut |r| sink.emit(r));
+                let learned = self.texts.tick(&mut |r| sink.emit(r));
+                self.learn(learned);
                 self.ask_execute();
             }
+        }
+    }
+
+    /// Whether the kernel side should keep executions' replies long (their column definitions): only while
+    /// statements prepared before tracing come back with definitions that would label them.
+    fn wants_results(&self) -> bool {
+        self.results_wanted_at
+            .is_some_and(|t| t.elapsed() < RESULTS_WANTED_FOR)
+    }
+
+    /// What a later stage learned, for the tracker's later records.
+    fn learn(&mut self, learned: Vec<Learned>) {
+        for l in learned {
+            self.tracker.learn(l);
         }
     }
 
@@ -582,7 +608,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             Status::Period(true) => self.texts.resume(),
             Status::Period(false) => {
                 let sink = &mut self.sink;
-                self.texts.pause(&mut self.tracker, &mut |r| sink.emit(r));
+                let learned = self.texts.pause(&mut |r| sink.emit(r));
+                self.learn(learned);
             }
             Status::Cycle(every) => self.stands_for = every,
             Status::ExecuteProbe(attached) => self.texts.execute_probe(attached),
@@ -606,15 +633,18 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
 
     fn wire(&mut self, mut wire: Wire) {
         if let Wire::Statement(s) = &mut wire {
-            if s.before_tracing && !self.started.borrow_mut().join(s, &mut self.tracker) {
-                return;
+            if s.before_tracing {
+                let Some(connection) = self.started.borrow_mut().join(s) else {
+                    return;
+                };
+                self.tracker.learn(connection);
             }
         }
-        let record = self.tracker.handle(wire);
-        for notice in std::mem::take(&mut self.tracker.notices) {
+        let handled = self.tracker.handle(wire);
+        if let Some(notice) = handled.notice {
             self.notice(notice);
         }
-        if let Some(record) = record {
+        if let Some(record) = handled.record {
             self.named(record);
         }
     }
@@ -641,16 +671,14 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
                 }
             }
             Notice::Tls { .. } => {}
+            Notice::ResultsWanted => self.results_wanted_at = Some(Instant::now()),
         }
     }
 
     /// A statement's record: its wait site and lock named, then its text looked for.
     fn named(&mut self, mut record: QueryRecord) {
         // Its own statements (who holds a lock, prepared statements' texts) are not the server's load.
-        if record
-            .conn
-            .is_some_and(|c| crate::client::is_own_connection(self.pid, u64::from(c)))
-        {
+        if record.conn.is_some_and(|c| self.own.contains(u64::from(c))) {
             return;
         }
         self.seen += 1;
@@ -667,7 +695,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         record.name_io(|part, fd| files.cause(part, fd));
         let sites = &self.sites;
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
-        if let Some(holders) = &self.holders {
+        if let Some(holders) = &mut self.holders {
             holders.name(&mut record);
         }
         if record.lock_addr_raw != 0 {
@@ -682,8 +710,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         // What the execution probe is to do changes with an execution of unknown text (else at a tick).
         let unknown_execution = record.prepared.is_some() && record.query.is_none();
         let sink = &mut self.sink;
-        self.texts
-            .add(&mut self.tracker, record, &mut |r| sink.emit(r));
+        let learned = self.texts.add(record, &mut |r| sink.emit(r));
+        self.learn(learned);
         if unknown_execution {
             self.ask_execute();
         }
@@ -692,7 +720,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
     /// Tracing ended: the records still held are written, and what was counted is returned.
     fn finish(mut self, traced: collect::queries::Traced) -> Followed {
         let sink = &mut self.sink;
-        self.texts.finish(&mut self.tracker, &mut |r| sink.emit(r));
+        let learned = self.texts.finish(&mut |r| sink.emit(r));
+        self.learn(learned);
         if let Some(line) = self.texts.summary() {
             say!("myprobe: {line}");
         }

@@ -6,16 +6,15 @@
 use std::{
     collections::HashMap,
     path::Path,
-    sync::{mpsc, Arc, Mutex},
-    thread,
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
-
-use super::{CauseWait, QueryRecord};
+use super::{
+    reader::{Asked, OwnConnections, Reader},
+    record::{CauseWait, Holder, QueryRecord},
+};
 use crate::{
-    client::{self, Client, ConnectArgs},
+    client::{Client, ConnectArgs},
     process::memory::ProcMemory,
     server::{causes::holder_cause, Cause, Server},
     sessions::{
@@ -30,64 +29,6 @@ pub const LONG_WAIT: Duration = Duration::from_millis(200);
 
 /// The holders kept, by waiting connection; past it, the oldest reads are forgotten.
 const MAX_WAITING: usize = 10_000;
-
-/// The connection that holds what a statement waits for, as the server said while it waited.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Holder {
-    /// The connection's id, user and host.
-    pub conn: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Its command (`Sleep`: idle) and how long it had been in it, in seconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command_s: Option<u64>,
-    /// How long its transaction had been open, in seconds, where the server says.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transaction_s: Option<u64>,
-    /// The statement it ran, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub statement: Option<String>,
-    /// The waiting connection the wait queued behind, where that one's request came first (InnoDB's queue of a
-    /// row's locks, a pending exclusive metadata lock): this one is the root of the chain, which holds the lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queued_behind: Option<u64>,
-}
-
-impl Holder {
-    /// In a DBA's words: `connection 42 (root@localhost), idle in its transaction for 40 s`.
-    pub fn describe(&self) -> String {
-        let who = match (&self.user, &self.host) {
-            (Some(u), Some(h)) => format!("connection {} ({u}@{h})", self.conn),
-            (Some(u), None) => format!("connection {} ({u})", self.conn),
-            _ => format!("connection {}", self.conn),
-        };
-        let held = match (self.command.as_deref(), &self.statement) {
-            (Some("Sleep"), _) => match self.transaction_s.or(self.command_s) {
-                Some(s) => format!("{who}, idle in its transaction for {s} s"),
-                None => format!("{who}, idle in its transaction"),
-            },
-            (_, Some(statement)) => {
-                let running = self
-                    .command_s
-                    .map(|s| format!(" for {s} s"))
-                    .unwrap_or_default();
-                format!(
-                    "{who}, running{running}: {}",
-                    super::shown_text(statement.clone(), false)
-                )
-            }
-            _ => who,
-        };
-        match self.queued_behind {
-            Some(c) => format!("{held} (queued behind connection {c})"),
-            None => held,
-        }
-    }
-}
 
 /// A lock wait the server listed: what is waited for, and who holds it.
 #[derive(Clone, Debug)]
@@ -149,29 +90,29 @@ pub fn listed(
 
 /// The reader of the server's lock tables, and what it found.
 pub struct Holders {
-    ask: mpsc::SyncSender<()>,
-    found: Arc<Mutex<HashMap<u64, Vec<Listed>>>>,
+    /// Asked once a second at most; it sends the waits it listed, by waiting connection.
+    reader: Option<Reader<(), Vec<(u64, Listed)>>>,
+    found: HashMap<u64, Vec<Listed>>,
     asked: Option<Instant>,
 }
 
 impl Holders {
     /// Starts the reader of the server `pid`'s lock tables (and of its memory, which runs `binary`, where its
-    /// metadata locks are), connecting as `args` when first asked.
-    pub fn start(args: &ConnectArgs, pid: u32, binary: &Path) -> Holders {
-        let (ask, asked) = mpsc::sync_channel::<()>(1);
-        let found = Arc::new(Mutex::new(HashMap::new()));
-        let into = Arc::clone(&found);
-        let args = args.clone();
+    /// metadata locks are), connecting as `args` when first asked (the connection one of the run's `own`).
+    pub fn start(args: &ConnectArgs, pid: u32, binary: &Path, own: &OwnConnections) -> Holders {
+        let (args, own) = (args.clone(), own.clone());
         let binary = binary.to_path_buf();
-        let spawned = thread::Builder::new()
-            .name("myprobe-holders".into())
-            .spawn(move || read_when_asked(&args, pid, &binary, &asked, &into));
-        if let Err(e) = spawned {
-            say!("myprobe: warning: who holds the locks statements wait for is not read: {e}");
-        }
+        let reader = Reader::spawn("myprobe-holders", move |asked| {
+            read_when_asked(&args, pid, &binary, &own, &asked)
+        });
+        let reader = reader
+            .map_err(|e| {
+                say!("myprobe: warning: who holds the locks statements wait for is not read: {e}")
+            })
+            .ok();
         Holders {
-            ask,
-            found,
+            reader,
+            found: HashMap::new(),
             asked: None,
         }
     }
@@ -186,14 +127,33 @@ impl Holders {
             return;
         }
         self.asked = Some(Instant::now());
-        let _ = self.ask.try_send(());
+        if let Some(reader) = &self.reader {
+            reader.ask(());
+        }
+    }
+
+    /// Takes in what the reader listed since.
+    fn take_found(&mut self) {
+        let Some(reader) = &self.reader else { return };
+        for listed in reader.found() {
+            if self.found.len() > MAX_WAITING {
+                self.found.clear();
+            }
+            for (waiting, l) in listed {
+                let of = self.found.entry(waiting).or_default();
+                if of.len() >= 64 {
+                    of.remove(0);
+                }
+                of.push(l);
+            }
+        }
     }
 
     /// Gives the record's waits the holder and object the server listed for its connection while it ran.
-    pub fn name(&self, record: &mut QueryRecord) {
+    pub fn name(&mut self, record: &mut QueryRecord) {
         let Some(conn) = record.conn else { return };
-        let Ok(found) = self.found.lock() else { return };
-        let Some(listed) = found.get(&u64::from(conn)) else {
+        self.take_found();
+        let Some(listed) = self.found.get(&u64::from(conn)) else {
             return;
         };
         let during =
@@ -215,20 +175,20 @@ impl Holders {
     }
 }
 
-/// Reads the lock tables each time asked, until the pipeline ends (the channel closes).
+/// Reads the lock tables each time asked (once for the asks that came during a read), until the pipeline ends.
 fn read_when_asked(
     args: &ConnectArgs,
     pid: u32,
     binary: &Path,
-    asked: &mpsc::Receiver<()>,
-    found: &Mutex<HashMap<u64, Vec<Listed>>>,
+    own: &OwnConnections,
+    asked: &Asked<(), Vec<(u64, Listed)>>,
 ) {
     let mut client = None;
     let mut said = false;
     let mut in_memory: Option<Option<MemoryLocks>> = None;
-    while asked.recv().is_ok() {
+    while asked.next().is_ok() && asked.take(|()| false).is_ok() {
         if client.is_none() {
-            match client::connect(args, Some(pid)) {
+            match own.connect(args, pid) {
                 Ok(c) => client = Some(c),
                 Err(e) => {
                     if !std::mem::replace(&mut said, true) {
@@ -244,16 +204,8 @@ fn read_when_asked(
         if let Some(e) = failed.filter(|_| !std::mem::replace(&mut said, true)) {
             say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
         }
-        let Ok(mut found) = found.lock() else { return };
-        if found.len() > MAX_WAITING {
-            found.clear();
-        }
-        for (waiting, l) in listed {
-            let of = found.entry(waiting).or_default();
-            if of.len() >= 64 {
-                of.remove(0);
-            }
-            of.push(l);
+        if !asked.send(listed) {
+            return;
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::{
         CollectOptions,
     },
     process::Target,
-    query::{dispatch_fd, Tracker},
+    query::record::{dispatch_fd, realtime_offset_ns, Learned},
     sessions::{self, Layout, Query, Session},
     wire::protocol,
 };
@@ -54,7 +54,7 @@ impl Started {
             .context("reading the threads that run statements")?
             .threads;
         let serving = sessions::serving_threads(&running, &threads);
-        let offset_ns = crate::query::realtime_offset_ns();
+        let offset_ns = realtime_offset_ns();
         let now = collect::monotonic_ns();
         let mut seeds = Vec::new();
         for s in running {
@@ -73,34 +73,30 @@ impl Started {
         Ok((started, seeds))
     }
 
-    /// Gives `s`, a statement that ran when tracing began, its text, and the tracker its connection (as the
-    /// server holds them); false if it is not one of those read, or, still running at the end, it is no longer
-    /// the statement its thread runs (it ended unseen between its read and its seeding).
-    pub fn join(&mut self, s: &mut RawStatement, tracker: &mut Tracker) -> bool {
-        let Some(session) = self.by_tid.remove(&s.tid) else {
-            return false;
-        };
+    /// Gives `s`, a statement that ran when tracing began, its text, and returns its connection as the server
+    /// holds it, for the tracker; `None` if it is not one of those read, or, still running at the end, it is no
+    /// longer the statement its thread runs (it ended unseen between its read and its seeding).
+    pub fn join(&mut self, s: &mut RawStatement) -> Option<Learned> {
+        let session = self.by_tid.remove(&s.tid)?;
         if s.in_flight && !self.still_runs(&session) {
-            return false;
+            return None;
         }
         let (text, truncated) = match &session.query {
             Some(Query::Text(t)) => (t.as_str(), false),
             Some(Query::Truncated(t)) => (t.as_str(), true),
-            _ => return false,
+            _ => return None,
         };
         // An execution's text is its statement's: shown as a query's is.
         s.request = std::iter::once(protocol::COM_QUERY)
             .chain(text.bytes())
             .collect();
         s.packet_len = (s.request.len() + truncated as usize) as u32;
-        let socket = if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) };
-        tracker.learn_connection(
-            socket,
-            session.id as u32,
-            session.user.as_deref(),
-            session.db.as_deref(),
-        );
-        true
+        Some(Learned::Connection {
+            socket: if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) },
+            id: session.id as u32,
+            user: session.user,
+            db: session.db,
+        })
     }
 
     /// Whether the connection of `session` still runs the statement read then (the same start), as its memory

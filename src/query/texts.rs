@@ -1,35 +1,21 @@
 //! The texts of statements prepared before tracing, and the users of connections opened before it, from what the
-//! server says of them. Where performance_schema is on, its table of prepared statements names each exactly;
-//! where it is off, the executions themselves do (`executed.rs`, read from the server's statement objects).
-//! Failing those, the process list does, sampled ([`TextFinder`]), as follows. While a prepared
-//! statement executes, `information_schema.PROCESSLIST` shows its text (with its placeholders) on the row of
-//! the OS thread running it (`TID`, command `Execute`). A sample of the list, read between two monotonic
-//! instants, is joined with the executions the tracer saw on the same thread in that window: when one statement
-//! of unknown text ran there, and every other one that did is known by another text (compared by fingerprint),
-//! the text is that statement's.
-//!
-//! The window is narrowed to the instant: the list is read with the reader's own row, whose `TIME_MS` is the time
-//! since its own statement began (the server takes one clock reading for all rows), and that statement is traced
-//! too. So the instant is the own statement's traced start plus its `TIME_MS`, and each row's statement began
-//! its own `TIME_MS` before that instant: the execution of the row's thread that began then is the one shown
-//! (the latest that began by then, a few microseconds of dispatching apart).
-//!
-//! A thread runs one statement at a time and its executions arrive in order, so a sample is joined only once
-//! an execution of its thread that began after the sample has arrived: everything that overlapped it is in.
+//! server says of them ([`PreparedTexts`]): where performance_schema is on, its table of prepared statements names
+//! each exactly; where it is off, the executions themselves do (`executed.rs`, read from the server's statement
+//! objects); failing those, the process list does, sampled (`finder.rs`). A thread of its own reads the server
+//! (`text_reader.rs`); here, the records wait for what it finds, for a while, and are released in order.
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 use std::{
     collections::VecDeque,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
-        mpsc, Arc,
-    },
     time::{Duration, Instant},
 };
 
 use super::{
     executed::{Calibrated, ExecutedTexts, CALIBRATION_TEXTS},
-    QueryRecord, Text, Tracker,
+    finder::{Execution, TextFinder, MAX_EXECUTIONS},
+    reader::{OwnConnections, Reader},
+    record::{Learned, QueryRecord, Text},
+    text_reader::{Ask, Found, PreparedTable, TextReader, TextSource},
 };
 use crate::{
     client::{self, ConnectArgs},
@@ -37,295 +23,14 @@ use crate::{
         self,
         queries::{ExecuteWish, Executed},
     },
-    process::tids::TidMap,
     wire::fingerprint::fingerprint,
 };
-
-/// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.
-pub type StatementKey = (i32, u32);
-
-/// One execution of a prepared statement, as traced.
-#[derive(Clone, Copy, Debug)]
-pub struct Execution {
-    pub tid: u32,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub key: StatementKey,
-}
-
-/// The process list's executing prepared statements, read between two `CLOCK_MONOTONIC` instants.
-#[derive(Clone, Debug, Default)]
-pub struct Sample {
-    pub before_ns: u64,
-    pub after_ns: u64,
-    /// The reader's own row: its OS thread and the time since its statement began (µs).
-    pub own: Option<(u32, u64)>,
-    pub rows: Vec<SampleRow>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct SampleRow {
-    pub tid: u32,
-    /// Since the statement began (`TIME_MS`, in µs).
-    pub time_us: u64,
-    pub text: String,
-}
-
-/// How far before the instant a statement may have begun and still be the one its row shows (its dispatching,
-/// before the server notes its start).
-const DISPATCH_SLACK_NS: u64 = 50_000;
-
-/// How long executions and samples are kept for joining.
-const KEEP_NS: u64 = 5_000_000_000;
-/// Executions kept per thread, and samples, at most (a busy thread runs thousands of statements a second).
-const MAX_EXECUTIONS: usize = 100_000;
-const MAX_SAMPLES: usize = 1_000;
-
-#[derive(Default)]
-pub struct TextFinder {
-    /// Per thread, in the order they began (a thread runs one statement at a time).
-    executions: HashMap<u32, VecDeque<Execution>>,
-    /// The reader's own statements, traced: (thread, start).
-    own: VecDeque<(u32, u64)>,
-    /// The start of the latest execution seen per thread.
-    latest_start: HashMap<u32, u64>,
-    samples: VecDeque<Sample>,
-    /// Statements whose executions were seen without their text, and not found yet.
-    wanted: HashSet<StatementKey>,
-    found: HashMap<StatementKey, String>,
-    /// The fingerprint of each statement whose text is known (traced, or found): the record's own (the same
-    /// `Arc` at each execution, so that it is compared by address).
-    fingerprints: HashMap<StatementKey, Text>,
-    /// Samples joined, and those that named one statement.
-    pub samples_joined: u64,
-    pub samples_named: u64,
-}
-
-impl TextFinder {
-    /// An execution traced, with its fingerprint when its text is known; true if it is of a statement newly
-    /// wanted.
-    pub fn execution(&mut self, e: Execution, known: Option<&Text>) -> bool {
-        let mut new = false;
-        match known {
-            Some(fp)
-                if self
-                    .fingerprints
-                    .get(&e.key)
-                    .is_none_or(|f| !Arc::ptr_eq(f, fp)) =>
-            {
-                self.fingerprints.insert(e.key, fp.clone());
-            }
-            None if !self.found.contains_key(&e.key) => {
-                new = self.wanted.insert(e.key);
-            }
-            _ => {}
-        }
-        let latest = self.latest_start.entry(e.tid).or_default();
-        *latest = (*latest).max(e.start_ns);
-        let thread = self.executions.entry(e.tid).or_default();
-        if thread.len() >= MAX_EXECUTIONS {
-            thread.pop_front();
-        }
-        thread.push_back(e);
-        new
-    }
-
-    /// One of the reader's own statements (which read the list), traced.
-    pub fn own_statement(&mut self, tid: u32, start_ns: u64) {
-        if self.own.len() >= MAX_SAMPLES {
-            self.own.pop_front();
-        }
-        self.own.push_back((tid, start_ns));
-    }
-
-    pub fn sample(&mut self, s: Sample) {
-        if self.samples.len() >= MAX_SAMPLES {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(s);
-    }
-
-    /// Whether texts are still wanted: statements seen without one.
-    pub fn wants_texts(&self) -> bool {
-        !self.wanted.is_empty()
-    }
-
-    /// A statement's text, found elsewhere (the server's table of prepared statements): true if it was wanted.
-    pub fn found_elsewhere(&mut self, key: StatementKey, text: &str) -> bool {
-        let wanted = self.wanted.remove(&key);
-        if let std::collections::hash_map::Entry::Vacant(e) = self.found.entry(key) {
-            e.insert(text.to_string());
-            self.fingerprints.insert(key, fingerprint(text).into());
-        }
-        wanted
-    }
-
-    /// The text found for a statement, if any.
-    pub fn text(&self, key: &StatementKey) -> Option<&str> {
-        self.found.get(key).map(String::as_str)
-    }
-
-    /// Joins the samples whose threads have moved on (all of them with `all`, when tracing ended); returns the
-    /// statements named by this join, with their texts. Forgets what is older than a few seconds at `now_ns`.
-    pub fn join(&mut self, now_ns: u64, all: bool) -> Vec<(StatementKey, String)> {
-        let mut named = Vec::new();
-        let mut waiting = VecDeque::new();
-        while let Some(sample) = self.samples.pop_front() {
-            let settled = all
-                || sample.rows.iter().all(|r| {
-                    self.latest_start
-                        .get(&r.tid)
-                        .is_some_and(|&start| start > sample.after_ns)
-                });
-            if !settled {
-                if now_ns.saturating_sub(sample.after_ns) < KEEP_NS {
-                    waiting.push_back(sample);
-                }
-                continue;
-            }
-            self.samples_joined += 1;
-            // The instant the server read its clock for the list: the own statement's start plus its TIME_MS.
-            let instant = sample.own.and_then(|(own_tid, own_us)| {
-                self.own
-                    .iter()
-                    .find(|&&(tid, start)| {
-                        tid == own_tid && (sample.before_ns..=sample.after_ns).contains(&start)
-                    })
-                    .map(|&(_, start)| start.saturating_add(own_us.saturating_mul(1000)))
-            });
-            for row in &sample.rows {
-                let shown = fingerprint(&row.text);
-                let Some(thread) = self.executions.get(&row.tid) else {
-                    continue;
-                };
-                let may_be_shown =
-                    |k: &StatementKey| self.fingerprints.get(k).is_none_or(|fp| **fp == *shown);
-                let key = match instant {
-                    // The latest execution of the thread that began by the row's start.
-                    Some(instant) => {
-                        let began = instant.saturating_sub(row.time_us.saturating_mul(1000));
-                        let by = thread.partition_point(|e| {
-                            e.start_ns <= began.saturating_add(DISPATCH_SLACK_NS)
-                        });
-                        by.checked_sub(1)
-                            .and_then(|i| thread.get(i))
-                            .filter(|e| e.end_ns.saturating_add(DISPATCH_SLACK_NS) >= instant)
-                            .map(|e| e.key)
-                            .filter(may_be_shown)
-                    }
-                    // Without the own statement: the one statement of the thread in the window that may be the
-                    // one shown (those known by another text are not).
-                    None => {
-                        let by = thread.partition_point(|e| e.start_ns <= sample.after_ns);
-                        let mut keys = thread
-                            .range(..by)
-                            .rev()
-                            .take_while(|e| e.end_ns >= sample.before_ns)
-                            .map(|e| e.key)
-                            .filter(may_be_shown);
-                        keys.next().filter(|&k| keys.all(|other| other == k))
-                    }
-                };
-                let Some(key) = key else { continue };
-                let text = &row.text;
-                self.samples_named += 1;
-                if self.wanted.remove(&key) {
-                    self.found.insert(key, text.clone());
-                    self.fingerprints.insert(key, shown.as_str().into());
-                    named.push((key, text.clone()));
-                }
-            }
-        }
-        self.samples = waiting;
-        self.executions.retain(|_, thread| {
-            while thread
-                .front()
-                .is_some_and(|e| now_ns.saturating_sub(e.end_ns) > KEEP_NS)
-            {
-                thread.pop_front();
-            }
-            !thread.is_empty()
-        });
-        while self
-            .own
-            .front()
-            .is_some_and(|&(_, start)| now_ns.saturating_sub(start) > KEEP_NS)
-        {
-            self.own.pop_front();
-        }
-        named
-    }
-}
-
-/// How often the server's table of prepared statements is read while texts are wanted.
-const TABLE_INTERVAL: Duration = Duration::from_millis(250);
-/// The least time between two reads of the same kind asked for by records (`threads_wanted`, `table_wanted`).
-const ASKED_INTERVAL: Duration = Duration::from_millis(20);
-
-/// The process list's executing prepared statements, by host thread (rows of threads that ended are left out).
-fn read_sample(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<Sample> {
-    // Each row's time since its statement began, and the own row's, in µs.
-    let us = |ms: f64| (ms * 1000.0).round() as u64;
-    let list = client.executing_prepared()?;
-    let mut host = |tid: Option<u32>| tids.host(tid?);
-    Ok(Sample {
-        before_ns: list.sent_ns,
-        after_ns: list.received_ns,
-        own: list.own.and_then(|o| Some((host(o.tid)?, us(o.time_ms)))),
-        rows: list
-            .rows
-            .into_iter()
-            .filter_map(|r| {
-                Some(SampleRow {
-                    tid: host(r.tid)?,
-                    time_us: us(r.time_ms),
-                    text: r.info?,
-                })
-            })
-            .collect(),
-    })
-}
-
-/// The server's connections, by host thread.
-fn read_threads(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<ThreadsRead> {
-    let read_ns = collect::monotonic_ns();
-    let list = client.processlist()?;
-    let rows = list
-        .rows
-        .into_iter()
-        // A connection still in its handshake has no user yet.
-        .filter(|r| !r.user.is_empty())
-        .filter_map(|r| {
-            let row = ThreadRow {
-                id: u32::try_from(r.id).ok()?,
-                user: r.user,
-                db: r.db,
-            };
-            Some((tids.host(r.tid?)?, row))
-        })
-        .collect();
-    Ok(ThreadsRead { read_ns, rows })
-}
-
-/// Every prepared statement the server keeps, by host thread and id.
-fn read_prepared(client: &mut client::Client, tids: &mut TidMap) -> anyhow::Result<PreparedTable> {
-    let read_ns = collect::monotonic_ns();
-    let statements = client
-        .prepared_statements()?
-        .into_iter()
-        .filter_map(|p| Some(((tids.host(p.tid)?, p.id), (p.text, p.truncated))))
-        .collect();
-    Ok(PreparedTable {
-        read_ns,
-        statements,
-    })
-}
 
 impl PreparedTexts {
     /// A record whose connection's user went by unseen (its handshake before tracing, or under TLS), and that
     /// began after the latest read of the process list: the next read says it.
     fn awaits_user(&self, r: &QueryRecord) -> bool {
-        self.sampler.is_some() && r.user.is_none() && r.start_ns > self.threads_read_ns
+        self.reader.is_some() && r.user.is_none() && r.start_ns > self.threads_read_ns
     }
 }
 
@@ -352,72 +57,19 @@ const JOIN_INTERVAL: Duration = Duration::from_millis(50);
 /// Records held at most (a busy server runs tens of thousands of statements a second).
 const MAX_HELD: usize = 200_000;
 
-/// What the reader of the server's tables sends: a sample of the process list (MariaDB), or every prepared
-/// statement with its text (MySQL's performance_schema), by host thread and statement id.
-enum Found {
-    /// Where texts are looked for, and where if that fails: said once connected.
-    Source(TextSource, TextSource),
-    Sample(Sample),
-    Prepared(PreparedTable),
-    Threads(ThreadsRead),
-    /// myprobe's own statements ran (`CALIBRATION_TEXTS`): their ids.
-    OwnStatements(Result<Vec<(u32, &'static str)>, String>),
-}
-
-/// Where the texts of statements prepared before tracing come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-enum TextSource {
-    /// The server's table of prepared statements (performance_schema on).
-    Table = 1,
-    /// The executions themselves, at the server's statement objects ([`ExecutedTexts`]).
-    Executions,
-    /// Samples of the process list, joined with the executions traced ([`TextFinder`]): the last resort.
-    ProcessList,
-}
-
-impl TextSource {
-    fn of(n: u8) -> Option<TextSource> {
-        [
-            TextSource::Table,
-            TextSource::Executions,
-            TextSource::ProcessList,
-        ]
-        .into_iter()
-        .find(|s| *s as u8 == n)
-    }
-}
-
-/// The whole process list, by host thread: what the server says of connections whose handshake went by unseen.
-struct ThreadsRead {
-    read_ns: u64,
-    rows: HashMap<u32, ThreadRow>,
-}
-
-struct ThreadRow {
-    id: u32,
-    user: String,
-    db: Option<String>,
-}
-
-/// The server's table of prepared statements, read whole: (host thread, id) → (text, cut).
-#[derive(Default)]
-struct PreparedTable {
-    /// CLOCK_MONOTONIC before the table was asked for: it holds what was prepared before then.
-    read_ns: u64,
-    statements: HashMap<(u32, u32), (String, bool)>,
-}
-
 /// The texts of statements prepared before tracing, looked up in the server's process list while tracing
 /// ([`TextFinder`]): a thread of its own reads the list while texts are wanted; a record of an execution whose
 /// text is unknown waits for it, for at most `HOLD`, and the later records of its thread wait behind it (each
 /// thread's records stay in order; the records of other threads go at once).
 pub struct PreparedTexts {
     pub finder: TextFinder,
-    samples: Option<mpsc::Receiver<Result<Found, String>>>,
-    /// Where texts are looked for (a `TextSource`; 0 until the reader has connected), and where if the
-    /// executions fail.
-    source: Arc<AtomicU8>,
+    /// Literals shown as they were sent (`FollowOptions::raw_sql`), in the texts given to records.
+    raw_sql: bool,
+    /// The thread that reads the server's tables, asked what to read; `None` until started, or if it could not be.
+    reader: Option<Reader<Ask, Result<Found, String>>>,
+    /// Whether what it finds is taken in: not once it failed.
+    listening: bool,
+    /// Where texts are looked for if the executions fail.
     fallback: Option<TextSource>,
     /// The server's function that runs executions, where texts are read (`Server::statement_execute`), if found.
     execute_function: Option<String>,
@@ -425,27 +77,19 @@ pub struct PreparedTexts {
     pid: u32,
     /// Texts read at the executions themselves, where that is the source.
     executed: Option<ExecutedTexts>,
-    /// Set when the execution probe is first attached: the reader runs myprobe's own statements.
-    calibrate: Arc<AtomicBool>,
     /// The server's own table of prepared statements, where it has one, as last read.
     prepared: PreparedTable,
     /// When each thread last prepared a statement: an id it was given may stand for another statement in a table
     /// read before (a connection that ended, whose thread serves another that counts its ids anew).
     last_prepare: HashMap<u32, u64>,
-    /// Set while texts are wanted (the sampler reads the list only then, and not while `paused`); `stop` ends
-    /// the sampler.
-    wanted: Arc<AtomicBool>,
-    /// Set while a record waits for its connection's user (`awaits_user`): the sampler reads the whole process
-    /// list once, and clears it.
-    threads_wanted: Arc<AtomicBool>,
-    /// Set by a prepare seen at dispatch_command (TLS: its reply with the id is encrypted): the server's table of
-    /// prepared statements is read at once, while the statement is likely still there.
-    table_wanted: Arc<AtomicBool>,
+    /// Whether texts are wanted, and whether tracing is paused, as the reader was last told (`Ask::Wanted`,
+    /// `Ask::Paused`: it samples the list only while wanted and not paused).
+    wanted: bool,
+    paused: bool,
     /// CLOCK_MONOTONIC before the latest read of the whole process list: what began before it was there to see.
     threads_read_ns: u64,
-    paused: Arc<AtomicBool>,
-    /// The sampler's interval, µs; and when a statement was last newly wanted.
-    interval_us: Arc<AtomicU64>,
+    /// Whether the reader samples slowly (`Ask::Slowly`); and when a statement was last newly wanted.
+    slowly: bool,
     last_new: Instant,
     /// When an execution of unknown text last came (the execution probe is wanted for a while after).
     last_unknown: Option<Instant>,
@@ -458,8 +102,6 @@ pub struct PreparedTexts {
     events_ns: u64,
     /// The calibration's line, said at the next tick.
     found_offset: Option<String>,
-    stop: Arc<AtomicBool>,
-    sampler: Option<std::thread::JoinHandle<()>>,
     /// Per thread, the records waiting, from one whose text is looked for.
     held: HashMap<u32, VecDeque<(QueryRecord, Instant)>>,
     held_count: usize,
@@ -482,21 +124,19 @@ impl Default for PreparedTexts {
     fn default() -> Self {
         PreparedTexts {
             finder: TextFinder::default(),
-            samples: None,
-            source: Arc::new(AtomicU8::new(0)),
+            raw_sql: false,
+            reader: None,
+            listening: false,
             fallback: None,
             execute_function: None,
             pid: 0,
             executed: None,
-            calibrate: Arc::new(AtomicBool::new(false)),
             prepared: PreparedTable::default(),
             last_prepare: HashMap::default(),
-            wanted: Arc::new(AtomicBool::new(false)),
-            threads_wanted: Arc::new(AtomicBool::new(false)),
-            table_wanted: Arc::new(AtomicBool::new(false)),
+            wanted: false,
+            paused: false,
             threads_read_ns: 0,
-            paused: Arc::new(AtomicBool::new(false)),
-            interval_us: Arc::new(AtomicU64::new(SAMPLE_INTERVAL.as_micros() as u64)),
+            slowly: false,
             last_new: Instant::now(),
             last_unknown: None,
             probe_attached: false,
@@ -504,8 +144,6 @@ impl Default for PreparedTexts {
             probe_ready_ns: 0,
             events_ns: 0,
             found_offset: None,
-            stop: Arc::new(AtomicBool::new(false)),
-            sampler: None,
             held: HashMap::default(),
             held_count: 0,
             own_fingerprints: crate::server::ALL
@@ -530,37 +168,36 @@ impl Default for PreparedTexts {
 }
 
 impl PreparedTexts {
+    /// Nothing read yet: [`PreparedTexts::start`] starts the reader; until then, records go as they come.
+    pub fn new(raw_sql: bool) -> Self {
+        PreparedTexts {
+            raw_sql,
+            ..PreparedTexts::default()
+        }
+    }
+
     /// Starts reading the server's tables, through a connection of a thread of its own (whose failure is said
     /// once: the texts then stay unknown). `execute_function`: the server's function that runs executions, where
-    /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it.
-    pub fn start(&mut self, args: &ConnectArgs, pid: u32, execute_function: Option<String>) {
-        let (tx, rx) = mpsc::channel();
+    /// the texts are read when the server has no table of them (`Server::statement_execute`), if it has it. Its
+    /// connection is one of the run's `own`.
+    pub fn start(
+        &mut self,
+        args: &ConnectArgs,
+        pid: u32,
+        execute_function: Option<String>,
+        own: &OwnConnections,
+    ) {
         self.pid = pid;
         let can_execute = execute_function.is_some();
         self.execute_function = execute_function;
-        let reader = Reader {
-            args: args.clone(),
-            pid,
-            can_execute,
-            tx,
-            wanted: Arc::clone(&self.wanted),
-            threads_wanted: Arc::clone(&self.threads_wanted),
-            table_wanted: Arc::clone(&self.table_wanted),
-            paused: Arc::clone(&self.paused),
-            stop: Arc::clone(&self.stop),
-            interval_us: Arc::clone(&self.interval_us),
-            source: Arc::clone(&self.source),
-            calibrate: Arc::clone(&self.calibrate),
-            last_threads: None,
-            last_table: None,
-        };
-        let sampler = std::thread::Builder::new()
-            .name("myprobe-processlist".into())
-            .spawn(move || reader.run());
-        match sampler {
-            Ok(handle) => {
-                self.sampler = Some(handle);
-                self.samples = Some(rx);
+        let (args, own) = (args.clone(), own.clone());
+        let reader = Reader::spawn("myprobe-processlist", move |asked| {
+            TextReader::new(args, pid, can_execute, SAMPLE_INTERVAL, own, asked).run()
+        });
+        match reader {
+            Ok(reader) => {
+                self.reader = Some(reader);
+                self.listening = true;
             }
             Err(e) => self.fail(&format!("cannot start a thread: {e}")),
         }
@@ -569,21 +206,25 @@ impl PreparedTexts {
     /// No statement is traced for a while (between sampled periods): the list is not read meanwhile, and the
     /// records held for their texts are written now (the samples taken joined first), not when the next
     /// period's come.
-    pub fn pause(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        self.paused.store(true, Ordering::Relaxed);
-        self.join(tracker, true);
+    pub fn pause(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
+        if !std::mem::replace(&mut self.paused, true) {
+            self.ask(Ask::Paused(true));
+        }
+        let mut learned = Vec::new();
+        self.join(&mut learned, true);
         self.release(true, true, emit);
+        learned
     }
 
     pub fn resume(&mut self) {
-        if self.paused.swap(false, Ordering::Relaxed) {
-            self.wake_sampler();
+        if std::mem::replace(&mut self.paused, false) {
+            self.ask(Ask::Paused(false));
         }
     }
 
-    fn wake_sampler(&self) {
-        if let Some(sampler) = &self.sampler {
-            sampler.thread().unpark();
+    fn ask(&self, ask: Ask) {
+        if let Some(reader) = &self.reader {
+            reader.ask(ask);
         }
     }
 
@@ -595,24 +236,25 @@ impl PreparedTexts {
                  server's process list (--no-sql does without): {why}"
             );
         }
-        self.samples = None;
+        self.listening = false;
     }
 
     /// Takes a record and writes (`emit`) those ready: a record whose text is still looked for waits for it;
     /// the others go at once. The reader's own statements are not the server's: they are kept for dating
-    /// the samples, and not written.
+    /// the samples, and not written. Returns what was learned meanwhile, for the tracker.
     pub fn add(
         &mut self,
-        tracker: &mut Tracker,
         mut record: QueryRecord,
         emit: &mut impl FnMut(QueryRecord),
-    ) {
-        if self.sampler.is_none() {
-            return emit(record);
+    ) -> Vec<Learned> {
+        let mut learned = Vec::new();
+        if self.reader.is_none() {
+            emit(record);
+            return learned;
         }
         // Named first: a tracer's own statements prepared before this one began are known by their texts.
-        self.name_from_table(tracker, &mut record);
-        self.name_from_execution(tracker, &mut record);
+        self.name_from_table(&mut learned, &mut record);
+        self.name_from_execution(&mut learned, &mut record);
         if record
             .fingerprint
             .as_ref()
@@ -620,15 +262,15 @@ impl PreparedTexts {
         {
             self.finder.own_statement(record.tid, record.start_ns);
             self.own_statements += 1;
-            return;
+            return learned;
         }
         if record.command == "Prepare" {
             if self.last_prepare.len() >= MAX_EXECUTIONS {
                 self.last_prepare.clear();
             }
             self.last_prepare.insert(record.tid, record.start_ns);
-            if record.socket < -1 && !self.table_wanted.swap(true, Ordering::Relaxed) {
-                self.wake_sampler();
+            if record.socket < -1 {
+                self.ask(Ask::Table);
             }
         }
         if let Some(key) = record.prepared {
@@ -642,14 +284,12 @@ impl PreparedTexts {
             if self.finder.execution(e, known) {
                 // Sampled often from now on; slowly again once none is new for SLOW_AFTER (at a tick).
                 self.last_new = Instant::now();
-                self.interval_us
-                    .store(SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
-                self.wake_sampler();
+                self.slowly = false;
+                self.ask(Ask::NewlyWanted(SAMPLE_INTERVAL));
             }
             let wanted = self.finder.wants_texts();
-            let was_wanted = self.wanted.swap(wanted, Ordering::Relaxed);
-            if wanted && !was_wanted {
-                self.wake_sampler();
+            if wanted != std::mem::replace(&mut self.wanted, wanted) {
+                self.ask(Ask::Wanted(wanted));
             }
             if wanted {
                 if let Some(why) = self.error.take() {
@@ -663,10 +303,11 @@ impl PreparedTexts {
         }
         let behind = self.held.get(&record.tid).is_some_and(|q| !q.is_empty());
         let awaits_user = self.awaits_user(&record);
-        if awaits_user && !self.threads_wanted.swap(true, Ordering::Relaxed) {
-            self.wake_sampler();
+        if awaits_user {
+            // The reader reads the list once, however many ask: it wakes at the first ask since its last read.
+            self.ask(Ask::Threads);
         }
-        if behind || (self.samples.is_some() && (awaits_text(&record) || awaits_user)) {
+        if behind || (self.listening && (awaits_text(&record) || awaits_user)) {
             self.held
                 .entry(record.tid)
                 .or_default()
@@ -679,21 +320,22 @@ impl PreparedTexts {
         if self.events_ns.saturating_sub(self.last_join_ns) >= join_ns
             || self.held_count >= MAX_HELD
         {
-            self.join_and_release(tracker, false, emit);
+            self.join_and_release(&mut learned, false, emit);
         }
+        learned
     }
 
     /// Takes in what the reader found and writes the records that no longer wait (`caught_up`: at a tick, when
     /// the reader's clock may end a wait).
     fn join_and_release(
         &mut self,
-        tracker: &mut Tracker,
+        learned: &mut Vec<Learned>,
         caught_up: bool,
         emit: &mut impl FnMut(QueryRecord),
     ) {
         self.last_join = Instant::now();
         self.last_join_ns = self.events_ns;
-        self.join(tracker, false);
+        self.join(learned, false);
         self.release(false, caught_up, emit);
     }
 
@@ -727,8 +369,7 @@ impl PreparedTexts {
             self.probe_ready = Some(Instant::now());
             self.probe_ready_ns = collect::monotonic_ns();
         } else if executed.attached() {
-            self.calibrate.store(true, Ordering::Relaxed);
-            self.wake_sampler();
+            self.ask(Ask::Calibrate);
         }
     }
 
@@ -785,14 +426,13 @@ impl PreparedTexts {
                         _ => "they are looked for in performance_schema instead",
                     }
                 );
-                self.source.store(fallback as u8, Ordering::Relaxed);
-                self.wake_sampler();
+                self.ask(Ask::Source(fallback));
             }
         }
     }
 
     /// Names `r`, an execution, from the text its probe event gave, and every record held for the same statement.
-    fn name_from_execution(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+    fn name_from_execution(&mut self, learned: &mut Vec<Learned>, r: &mut QueryRecord) {
         let (Some(executed), Some(key)) = (self.executed.as_mut(), r.prepared) else {
             return;
         };
@@ -808,33 +448,38 @@ impl PreparedTexts {
         // Named once, whether or not it was wanted yet (its first execution is this one).
         self.named += self.finder.text(&key).is_none() as u64;
         self.finder.found_elsewhere(key, &text);
-        tracker.learn_prepared(key, &text);
-        tracker.name_execution(r, &text);
+        r.name_statement(&text, self.raw_sql);
         r.truncated |= cut;
         for (held, _) in self.held.values_mut().flatten() {
             if held.prepared == Some(key) && held.query.is_none() {
-                tracker.name_execution(held, &text);
+                held.name_statement(&text, self.raw_sql);
                 held.truncated |= cut;
             }
         }
+        learned.push(Learned::Prepared { key, text });
     }
 
     /// Time passes: what the reader found is taken in, and the records that waited long enough are written,
     /// whether or not statements come.
-    pub fn tick(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        if self.last_new.elapsed() >= SLOW_AFTER {
-            self.interval_us
-                .store(SLOW_SAMPLE_INTERVAL.as_micros() as u64, Ordering::Relaxed);
+    pub fn tick(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
+        if !self.slowly && self.last_new.elapsed() >= SLOW_AFTER {
+            self.slowly = true;
+            self.ask(Ask::Slowly(SLOW_SAMPLE_INTERVAL));
         }
-        if self.sampler.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
-            self.join_and_release(tracker, true, emit);
+        let mut learned = Vec::new();
+        if self.reader.is_some() && self.last_join.elapsed() >= JOIN_INTERVAL {
+            self.join_and_release(&mut learned, true, emit);
         }
+        learned
     }
 
     /// Joins the samples read so far; the records waiting for the statements they name get their text.
-    fn join(&mut self, tracker: &mut Tracker, done: bool) {
+    fn join(&mut self, learned: &mut Vec<Learned>, done: bool) {
         let mut error = None;
-        let found: Vec<_> = self.samples.iter().flat_map(|rx| rx.try_iter()).collect();
+        let found: Vec<_> = match &self.reader {
+            Some(reader) if self.listening => reader.found().collect(),
+            _ => Vec::new(),
+        };
         for found in found {
             match found {
                 Ok(Found::Source(first, fallback)) => {
@@ -856,7 +501,7 @@ impl PreparedTexts {
                     self.prepared = table;
                     let mut held = std::mem::take(&mut self.held);
                     for (r, _) in held.values_mut().flatten() {
-                        self.name_from_table(tracker, r);
+                        self.name_from_table(learned, r);
                     }
                     self.held = held;
                 }
@@ -867,12 +512,12 @@ impl PreparedTexts {
                         else {
                             continue;
                         };
-                        tracker.learn_connection(
-                            r.socket,
-                            row.id,
-                            Some(&row.user),
-                            row.db.as_deref(),
-                        );
+                        learned.push(Learned::Connection {
+                            socket: r.socket,
+                            id: row.id,
+                            user: Some(row.user.clone()),
+                            db: row.db.clone(),
+                        });
                         r.conn = r.conn.or(Some(row.id));
                         r.user = Some(row.user.as_str().into());
                         r.db = row.db.as_deref().map(Text::from);
@@ -882,7 +527,7 @@ impl PreparedTexts {
             }
         }
         if let Some(e) = error {
-            self.samples = None;
+            self.listening = false;
             if self.finder.wants_texts() {
                 self.fail(&e);
             } else {
@@ -893,17 +538,17 @@ impl PreparedTexts {
         self.calibrated(overdue);
         for (key, text) in self.finder.join(collect::monotonic_ns(), done) {
             self.named += 1;
-            tracker.learn_prepared(key, &text);
             for (r, _) in self.held.values_mut().flatten() {
                 if r.prepared == Some(key) && r.query.is_none() {
-                    tracker.name_execution(r, &text);
+                    r.name_statement(&text, self.raw_sql);
                 }
             }
+            learned.push(Learned::Prepared { key, text });
         }
     }
 
     /// Names `r` from the server's table of prepared statements, if it awaits its text and the table has it.
-    fn name_from_table(&mut self, tracker: &mut Tracker, r: &mut QueryRecord) {
+    fn name_from_table(&mut self, learned: &mut Vec<Learned>, r: &mut QueryRecord) {
         let Some(key) = r.prepared.filter(|_| awaits_text(r)) else {
             return;
         };
@@ -920,9 +565,12 @@ impl PreparedTexts {
         };
         if self.finder.found_elsewhere(key, text) {
             self.named += 1;
-            tracker.learn_prepared(key, text);
+            learned.push(Learned::Prepared {
+                key,
+                text: text.clone(),
+            });
         }
-        tracker.name_execution(r, text);
+        r.name_statement(text, self.raw_sql);
         r.truncated |= *cut;
     }
 
@@ -931,7 +579,7 @@ impl PreparedTexts {
     /// show it, so that a reader behind a busy server does not give up on the texts still to be read; and, when
     /// `caught_up` (nothing is left to read), in the reader's time too, for a server that went quiet.
     fn release(&mut self, done: bool, caught_up: bool, emit: &mut impl FnMut(QueryRecord)) {
-        let looking = self.samples.is_some() && !done && self.held_count < MAX_HELD;
+        let looking = self.listening && !done && self.held_count < MAX_HELD;
         // Read at the executions, a text comes with the statement's next execution once the probe is ready: a
         // record waits for that, however long the probe took to attach and find its offset.
         let probe = self.executed.as_ref().is_some_and(|x| !x.failed());
@@ -1006,264 +654,13 @@ impl PreparedTexts {
     }
 
     /// Tracing ended: the last samples are joined, the sampler stopped, every record written.
-    pub fn finish(&mut self, tracker: &mut Tracker, emit: &mut impl FnMut(QueryRecord)) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.wake_sampler();
-        if let Some(sampler) = self.sampler.take() {
-            let _ = sampler.join();
+    pub fn finish(&mut self, emit: &mut impl FnMut(QueryRecord)) -> Vec<Learned> {
+        if let Some(reader) = &mut self.reader {
+            reader.stop();
         }
-        self.join(tracker, true);
+        let mut learned = Vec::new();
+        self.join(&mut learned, true);
         self.release(true, true, emit);
-    }
-}
-
-/// The thread that reads the server's tables ([`PreparedTexts::start`]): what it shares with [`PreparedTexts`],
-/// and when it last read what was asked for.
-struct Reader {
-    args: ConnectArgs,
-    pid: u32,
-    /// The server's function that runs executions was found: texts can be read there.
-    can_execute: bool,
-    tx: mpsc::Sender<Result<Found, String>>,
-    wanted: Arc<AtomicBool>,
-    threads_wanted: Arc<AtomicBool>,
-    table_wanted: Arc<AtomicBool>,
-    paused: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    interval_us: Arc<AtomicU64>,
-    source: Arc<AtomicU8>,
-    calibrate: Arc<AtomicBool>,
-    /// Reads asked for (a connection's user, a prepare's statement) at most once an interval each: records
-    /// keep asking while they wait.
-    last_threads: Option<Instant>,
-    last_table: Option<Instant>,
-}
-
-impl Reader {
-    /// Connects, says where texts are looked for, and reads until stopped, or until a read fails or nobody
-    /// listens any more.
-    fn run(mut self) {
-        let mut client = match client::connect(&self.args, Some(self.pid)) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = self.tx.send(Err(format!("{e:#}")));
-                return;
-            }
-        };
-        // The server's ids of its threads, mapped to the host's (a server in a container).
-        let mut tids = TidMap::new(self.pid);
-        if !self.choose_source(&mut client) {
-            return;
-        }
-        while !self.stop.load(Ordering::Relaxed) {
-            let from = TextSource::of(self.source.load(Ordering::Relaxed));
-            let from_table = from == Some(TextSource::Table);
-            let mut found = self.read_asked(&mut client, &mut tids, from_table);
-            let sampling = self.wanted.load(Ordering::Relaxed)
-                && !self.paused.load(Ordering::Relaxed)
-                && from != Some(TextSource::Executions);
-            if sampling {
-                found.push(if from_table {
-                    self.last_table = Some(Instant::now());
-                    read_prepared(&mut client, &mut tids).map(Found::Prepared)
-                } else {
-                    read_sample(&mut client, &mut tids).map(Found::Sample)
-                });
-            }
-            for f in found {
-                let failed = f.is_err();
-                if self.tx.send(f.map_err(|e| format!("{e:#}"))).is_err() || failed {
-                    return;
-                }
-            }
-            self.wait(sampling, from_table);
-        }
-    }
-
-    /// Where texts are looked for first, and where if that fails: stored for [`PreparedTexts`] and sent. False
-    /// when nobody listens any more.
-    fn choose_source(&self, client: &mut client::Client) -> bool {
-        // The server's table of prepared statements where it keeps one (performance_schema on); else (MariaDB's
-        // default) the executions themselves, or, failing those, samples of its process list.
-        let server = client.server();
-        let has_table = server.prepared_statements_sql().is_some()
-            && client.performance_schema_on().unwrap_or(false);
-        let last_resort = match server.process_list_samples_texts() {
-            true => TextSource::ProcessList,
-            // Its error says what is missing.
-            false => TextSource::Table,
-        };
-        let first = match (has_table, self.can_execute) {
-            (true, _) => TextSource::Table,
-            (false, true) => TextSource::Executions,
-            (false, false) => last_resort,
-        };
-        self.source.store(first as u8, Ordering::Relaxed);
-        self.tx.send(Ok(Found::Source(first, last_resort))).is_ok()
-    }
-
-    /// What was asked for since the last round: myprobe's own statements run, the whole process list, the
-    /// table of prepared statements (where it is the source).
-    fn read_asked(
-        &mut self,
-        client: &mut client::Client,
-        tids: &mut TidMap,
-        from_table: bool,
-    ) -> Vec<anyhow::Result<Found>> {
-        let mut found = Vec::new();
-        if self.calibrate.swap(false, Ordering::Relaxed) {
-            let ran = CALIBRATION_TEXTS
-                .iter()
-                .map(|&text| Ok((client.execute_own(text)?, text)))
-                .collect::<anyhow::Result<Vec<_>>>();
-            found.push(Ok(Found::OwnStatements(ran.map_err(|e| format!("{e:#}")))));
-        }
-        if self.threads_wanted.load(Ordering::Relaxed) && due(self.last_threads) {
-            self.threads_wanted.store(false, Ordering::Relaxed);
-            self.last_threads = Some(Instant::now());
-            found.push(read_threads(client, tids).map(Found::Threads));
-        }
-        if from_table && self.table_wanted.load(Ordering::Relaxed) && due(self.last_table) {
-            self.table_wanted.store(false, Ordering::Relaxed);
-            self.last_table = Some(Instant::now());
-            found.push(read_prepared(client, tids).map(Found::Prepared));
-        }
-        found
-    }
-
-    /// Waits for the next round: the sampler's interval while it samples the process list; else `ASKED_INTERVAL`
-    /// while reads are asked for, `TABLE_INTERVAL` while the table is read, and until woken (or a second) when
-    /// nothing is wanted.
-    fn wait(&self, sampling: bool, from_table: bool) {
-        let asked = self.threads_wanted.load(Ordering::Relaxed)
-            || (from_table && self.table_wanted.load(Ordering::Relaxed));
-        if sampling && !from_table {
-            std::thread::sleep(Duration::from_micros(
-                self.interval_us.load(Ordering::Relaxed),
-            ));
-        } else if asked {
-            std::thread::park_timeout(ASKED_INTERVAL);
-        } else if sampling {
-            // The table is whole at each read: it is read again for statements prepared since, at once when an
-            // execution of one comes (`wake_sampler`), while its connection still holds it.
-            std::thread::park_timeout(TABLE_INTERVAL);
-        } else {
-            // Woken when texts are wanted again (`wake_sampler`): a sleep of 2 ms in a loop would cost about 1%
-            // of a CPU for nothing.
-            std::thread::park_timeout(Duration::from_secs(1));
-        }
-    }
-}
-
-/// Whether a read asked for may run again: never run, or last run at least `ASKED_INTERVAL` ago.
-fn due(last: Option<Instant>) -> bool {
-    last.is_none_or(|t| t.elapsed() >= ASKED_INTERVAL)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn exec(tid: u32, start_ns: u64, end_ns: u64, id: u32) -> Execution {
-        Execution {
-            tid,
-            start_ns,
-            end_ns,
-            key: (7, id),
-        }
-    }
-
-    fn sample(before_ns: u64, after_ns: u64, rows: &[(u32, &str)]) -> Sample {
-        Sample {
-            before_ns,
-            after_ns,
-            own: None,
-            rows: rows
-                .iter()
-                .map(|(tid, text)| SampleRow {
-                    tid: *tid,
-                    time_us: 0,
-                    text: text.to_string(),
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn the_own_statement_pins_the_instant_of_the_list() {
-        // Thread 1 ran 5, 6, 5, 6 back to back within the window; the list was read 10 µs into the second 6.
-        let mut f = TextFinder::default();
-        for (start, id) in [(100_000, 5), (150_000, 6), (200_000, 5), (250_000, 6)] {
-            f.execution(exec(1, start, start + 45_000, id), None);
-        }
-        f.execution(exec(1, 400_000, 410_000, 5), None);
-        f.own_statement(9, 90_000);
-        let mut s = sample(80_000, 300_000, &[(1, "UPDATE t SET v=?")]);
-        s.own = Some((9, 170)); // the instant: 90 µs + 170 µs = 260 µs
-        s.rows[0].time_us = 10;
-        f.sample(s);
-        assert_eq!(
-            f.join(1_000_000, false),
-            [((7, 6), "UPDATE t SET v=?".to_string())]
-        );
-    }
-
-    #[test]
-    fn a_sample_names_the_one_statement_its_thread_ran_then() {
-        let mut f = TextFinder::default();
-        f.execution(exec(1, 100, 200, 5), None);
-        f.execution(exec(1, 210, 300, 5), None);
-        f.sample(sample(150, 250, &[(1, "SELECT c FROM t WHERE id=?")]));
-        // Thread 1 has not moved past the sample yet: nothing is joined.
-        assert!(f.join(1000, false).is_empty());
-        f.execution(exec(1, 310, 400, 6), None);
-        assert_eq!(
-            f.join(1000, false),
-            [((7, 5), "SELECT c FROM t WHERE id=?".to_string())]
-        );
-        assert_eq!(f.text(&(7, 5)), Some("SELECT c FROM t WHERE id=?"));
-        assert!(f.wants_texts(), "statement 6 is still unknown");
-    }
-
-    #[test]
-    fn two_statements_in_the_window_name_neither() {
-        let mut f = TextFinder::default();
-        f.execution(exec(1, 100, 200, 5), None);
-        f.execution(exec(1, 210, 300, 6), None);
-        f.execution(exec(1, 400, 500, 6), None);
-        f.sample(sample(150, 250, &[(1, "DELETE FROM t WHERE id=?")]));
-        assert!(f.join(1000, false).is_empty());
-        assert_eq!(f.samples_named, 0);
-        // Nor one whose text is known already.
-        let insert = "INSERT INTO t VALUES (?)";
-        f.execution(exec(2, 100, 200, 8), Some(&fingerprint(insert).into()));
-        f.execution(exec(2, 300, 400, 8), Some(&fingerprint(insert).into()));
-        f.sample(sample(150, 160, &[(2, insert)]));
-        assert!(f.join(1000, false).is_empty());
-        assert!(f.text(&(7, 8)).is_none());
-    }
-
-    #[test]
-    fn a_statement_known_by_another_text_is_not_the_one_shown() {
-        // 5 (unknown) and 6 (known: an UPDATE) both ran in the window, and the list shows a DELETE: it is 5.
-        let mut f = TextFinder::default();
-        let update: Text = fingerprint("UPDATE t SET v = ?").into();
-        f.execution(exec(1, 100, 200, 5), None);
-        f.execution(exec(1, 210, 300, 6), Some(&update));
-        f.execution(exec(1, 400, 500, 6), Some(&update));
-        f.sample(sample(150, 250, &[(1, "DELETE FROM t WHERE id=?")]));
-        assert_eq!(
-            f.join(1000, false),
-            [((7, 5), "DELETE FROM t WHERE id=?".to_string())]
-        );
-    }
-
-    #[test]
-    fn old_executions_and_samples_are_forgotten() {
-        let mut f = TextFinder::default();
-        f.execution(exec(1, 100, 200, 5), None);
-        f.sample(sample(150, 250, &[(3, "SELECT ?")]));
-        assert!(f.join(KEEP_NS + 1000, false).is_empty());
-        assert!(f.samples.is_empty() && f.executions.is_empty());
+        learned
     }
 }

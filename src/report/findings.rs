@@ -148,7 +148,7 @@ fn statements(
 /// The connections holding the locks statements waited for (the roots of their chains), the longest waited for
 /// first: who to look at, or kill.
 fn blockers(rows: &[crate::query::digest::DigestRow], out: &mut Vec<String>) {
-    let mut by_holder: Vec<(&crate::query::holders::Holder, u64, Vec<String>)> = Vec::new();
+    let mut by_holder: Vec<(&crate::query::Holder, u64, Vec<String>)> = Vec::new();
     for c in rows.iter().flat_map(|r| &r.causes) {
         let Some(h) = &c.holder else { continue };
         let what = match &c.object {
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn the_connection_holding_what_statements_wait_for_is_named_once_with_all_it_held() {
-        use crate::query::{digest::Digest, holders::Holder, CauseWait, QueryRecord, TimeParts};
+        use crate::query::{digest::Digest, CauseWait, Holder, QueryRecord, TimeParts};
         let holder = Holder {
             conn: 27,
             user: Some("app".into()),
