@@ -15,9 +15,9 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::{
+    collected::Slice,
     maps::{as_bytes, Plain},
     unwind_store::{Installed, UnwindStore},
-    Slice,
 };
 use crate::unwind::{
     abi::{unwind_limits, unwind_process},
