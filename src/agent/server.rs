@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     client::socket::listening_port,
-    collect::{ring::RingOptions, targets::Targets, Collected, Kind, Lost, Slice, Slices, Stop},
+    collect::{targets::Targets, Collected, Kind, Lost, RingOptions, Slice, Slices, Stop},
     process::{self, container::Container, Target},
     profile::{
         self,

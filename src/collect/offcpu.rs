@@ -12,7 +12,7 @@ use libbpf_rs::{skel::Skel, Link};
 use super::{
     maps::{drain_typed, for_each_typed, read_exact, Plain},
     monotonic_ns,
-    skeleton::stack_skeleton,
+    skeleton::{attach_by_section, stack_skeleton},
     stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
@@ -155,7 +155,7 @@ impl Collector for Offcpu {
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
         self.started_ns = monotonic_ns();
         self.last_drain = Some(Instant::now());
-        super::skeleton::attach_by_section(skel.object())
+        attach_by_section(skel.object())
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {

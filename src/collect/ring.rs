@@ -10,8 +10,6 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, RingBuffer, RingBufferBuilder};
 
 use super::CollectOptions;
-// Beside the options it is part of; read here.
-pub use super::RingOptions;
 
 /// What a tick of [`poll`] returns: its status line, and when the next tick is due if sooner than the poll
 /// interval (a sampled period's edge, a slice).

@@ -72,7 +72,7 @@ pub struct FollowOptions {
     /// Ends the run (the command's, or that of the collectors this one runs beside).
     pub stop: collect::Stop,
     /// How its ring buffer is read.
-    pub ring: collect::ring::RingOptions,
+    pub ring: collect::RingOptions,
     /// Load the programs, tell here what the verifier needed for each, and end there (`myprobe programs`).
     pub verify_only: Option<std::sync::mpsc::Sender<collect::load::Verified>>,
 }
@@ -96,7 +96,7 @@ impl FollowOptions {
             max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
             budget_shares: BudgetShares::default(),
             stop: collect::Stop::new(),
-            ring: collect::ring::RingOptions::default(),
+            ring: collect::RingOptions::default(),
             verify_only: None,
         }
     }

@@ -120,6 +120,9 @@ impl Holders {
     /// A statement waits long for a lock another connection holds: the tables are read, unless they were within
     /// the last second.
     pub fn ask(&mut self) {
+        // What it listed before is taken in as the waits go on, not only at the next record: a pile-up that ends
+        // no statement for long leaves no list in the channel.
+        self.take_found();
         if self
             .asked
             .is_some_and(|t| t.elapsed() < Duration::from_secs(1))

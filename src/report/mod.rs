@@ -22,9 +22,8 @@ use anyhow::{Context, Result};
 use crate::{
     collect::{
         self,
-        ring::RingOptions,
         unwind_store::{Stores, UnwindStore},
-        CollectOptions, Collected, Kind, Stop,
+        CollectOptions, Collected, Kind, RingOptions, Stop,
     },
     process::{self, Target},
     profile::{
