@@ -511,9 +511,29 @@ static __always_inline enum compression compression_of(struct query_thread *st, 
 }
 
 /* The record as of now is what will be sent. */
+/* A futex wait that blocked ends, its thread back on a CPU: from its block to now. */
+static __always_inline void lock_wait_ended(struct query_thread *st, __u64 now)
+{
+	if (!st->lock_block_ts)
+		return;
+	__u64 took = now - st->lock_block_ts;
+	struct query_counters *c = &st->c;
+	st->lock_block_ts = 0;
+	c->lock_waits++;
+	if (took > c->lock_max_ns) {
+		c->lock_max_ns = took;
+		c->lock_addr = st->lock_block_addr;
+		c->lock_stack = st->lock_block_stack;
+	}
+	add_wait(c, st->lock_block_stack, st->wait_hint, c->part_ns[PART_LOCK] - st->lock_before);
+}
+
 static __always_inline void reply_ended(struct query_thread *st, __u64 now)
 {
 	charge(st, now, st->part);
+	/* Its own thread replies, so any wait has ended: one whose switch back to a CPU was not followed still counts,
+	 * with its stack, in the record. */
+	lock_wait_ended(st, now);
 	st->ev.end_ns = now;
 	st->ev.c = st->c;
 }
@@ -1545,19 +1565,7 @@ SCHED_SWITCH_PROG(on_switch)
 			}
 			charge(st, now, on_cpu_part(next));
 			st->place = PLACE_CPU;
-			if (st->lock_block_ts) {
-				/* A futex wait that blocked ends: from its block to its thread back on a CPU. */
-				__u64 took = now - st->lock_block_ts;
-				struct query_counters *c = &st->c;
-				st->lock_block_ts = 0;
-				c->lock_waits++;
-				if (took > c->lock_max_ns) {
-					c->lock_max_ns = took;
-					c->lock_addr = st->lock_block_addr;
-					c->lock_stack = st->lock_block_stack;
-				}
-				add_wait(c, st->lock_block_stack, st->wait_hint, c->part_ns[PART_LOCK] - st->lock_before);
-			}
+			lock_wait_ended(st, now);
 		}
 	}
 	return 0;

@@ -1068,7 +1068,11 @@ fn tls_connections_are_followed_in_their_plaintext() {
     assert_eq!(sleeps.len(), 1, "{all:?}\nstderr:\n{err}");
     let d = num(sleeps[0], "duration_us");
     assert!((180_000..=30_000_000).contains(&d), "{}", sleeps[0]);
-    assert!(num(sleeps[0], "sleep_us") >= 150_000, "{}", sleeps[0]);
+    assert!(
+        num(sleeps[0], "sleep_us") >= 150_000,
+        "{}\nstderr:\n{err}",
+        sleeps[0]
+    );
 }
 
 #[test]
