@@ -27,6 +27,7 @@ pub mod agent;
 pub mod client;
 pub mod cmd;
 pub mod collect;
+pub mod history;
 pub mod pfs;
 pub mod process;
 pub mod profile;

@@ -47,6 +47,9 @@ enum Command {
     /// each labelled by server; finds servers as they start and lets go of those that exit (given -p,
     /// re-attaches to the server that runs the same executable with the same data directory).
     Agent(cmd::agent::AgentArgs),
+    /// What the agent's session history kept: DB load over a range by state, with the top statements, users,
+    /// hosts and blockers, or the sessions at a moment with who blocked whom (--at).
+    History(cmd::history::HistoryArgs),
     /// Draw a flame graph from folded stacks (FlameGraph's flamegraph.pl, with filters).
     Flame(cmd::flame::FlameArgs),
     /// Differential flame graph of two folded profiles, drawn on AFTER (difffolded.pl + flamegraph.pl).
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Agent(a) => cmd::agent::run(a),
+        Command::History(a) => cmd::history::run(a),
         Command::Flame(a) => cmd::flame::run(a),
         Command::Diff(a) => cmd::diff::run(a),
         Command::Programs(a) => cmd::programs::run(a),

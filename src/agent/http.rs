@@ -22,7 +22,7 @@ use super::{
     metrics::Own,
     shared::{ProfileRequest, Shared, Status, WAKE},
 };
-use crate::collect::Kind;
+use crate::{collect::Kind, history};
 
 /// Requests served at once.
 const MAX_REQUESTS: usize = 8;
@@ -77,12 +77,64 @@ fn handle(request: Request, shared: &Shared) {
         "/debug/pprof/offcpu" | "/debug/pprof/block" => profile(shared, Kind::Offcpu, query),
         "/debug/pprof/locks" | "/debug/pprof/mutex" => profile(shared, Kind::Locks, query),
         "/debug/pprof/windows" | "/debug/pprof/windows/" => windows(shared),
+        "/api/history" => history_range(shared, query),
+        "/api/history/at" => history_at(shared, query),
         p => match p.strip_prefix("/debug/pprof/windows/") {
             Some(name) => window(shared, name),
             None => text(404, &format!("no such page: {p}; see /debug/pprof/\n")),
         },
     };
     let _ = request.respond(answer);
+}
+
+/// `/api/history?from=S&to=S&points=N` (seconds since the epoch; the last hour by default): the load over the range.
+fn history_range(shared: &Shared, query: &str) -> Answer {
+    let now = now_s();
+    let from = param(query, "from").unwrap_or(now - 3600);
+    let to = param(query, "to").unwrap_or(now);
+    let points = param(query, "points").unwrap_or(60).clamp(1, 2000);
+    history_json(shared, |db| {
+        Ok(serde_json::to_vec(&history::read::range(
+            db, from, to, points,
+        )?)?)
+    })
+}
+
+/// `/api/history/at?t=S`: the sessions at that second, and who blocked whom.
+fn history_at(shared: &Shared, query: &str) -> Answer {
+    let Some(t) = param(query, "t") else {
+        return text(400, "give the second as t=SECONDS_SINCE_THE_EPOCH\n");
+    };
+    history_json(shared, |db| {
+        Ok(serde_json::to_vec(&history::read::moment(db, t)?)?)
+    })
+}
+
+fn history_json(
+    shared: &Shared,
+    read: impl FnOnce(&rusqlite::Connection) -> anyhow::Result<Vec<u8>>,
+) -> Answer {
+    let Some(path) = shared.history_path() else {
+        return text(404, "this agent keeps no session history (--no-history)\n");
+    };
+    match history::store::Store::open_read(&path).and_then(|db| read(&db)) {
+        Ok(body) => with_type(200, body, "application/json"),
+        Err(e) => text(500, &format!("the history could not be read: {e:#}\n")),
+    }
+}
+
+fn param(query: &str, name: &str) -> Option<i64> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 fn text(status: u16, body: &str) -> Answer {

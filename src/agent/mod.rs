@@ -11,6 +11,7 @@
 //! statements go to the metrics as they end. When a server exits its collectors end, and its series stay at their
 //! last values until `--forget-after` ages them out.
 
+pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod retain;
@@ -60,7 +61,14 @@ pub fn run(o: Options) -> Result<()> {
     few_arenas();
     collect::install_stop_handler();
     let retention = Retention::new(&o.dir, o.retain, o.retain_bytes)?;
-    let shared = Arc::new(Shared::new(o.top, retention, crate::report::hostname()));
+    let history =
+        (o.history.as_ref()).map(|(path, r)| crate::history::writer::Writer::open(path, r.clone()));
+    let shared = Arc::new(Shared::new(
+        o.top,
+        retention,
+        crate::report::hostname(),
+        history,
+    ));
     let server = http::serve(&o.listen, Arc::clone(&shared))?;
     say!(
         "myprobe: agent: serving http://{}/metrics and /debug/pprof/; windows of {} s kept in {}",

@@ -19,7 +19,10 @@ use super::{
 };
 use crate::{
     client::socket::listening_port,
-    collect::{targets::Targets, Collected, Kind, Lost, RingOptions, Slice, Slices, Stop},
+    collect::{
+        targets::Targets, CollectOptions, Collected, Kind, Lost, RingOptions, Slice, Slices, Stop,
+    },
+    history::sampler::Recent,
     process::{self, container::Container, Target},
     profile::{
         self,
@@ -122,6 +125,12 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         }
     );
     let pid = target.pid;
+    let recent = Arc::new(Recent::default());
+    let history_opts = CollectOptions {
+        unwind: prepared.tables.clone(),
+        ..plan.statements.collect_options(pid)
+    };
+    let history_stop = Stop::new();
     let mut names = Naming {
         target,
         labels: &labels,
@@ -136,6 +145,9 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
             prepared.tables.as_ref(),
             prepared.functions,
             |r| {
+                if let (Some(conn), Some(text)) = (r.conn, &r.query) {
+                    recent.add(conn.into(), text, (r.ts.0 / 1_000_000_000) as i64);
+                }
                 if let Some(s) = shared.metrics().server(pid) {
                     s.add_statement(r);
                 }
@@ -146,7 +158,23 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
                 }
             },
         );
-        read_slices(running, &sliced, o, shared, &mut names)
+        let sampling = s.spawn(|| {
+            let r = super::history::sample(
+                target,
+                &history_opts,
+                &plan.statements,
+                shared,
+                Arc::clone(&recent),
+                &history_stop,
+            );
+            if let Err(e) = r {
+                say!("myprobe: agent: warning: no session history of {target}: {e:#}");
+            }
+        });
+        let failed = read_slices(running, &sliced, o, shared, &mut names);
+        history_stop.stop();
+        let _ = sampling.join();
+        failed
     });
     for (_, set) in &sets {
         set.leave(pid);

@@ -57,6 +57,8 @@ pub struct Options {
     pub any_process: bool,
     /// Each server's off-CPU programs its own (`--programs-per-server`), not one set for the servers of a store.
     pub programs_per_server: bool,
+    /// The session history: where it is kept and for how long (none: `--no-history`).
+    pub history: Option<(PathBuf, crate::history::store::Retention)>,
     /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
     /// `--no-sql`), `--raw-sql`, `--btf`, memory.
     pub queries: FollowOptions,
@@ -162,6 +164,8 @@ pub struct Shared {
     pub(super) stop: Stop,
     /// Between how many servers the statements' CPU budget is split: those found now.
     pub(super) budget_shares: BudgetShares,
+    /// The session history's store (none: `--no-history`).
+    pub(super) history: Option<Mutex<crate::history::writer::Writer>>,
 }
 
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -170,7 +174,12 @@ pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     /// Nothing traced yet: metrics of the `top` fingerprints per server, windows kept by `retention`.
-    pub(super) fn new(top: usize, retention: Retention, host: String) -> Shared {
+    pub(super) fn new(
+        top: usize,
+        retention: Retention,
+        host: String,
+        history: Option<crate::history::writer::Writer>,
+    ) -> Shared {
         Shared {
             metrics: Mutex::new(Metrics::new(top)),
             status: Mutex::new(Status::default()),
@@ -181,7 +190,15 @@ impl Shared {
             host,
             stop: Stop::new(),
             budget_shares: BudgetShares::default(),
+            history: history.map(Mutex::new),
         }
+    }
+
+    /// Where the session history is kept, if it is.
+    pub fn history_path(&self) -> Option<PathBuf> {
+        self.history
+            .as_ref()
+            .map(|w| locked(w).path().to_path_buf())
     }
 
     pub fn metrics(&self) -> MutexGuard<'_, Metrics> {

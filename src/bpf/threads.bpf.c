@@ -34,8 +34,22 @@ struct thread_record {
 	__u64 user_sp;      /* stack to user space, which unwinds it from these reading /proc/PID/mem */
 	__u64 user_bp;
 	__u64 tls_base;     /* its thread pointer (x86-64's fs base): glibc's pthread_self() */
+	__u64 switches;     /* its context switches so far, voluntary or not */
+	__u32 unchanged;    /* not unwound: it has not run since `wanted` last had its stack (same switches) */
+	__u32 pad;
 	struct stack_event stack;
 };
+
+/* With `only_wanted` (the agent's history, once a second): only the threads whose pointers are keys here are read,
+ * each unwound unless its switches still equal the value (it has not run since it was last unwound). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, __u64);
+} wanted SEC(".maps");
+
+bool only_wanted = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -104,6 +118,14 @@ int snapshot(struct bpf_iter__task *ctx)
 #elif defined(__TARGET_ARCH_arm64)
 	r->tls_base = BPF_CORE_READ(task, thread.uw.tp_value);
 #endif
+	r->switches = task->nvcsw + task->nivcsw;
+	r->unchanged = 0;
+	if (only_wanted) {
+		__u64 *last = bpf_map_lookup_elem(&wanted, &r->tls_base);
+		if (!last)
+			return 0;
+		r->unchanged = *last == r->switches && r->state != 0;
+	}
 	read_syscall(r, task_regs(task));
 	r->futex_read = 0;
 	r->futex_word = 0;
@@ -119,7 +141,7 @@ int snapshot(struct bpf_iter__task *ctx)
 		}
 	}
 	struct stack_event *e = &r->stack;
-	long n = unwind_task_user_stack(task, e->ips);
+	long n = r->unchanged ? 0 : unwind_task_user_stack(task, e->ips);
 	if (n < 0) {
 		if (!COMPAT) /* the compat build's user stacks are unwound by user space */
 			count_lost(user_stack);

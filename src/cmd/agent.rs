@@ -67,6 +67,18 @@ pub struct AgentArgs {
     /// compares the two)
     #[arg(long)]
     pub programs_per_server: bool,
+    /// Keep no session history (each connection's statement and wait, each second, in DIR/history.sqlite)
+    #[arg(long)]
+    pub no_history: bool,
+    /// How long every second of the session history is kept
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub history_keep: Duration,
+    /// How long the history's per-minute sums are kept (the load by state, statement, user, host and blocker)
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_duration)]
+    pub history_minutes_keep: Duration,
+    /// The most the history may take, in MiB: past it the oldest seconds go first
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub history_mib: u64,
     #[command(flatten)]
     pub sql: crate::cmd::SqlArgs,
 }
@@ -126,6 +138,16 @@ pub fn run(a: AgentArgs) -> Result<()> {
         frequency: a.frequency,
         min_block_us: a.min_block_us,
         listen: a.listen,
+        history: (!a.no_history).then(|| {
+            (
+                a.dir.join(crate::history::store::FILE_NAME),
+                crate::history::store::Retention {
+                    samples_s: a.history_keep.as_secs() as i64,
+                    minutes_s: a.history_minutes_keep.as_secs() as i64,
+                    max_bytes: a.history_mib.saturating_mul(1 << 20),
+                },
+            )
+        }),
         dir: a.dir,
         retain: a.retain,
         retain_bytes: a.retain_mib.saturating_mul(1 << 20),

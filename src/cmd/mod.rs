@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod diff;
 pub mod flame;
+pub mod history;
 pub mod pfs;
 pub mod profile;
 pub mod programs;

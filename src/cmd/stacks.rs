@@ -141,7 +141,7 @@ fn resolve_text(a: &StacksArgs, file: &Path, format: Format) -> Result<()> {
 
 /// `--core`: the threads of a core file, with a line identifying the crash first on text output.
 fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
-    let c = stacks::core::read(
+    let mut c = stacks::core::read(
         core,
         a.exe.as_deref(),
         a.root.as_deref(),
@@ -153,8 +153,12 @@ fn read_core(a: &StacksArgs, core: &Path, format: Format) -> Result<()> {
     // A core's waits are named by their functions' names (not by the calls that announce them, read in a live
     // process's memory map).
     let brackets = crate::profile::waits::Brackets::new();
-    let mut named =
-        stacks::name_threads_with(Some(c.symbolizer), Some(c.data), &c.records, &brackets);
+    let mut named = stacks::name_threads_with(
+        Some(&mut c.symbolizer),
+        Some(&mut c.data),
+        &c.records,
+        &brackets,
+    );
     // Each connection's thread, by the thread pointer the connection keeps: its statement beside its stack.
     let served = (c.sessions.as_deref())
         .map(|s| stacks::link_sessions(s, &c.records, &mut named))

@@ -3,9 +3,9 @@
 //! no thread is stopped (no ptrace, no signal): the threads run on while they are read, so a running thread's
 //! user frames are those it last entered the kernel with.
 
-use std::mem::MaybeUninit;
+use std::{collections::HashMap, mem::MaybeUninit};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{
     super::unwind::{
@@ -49,6 +49,10 @@ pub struct ThreadRecord {
     /// Its thread pointer (x86-64's fs base, glibc's `pthread_self()`), which the server keeps in the connection it
     /// serves; 0 where unknown.
     pub tls_base: u64,
+    /// Its context switches so far; and whether it was not unwound, having not run since the stack `Reader::read`
+    /// was told it had (its `stack` then empty).
+    pub switches: u64,
+    pub unchanged: bool,
     pub stack: RawStack,
 }
 
@@ -67,6 +71,25 @@ pub struct Snapshot {
 
 /// Reads every thread of `opts.pid` once.
 pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
+    with_reader(opts, |reader| reader.read(None))?
+}
+
+/// The `wanted` map's size (threads.bpf.c).
+const WANTED_MAX: usize = 8192;
+
+/// The threads' iterator, loaded once and run as often as `each` asks (the agent's history, once a second).
+pub struct Reader<'obj> {
+    skel: skel::ThreadsSkel<'obj>,
+    link: Option<libbpf_rs::Link>,
+    /// The keys and values of the `wanted` map, as last written.
+    wanted: HashMap<u64, u64>,
+    mem: Option<crate::process::memory::ProcMemory>,
+    pid: u32,
+    unwind: Option<std::sync::Arc<super::unwind_store::UnwindStore>>,
+}
+
+/// Loads the iterator for `opts.pid` and gives it to `each`.
+pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) -> R) -> Result<R> {
     let mut object = MaybeUninit::uninit();
     let mut skel = open_and_load::<Skeleton>(&mut object, opts, "stacks", |open| {
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
@@ -74,45 +97,102 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
         open.progs.snapshot.set_autoattach(false);
         Ok(())
     })?;
-    if opts.verify_only.is_some() {
-        return Ok(Snapshot {
-            threads: Vec::new(),
-            lost: Lost::default(),
-        });
-    }
     // The compat build (kernels before 5.18 have no sleepable iterators) reads no thread's memory: its user
     // stacks and futex words are read here, from /proc/PID/mem, after the iterator.
     let compat = super::features::Features::of_kernel(opts.btf.as_deref()).compat();
     let mut installed = Installed::default();
-    if !compat {
+    if !compat && opts.verify_only.is_none() {
         install_unwind::<Skeleton>(opts, &mut installed, Skeleton::unwind(&mut skel))?;
     }
     let mem = compat
         .then(|| crate::process::memory::ProcMemory::open(opts.pid).ok())
         .flatten();
-    let bytes = super::run_task_iterator(&skel.progs.snapshot)?;
-    let records = bytes
-        .chunks_exact(std::mem::size_of::<thread_record>())
-        .filter_map(read_exact::<thread_record>);
-    let replay = |tables: Tables<'_>| -> Vec<ThreadRecord> {
-        records
-            .map(|r| {
-                let mut t = record(&r);
-                if let Some(mem) = &mem {
-                    read_from_memory(mem, tables, &r, &mut t);
+    let mut reader = Reader {
+        skel,
+        link: None,
+        wanted: HashMap::new(),
+        mem,
+        pid: opts.pid,
+        unwind: opts.unwind.clone(),
+    };
+    if opts.verify_only.is_some() {
+        reader.pid = 0;
+    }
+    Ok(each(&mut reader))
+}
+
+impl Reader<'_> {
+    /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys, each unwound
+    /// unless its switches equal the value (it has not run since: its stack is the one read then).
+    pub fn read(&mut self, only: Option<&HashMap<u64, u64>>) -> Result<Snapshot> {
+        if self.pid == 0 {
+            // Verified only (`myprobe programs`): nothing is read.
+            return Ok(Snapshot {
+                threads: Vec::new(),
+                lost: Lost::default(),
+            });
+        }
+        if let Some(only) = only {
+            use libbpf_rs::MapCore;
+            // What changed since the last run only: a syscall per key written or deleted.
+            let wanted = &self.skel.maps.wanted;
+            for base in self.wanted.keys().filter(|b| !only.contains_key(b)) {
+                let _ = wanted.delete(&base.to_ne_bytes());
+            }
+            self.wanted.retain(|b, _| only.contains_key(b));
+            for (&base, &switches) in only.iter().take(WANTED_MAX) {
+                if self.wanted.get(&base) != Some(&switches) {
+                    wanted.update(
+                        &base.to_ne_bytes(),
+                        &switches.to_ne_bytes(),
+                        libbpf_rs::MapFlags::ANY,
+                    )?;
+                    self.wanted.insert(base, switches);
                 }
-                t
-            })
-            .collect()
-    };
-    let threads = match &opts.unwind {
-        Some(store) => store.with_tables(opts.pid, replay),
-        None => replay(ProcessTables::default().tables()),
-    };
-    Ok(Snapshot {
-        threads,
-        lost: Skeleton::lost(&skel),
-    })
+            }
+        }
+        let bss = self.skel.maps.bss_data.as_deref_mut().context("no .bss")?;
+        bss.only_wanted = only.is_some();
+        if self.link.is_none() {
+            let link = self
+                .skel
+                .progs
+                .snapshot
+                .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+                .context("attaching the task iterator")?;
+            self.link = Some(link);
+        }
+        let mut bytes = Vec::new();
+        let link = self.link.as_ref().expect("attached above");
+        std::io::Read::read_to_end(
+            &mut libbpf_rs::Iter::new(link).context("running the task iterator")?,
+            &mut bytes,
+        )
+        .context("running the task iterator")?;
+        let records = bytes
+            .chunks_exact(std::mem::size_of::<thread_record>())
+            .filter_map(read_exact::<thread_record>);
+        let mem = self.mem.as_ref();
+        let replay = |tables: Tables<'_>| -> Vec<ThreadRecord> {
+            records
+                .map(|r| {
+                    let mut t = record(&r);
+                    if let Some(mem) = mem.filter(|_| r.unchanged == 0) {
+                        read_from_memory(mem, tables, &r, &mut t);
+                    }
+                    t
+                })
+                .collect()
+        };
+        let threads = match &self.unwind {
+            Some(store) => store.with_tables(self.pid, replay),
+            None => replay(ProcessTables::default().tables()),
+        };
+        Ok(Snapshot {
+            threads,
+            lost: Skeleton::lost(&self.skel),
+        })
+    }
 }
 
 /// The compat build's user stack of `r` and its futex's words, read from the process's memory (`mem`): unwound
@@ -179,6 +259,8 @@ fn record(r: &thread_record) -> ThreadRecord {
             next_int: r.futex_owner,
         }),
         tls_base: r.tls_base,
+        switches: r.switches,
+        unchanged: r.unchanged != 0,
         stack: RawStack {
             user_len: user as u16,
             ips: e.ips[..user + kernel].into(),

@@ -88,6 +88,13 @@ pub fn listed(
     (to_roots(listed), failed)
 }
 
+/// The metadata locks the server's `memory` holds, without asking the server (one that does not answer), each
+/// held by the root of its chain.
+pub fn from_memory(memory: Option<&MemoryLocks>) -> anyhow::Result<Vec<(u64, Listed)>> {
+    let listed = memory.map(MemoryLocks::listed).transpose()?;
+    Ok(to_roots(listed.unwrap_or_default()))
+}
+
 /// The reader of the server's lock tables, and what it found.
 pub struct Holders {
     /// Asked once a second at most; it sends the waits it listed, by waiting connection.

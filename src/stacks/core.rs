@@ -116,6 +116,8 @@ pub fn read(
                 idle_ns: None,
                 futex,
                 tls_base: t.tls_base,
+                switches: 0,
+                unchanged: false,
                 stack: RawStack {
                     user_len: ips.len() as u16,
                     ips: ips.into(),

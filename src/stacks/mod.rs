@@ -90,8 +90,8 @@ pub fn name_threads(
         None => waits::Brackets::new(),
     };
     name_threads_with(
-        symbolizer,
-        DataSymbolizer::new(pid).ok(),
+        symbolizer.as_mut(),
+        DataSymbolizer::new(pid).ok().as_mut(),
         records,
         &brackets,
     )
@@ -100,8 +100,8 @@ pub fn name_threads(
 /// Names every thread with these symbolizers (of a live process or of a core file); `brackets`: the functions
 /// that announce their waits (`waits::WaitBegins`), by name.
 pub fn name_threads_with(
-    mut symbolizer: Option<Symbolizer>,
-    mut data: Option<DataSymbolizer>,
+    mut symbolizer: Option<&mut Symbolizer>,
+    mut data: Option<&mut DataSymbolizer>,
     records: &[ThreadRecord],
     brackets: &waits::Brackets,
 ) -> Vec<ThreadStack> {

@@ -13,6 +13,7 @@ mod clients;
 mod diff;
 mod errors;
 mod faults;
+mod history;
 mod hostile;
 mod locks;
 mod names;

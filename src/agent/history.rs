@@ -1,0 +1,60 @@
+//! The agent's side of the session history: one sampler per server traced (a thread of its own, beside its
+//! collectors), writing to the one store of the agent (`history::writer::Writer`).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::shared::{locked, Shared};
+use crate::{
+    collect::{CollectOptions, Stop},
+    history::sampler::{self, Recent, Sampler},
+    process::Target,
+    query::follow::FollowOptions,
+};
+
+/// Samples `target` until `stop`, into the agent's store; `opts`: its threads' iterator's (the unwind tables the
+/// server's collectors share). Its statements seen (`recent`) name what a holder ran.
+pub fn sample(
+    target: &Target,
+    opts: &CollectOptions,
+    queries: &FollowOptions,
+    shared: &Shared,
+    recent: Arc<Recent>,
+    stop: &Stop,
+) -> Result<()> {
+    let Some(writer) = shared.history.as_ref() else {
+        return Ok(());
+    };
+    let brackets = {
+        let mut symbolizer = crate::symbolize::Symbolizer::new(target.pid)?;
+        crate::query::follow::wait_begins(queries.wait_sites, target)
+            .brackets(target.pid, &mut symbolizer)
+    };
+    let sampler = Sampler::new(
+        target,
+        server_name(target),
+        queries.connect.clone(),
+        recent,
+        brackets,
+    )?;
+    sampler::run(opts, sampler, stop, |second| locked(writer).write(&second))
+}
+
+/// A server as the store names it: what it is and where it listens, which stay across its restarts (its PID
+/// where it listens on no TCP port).
+fn server_name(target: &Target) -> String {
+    match crate::client::socket::listening_port(target.pid) {
+        Some(port) => format!(
+            "{} {} on port {port}",
+            target.flavor.db_system(),
+            target.version
+        ),
+        None => format!(
+            "{} {} (PID {})",
+            target.flavor.db_system(),
+            target.version,
+            target.pid
+        ),
+    }
+}

@@ -1,0 +1,516 @@
+//! Each second, what each connection of a server is doing, from what is there without asking the server: its
+//! connections read from its memory (`sessions`: who runs a statement, who sits in an open transaction, their text,
+//! user, host and database, and the thread serving each), and the state of those threads read by the threads'
+//! iterator (on a CPU, waiting for one, or blocked: the futex a stack names as a row lock, a metadata lock, the redo
+//! log…, the file or socket a syscall waits on). Only the threads of such connections are read, and one that has not
+//! run since the last second keeps what its stack said then. Who holds a lock waited for is asked of the server
+//! (or read from its memory, MariaDB's metadata locks) only in a second where some connection waits for one.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+
+use super::{Second, SessionSample, IDLE_IN_TRANSACTION};
+use crate::{
+    client::{Client, ConnectArgs},
+    collect::{
+        threads::{self, ThreadRecord},
+        CollectOptions, Stop,
+    },
+    process::{memory::ProcMemory, Target},
+    profile::waits::Brackets,
+    query::{
+        files::{file_cause, Files},
+        holders::{self, Listed, MemoryLocks},
+    },
+    server::Cause,
+    sessions::{self, Query, Session},
+    stacks,
+    symbolize::{data::DataSymbolizer, Symbolizer},
+    wire::fingerprint,
+};
+
+/// The statements each connection ran lately, as the statement pipeline saw them: what a holder idle in its
+/// transaction ran in it.
+#[derive(Default)]
+pub struct Recent {
+    by_conn: Mutex<HashMap<u64, VecDeque<(i64, String)>>>,
+}
+
+/// Statements kept per connection, connections kept, and for how long.
+const RECENT_PER_CONN: usize = 8;
+const RECENT_CONNS: usize = 20_000;
+const RECENT_S: i64 = 3600;
+
+impl Recent {
+    /// Connection `conn` ran `text` (its literals hidden) ending at `ts` (seconds since the epoch).
+    pub fn add(&self, conn: u64, text: &str, ts: i64) {
+        let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
+        if by_conn.len() >= RECENT_CONNS && !by_conn.contains_key(&conn) {
+            by_conn.retain(|_, q| q.back().is_some_and(|(t, _)| *t >= ts - RECENT_S));
+            if by_conn.len() >= RECENT_CONNS {
+                return;
+            }
+        }
+        let q = by_conn.entry(conn).or_default();
+        if q.len() == RECENT_PER_CONN {
+            q.pop_front();
+        }
+        q.push_back((ts, fingerprint::normalize(text)));
+    }
+
+    /// What `conn` ran since `since` (all it kept without it), oldest first.
+    pub fn of(&self, conn: u64, since: Option<i64>) -> Vec<String> {
+        let by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
+        by_conn.get(&conn).map_or_else(Vec::new, |q| {
+            q.iter()
+                .filter(|(t, _)| since.is_none_or(|s| *t >= s))
+                .map(|(_, text)| text.clone())
+                .collect()
+        })
+    }
+
+    /// Forgets a connection that ended its transaction (its next holds none of these).
+    fn forget(&self, conns: impl Iterator<Item = u64>) {
+        let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
+        for c in conns {
+            by_conn.remove(&c);
+        }
+    }
+}
+
+/// What a thread was doing, as named from its record.
+#[derive(Clone, Debug)]
+struct Named {
+    cause: Cause,
+    object: Option<String>,
+}
+
+/// One server's sampler.
+pub struct Sampler {
+    pid: u32,
+    server: String,
+    mem: ProcMemory,
+    layout: sessions::Layout,
+    symbolizer: Symbolizer,
+    data: DataSymbolizer,
+    brackets: Brackets,
+    files: Files,
+    connect: Option<ConnectArgs>,
+    client: Option<Client>,
+    memory_locks: Option<MemoryLocks>,
+    /// The serving threads' states named last, by thread pointer, with their switches then.
+    last: HashMap<u64, (u64, Named)>,
+    /// When each connection was first seen in its open transaction.
+    in_transaction_since: HashMap<u64, f64>,
+    recent: Arc<Recent>,
+    /// What was said once (a server that does not answer), not every second.
+    said: HashSet<String>,
+}
+
+impl Sampler {
+    /// The sampler of `target`, named `server` in the store; `connect`: how to ask it who holds a lock (none: only
+    /// what its memory says).
+    pub fn new(
+        target: &Target,
+        server: String,
+        connect: Option<ConnectArgs>,
+        recent: Arc<Recent>,
+        brackets: Brackets,
+    ) -> Result<Sampler> {
+        let pid = target.pid;
+        let layout = sessions::Layout::of_process(pid, &target.binary, target.flavor.server())
+            .context("finding the server's connections in its memory")?;
+        if let Some(missing) = layout.unknown() {
+            say!("myprobe: agent: history of {target}: {missing}");
+        }
+        let mut symbolizer = Symbolizer::new(pid).context("preparing symbolization")?;
+        symbolizer.preload(false);
+        Ok(Sampler {
+            pid,
+            server,
+            mem: ProcMemory::open(pid)?,
+            layout,
+            symbolizer,
+            data: DataSymbolizer::new(pid).context("reading the process's memory map")?,
+            brackets,
+            files: Files::new(pid),
+            connect,
+            client: None,
+            memory_locks: MemoryLocks::of(pid, &target.binary, target.flavor.server()),
+            last: HashMap::new(),
+            in_transaction_since: HashMap::new(),
+            recent,
+            said: HashSet::new(),
+        })
+    }
+
+    /// The sessions of second `ts` (seconds since the epoch), `now` in seconds with their fraction.
+    pub fn sample(
+        &mut self,
+        reader: &mut threads::Reader<'_>,
+        ts: i64,
+        now: f64,
+    ) -> Result<Second> {
+        let own = self.client.as_ref().map(Client::connection_id);
+        let listed = sessions::read(&self.mem, &self.layout)
+            .context("reading the server's connections from its memory")?;
+        let sampled: Vec<&Session> = listed
+            .iter()
+            .filter(|s| Some(s.id) != own && (runs_statement(s) || s.in_transaction == Some(true)))
+            .collect();
+        self.follow_transactions(&listed, now);
+        let wanted: HashMap<u64, u64> = sampled
+            .iter()
+            .filter_map(|s| s.thread)
+            .map(|t| {
+                (
+                    t,
+                    self.last
+                        .get(&t)
+                        .map_or(u64::MAX, |(switches, _)| *switches),
+                )
+            })
+            .collect();
+        let snapshot = reader.read(Some(&wanted))?;
+        let states = self.name_threads(&snapshot.threads);
+        let mut out: Vec<SessionSample> = sampled
+            .iter()
+            .map(|s| self.session_sample(s, s.thread.and_then(|t| states.get(&t)), now))
+            .collect();
+        if out
+            .iter()
+            .any(|s| s.state != IDLE_IN_TRANSACTION && holds(&s.state))
+        {
+            self.name_holders(&mut out);
+        }
+        let blockers: HashSet<u64> = out
+            .iter()
+            .flat_map(|s| s.blocker.into_iter().chain(s.root_blocker))
+            .collect();
+        for s in out.iter_mut().filter(|s| blockers.contains(&s.conn)) {
+            let since = s.transaction_s.map(|t| (now - t).floor() as i64 - 1);
+            s.holder_statements = self.recent.of(s.conn, since);
+        }
+        Ok(Second {
+            ts,
+            server: self.server.clone(),
+            sessions: out,
+        })
+    }
+
+    /// Notes when each connection's transaction was first seen open, and forgets those that ended.
+    fn follow_transactions(&mut self, listed: &[Session], now: f64) {
+        let open: HashSet<u64> = listed
+            .iter()
+            .filter(|s| s.in_transaction == Some(true))
+            .map(|s| s.id)
+            .collect();
+        let ended: Vec<u64> = self
+            .in_transaction_since
+            .keys()
+            .filter(|c| !open.contains(c))
+            .copied()
+            .collect();
+        for c in &ended {
+            self.in_transaction_since.remove(c);
+        }
+        self.recent.forget(ended.into_iter());
+        for c in open {
+            self.in_transaction_since.entry(c).or_insert(now);
+        }
+    }
+
+    /// Each thread's state, by its thread pointer: one that has not run since keeps its last.
+    fn name_threads(&mut self, threads: &[ThreadRecord]) -> HashMap<u64, Named> {
+        let (unchanged, changed): (Vec<&ThreadRecord>, Vec<&ThreadRecord>) =
+            threads.iter().partition(|t| t.unchanged);
+        let mut out: HashMap<u64, Named> = unchanged
+            .iter()
+            .filter_map(|t| Some((t.tls_base, self.last.get(&t.tls_base)?.1.clone())))
+            .collect();
+        let in_futex: Vec<ThreadRecord> = changed
+            .iter()
+            .filter(|t| t.futex.is_some() && t.state != Some('R'))
+            .map(|t| (*t).clone())
+            .collect();
+        let named = stacks::name_threads_with(
+            Some(&mut self.symbolizer),
+            Some(&mut self.data),
+            &in_futex,
+            &self.brackets,
+        );
+        let futex_waits: HashMap<u32, Named> = named
+            .into_iter()
+            .map(|t| {
+                let cause = t.cause.as_ref().map_or(Cause::UnknownWait, |c| c.cause);
+                // A lock of the server's own is named by the lock; the others by what the server lists.
+                let object = matches!(cause, Cause::InternalLock | Cause::UnknownWait)
+                    .then(|| t.waits.as_ref().map(|w| w.lock.clone()))
+                    .flatten();
+                (t.tid, Named { cause, object })
+            })
+            .collect();
+        let mut last = HashMap::new();
+        for t in changed {
+            let n = match futex_waits.get(&t.tid) {
+                Some(n) => n.clone(),
+                None => self.name_state(t),
+            };
+            last.insert(t.tls_base, (t.switches, n.clone()));
+            out.insert(t.tls_base, n);
+        }
+        for t in unchanged {
+            if let Some(kept) = self.last.remove(&t.tls_base) {
+                last.insert(t.tls_base, kept);
+            }
+        }
+        self.last = last;
+        out
+    }
+
+    /// A thread not in a futex wait: on a CPU, waiting for one, or in a syscall on a file or a socket.
+    fn name_state(&mut self, t: &ThreadRecord) -> Named {
+        let plain = |cause| Named {
+            cause,
+            object: None,
+        };
+        if t.state == Some('R') {
+            return plain(if t.on_cpu {
+                Cause::Cpu
+            } else {
+                Cause::RunQueue
+            });
+        }
+        let Some((nr, args)) = t.syscall else {
+            return plain(Cause::Other);
+        };
+        let part = match syscall_part(nr) {
+            Some(Part::Io(part)) => part,
+            Some(Part::Net) => return plain(Cause::Client),
+            Some(Part::Sleep) => return plain(Cause::Sleep),
+            None => return plain(Cause::Other),
+        };
+        match self.files.path(args[0] as i32) {
+            Some(path) if path.starts_with("socket:") => plain(Cause::Client),
+            Some(path) => {
+                let (cause, object) = file_cause(&path, part);
+                Named { cause, object }
+            }
+            None => plain([Cause::FileRead, Cause::FileWrite, Cause::FileSync][part]),
+        }
+    }
+
+    fn session_sample(&self, s: &Session, state: Option<&Named>, now: f64) -> SessionSample {
+        let running = runs_statement(s);
+        let text = s.query.as_ref().and_then(|q| match q {
+            Query::Text(t) | Query::Truncated(t) => Some(t.as_str()),
+            Query::Changing => None,
+        });
+        let (statement, fp) = match text.filter(|_| running) {
+            Some(t) => (
+                Some(fingerprint::normalize(t)),
+                Some(fingerprint::fingerprint(t)),
+            ),
+            None => (None, None),
+        };
+        let (state, object) = match (running, state) {
+            (false, _) => (IDLE_IN_TRANSACTION.to_string(), None),
+            (true, Some(n)) => (n.cause.label().to_string(), n.object.clone()),
+            // Its thread was not read (it ended its statement meanwhile, or no thread is known to serve it).
+            (true, None) => (Cause::Other.label().to_string(), None),
+        };
+        SessionSample {
+            conn: s.id,
+            user: s.user.clone(),
+            host: s.host.clone(),
+            db: s.db.clone(),
+            statement,
+            fingerprint: fp,
+            statement_s: s
+                .started_us
+                .map(|us| (now - us as f64 / 1e6).max(0.0))
+                .map(|v| (v * 1000.0).round() / 1000.0),
+            transaction_s: self
+                .in_transaction_since
+                .get(&s.id)
+                .map(|since| ((now - since) * 1000.0).round() / 1000.0),
+            state,
+            object,
+            blocker: None,
+            root_blocker: None,
+            holder_statements: Vec::new(),
+        }
+    }
+
+    /// Names who each lock wait is behind, as the server lists them (or its memory, for MariaDB's metadata locks).
+    fn name_holders(&mut self, out: &mut [SessionSample]) {
+        let listed = match self.listed() {
+            Ok(l) => l,
+            Err(e) => {
+                self.say_once(format!(
+                    "who holds the locks waited for is not read: {e:#} (tried again each second)"
+                ));
+                return;
+            }
+        };
+        for s in out.iter_mut() {
+            let Some(cause) = Cause::ALL.into_iter().find(|c| c.label() == s.state) else {
+                continue;
+            };
+            if let Some((_, l)) = listed.iter().find(|(w, l)| *w == s.conn && l.is_of(cause)) {
+                s.state = l.cause.label().to_string();
+                s.object = Some(l.object.clone());
+                s.root_blocker = Some(l.holder.conn);
+                s.blocker = Some(l.holder.queued_behind.unwrap_or(l.holder.conn));
+            }
+        }
+    }
+
+    fn listed(&mut self) -> Result<Vec<(u64, Listed)>> {
+        if self.client.is_none() {
+            if let Some(args) = &self.connect {
+                match crate::client::connect(args, Some(self.pid)) {
+                    Ok(c) => self.client = Some(c),
+                    // Without SQL, MariaDB's metadata locks are still read from its memory.
+                    Err(e) if self.memory_locks.is_some() => self.say_once(format!(
+                        "the server does not answer ({e:#}): only its metadata locks are read, from its memory"
+                    )),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let Some(client) = self.client.as_mut() else {
+            return holders::from_memory(self.memory_locks.as_ref());
+        };
+        let (listed, failed) = holders::listed(client, self.memory_locks.as_ref());
+        if let Some(e) = failed {
+            // The next second connects again.
+            self.client = None;
+            if listed.is_empty() {
+                return Err(e);
+            }
+        }
+        Ok(listed)
+    }
+
+    fn say_once(&mut self, line: String) {
+        if self.said.insert(line.clone()) {
+            say!("myprobe: agent: history of {}: {line}", self.server);
+        }
+    }
+}
+
+/// Whether the connection runs a statement now (not idle, not a daemon's own).
+fn runs_statement(s: &Session) -> bool {
+    match s.command {
+        Some(c) => {
+            !matches!(c, "Sleep" | "Daemon" | "Binlog Dump" | "Connect") && s.query.is_some()
+        }
+        None => s.query.is_some(),
+    }
+}
+
+/// Whether a state is a wait that someone holds up (a lock the server lists with its holder).
+fn holds(state: &str) -> bool {
+    Cause::ALL
+        .into_iter()
+        .any(|c| c.label() == state && (c.has_holder() || c == Cause::MetadataLock))
+}
+
+enum Part {
+    /// A file's read, write or sync (0, 1, 2), or a socket's.
+    Io(usize),
+    /// Waiting on sockets (poll and its kind): the client.
+    Net,
+    Sleep,
+}
+
+/// What a blocked syscall waits for, by its number (the machine's own numbering).
+fn syscall_part(nr: i64) -> Option<Part> {
+    use syscalls::Sysno;
+    let sysno = Sysno::new(usize::try_from(nr).ok()?)?;
+    Some(match sysno {
+        Sysno::read | Sysno::pread64 | Sysno::readv | Sysno::preadv | Sysno::preadv2 => Part::Io(0),
+        Sysno::recvfrom | Sysno::recvmsg | Sysno::sendto | Sysno::sendmsg => Part::Io(0),
+        Sysno::write | Sysno::pwrite64 | Sysno::writev | Sysno::pwritev | Sysno::pwritev2 => {
+            Part::Io(1)
+        }
+        Sysno::fsync | Sysno::fdatasync | Sysno::sync_file_range => Part::Io(2),
+        Sysno::poll | Sysno::ppoll | Sysno::select | Sysno::pselect6 => Part::Net,
+        Sysno::epoll_wait | Sysno::epoll_pwait => Part::Net,
+        Sysno::nanosleep | Sysno::clock_nanosleep => Part::Sleep,
+        _ => return None,
+    })
+}
+
+/// Samples `target` once a second until `stop`, giving each second to `sink`; `opts`: the threads' iterator's
+/// (its unwind tables: the agent's shared store). Returns when stopped, or when its server cannot be read.
+pub fn run(
+    opts: &CollectOptions,
+    mut sampler: Sampler,
+    stop: &Stop,
+    mut sink: impl FnMut(Second),
+) -> Result<()> {
+    threads::with_reader(opts, |reader| -> Result<()> {
+        let (mut failures, mut first) = (0u32, true);
+        while !stop.is_stopped() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            // At the start of each second of the clock.
+            let wait = Duration::from_secs(1) - Duration::from_nanos(u64::from(now.subsec_nanos()));
+            if sleep_unless_stopped(stop, wait) {
+                break;
+            }
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            match sampler.sample(reader, now.as_secs() as i64, now.as_secs_f64()) {
+                Ok(second) => {
+                    if first {
+                        say!(
+                            "myprobe: agent: sampling the sessions of {} each second",
+                            sampler.server
+                        );
+                        first = false;
+                    }
+                    failures = 0;
+                    sink(second);
+                }
+                Err(e) if crate::process::exited(sampler.pid) => {
+                    return Err(e.context("the server exited"));
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 3 {
+                        say!(
+                            "myprobe: agent: history of {}: a second not sampled: {e:#} (tried again each second)",
+                            sampler.server
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?
+}
+
+/// Sleeps `d`, or less if `stop` comes first (said by the result).
+fn sleep_unless_stopped(stop: &Stop, d: Duration) -> bool {
+    let until = std::time::Instant::now() + d;
+    loop {
+        if stop.is_stopped() {
+            return true;
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
