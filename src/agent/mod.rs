@@ -11,11 +11,14 @@
 //! statements go to the metrics as they end. When a server exits its collectors end, and its series stay at their
 //! last values until `--forget-after` ages them out.
 
+mod access;
 pub mod http;
 pub mod metrics;
 pub mod retain;
 pub mod server;
 mod shared;
+mod tls;
+pub mod web_config;
 
 use shared::{release_free_memory, SLICE, WAKE};
 pub use shared::{Attached, Options, ProfileRequest, Shared, Status, Sums};
@@ -54,6 +57,12 @@ const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(o: Options) -> Result<()> {
+    // First: a file to fix is said before anything else is looked at.
+    let web = match &o.web_config {
+        Some(path) => web_config::WebConfig::load(path)?,
+        None => web_config::WebConfig::default(),
+    };
+    let scheme = if web.tls.is_some() { "https" } else { "http" };
     crate::collect::features::check_environment(o.queries.btf.as_deref())?;
     // Before any thread is made: they inherit it.
     yield_to_the_server();
@@ -61,9 +70,9 @@ pub fn run(o: Options) -> Result<()> {
     collect::install_stop_handler();
     let retention = Retention::new(&o.dir, o.retain, o.retain_bytes)?;
     let shared = Arc::new(Shared::new(o.top, retention, crate::report::hostname()));
-    let server = http::serve(&o.listen, Arc::clone(&shared))?;
+    let server = http::serve(&o.listen, web, Arc::clone(&shared))?;
     say!(
-        "myprobe: agent: serving http://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
+        "myprobe: agent: serving {scheme}://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
         o.listen,
         o.window.as_secs(),
         o.dir.display()
