@@ -18,7 +18,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, Context, Result};
@@ -138,6 +138,9 @@ fn relay(
     stop: &Stop,
 ) -> io::Result<()> {
     tcp.set_nonblocking(false)?;
+    // tiny_http writes a response in pieces, each a record: Nagle's algorithm would hold the second until the
+    // client's delayed ACK of the first (40 ms).
+    tcp.set_nodelay(true)?;
     tcp.set_read_timeout(Some(HANDSHAKE))?;
     tcp.set_write_timeout(Some(WRITE))?;
     if speaks_plain_http(&tcp)? {
@@ -146,9 +149,10 @@ fn relay(
         return tcp.shutdown(std::net::Shutdown::Both);
     }
     let mut tls = ServerConnection::new(config).map_err(io::Error::other)?;
+    let started = Instant::now();
     while tls.is_handshaking() {
-        // Nothing moved: the client was silent for HANDSHAKE.
-        if tls.complete_io(&mut tcp)? == (0, 0) {
+        // Nothing moved for HANDSHAKE, or a client that trickles its bytes took longer in all.
+        if tls.complete_io(&mut tcp)? == (0, 0) || started.elapsed() > HANDSHAKE {
             return Ok(());
         }
     }
