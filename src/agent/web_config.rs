@@ -139,6 +139,13 @@ fn checked_headers(headers: BTreeMap<String, String>) -> Result<Vec<(String, Str
                 values.join(", ")
             );
         }
+        // Checked here rather than dropped when a response is made: a security header is never left out unsaid.
+        if !value
+            .bytes()
+            .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic())
+        {
+            bail!("http_server_config.headers: the value of {name} must be printable ASCII");
+        }
         // Unset if blank, as exporter-toolkit has it.
         if !value.is_empty() {
             checked.push((name, value));
@@ -373,6 +380,10 @@ mod tests {
             (
                 "basic_auth_users:\n  alice: secret\n",
                 "\"alice\" is not a bcrypt hash",
+            ),
+            (
+                "http_server_config:\n  headers:\n    Content-Security-Policy: \"a\\nb\"\n",
+                "Content-Security-Policy must be printable ASCII",
             ),
             ("tls_server_config:\n  key_file: k.pem\n", "cert_file"),
             ("tls_server_config: [\n", "tls_server_config"),
