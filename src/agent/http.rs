@@ -5,6 +5,9 @@
 //!
 //! A request is served by a thread of its own, at most [`MAX_REQUESTS`] at once (more get 503): a profile
 //! request waits its seconds, and must not hold up a scrape meanwhile.
+//!
+//! With `--web.config.file`, over TLS (tls.rs) and behind basic auth (access.rs), checked for every request
+//! before its path is routed: an endpoint added to `handle` is covered as it is written.
 
 use std::{
     io::Cursor,
@@ -19,8 +22,11 @@ use anyhow::{Context, Result};
 use tiny_http::{Header, Request, Response, Server};
 
 use super::{
+    access::{Access, REALM},
     metrics::Own,
     shared::{ProfileRequest, Shared, Status, WAKE},
+    tls,
+    web_config::WebConfig,
 };
 use crate::{collect::Kind, history};
 
@@ -31,14 +37,32 @@ const MAX_REQUESTS: usize = 8;
 const MAX_SECONDS: u64 = 300;
 const DEFAULT_SECONDS: u64 = 30;
 
-/// Listens on `address` (an error at once if it cannot) and serves from a thread of its own until the agent is
-/// stopped (`Shared::stop`).
-pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHandle<()>> {
-    let server = Server::http(address)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("listening on {address} (choose another with --listen)"))?;
+/// Listens on `address` (an error at once if it cannot), over TLS and behind basic auth as `web` says, and serves
+/// from a thread of its own until the agent is stopped (`Shared::stop`).
+pub fn serve(
+    address: &str,
+    web: WebConfig,
+    shared: Arc<Shared>,
+) -> Result<std::thread::JoinHandle<()>> {
+    let listening = || format!("listening on {address} (choose another with --listen)");
+    let (server, front) = match web.tls {
+        None => (
+            Server::http(address)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .with_context(listening)?,
+            None,
+        ),
+        Some(config) => {
+            let (server, front) =
+                tls::serve(address, config, shared.stop.clone()).with_context(listening)?;
+            (server, Some(front))
+        }
+    };
+    let access = Arc::new(Access::new(web.users, web.headers));
     let busy = Arc::new(AtomicUsize::new(0));
     Ok(std::thread::spawn(move || {
+        // The TLS front's socket lives as long as this thread serves it.
+        let _front = front;
         while !shared.stop.is_stopped() {
             // Ctrl-C is seen within a second; a request wakes it at once.
             let request = match server.recv_timeout(WAKE) {
@@ -55,9 +79,10 @@ pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHand
                 let _ = request.respond(text(503, "too many requests at once; try again\n"));
                 continue;
             }
-            let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
+            let (shared, busy, access) =
+                (Arc::clone(&shared), Arc::clone(&busy), Arc::clone(&access));
             std::thread::spawn(move || {
-                handle(request, &shared);
+                handle(request, &shared, &access);
                 busy.fetch_sub(1, Ordering::SeqCst);
             });
         }
@@ -66,7 +91,12 @@ pub fn serve(address: &str, shared: Arc<Shared>) -> Result<std::thread::JoinHand
 
 type Answer = Response<Cursor<Vec<u8>>>;
 
-fn handle(request: Request, shared: &Shared) {
+fn handle(request: Request, shared: &Shared, access: &Access) {
+    // Before any path is routed: every endpoint, those added later too, is behind it.
+    if !access.allows(authorization(&request).as_deref()) {
+        let _ = request.respond(with_headers(unauthorized(), access));
+        return;
+    }
     let url = request.url().to_string();
     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
     let answer = match path {
@@ -84,7 +114,31 @@ fn handle(request: Request, shared: &Shared) {
             None => text(404, &format!("no such page: {p}; see /debug/pprof/\n")),
         },
     };
-    let _ = request.respond(answer);
+    let _ = request.respond(with_headers(answer, access));
+}
+
+fn authorization(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.as_str().to_string())
+}
+
+fn unauthorized() -> Answer {
+    let challenge = format!("Basic realm=\"{REALM}\"");
+    text(401, "401 Unauthorized: a user and password are needed\n")
+        .with_header(Header::from_bytes("WWW-Authenticate", challenge).expect("a valid header"))
+}
+
+/// `http_server_config.headers`, on every response.
+fn with_headers(mut answer: Answer, access: &Access) -> Answer {
+    for (name, value) in access.headers() {
+        if let Ok(header) = Header::from_bytes(name.as_bytes(), value.as_bytes()) {
+            answer.add_header(header);
+        }
+    }
+    answer
 }
 
 /// `/api/history?from=S&to=S&points=N` (seconds since the epoch; the last hour by default): the load over the range.

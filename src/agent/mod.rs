@@ -12,11 +12,14 @@
 //! last values until `--forget-after` ages them out.
 
 pub mod history;
+mod access;
 pub mod http;
 pub mod metrics;
 pub mod retain;
 pub mod server;
 mod shared;
+mod tls;
+pub mod web_config;
 
 use shared::{release_free_memory, SLICE, WAKE};
 pub use shared::{Attached, Options, ProfileRequest, Shared, Status, Sums};
@@ -55,6 +58,12 @@ const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(o: Options) -> Result<()> {
+    // First: a file to fix is said before anything else is looked at.
+    let web = match &o.web_config {
+        Some(path) => web_config::WebConfig::load(path)?,
+        None => web_config::WebConfig::default(),
+    };
+    let scheme = if web.tls.is_some() { "https" } else { "http" };
     crate::collect::features::check_environment(o.queries.btf.as_deref())?;
     // Before any thread is made: they inherit it.
     yield_to_the_server();
@@ -69,9 +78,9 @@ pub fn run(o: Options) -> Result<()> {
         crate::report::hostname(),
         history,
     ));
-    let server = http::serve(&o.listen, Arc::clone(&shared))?;
+    let server = http::serve(&o.listen, web, Arc::clone(&shared))?;
     say!(
-        "myprobe: agent: serving http://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
+        "myprobe: agent: serving {scheme}://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
         o.listen,
         o.window.as_secs(),
         o.dir.display()

@@ -43,6 +43,8 @@ pub struct Options {
     pub min_block_us: u64,
     /// Where the HTTP server listens: `127.0.0.1:9369`.
     pub listen: String,
+    /// TLS and basic auth for it: exporter-toolkit's web configuration file (`--web.config.file`).
+    pub web_config: Option<PathBuf>,
     /// Where the windows are kept, for how long, and within how many bytes.
     pub dir: PathBuf,
     pub retain: Duration,

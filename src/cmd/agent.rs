@@ -22,6 +22,11 @@ pub struct AgentArgs {
     /// Where the HTTP server listens (/metrics, /healthz, /debug/pprof/)
     #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:9369")]
     pub listen: String,
+    /// TLS and basic auth for every endpoint: the web configuration file of Prometheus's exporters
+    /// (exporter-toolkit's format: tls_server_config's cert_file and key_file, basic_auth_users' bcrypt hashes;
+    /// dist/web-config.example.yml)
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
     /// Length of a window: each is kept as pprof files, and ranks the fingerprints exported
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub window: Duration,
@@ -148,6 +153,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
                 },
             )
         }),
+        web_config: a.web_config_file,
         dir: a.dir,
         retain: a.retain,
         retain_bytes: a.retain_mib.saturating_mul(1 << 20),

@@ -29,7 +29,7 @@ static AGENTS_RUNNING: (std::sync::Mutex<u32>, std::sync::Condvar) =
     (std::sync::Mutex::new(0), std::sync::Condvar::new());
 
 /// The calling test's turn among the agent tests, until the guard drops.
-struct AgentTurn;
+pub(crate) struct AgentTurn;
 
 impl Drop for AgentTurn {
     fn drop(&mut self) {
@@ -39,7 +39,7 @@ impl Drop for AgentTurn {
     }
 }
 
-fn agent_turn() -> AgentTurn {
+pub(crate) fn agent_turn() -> AgentTurn {
     let (running, ended) = &AGENTS_RUNNING;
     let mut n = running.lock().unwrap_or_else(|e| e.into_inner());
     while *n >= 2 {
@@ -50,7 +50,7 @@ fn agent_turn() -> AgentTurn {
 }
 
 /// A port free now, on the loopback.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -90,7 +90,7 @@ fn agent_args(pid: u32, port: u16, dir: &Path, window: &str) -> Vec<String> {
 
 /// The agent on `port`, tracing `pid`, with windows of 2 s kept in `dir` and `extra` options; ready once
 /// attached.
-fn agent(pid: u32, port: u16, dir: &Path, extra: &[&str]) -> Background {
+pub(crate) fn agent(pid: u32, port: u16, dir: &Path, extra: &[&str]) -> Background {
     let args = agent_args(pid, port, dir, "2s");
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);

@@ -6,6 +6,7 @@
 mod common;
 
 mod agent;
+mod agent_security;
 mod alloc;
 mod causes;
 mod client;
