@@ -11,8 +11,8 @@
 //! statements go to the metrics as they end. When a server exits its collectors end, and its series stay at their
 //! last values until `--forget-after` ages them out.
 
-pub mod history;
 mod access;
+pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod retain;

@@ -325,3 +325,104 @@ fn an_incident_is_read_back_after_the_agent_restarted_on_every_server() {
         again.stop();
     }
 }
+
+/// A second in which connections run: a statement sleeping, and a transaction left open.
+fn busy(db: &TestDb) -> Vec<Session> {
+    let mut sleeper = db.session();
+    sleeper.send("SELECT SLEEP(30), 'history-faults'");
+    let mut open = db.session();
+    open.exec("BEGIN; SELECT 1");
+    vec![sleeper, open]
+}
+
+/// The lines of the agent's stderr about its history that say it keeps none.
+fn history_warnings(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("no session history is kept"))
+        .collect()
+}
+
+/// The agent on a store it cannot use: one line, and it goes on serving its metrics.
+fn goes_on_without_history(db: &TestDb, dir: &Path, why: &str) {
+    let port = free_port();
+    let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
+    let agent = Background::start(
+        &[
+            "agent",
+            "-p",
+            &pid,
+            "--listen",
+            &listen,
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        "myprobe: agent: tracing",
+    );
+    agent.wait_for_stderr("no session history is kept");
+    std::thread::sleep(Duration::from_secs(3));
+    let metrics = ureq::get(&format!("http://{listen}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(metrics.contains("myprobe_"), "{why}: {metrics}");
+    let (_, err) = agent.stop();
+    let lines = history_warnings(&err);
+    assert_eq!(lines.len(), 1, "{why}: {err}");
+    assert!(lines[0].contains(why), "{why}: {err}");
+}
+
+#[test]
+fn a_store_killed_mid_write_opens_and_one_that_fails_is_one_line() {
+    let db = testdb();
+    let _busy = busy(&db);
+    // Killed while it writes each second: the store opens and answers, whole.
+    let dir = tempdir("history-killed");
+    let first = agent(&db, free_port(), &dir);
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
+    // Reaped as it drops.
+    drop(first);
+    let store = dir.join("history.sqlite");
+    let db_file = rusqlite::Connection::open(&store).unwrap();
+    let check: String = db_file
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    drop(db_file);
+    let r = history(&["--store", store.to_str().unwrap(), "--from", "-1m"]);
+    assert!(!r["points"].as_array().unwrap().is_empty(), "{r}");
+    let again = agent(&db, free_port(), &dir);
+    let (_, err) = again.stop();
+    assert!(history_warnings(&err).is_empty(), "{err}");
+
+    // A file that is not a database.
+    let corrupt = tempdir("history-corrupt");
+    std::fs::write(corrupt.join("history.sqlite"), vec![0x5a; 64 * 1024]).unwrap();
+    goes_on_without_history(&db, &corrupt, "not a database");
+
+    // Another process holding the store.
+    let locked = tempdir("history-locked");
+    let holder = rusqlite::Connection::open(locked.join("history.sqlite")).unwrap();
+    holder
+        .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE mine (x); BEGIN EXCLUSIVE; INSERT INTO mine VALUES (1);")
+        .unwrap();
+    goes_on_without_history(&db, &locked, "locked");
+    drop(holder);
+
+    // A full disk: a file system of 2 MiB filled to its last pages.
+    let full = tempdir("history-full");
+    let size = format!("size={}", 2 << 20);
+    assert!(std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+        .arg(&*full)
+        .status()
+        .unwrap()
+        .success());
+    let _ = std::fs::write(full.join("filler"), vec![0u8; (2 << 20) - 8192]);
+    goes_on_without_history(&db, &full, "full");
+    let _ = std::process::Command::new("umount").arg(&*full).status();
+}
