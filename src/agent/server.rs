@@ -158,22 +158,30 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
                 }
             },
         );
-        let sampling = s.spawn(|| {
-            let r = super::history::sample(
-                target,
-                &history_opts,
-                &plan.statements,
-                shared,
-                Arc::clone(&recent),
-                &history_stop,
-            );
-            if let Err(e) = r {
-                say!("myprobe: agent: warning: no session history of {target}: {e:#}");
-            }
-        });
+        // Named, so that its CPU is told apart from the collectors' (bench/history).
+        let sampling = std::thread::Builder::new()
+            .name(format!("history-{pid}"))
+            .spawn_scoped(s, || {
+                let r = super::history::sample(
+                    target,
+                    &history_opts,
+                    &plan.statements,
+                    shared,
+                    Arc::clone(&recent),
+                    &history_stop,
+                );
+                if let Err(e) = r {
+                    say!("myprobe: agent: warning: no session history of {target}: {e:#}");
+                }
+            });
+        if let Err(e) = &sampling {
+            say!("myprobe: agent: warning: no session history of {target}: {e}");
+        }
         let failed = read_slices(running, &sliced, o, shared, &mut names);
         history_stop.stop();
-        let _ = sampling.join();
+        if let Ok(h) = sampling {
+            let _ = h.join();
+        }
         failed
     });
     for (_, set) in &sets {

@@ -35,7 +35,8 @@ struct thread_record {
 	__u64 user_bp;
 	__u64 tls_base;     /* its thread pointer (x86-64's fs base): glibc's pthread_self() */
 	__u64 switches;     /* its context switches so far, voluntary or not */
-	__u32 unchanged;    /* not unwound: it has not run since `wanted` last had its stack (same switches) */
+	__u32 unchanged;    /* not unwound: it has not run since `wanted` last had its stack (same switches); with
+			     * `only_wanted`, a thread running or not in a futex wait is not unwound either */
 	__u32 pad;
 	struct stack_event stack;
 };
@@ -140,8 +141,11 @@ int snapshot(struct bpf_iter__task *ctx)
 			r->futex_read = 1;
 		}
 	}
+	/* The history names a running thread, or one blocked in another syscall, without its stack: only a futex
+	 * wait's is needed, to say what it waits for. */
+	bool unwound = !r->unchanged && !(only_wanted && (r->state == 0 || r->syscall != futex_syscall));
 	struct stack_event *e = &r->stack;
-	long n = r->unchanged ? 0 : unwind_task_user_stack(task, e->ips);
+	long n = unwound ? unwind_task_user_stack(task, e->ips) : 0;
 	if (n < 0) {
 		if (!COMPAT) /* the compat build's user stacks are unwound by user space */
 			count_lost(user_stack);

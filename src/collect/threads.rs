@@ -173,11 +173,15 @@ impl Reader<'_> {
             .chunks_exact(std::mem::size_of::<thread_record>())
             .filter_map(read_exact::<thread_record>);
         let mem = self.mem.as_ref();
+        let selected = only.is_some();
         let replay = |tables: Tables<'_>| -> Vec<ThreadRecord> {
             records
                 .map(|r| {
                     let mut t = record(&r);
-                    if let Some(mem) = mem.filter(|_| r.unchanged == 0) {
+                    // As the kernel's side does: with `only`, a futex wait's stack alone is needed.
+                    let needed = r.unchanged == 0
+                        && (!selected || (r.state != 0 && r.syscall == libc::SYS_futex));
+                    if let Some(mem) = mem.filter(|_| needed) {
                         read_from_memory(mem, tables, &r, &mut t);
                     }
                     t

@@ -105,6 +105,8 @@ pub struct Sampler {
     memory_locks: Option<MemoryLocks>,
     /// The serving threads' states named last, by thread pointer, with their switches then.
     last: HashMap<u64, (u64, Named)>,
+    /// The connections that waited for a lock someone holds at the last second.
+    waiting: HashSet<u64>,
     /// When each connection was first seen in its open transaction.
     in_transaction_since: HashMap<u64, f64>,
     recent: Arc<Recent>,
@@ -143,6 +145,7 @@ impl Sampler {
             client: None,
             memory_locks: MemoryLocks::of(pid, &target.binary, target.flavor.server()),
             last: HashMap::new(),
+            waiting: HashSet::new(),
             in_transaction_since: HashMap::new(),
             recent,
             said: HashSet::new(),
@@ -182,12 +185,20 @@ impl Sampler {
             .iter()
             .map(|s| self.session_sample(s, s.thread.and_then(|t| states.get(&t)), now))
             .collect();
-        if out
+        // Who holds a lock is asked only for waits already seen a second ago: the short ones of a busy server
+        // (most row locks under load) ask the server nothing.
+        let waiting: HashSet<u64> = out
             .iter()
-            .any(|s| s.state != IDLE_IN_TRANSACTION && holds(&s.state))
-        {
-            self.name_holders(&mut out);
+            .filter(|s| holds(&s.state))
+            .map(|s| s.conn)
+            .collect();
+        if waiting.iter().any(|c| self.waiting.contains(c)) {
+            let metadata = out
+                .iter()
+                .any(|s| waiting.contains(&s.conn) && s.state != Cause::RowLock.label());
+            self.name_holders(&mut out, metadata);
         }
+        self.waiting = waiting;
         let blockers: HashSet<u64> = out
             .iter()
             .flat_map(|s| s.blocker.into_iter().chain(s.root_blocker))
@@ -347,9 +358,10 @@ impl Sampler {
         }
     }
 
-    /// Names who each lock wait is behind, as the server lists them (or its memory, for MariaDB's metadata locks).
-    fn name_holders(&mut self, out: &mut [SessionSample]) {
-        let listed = match self.listed() {
+    /// Names who each lock wait is behind, as the server lists them (or its memory, for MariaDB's metadata locks:
+    /// read, with every connection, only where one waits for a lock of that kind).
+    fn name_holders(&mut self, out: &mut [SessionSample], metadata: bool) {
+        let listed = match self.listed(metadata) {
             Ok(l) => l,
             Err(e) => {
                 self.say_once(format!(
@@ -371,7 +383,7 @@ impl Sampler {
         }
     }
 
-    fn listed(&mut self) -> Result<Vec<(u64, Listed)>> {
+    fn listed(&mut self, metadata: bool) -> Result<Vec<(u64, Listed)>> {
         if self.client.is_none() {
             if let Some(args) = &self.connect {
                 match crate::client::connect(args, Some(self.pid)) {
@@ -385,9 +397,10 @@ impl Sampler {
             }
         }
         let Some(client) = self.client.as_mut() else {
-            return holders::from_memory(self.memory_locks.as_ref());
+            return holders::from_memory(self.memory_locks.as_ref().filter(|_| metadata));
         };
-        let (listed, failed) = holders::listed(client, self.memory_locks.as_ref());
+        let (listed, failed) =
+            holders::listed(client, self.memory_locks.as_ref().filter(|_| metadata));
         if let Some(e) = failed {
             // The next second connects again.
             self.client = None;
@@ -407,12 +420,15 @@ impl Sampler {
 
 /// Whether the connection runs a statement now (not idle, not a daemon's own).
 fn runs_statement(s: &Session) -> bool {
-    match s.command {
-        Some(c) => {
-            !matches!(c, "Sleep" | "Daemon" | "Binlog Dump" | "Connect") && s.query.is_some()
-        }
-        None => s.query.is_some(),
-    }
+    runs(s.command, s.query.is_some())
+}
+
+fn runs(command: Option<&str>, has_query: bool) -> bool {
+    has_query
+        && !matches!(
+            command,
+            Some("Sleep" | "Daemon" | "Binlog Dump" | "Connect")
+        )
 }
 
 /// Whether a state is a wait that someone holds up (a lock the server lists with its holder).

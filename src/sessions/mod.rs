@@ -466,55 +466,112 @@ fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Sess
     let mut ids = HashSet::new();
     let mut out = Vec::with_capacity(thds.len());
     for &thd in thds {
-        let at = thd.wrapping_add(layout.id_offset);
-        let id = match layout.id_width {
-            4 => mem.u32_at(at).map(u64::from),
-            _ => mem.u64_at(at),
-        }
-        .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
+        let s = session(mem, layout, thd)?;
         ensure!(
-            ids.insert(id),
-            "two connections have the id {id}: their objects are not laid out as the accessors say"
+            ids.insert(s.id),
+            "two connections have the id {}: their objects are not laid out as the accessors say",
+            s.id
         );
-        let command = layout
-            .command_offset
-            .and_then(|off| mem.u32_at(thd.wrapping_add(off)))
-            .and_then(|c| u8::try_from(c).ok())
-            .map(crate::wire::protocol::command_name);
-        let db = match layout.db_offset {
-            Some(off) => match query(mem, thd.wrapping_add(off))? {
-                Some(Query::Text(db)) => Some(db),
-                _ => None,
-            },
-            None => None,
-        };
-        out.push(Session {
-            thd,
-            id,
-            query: query(mem, thd.wrapping_add(layout.query_offset))?,
-            command,
-            db,
-            started_us: layout
-                .started_offset
-                .and_then(|off| started_us(mem, thd.wrapping_add(off))),
-            user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
-            host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
-            // 0 while no thread serves it (MySQL's restore_globals clears it).
-            thread: layout
-                .thread_offset
-                .and_then(|off| mem.u64_at(thd.wrapping_add(off)))
-                .filter(|&t| t != 0),
-            in_transaction: layout.transaction.and_then(|(off, width, bits)| {
-                let at = thd.wrapping_add(off);
-                let value = match width {
-                    4 => mem.u32_at(at).map(u64::from),
-                    _ => mem.u64_at(at),
-                };
-                value.map(|v| v & bits != 0)
-            }),
-        });
+        out.push(s);
     }
     Ok(out)
+}
+
+/// What a connection's object says in a few reads: enough to choose the connections read whole.
+#[derive(Clone, Copy, Debug)]
+pub struct Brief {
+    /// Its command, where the layout knows it.
+    pub command: Option<&'static str>,
+    /// Whether it holds a statement's text.
+    pub has_query: bool,
+    pub in_transaction: Option<bool>,
+}
+
+/// The connections of the process whose memory is `mem` for which `wanted` holds, each read whole; the others
+/// only briefly (a few words each: what a second's sample of a thousand idle connections can afford).
+pub fn read_wanted(
+    mem: &impl Memory,
+    layout: &Layout,
+    wanted: impl Fn(&Brief) -> bool,
+) -> Result<Vec<Session>> {
+    let mut last = None;
+    for _ in 0..3 {
+        let read = objects(mem, layout).and_then(|thds| {
+            thds.into_iter()
+                .filter(|&thd| wanted(&brief(mem, layout, thd)))
+                .map(|thd| session(mem, layout, thd))
+                .collect::<Result<Vec<_>>>()
+        });
+        match read {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("tried"))
+}
+
+fn brief(mem: &impl Memory, layout: &Layout, thd: u64) -> Brief {
+    Brief {
+        command: command(mem, layout, thd),
+        has_query: mem
+            .u64_at(thd.wrapping_add(layout.query_offset))
+            .is_some_and(|p| p != 0),
+        in_transaction: in_transaction(mem, layout, thd),
+    }
+}
+
+fn command(mem: &impl Memory, layout: &Layout, thd: u64) -> Option<&'static str> {
+    layout
+        .command_offset
+        .and_then(|off| mem.u32_at(thd.wrapping_add(off)))
+        .and_then(|c| u8::try_from(c).ok())
+        .map(crate::wire::protocol::command_name)
+}
+
+fn in_transaction(mem: &impl Memory, layout: &Layout, thd: u64) -> Option<bool> {
+    layout.transaction.and_then(|(off, width, bits)| {
+        let at = thd.wrapping_add(off);
+        let value = match width {
+            4 => mem.u32_at(at).map(u64::from),
+            _ => mem.u64_at(at),
+        };
+        value.map(|v| v & bits != 0)
+    })
+}
+
+/// The connection whose object is at `thd`, read whole.
+fn session(mem: &impl Memory, layout: &Layout, thd: u64) -> Result<Session> {
+    let at = thd.wrapping_add(layout.id_offset);
+    let id = match layout.id_width {
+        4 => mem.u32_at(at).map(u64::from),
+        _ => mem.u64_at(at),
+    }
+    .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
+    let db = match layout.db_offset {
+        Some(off) => match query(mem, thd.wrapping_add(off))? {
+            Some(Query::Text(db)) => Some(db),
+            _ => None,
+        },
+        None => None,
+    };
+    Ok(Session {
+        thd,
+        id,
+        query: query(mem, thd.wrapping_add(layout.query_offset))?,
+        command: command(mem, layout, thd),
+        db,
+        started_us: layout
+            .started_offset
+            .and_then(|off| started_us(mem, thd.wrapping_add(off))),
+        user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
+        host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
+        // 0 while no thread serves it (MySQL's restore_globals clears it).
+        thread: layout
+            .thread_offset
+            .and_then(|off| mem.u64_at(thd.wrapping_add(off)))
+            .filter(|&t| t != 0),
+        in_transaction: in_transaction(mem, layout, thd),
+    })
 }
 
 /// The wall-clock time of `{ seconds; microseconds }` at `at`, in microseconds; `None` unless it is one (a command
