@@ -13,6 +13,7 @@
 
 pub mod history;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod retain;
 pub mod server;
