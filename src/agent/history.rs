@@ -1,5 +1,6 @@
 //! The agent's side of the session history: one sampler per server traced (a thread of its own, beside its
-//! collectors), writing to the one store of the agent (`history::writer::Writer`).
+//! collectors), writing to the one store of the agent (`history::writer::Writer`) and adding each second to the
+//! server's DB load in the metrics.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use crate::{
     query::follow::FollowOptions,
 };
 
-/// Samples `target` until `stop`, into the agent's store; `opts`: its threads' iterator's (the unwind tables the
+/// Samples `target` until `stop`, into the agent's store and its metrics; `opts`: its threads' iterator's (the unwind tables the
 /// server's collectors share). Its statements seen (`recent`) name what a holder ran.
 pub fn sample(
     target: &Target,
@@ -38,7 +39,13 @@ pub fn sample(
         recent,
         brackets,
     )?;
-    sampler::run(opts, sampler, stop, |second| locked(writer).write(&second))
+    sampler::run(opts, sampler, stop, |second| {
+        // The metrics first: a store slow to write does not hold the DB load back.
+        if let Some(s) = shared.metrics().server(target.pid) {
+            s.add_second(&second);
+        }
+        locked(writer).write(&second);
+    })
 }
 
 /// A server as the store names it: what it is and where it listens, which stay across its restarts (its PID

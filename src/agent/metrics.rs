@@ -1,5 +1,6 @@
 //! What `/metrics` says, in Prometheus's text format: the statements by fingerprint (counts, errors, time by
-//! part, latency histograms), lock waits by lock and site, what was lost, and the agent's own CPU and memory.
+//! part, latency histograms), lock waits by lock and site, the DB load of the seconds the session history sampled
+//! (`load.rs`), what was lost, the agent's own CPU and memory, and the host's CPUs.
 //!
 //! Each server traced has series of its own, labelled by its PID, port and version (and container and pod): a
 //! restarted server is another, whose series start from zero, and those of one that exited stay at their last
@@ -16,7 +17,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{collect::Lost, query::QueryRecord, query::Text, query::TimeParts, server::Cause};
+use super::load::{Load, Ranked};
+use crate::{
+    collect::Lost, history::Second, query::QueryRecord, query::Text, query::TimeParts,
+    server::Cause,
+};
 
 /// Upper bounds of the latency histogram's buckets, seconds.
 pub const LATENCY_BUCKETS: [f64; 16] = [
@@ -113,6 +118,8 @@ pub struct ServerSeries {
     pub cpu_samples: u64,
     /// Statements: the cycle of the last one traced (each is scaled by its own, `QueryRecord::stands_for`).
     pub statements_every: u64,
+    /// The DB load of the seconds the session history sampled.
+    load: Load,
 }
 
 impl Metrics {
@@ -152,6 +159,7 @@ impl Metrics {
             windows: 0,
             cpu_samples: 0,
             statements_every: 1,
+            load: Load::new(self.top),
         });
         self.servers.last_mut().expect("just pushed")
     }
@@ -187,10 +195,131 @@ impl Metrics {
         write_statement_counts(&mut out, &rows);
         write_latency_histograms(&mut out, &rows);
         self.write_lock_waits(&mut out);
+        self.write_load(&mut out);
         self.write_lost(&mut out);
         self.write_agent(&mut out);
         write_process(&mut out, own);
         out
+    }
+
+    /// The DB load of the seconds the session history sampled: active session-seconds by state, statement, user
+    /// and client host; and, while it samples, the sessions by state now and how long a blocker has held others
+    /// up.
+    fn write_load(&self, out: &mut String) {
+        family(
+            out,
+            "myprobe_db_load_seconds_total",
+            "counter",
+            "Active sessions (each running a statement) summed over the seconds the session history sampled, by \
+             state (CPU, run queue, row lock, metadata lock, client, ...): its rate is the average active sessions, \
+             the DB load. A state is written once it has load.",
+        );
+        for s in &self.servers {
+            for st in s.load.states().into_iter().filter(|st| st.seconds > 0) {
+                let _ = writeln!(
+                    out,
+                    "myprobe_db_load_seconds_total{{{},state=\"{}\"}} {}",
+                    s.labels,
+                    escape(&st.state),
+                    st.seconds
+                );
+            }
+        }
+        // Each family's name, help, ranking, labels, and the names `other` is written with.
+        type ByName = (
+            &'static str,
+            &'static str,
+            fn(&Load) -> &Ranked,
+            fn(&[String]) -> String,
+            &'static [&'static str],
+        );
+        let by_name: [ByName; 3] = [
+            (
+                "myprobe_db_load_by_statement_seconds_total",
+                "The same by statement: the --top fingerprints with the most load, the rest as `other`.",
+                |l| &l.statements,
+                |n| statement_labels(&n[0], &n[1]),
+                &["", OTHER],
+            ),
+            (
+                "myprobe_db_load_by_user_seconds_total",
+                "The same by user: the 20 with the most load (fewer with a smaller --top), the rest as `other`.",
+                |l| &l.users,
+                |n| format!("user_name=\"{}\"", escape(&n[0])),
+                &[OTHER],
+            ),
+            (
+                "myprobe_db_load_by_host_seconds_total",
+                "The same by the client's host: the 20 with the most load (fewer with a smaller --top), the rest as \
+                 `other`.",
+                |l| &l.hosts,
+                |n| format!("client_address=\"{}\"", escape(&n[0])),
+                &[OTHER],
+            ),
+        ];
+        for (name, help, ranked, labels, other_names) in by_name {
+            family(out, name, "counter", help);
+            let other_names: Vec<String> = other_names.iter().map(|n| n.to_string()).collect();
+            for s in &self.servers {
+                let (rows, other) = ranked(&s.load).rows();
+                for (names, seconds) in rows {
+                    let _ = writeln!(out, "{name}{{{},{}}} {seconds}", s.labels, labels(names));
+                }
+                if other > 0 {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{},{}}} {other}",
+                        s.labels,
+                        labels(&other_names)
+                    );
+                }
+            }
+        }
+        self.write_sessions_now(out);
+    }
+
+    /// What the last second sampled showed, for the servers traced and sampled now.
+    fn write_sessions_now(&self, out: &mut String) {
+        let sampled = || {
+            self.servers
+                .iter()
+                .filter(|s| s.gone.is_none() && s.load.fresh())
+        };
+        family(
+            out,
+            "myprobe_sessions",
+            "gauge",
+            "Connections at the last second sampled, by state: the active ones by what they do or wait for, and \
+             those idle in an open transaction (not load). Written while the session history samples.",
+        );
+        for s in sampled() {
+            for st in s.load.states() {
+                let _ = writeln!(
+                    out,
+                    "myprobe_sessions{{{},state=\"{}\"}} {}",
+                    s.labels,
+                    escape(&st.state),
+                    st.now
+                );
+            }
+        }
+        family(
+            out,
+            "myprobe_blocker_held_seconds",
+            "gauge",
+            "The longest a connection has been holding others up, at the last second sampled: since the longest \
+             waiter behind it began its statement, and for as long as someone waits behind it (a waiter that timed \
+             out and tried again included); 0 when nobody waits behind another. Written while the session history \
+             samples.",
+        );
+        for s in sampled() {
+            let _ = writeln!(
+                out,
+                "myprobe_blocker_held_seconds{{{}}} {}",
+                s.labels,
+                s.load.held_s()
+            );
+        }
     }
 
     /// The lock waits summed by lock and wait site, sorted by lock, then site.
@@ -365,6 +494,12 @@ impl ServerSeries {
             s.window_us = 0;
         }
         self.other.window_us = 0;
+        self.load.end_window();
+    }
+
+    /// A second of the session history: its active sessions add to the DB load.
+    pub fn add_second(&mut self, second: &Second) {
+        self.load.add_second(second);
     }
 
     /// Adds a window's lock waits, by (lock name, wait site).
@@ -404,27 +539,37 @@ impl ServerSeries {
     }
 
     fn statement_labels(&self, k: &Key) -> String {
-        let summary = if *k.fingerprint == *OTHER {
-            OTHER.to_string()
-        } else {
-            summary(&k.fingerprint)
-        };
         format!(
-            "{},db_namespace=\"{}\",db_query_summary=\"{}\",db_query_text=\"{}\"",
+            "{},{}",
             self.labels,
-            escape(&k.db),
-            escape(&summary),
-            escape(&crate::render::queries::clip(&k.fingerprint, 1000))
+            statement_labels(&k.db, &k.fingerprint)
         )
     }
 }
 
-/// The agent itself, read from /proc when scraped.
+/// A statement's labels: its database, its operation and first table, its fingerprint.
+fn statement_labels(db: &str, fingerprint: &str) -> String {
+    let summary = if fingerprint == OTHER {
+        OTHER.to_string()
+    } else {
+        summary(fingerprint)
+    };
+    format!(
+        "db_namespace=\"{}\",db_query_summary=\"{}\",db_query_text=\"{}\"",
+        escape(db),
+        escape(&summary),
+        escape(&crate::render::queries::clip(fingerprint, 1000))
+    )
+}
+
+/// The agent itself, read from /proc when scraped, and its host's CPUs.
 #[derive(Default)]
 pub struct Own {
     pub cpu_seconds: f64,
     pub rss_bytes: u64,
     pub start_time: f64,
+    /// The host's CPUs online: what a server's DB load is compared with.
+    pub host_cpus: u64,
 }
 
 impl Own {
@@ -443,10 +588,13 @@ impl Own {
                     .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
             })
             .unwrap_or(0);
+        // SAFETY: as above.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
         Own {
             cpu_seconds: cpu as f64 / ticks,
             rss_bytes: stat.rss_pages.saturating_mul(page),
             start_time: boot as f64 + stat.start_time as f64 / ticks,
+            host_cpus: cpus,
         }
     }
 }
@@ -548,7 +696,7 @@ fn write_latency_histograms(out: &mut String, rows: &[(String, &Series)]) {
     }
 }
 
-/// The agent's own CPU time, memory and start, under the names every Prometheus client uses.
+/// The agent's own CPU time, memory and start, under the names every Prometheus client uses; the host's CPUs.
 fn write_process(out: &mut String, own: &Own) {
     family(
         out,
@@ -571,6 +719,13 @@ fn write_process(out: &mut String, own: &Own) {
         "When the agent started, seconds since the epoch.",
     );
     let _ = writeln!(out, "process_start_time_seconds {}", own.start_time);
+    family(
+        out,
+        "myprobe_host_cpus",
+        "gauge",
+        "The host's CPUs online: a server's DB load above it waits for CPUs (dist/myprobe-rules.yml).",
+    );
+    let _ = writeln!(out, "myprobe_host_cpus {}", own.host_cpus);
 }
 
 fn causes(l: &Lost) -> [(&'static str, u64); 5] {
@@ -825,6 +980,123 @@ mod tests {
         assert!(!text.contains("server_pid=\"1\""), "{text}");
         assert!(text.contains("myprobe_target_info{server_pid=\"2\"} 1"));
         assert!(text.contains("myprobe_attaches_total 2"));
+    }
+
+    #[test]
+    fn the_db_load_is_exported_by_state_statement_user_and_host() {
+        use crate::history::{SessionSample, IDLE_IN_TRANSACTION};
+        let mut m = Metrics::new(1);
+        m.attach(1, LABELS.into());
+        let session = |conn, state: &str, fingerprint: &str, user: &str| SessionSample {
+            conn,
+            user: Some(user.into()),
+            host: Some("app\"1".into()),
+            db: Some("d".into()),
+            statement: None,
+            fingerprint: Some(fingerprint.into()),
+            statement_s: Some(20.0),
+            transaction_s: None,
+            state: state.into(),
+            object: None,
+            blocker: Some(9),
+            root_blocker: Some(9),
+            holder_statements: Vec::new(),
+        };
+        for ts in 0..4 {
+            server(&mut m).add_second(&Second {
+                ts,
+                server: "s".into(),
+                sessions: vec![
+                    session(1, "row lock", "UPDATE t SET k = ?", "app"),
+                    session(2, "row lock", "UPDATE t SET k = ?", "app"),
+                    session(3, "CPU", "SELECT ? FROM t", "batch"),
+                    SessionSample {
+                        root_blocker: None,
+                        ..session(9, IDLE_IN_TRANSACTION, "", "app")
+                    },
+                ],
+            });
+        }
+        let text = m.render(&Own::read());
+        let load = |labels: &str| {
+            value(
+                &text,
+                &format!("myprobe_db_load_seconds_total{{{LABELS},{labels}}}"),
+            )
+        };
+        assert_eq!(
+            (load("state=\"row lock\""), load("state=\"CPU\"")),
+            (8.0, 4.0)
+        );
+        assert!(!text.contains("myprobe_db_load_seconds_total{db_system=\"mariadb\",state=\"idle"));
+        // One statement and one user with series of their own (--top 1), the rest as other.
+        assert_eq!(
+            value(&text, "myprobe_db_load_by_statement_seconds_total{db_system=\"mariadb\",db_namespace=\"d\",db_query_summary=\"UPDATE t\""),
+            8.0
+        );
+        assert_eq!(
+            value(&text, "myprobe_db_load_by_statement_seconds_total{db_system=\"mariadb\",db_namespace=\"\",db_query_summary=\"other\""),
+            4.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_db_load_by_user_seconds_total{db_system=\"mariadb\",user_name=\"app\"}"
+            ),
+            8.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_db_load_by_user_seconds_total{db_system=\"mariadb\",user_name=\"other\"}"
+            ),
+            4.0
+        );
+        assert_eq!(value(&text, "myprobe_db_load_by_host_seconds_total{db_system=\"mariadb\",client_address=\"app\\\"1\"}"), 12.0);
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_sessions{db_system=\"mariadb\",state=\"idle in transaction\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_sessions{db_system=\"mariadb\",state=\"row lock\"}"
+            ),
+            2.0
+        );
+        // The waiters began their statements 20 s before the first second.
+        assert_eq!(
+            value(&text, "myprobe_blocker_held_seconds{db_system=\"mariadb\"}"),
+            23.0
+        );
+        assert!(value(&text, "myprobe_host_cpus ") >= 1.0);
+        // Every family is typed once, before its series.
+        for name in [
+            "myprobe_db_load_seconds_total",
+            "myprobe_sessions",
+            "myprobe_blocker_held_seconds",
+        ] {
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{name}"
+            );
+        }
+        // A server gone keeps its load, not what it showed last.
+        m.detached(1);
+        let text = m.render(&Own::default());
+        assert_eq!(
+            value(
+                &text,
+                "myprobe_db_load_seconds_total{db_system=\"mariadb\",state=\"CPU\"}"
+            ),
+            4.0
+        );
+        assert!(!text.contains("myprobe_blocker_held_seconds{"), "{text}");
+        assert!(!text.contains("myprobe_sessions{"), "{text}");
     }
 
     #[test]

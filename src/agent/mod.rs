@@ -14,6 +14,7 @@
 mod access;
 pub mod history;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod retain;
 pub mod server;

@@ -45,7 +45,8 @@ pub struct AgentArgs {
     /// The most the windows kept may take, in MiB: past it the oldest go first
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
     pub retain_mib: u64,
-    /// Fingerprints with series of their own in /metrics (by time), per server; the rest add to `other`
+    /// Fingerprints with series of their own in /metrics (by time; in the DB load, by load), per server; the rest
+    /// add to `other`
     #[arg(long, default_value_t = 100)]
     pub top: usize,
     /// How long the series of a server that exited stay in /metrics, at their last values
@@ -72,7 +73,8 @@ pub struct AgentArgs {
     /// compares the two)
     #[arg(long)]
     pub programs_per_server: bool,
-    /// Keep no session history (each connection's statement and wait, each second, in DIR/history.sqlite)
+    /// Keep no session history (each connection's statement and wait, each second, in DIR/history.sqlite), nor
+    /// the DB load it gives /metrics
     #[arg(long)]
     pub no_history: bool,
     /// How long every second of the session history is kept

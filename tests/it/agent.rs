@@ -755,6 +755,164 @@ fn the_systemd_unit_shipped_verifies() {
     );
 }
 
+#[test]
+fn the_prometheus_rules_shipped_check_and_pass_their_unit_tests() {
+    let dist = concat!(env!("CARGO_MANIFEST_DIR"), "/dist");
+    for args in [
+        ["check", "rules", "myprobe-rules.yml"],
+        ["test", "rules", "myprobe-rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(dist)
+            .output()
+            .expect("running promtool (scripts/setup installs Debian's prometheus, which has it)");
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The sum of the series of the family `name` in `metrics` whose labels hold each of `labels` (0 where none does).
+fn sum_of(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|f| l.contains(f)))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The connections that wait behind the row lock of `a_row_lock_held_shows_in_the_db_load_and_the_blocker_gauge`,
+/// and for how long at least.
+const LOAD_WAITERS: u32 = 2;
+const LOAD_HELD: Duration = Duration::from_secs(6);
+
+#[test]
+fn a_row_lock_held_shows_in_the_db_load_and_the_blocker_gauge() {
+    let db = testdb();
+    let _turn = agent_turn();
+    let dir = tempdir("agent-load");
+    let port = free_port();
+    let agent = agent(db.pid, port, &dir, &[]);
+    agent.wait_for_stderr("myprobe: agent: sampling the sessions of");
+    let scrape = || {
+        let (status, text) =
+            get(&format!("http://127.0.0.1:{port}/metrics")).expect("the agent answers");
+        assert_eq!(status, 200, "{text}");
+        (Instant::now(), text)
+    };
+    db.sql(
+        "CREATE DATABASE IF NOT EXISTS agent_load; CREATE TABLE IF NOT EXISTS agent_load.t (id INT PRIMARY KEY, \
+         k INT) ENGINE=InnoDB; REPLACE INTO agent_load.t VALUES (1, 0)",
+    );
+    let (user, host) = {
+        let who = db.sql("SELECT USER()");
+        let (user, host) = who.trim().split_once('@').unwrap();
+        (
+            format!("user_name=\"{user}\""),
+            format!("client_address=\"{host}\""),
+        )
+    };
+    let (before_at, before) = scrape();
+    let mut holder = db.session();
+    holder.exec("BEGIN; UPDATE agent_load.t SET k = k + 1 WHERE id = 1");
+    let mut waiters: Vec<Session> = (0..LOAD_WAITERS).map(|_| db.session()).collect();
+    for w in &mut waiters {
+        w.send("UPDATE agent_load.t SET k = k + 2 WHERE id = 1 AND 'db-load' <> ''");
+    }
+    db.wait_until("both waiters wait behind the holder", || {
+        db.sql(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'UPDATE agent_load.t SET k = k + 2%'",
+        )
+        .trim()
+            == LOAD_WAITERS.to_string()
+    });
+    std::thread::sleep(LOAD_HELD);
+    let (during_at, during) = scrape();
+    holder.exec("ROLLBACK");
+    for mut w in waiters {
+        w.exec("DO 0");
+    }
+    let server = format!("server_pid=\"{}\"", db.pid);
+    let grew = |name: &str, labels: &[&str]| {
+        let labels = [&[server.as_str()][..], labels].concat();
+        sum_of(&during, name, &labels) - sum_of(&before, name, &labels)
+    };
+    // Each second sampled adds each waiter: at least a few of the seconds held, whatever the host's pace; no
+    // more than the seconds between the scrapes for the statement of this test alone.
+    let least = f64::from(LOAD_WAITERS) * (LOAD_HELD.as_secs_f64() - 3.0);
+    let row_lock = grew("myprobe_db_load_seconds_total", &["state=\"row lock\""]);
+    assert!(row_lock >= least, "{row_lock} < {least}:\n{during}");
+    let statement = grew(
+        "myprobe_db_load_by_statement_seconds_total",
+        &["db_query_summary=\"UPDATE agent_load.t\""],
+    );
+    let most = f64::from(LOAD_WAITERS) * (during_at - before_at).as_secs_f64().ceil() + 2.0;
+    assert!(
+        (least..=most).contains(&statement),
+        "{statement} not in {least}..={most}:\n{during}"
+    );
+    for (name, label) in [
+        ("myprobe_db_load_by_user_seconds_total", &user),
+        ("myprobe_db_load_by_host_seconds_total", &host),
+    ] {
+        let by = grew(name, &[label]);
+        assert!(by >= least, "{name}{{{label}}}: {by} < {least}:\n{during}");
+    }
+    let waiting = sum_of(
+        &during,
+        "myprobe_sessions",
+        &[&server, "state=\"row lock\""],
+    );
+    assert!(waiting >= f64::from(LOAD_WAITERS), "{during}");
+    let held = sum_of(&during, "myprobe_blocker_held_seconds", &[&server]);
+    eprintln!(
+        "row-lock load {row_lock} s, the statement's {statement} s (in {least}..={most}), {waiting} waiting, \
+         held {held} s"
+    );
+    assert!(held >= LOAD_HELD.as_secs_f64() - 3.0, "{held}:\n{during}");
+    db_load_exposition_is_what_the_rules_read(&during);
+}
+
+/// The exposition passes promtool's lint, and has every family of the agent's that dist/myprobe-rules.yml reads.
+fn db_load_exposition_is_what_the_rules_read(metrics: &str) {
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    std::io::Write::write_all(&mut lint.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/dist/myprobe-rules.yml"
+    ))
+    .unwrap();
+    let read: std::collections::BTreeSet<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("myprobe_"))
+        .collect();
+    assert!(read.len() >= 6, "{read:?}");
+    for name in read {
+        assert!(
+            metrics.contains(&format!("# TYPE {name} ")),
+            "the rules read {name}, which the agent does not export"
+        );
+    }
+}
+
 /// A process moved into a cgroup named as Docker names its containers' (`/docker/<64 hex digits>`, in cgroup v1's
 /// `pids` hierarchy, which limits nothing here): it runs "in a container" as far as its cgroup says. Moved back when
 /// dropped.
