@@ -65,3 +65,43 @@ fn server_name(target: &Target) -> String {
         ),
     }
 }
+
+/// The sampler's thread of one server, until ended.
+pub struct Sampling<'scope> {
+    stop: Arc<Stop>,
+    thread: Option<std::thread::ScopedJoinHandle<'scope, ()>>,
+}
+
+impl Sampling<'_> {
+    /// Stops the sampler and waits for its thread.
+    pub fn end(self) {
+        self.stop.stop();
+        if let Some(t) = self.thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts `target`'s sampler in a thread of `scope` (named, so that its CPU is told apart from the collectors':
+/// bench/history).
+pub fn start<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    target: &'env Target,
+    opts: &'env CollectOptions,
+    queries: &'env FollowOptions,
+    shared: &'env Shared,
+    recent: &Arc<Recent>,
+) -> Sampling<'scope> {
+    let stop = Arc::new(Stop::new());
+    let (recent, until) = (Arc::clone(recent), Arc::clone(&stop));
+    let thread = std::thread::Builder::new()
+        .name(format!("history-{}", target.pid))
+        .spawn_scoped(scope, move || {
+            if let Err(e) = sample(target, opts, queries, shared, recent, &until) {
+                say!("myprobe: agent: warning: no session history of {target}: {e:#}");
+            }
+        })
+        .map_err(|e| say!("myprobe: agent: warning: no session history of {target}: {e}"))
+        .ok();
+    Sampling { stop, thread }
+}

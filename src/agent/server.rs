@@ -130,7 +130,6 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         unwind: prepared.tables.clone(),
         ..plan.statements.collect_options(pid)
     };
-    let history_stop = Stop::new();
     let mut names = Naming {
         target,
         labels: &labels,
@@ -158,30 +157,10 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
                 }
             },
         );
-        // Named, so that its CPU is told apart from the collectors' (bench/history).
-        let sampling = std::thread::Builder::new()
-            .name(format!("history-{pid}"))
-            .spawn_scoped(s, || {
-                let r = super::history::sample(
-                    target,
-                    &history_opts,
-                    &plan.statements,
-                    shared,
-                    Arc::clone(&recent),
-                    &history_stop,
-                );
-                if let Err(e) = r {
-                    say!("myprobe: agent: warning: no session history of {target}: {e:#}");
-                }
-            });
-        if let Err(e) = &sampling {
-            say!("myprobe: agent: warning: no session history of {target}: {e}");
-        }
+        let sampling =
+            super::history::start(s, target, &history_opts, &plan.statements, shared, &recent);
         let failed = read_slices(running, &sliced, o, shared, &mut names);
-        history_stop.stop();
-        if let Ok(h) = sampling {
-            let _ = h.join();
-        }
+        sampling.end();
         failed
     });
     for (_, set) in &sets {
