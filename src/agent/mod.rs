@@ -14,6 +14,7 @@
 pub mod history;
 pub mod http;
 pub mod metrics;
+mod page;
 pub mod retain;
 pub mod server;
 mod shared;
@@ -71,7 +72,7 @@ pub fn run(o: Options) -> Result<()> {
     ));
     let server = http::serve(&o.listen, Arc::clone(&shared))?;
     say!(
-        "myprobe: agent: serving http://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
+        "myprobe: agent: serving http://{}/ (its page), /metrics and /debug/pprof/; windows of {} s kept in {}",
         o.listen,
         o.window.as_secs(),
         o.dir.display()

@@ -146,6 +146,33 @@ impl Retention {
     }
 }
 
+impl Kept {
+    /// What the window is of (`cpu`, `offcpu`, `locks`), its server's PID (none in names from before windows were a
+    /// server's), and its start: from its name.
+    pub fn parts(&self) -> Option<(&str, Option<u32>, i64)> {
+        let rest = self.name.strip_suffix(".pb.gz")?;
+        let (head, stamp) = rest.rsplit_once('-')?;
+        let (kind, pid) = match head.split_once('-') {
+            Some((kind, pid)) => (kind, Some(pid.parse().ok()?)),
+            None => (head, None),
+        };
+        let start = chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ").ok()?;
+        Some((kind, pid, start.and_utc().timestamp()))
+    }
+
+    /// Seconds since the epoch of its start (its name) and its end (when its file was written: a window is written
+    /// as it ends).
+    pub fn span(&self) -> Option<(i64, i64)> {
+        let (_, _, start) = self.parts()?;
+        let end = self
+            .written
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs() as i64;
+        Some((start, end.max(start)))
+    }
+}
+
 /// The windows in `dir`, oldest first.
 fn read_windows(dir: &Path) -> Vec<Kept> {
     let mut kept: Vec<Kept> = fs::read_dir(dir)
@@ -211,6 +238,19 @@ mod tests {
         assert!(!is_window("cpu-20261125T100405Z.pb"));
         assert!(!is_window("heap-20261125T100405Z.pb.gz"));
         assert!(!is_window("cpu-../../etc/passwdZ.pb.gz"));
+        let kept = |name: &str| Kept {
+            name: name.into(),
+            bytes: 1,
+            written: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_060),
+        };
+        assert_eq!(
+            kept("offcpu-1234-20261118T110640Z.pb.gz").parts(),
+            Some(("offcpu", Some(1234), 1_795_000_000))
+        );
+        assert_eq!(
+            kept("cpu-20261118T110640Z.pb.gz").span(),
+            Some((1_795_000_000, 1_795_000_060))
+        );
         assert_eq!(
             stamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
             "20261118T110640Z"
