@@ -138,16 +138,14 @@ fn windows_json(shared: &Shared, query: &str) -> Answer {
     let to = param(query, "to").unwrap_or(now);
     let listed: Vec<serde_json::Value> = shared
         .retention
-        .list()
+        .overlapping(from, to)
         .iter()
         .filter_map(|k| {
             let (kind, pid, _) = k.parts()?;
             let (start, end) = k.span()?;
-            (start <= to && end >= from).then(|| {
-                serde_json::json!({
-                    "name": k.name, "kind": kind, "pid": pid, "from": start, "to": end, "bytes": k.bytes,
-                })
-            })
+            Some(serde_json::json!({
+                "name": k.name, "kind": kind, "pid": pid, "from": start, "to": end, "bytes": k.bytes,
+            }))
         })
         .collect();
     match serde_json::to_vec(&listed) {

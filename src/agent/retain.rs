@@ -116,6 +116,17 @@ impl Retention {
         self.index().windows.iter().cloned().collect()
     }
 
+    /// The windows kept that overlap `from..=to` (seconds since the epoch), oldest first: only those are copied,
+    /// of a day of 1-second windows.
+    pub fn overlapping(&self, from: i64, to: i64) -> Vec<Kept> {
+        self.index()
+            .windows
+            .iter()
+            .filter(|k| k.span().is_some_and(|(s, e)| s <= to && e >= from))
+            .cloned()
+            .collect()
+    }
+
     /// A kept window's path by its file name; `None` for any other name.
     pub fn path_of(&self, name: &str) -> Option<PathBuf> {
         is_window(name)
@@ -278,6 +289,20 @@ mod tests {
         );
         assert!(r.path_of("cpu-7-20261118T110940Z.pb.gz").is_some());
         assert!(r.path_of("cpu-7-20261118T110640Z.pb.gz").is_none());
+        // Each from its start (its name) to when it was written (now): those begun by a time cover it.
+        let t0_s = 1_795_000_000;
+        let covering = |from, to| -> Vec<String> {
+            r.overlapping(from, to)
+                .into_iter()
+                .map(|k| k.name)
+                .collect()
+        };
+        assert_eq!(
+            covering(t0_s + 150, t0_s + 150),
+            ["cpu-7-20261118T110840Z.pb.gz"]
+        );
+        assert_eq!(covering(t0_s + 200, t0_s + 300).len(), 2);
+        assert!(covering(t0_s, t0_s + 100).is_empty());
         // A retention of nothing keeps nothing older than now.
         let r = Retention::new(dir.path(), Duration::ZERO, 1 << 30).unwrap();
         std::thread::sleep(Duration::from_millis(20));
