@@ -1,4 +1,5 @@
-//! The agent's HTTP endpoints: `/metrics` (Prometheus), `/healthz`, and pprof as Go's `net/http/pprof` serves
+//! The agent's HTTP endpoints: its page at `/` (page.rs), `/metrics` (Prometheus), `/healthz`, the session history
+//! (`/api/history`, `/api/history/at`) and the windows kept with their times (`/api/windows`), and pprof as Go's `net/http/pprof` serves
 //! it: `/debug/pprof/profile?seconds=N` (on-CPU), `/debug/pprof/offcpu` and `/debug/pprof/locks` (also as
 //! `block` and `mutex`, Go's names), which wait N seconds and answer the profile of those seconds; and the
 //! windows kept, under `/debug/pprof/windows/`.
@@ -102,13 +103,19 @@ fn handle(request: Request, shared: &Shared, access: &Access) {
     let answer = match path {
         "/metrics" => metrics(shared),
         "/healthz" => health(shared),
-        "/" | "/debug/pprof" | "/debug/pprof/" => index(shared),
+        "/" => with_type(
+            200,
+            super::page::html(&shared.host, cpus()).into_bytes(),
+            "text/html; charset=utf-8",
+        ),
+        "/debug/pprof" | "/debug/pprof/" => index(shared),
         "/debug/pprof/profile" => profile(shared, Kind::Cpu, query),
         "/debug/pprof/offcpu" | "/debug/pprof/block" => profile(shared, Kind::Offcpu, query),
         "/debug/pprof/locks" | "/debug/pprof/mutex" => profile(shared, Kind::Locks, query),
         "/debug/pprof/windows" | "/debug/pprof/windows/" => windows(shared),
         "/api/history" => history_range(shared, query),
         "/api/history/at" => history_at(shared, query),
+        "/api/windows" => windows_json(shared, query),
         p => match p.strip_prefix("/debug/pprof/windows/") {
             Some(name) => window(shared, name),
             None => text(404, &format!("no such page: {p}; see /debug/pprof/\n")),
@@ -177,6 +184,35 @@ fn history_json(
     }
 }
 
+/// `/api/windows?from=S&to=S` (the last hour by default): the windows kept that overlap the range, oldest first,
+/// each with its start and end (seconds since the epoch), for the page's links to a moment's flame graphs.
+fn windows_json(shared: &Shared, query: &str) -> Answer {
+    let now = now_s();
+    let from = param(query, "from").unwrap_or(now - 3600);
+    let to = param(query, "to").unwrap_or(now);
+    let listed: Vec<serde_json::Value> = shared
+        .retention
+        .overlapping(from, to)
+        .iter()
+        .filter_map(|k| {
+            let (kind, pid, _) = k.parts()?;
+            let (start, end) = k.span()?;
+            Some(serde_json::json!({
+                "name": k.name, "kind": kind, "pid": pid, "from": start, "to": end, "bytes": k.bytes,
+            }))
+        })
+        .collect();
+    match serde_json::to_vec(&listed) {
+        Ok(body) => with_type(200, body, "application/json"),
+        Err(e) => text(500, &format!("the windows could not be listed: {e}\n")),
+    }
+}
+
+/// The CPUs the agent's host gives it: the line the page's chart draws, where the load exceeds what can run.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, usize::from)
+}
+
 fn param(query: &str, name: &str) -> Option<i64> {
     query
         .split('&')
@@ -233,7 +269,8 @@ fn health(shared: &Shared) -> Answer {
 
 fn index(shared: &Shared) -> Answer {
     let body = format!(
-        "<html><head><title>myprobe agent</title></head><body><h1>myprobe agent on {}</h1><ul>\
+        "<html><head><title>myprobe agent</title></head><body><h1>myprobe agent on {}</h1>\
+         <p><a href=\"/\">The page</a>: DB load over time, the sessions at a moment and who blocked whom.</p><ul>\
          <li><a href=\"/metrics\">/metrics</a>: Prometheus</li>\
          <li><a href=\"/healthz\">/healthz</a></li>\
          <li><a href=\"/debug/pprof/profile?seconds=10\">/debug/pprof/profile?seconds=N</a>: on-CPU samples</li>\

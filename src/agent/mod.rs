@@ -16,6 +16,7 @@ pub mod history;
 pub mod http;
 pub mod load;
 pub mod metrics;
+mod page;
 pub mod retain;
 pub mod server;
 mod shared;
@@ -81,7 +82,7 @@ pub fn run(o: Options) -> Result<()> {
     ));
     let server = http::serve(&o.listen, web, Arc::clone(&shared))?;
     say!(
-        "myprobe: agent: serving {scheme}://{}/metrics and /debug/pprof/; windows of {} s kept in {}",
+        "myprobe: agent: serving {scheme}://{}/ (its page), /metrics and /debug/pprof/; windows of {} s kept in {}",
         o.listen,
         o.window.as_secs(),
         o.dir.display()

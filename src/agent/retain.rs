@@ -116,6 +116,17 @@ impl Retention {
         self.index().windows.iter().cloned().collect()
     }
 
+    /// The windows kept that overlap `from..=to` (seconds since the epoch), oldest first: only those are copied,
+    /// of a day of 1-second windows.
+    pub fn overlapping(&self, from: i64, to: i64) -> Vec<Kept> {
+        self.index()
+            .windows
+            .iter()
+            .filter(|k| k.span().is_some_and(|(s, e)| s <= to && e >= from))
+            .cloned()
+            .collect()
+    }
+
     /// A kept window's path by its file name; `None` for any other name.
     pub fn path_of(&self, name: &str) -> Option<PathBuf> {
         is_window(name)
@@ -143,6 +154,33 @@ impl Retention {
             index.bytes = index.bytes.saturating_sub(bytes);
         }
         Ok(())
+    }
+}
+
+impl Kept {
+    /// What the window is of (`cpu`, `offcpu`, `locks`), its server's PID (none in names from before windows were a
+    /// server's), and its start: from its name.
+    pub fn parts(&self) -> Option<(&str, Option<u32>, i64)> {
+        let rest = self.name.strip_suffix(".pb.gz")?;
+        let (head, stamp) = rest.rsplit_once('-')?;
+        let (kind, pid) = match head.split_once('-') {
+            Some((kind, pid)) => (kind, Some(pid.parse().ok()?)),
+            None => (head, None),
+        };
+        let start = chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ").ok()?;
+        Some((kind, pid, start.and_utc().timestamp()))
+    }
+
+    /// Seconds since the epoch of its start (its name) and its end (when its file was written: a window is written
+    /// as it ends).
+    pub fn span(&self) -> Option<(i64, i64)> {
+        let (_, _, start) = self.parts()?;
+        let end = self
+            .written
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs() as i64;
+        Some((start, end.max(start)))
     }
 }
 
@@ -211,6 +249,19 @@ mod tests {
         assert!(!is_window("cpu-20261125T100405Z.pb"));
         assert!(!is_window("heap-20261125T100405Z.pb.gz"));
         assert!(!is_window("cpu-../../etc/passwdZ.pb.gz"));
+        let kept = |name: &str| Kept {
+            name: name.into(),
+            bytes: 1,
+            written: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_060),
+        };
+        assert_eq!(
+            kept("offcpu-1234-20261118T110640Z.pb.gz").parts(),
+            Some(("offcpu", Some(1234), 1_795_000_000))
+        );
+        assert_eq!(
+            kept("cpu-20261118T110640Z.pb.gz").span(),
+            Some((1_795_000_000, 1_795_000_060))
+        );
         assert_eq!(
             stamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
             "20261118T110640Z"
@@ -238,6 +289,20 @@ mod tests {
         );
         assert!(r.path_of("cpu-7-20261118T110940Z.pb.gz").is_some());
         assert!(r.path_of("cpu-7-20261118T110640Z.pb.gz").is_none());
+        // Each from its start (its name) to when it was written (now): those begun by a time cover it.
+        let t0_s = 1_795_000_000;
+        let covering = |from, to| -> Vec<String> {
+            r.overlapping(from, to)
+                .into_iter()
+                .map(|k| k.name)
+                .collect()
+        };
+        assert_eq!(
+            covering(t0_s + 150, t0_s + 150),
+            ["cpu-7-20261118T110840Z.pb.gz"]
+        );
+        assert_eq!(covering(t0_s + 200, t0_s + 300).len(), 2);
+        assert!(covering(t0_s, t0_s + 100).is_empty());
         // A retention of nothing keeps nothing older than now.
         let r = Retention::new(dir.path(), Duration::ZERO, 1 << 30).unwrap();
         std::thread::sleep(Duration::from_millis(20));

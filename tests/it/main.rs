@@ -15,6 +15,7 @@ mod diff;
 mod errors;
 mod faults;
 mod history;
+mod history_page;
 mod hostile;
 mod locks;
 mod names;

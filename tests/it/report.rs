@@ -12,7 +12,7 @@ use regex::Regex;
 
 /// Headless Chromium as root in a container: no sandbox, no GPU, a profile of its own. `virtual-time-budget`
 /// lets the page's timers (inferno's drawing) run before the DOM is dumped or the screenshot taken.
-fn chromium(profile: &Path, args: &[&str], url: &str) -> Vec<u8> {
+pub(crate) fn chromium(profile: &Path, args: &[&str], url: &str) -> Vec<u8> {
     let out = Command::new("chromium")
         .args([
             "--headless",
