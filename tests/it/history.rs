@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::common::*;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -21,7 +21,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn now_s() -> i64 {
+pub(crate) fn now_s() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -31,8 +31,13 @@ fn now_s() -> i64 {
 /// The agent tracing `db` on `port`, its history in `dir`; every statement traced (`--sample-every 1`), so that
 /// what a holder ran is known. Ready once it samples.
 fn agent(db: &TestDb, port: u16, dir: &Path) -> Background {
+    agent_with(db, port, dir, &[])
+}
+
+/// As [`agent`], with more of the agent's options.
+pub(crate) fn agent_with(db: &TestDb, port: u16, dir: &Path, more: &[&str]) -> Background {
     let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
-    let agent = Background::start(
+    let args = [
         &[
             "agent",
             "-p",
@@ -43,9 +48,11 @@ fn agent(db: &TestDb, port: u16, dir: &Path) -> Background {
             dir.to_str().unwrap(),
             "--sample-every",
             "1",
-        ],
-        "myprobe: agent: tracing",
-    );
+        ][..],
+        more,
+    ]
+    .concat();
+    let agent = Background::start(&args, "myprobe: agent: tracing");
     agent.wait_for_stderr("myprobe: agent: sampling the sessions of");
     agent
 }
@@ -107,28 +114,36 @@ fn held(db: &TestDb, sql: &str, n: u32) -> i64 {
 }
 
 /// What t1 left: the connections that waited, the holder and what it ran.
-struct HotRow {
-    at: i64,
-    holder: u64,
-    waiters: Vec<u64>,
+pub(crate) struct HotRow {
+    pub(crate) at: i64,
+    pub(crate) holder: u64,
+    pub(crate) waiters: Vec<u64>,
 }
 
-fn hot_row(db: &TestDb) -> HotRow {
-    db.sql(
-        "CREATE DATABASE IF NOT EXISTS hist; CREATE TABLE IF NOT EXISTS hist.t (id INT PRIMARY KEY, k INT) \
-         ENGINE=InnoDB; REPLACE INTO hist.t VALUES (1, 0)",
-    );
+/// A row of `schema`.t held by a connection idle in its transaction, two others waiting for it for a few seconds
+/// (a schema of each test's own, as tests run two at a time).
+pub(crate) fn hot_row(db: &TestDb, schema: &str) -> HotRow {
+    db.sql(&format!(
+        "CREATE DATABASE IF NOT EXISTS {schema}; CREATE TABLE IF NOT EXISTS {schema}.t (id INT PRIMARY KEY, k INT) \
+         ENGINE=InnoDB; REPLACE INTO {schema}.t VALUES (1, 0)"
+    ));
     let mut holder = db.session();
     let holder_id = holder.connection_id();
-    holder.exec("BEGIN; UPDATE hist.t SET k = k + 1 WHERE id = 1");
+    holder.exec(&format!(
+        "BEGIN; UPDATE {schema}.t SET k = k + 1 WHERE id = 1"
+    ));
     let mut waiters: Vec<Session> = (0..2).map(|_| db.session()).collect();
     let ids = waiters.iter_mut().map(Session::connection_id).collect();
     for w in &mut waiters {
-        w.send("UPDATE hist.t SET k = k + 2 WHERE id = 1 AND 'hot-row' <> ''");
+        w.send(&format!(
+            "UPDATE {schema}.t SET k = k + 2 WHERE id = 1 AND 'hot-row' <> ''"
+        ));
     }
     let at = held(
         db,
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'UPDATE hist.t SET k = k + 2%'",
+        &format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'UPDATE {schema}.t SET k = k + 2%'"
+        ),
         2,
     );
     holder.exec("ROLLBACK");
@@ -291,7 +306,7 @@ fn an_incident_is_read_back_after_the_agent_restarted_on_every_server() {
         let dir = tempdir(&format!("history-{kind}"));
         let port = free_port();
         let first = agent(&db, port, &dir);
-        let t1 = hot_row(&db);
+        let t1 = hot_row(&db, "hist");
         let t2 = metadata_pile_up(&db);
         let t3 = slow_client(&db);
         let (_, err) = first.stop();
