@@ -40,7 +40,8 @@ enum Command {
     Trace(cmd::trace::TraceArgs),
     /// One trace with every collector at once (on-CPU, off-CPU, lock waits, the statements' digest) and a
     /// thread snapshot at its end, written as one self-contained HTML file: flame graphs, a sortable digest,
-    /// the lock table, the threads, and findings in sentences.
+    /// the lock table, the threads, and findings in sentences. With --from/--to, traces nothing: the report of a
+    /// past range from what the agent kept (its session history and flame-graph windows).
     Report(cmd::report::ReportArgs),
     /// An always-on daemon for every server of the host (or -p's): Prometheus metrics of the statements and
     /// lock waits, pprof profiles over HTTP (on-CPU at 19 Hz, off-CPU, locks), windows kept as pprof files,
@@ -63,7 +64,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|mut e| {
+        cmd::report::explain_conflict(&mut e);
+        e.exit()
+    });
     let result = match cli.command {
         Command::Profile(c) => cmd::profile::run(c),
         Command::Queries(a) => cmd::queries::run(a),

@@ -178,6 +178,62 @@ pub fn moment(db: &Connection, at: i64) -> Result<Moment> {
     Ok(Moment { asked: at, servers })
 }
 
+/// A connection others waited behind over a range (the root of their chains), on one server.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Incident {
+    pub server: String,
+    pub root_blocker: u64,
+    /// How many connections waited behind it, directly or through others.
+    pub waiters: u64,
+    /// The first and the last second one waited.
+    pub first: i64,
+    pub last: i64,
+    /// The seconds they waited, summed over the sessions.
+    pub session_s: i64,
+    /// The second the most sessions waited behind it, the longest waiting of such seconds: the moment to look at.
+    pub worst: i64,
+}
+
+/// The `n` connections that held up the most session time over `from..to`, from every sample (none where the
+/// samples are gone: the minutes keep no moment).
+pub fn incidents(db: &Connection, from: i64, to: i64, n: usize) -> Result<Vec<Incident>> {
+    let mut q = db.prepare(&format!(
+        "SELECT samples.server, v.name, root_blocker, count(DISTINCT conn), min(ts), max(ts), count(*) \
+         FROM samples JOIN servers v ON v.id = samples.server WHERE ts >= ?1 AND ts < ?2 \
+         AND root_blocker IS NOT NULL AND state != '{IDLE_IN_TRANSACTION}' \
+         GROUP BY samples.server, root_blocker ORDER BY 7 DESC, 5 LIMIT ?3"
+    ))?;
+    let rows = q
+        .query_map(params![from, to, n as i64], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                Incident {
+                    server: r.get(1)?,
+                    root_blocker: r.get::<_, i64>(2)? as u64,
+                    waiters: r.get::<_, i64>(3)? as u64,
+                    first: r.get(4)?,
+                    last: r.get(5)?,
+                    session_s: r.get(6)?,
+                    worst: r.get(4)?,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut worst = db.prepare(
+        "SELECT ts FROM samples WHERE server = ?1 AND root_blocker = ?2 AND ts >= ?3 AND ts < ?4 \
+         GROUP BY ts ORDER BY count(*) DESC, sum(statement_ms) DESC, ts LIMIT 1",
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (server, mut incident) in rows {
+        incident.worst = worst.query_row(
+            params![server, incident.root_blocker as i64, from, to],
+            |r| r.get(0),
+        )?;
+        out.push(incident);
+    }
+    Ok(out)
+}
+
 /// A moment's chains of who blocked whom: each root blocker (a connection that waits for nothing) with the
 /// connections waiting behind it, directly or through others, in the order of the chain.
 pub fn chains(sessions: &[SessionSample]) -> Vec<(u64, Vec<&SessionSample>)> {
@@ -293,6 +349,13 @@ mod tests {
         assert_eq!(chains.len(), 1);
         assert_eq!(chains[0].0, 7);
         assert_eq!(chains[0].1.len(), 2);
+        let incidents = incidents(&db, t0, t0 + 120, 3).unwrap();
+        assert_eq!(incidents.len(), 1, "{incidents:?}");
+        let i = &incidents[0];
+        assert_eq!((i.root_blocker, i.waiters), (7, 2));
+        assert_eq!((i.first, i.last, i.session_s), (t0 + 30, t0 + 89, 120));
+        assert_eq!(i.worst, t0 + 30);
+        assert!(super::incidents(&db, t0, t0 + 30, 3).unwrap().is_empty());
         // Nothing sampled near it.
         assert!(moment(&db, t0 - 100).unwrap().servers.is_empty());
         // A range before the samples kept is read from the minutes.

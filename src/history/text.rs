@@ -192,18 +192,7 @@ pub fn moment(m: &Moment) -> String {
             let holder = s.sessions.iter().find(|x| x.conn == root);
             let _ = writeln!(out, "  {}", holder_words(root, holder));
             for w in waiters {
-                let behind = match w.blocker {
-                    Some(b) if Some(b) != w.root_blocker => format!(" (queued behind {b})"),
-                    _ => String::new(),
-                };
-                let _ = writeln!(
-                    out,
-                    "    ← connection {} waits for a {} for {}{behind}: {}",
-                    w.conn,
-                    terminal_safe(&state_words(w)),
-                    w.statement_s.map_or("?".into(), seconds),
-                    terminal_safe(w.statement.as_deref().unwrap_or("?"))
-                );
+                let _ = writeln!(out, "    ← {}", terminal_safe(&waiter_words(w)));
             }
         }
         out.push('\n');
@@ -211,7 +200,7 @@ pub fn moment(m: &Moment) -> String {
     out
 }
 
-fn who(x: &SessionSample) -> String {
+pub fn who(x: &SessionSample) -> String {
     match (&x.user, &x.host) {
         (Some(u), Some(h)) => format!("{u}@{h}"),
         (Some(u), None) => u.clone(),
@@ -219,7 +208,7 @@ fn who(x: &SessionSample) -> String {
     }
 }
 
-fn seconds(s: f64) -> String {
+pub fn seconds(s: f64) -> String {
     if s < 10.0 {
         format!("{s:.1} s")
     } else {
@@ -228,15 +217,30 @@ fn seconds(s: f64) -> String {
 }
 
 /// `row lock on sbtest.sbtest1 (PRIMARY, X)`, `CPU`, `idle in transaction`.
-fn state_words(x: &SessionSample) -> String {
+pub fn state_words(x: &SessionSample) -> String {
     match &x.object {
         Some(o) => format!("{} on {o}", x.state),
         None => x.state.clone(),
     }
 }
 
+/// `connection 43 waits for a row lock on db.t (PRIMARY, X) for 3.0 s (queued behind 44): UPDATE …`.
+pub fn waiter_words(w: &SessionSample) -> String {
+    let behind = match w.blocker {
+        Some(b) if Some(b) != w.root_blocker => format!(" (queued behind {b})"),
+        _ => String::new(),
+    };
+    format!(
+        "connection {} waits for a {} for {}{behind}: {}",
+        w.conn,
+        state_words(w),
+        w.statement_s.map_or("?".into(), seconds),
+        w.statement.as_deref().unwrap_or("?")
+    )
+}
+
 /// `connection 42 (app@10.0.0.1), idle in its transaction for 40 s; it ran: UPDATE …`.
-fn holder_words(conn: u64, holder: Option<&SessionSample>) -> String {
+pub fn holder_words(conn: u64, holder: Option<&SessionSample>) -> String {
     let Some(h) = holder else {
         return format!("connection {conn} (not sampled at that second)");
     };

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
@@ -272,6 +272,72 @@ pub fn write_message(message: &PprofProfile, w: impl Write) -> Result<()> {
     Ok(())
 }
 
+/// A gzip-compressed pprof message, as `write_message` writes it (or uncompressed, as some tools keep it).
+pub fn decode(bytes: &[u8]) -> Result<PprofProfile> {
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut raw)
+            .context("not gzip-compressed whole")?;
+        raw
+    } else {
+        bytes.to_vec()
+    };
+    PprofProfile::decode(raw.as_slice()).context("not a pprof profile")
+}
+
+/// The profile a pprof message holds, stacks root first, in its first sample type: `None` when its unit is not one
+/// a profile has.
+pub fn profile_of(message: &PprofProfile) -> Option<Profile> {
+    let string = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| message.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let kind = message.sample_type.first()?;
+    let unit = match (string(kind.r#type), string(kind.unit)) {
+        ("samples", "count") => Unit::Samples,
+        (_, "picoseconds") => Unit::Picoseconds,
+        (_, "nanoseconds") => Unit::Nanoseconds,
+        (_, "microseconds") => Unit::Microseconds,
+        (_, "bytes") => Unit::Bytes,
+        (_, "count") => Unit::Count,
+        _ => return None,
+    };
+    let functions: HashMap<u64, &str> = message
+        .function
+        .iter()
+        .map(|f| (f.id, string(f.name)))
+        .collect();
+    // A location's frames, innermost first, as pprof lists inlined calls.
+    let locations: HashMap<u64, Vec<&str>> = message
+        .location
+        .iter()
+        .map(|l| {
+            let names = l
+                .line
+                .iter()
+                .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
+                .collect();
+            (l.id, names)
+        })
+        .collect();
+    let mut profile = Profile::new(unit);
+    for sample in &message.sample {
+        let Some(&value) = sample.value.first() else {
+            continue;
+        };
+        let mut frames: Vec<&str> = sample
+            .location_id
+            .iter()
+            .flat_map(|id| locations.get(id).into_iter().flatten().copied())
+            .collect();
+        frames.reverse();
+        profile.add(&frames, value.max(0) as u64);
+    }
+    Some(profile)
+}
+
 /// Gives every sample the labels `labels` (what a fleet's profile store files them under: host, server
 /// version, window) and the profile its time: when it began, and how long it covers.
 pub fn label(
@@ -437,6 +503,33 @@ mod tests {
         }
         // An existing string is reused.
         assert_eq!(m.string_table.iter().filter(|t| *t == "main").count(), 1);
+    }
+
+    #[test]
+    fn a_profile_written_is_read_back() {
+        let mut p = Profile::new(Unit::Microseconds);
+        p.add(&["main", "a", "x"], 10);
+        p.add(&["main", "b"], 5);
+        p.add(&["main", "a", "main"], 2);
+        let mut out = Vec::new();
+        write(&p, &RenderOptions::default(), &mut out).unwrap();
+        let back = profile_of(&super::decode(&out).unwrap()).unwrap();
+        assert_eq!(back.unit, Unit::Microseconds);
+        let mut stacks = back.stacks();
+        stacks.sort();
+        assert_eq!(
+            stacks,
+            [
+                (vec!["main", "a", "main"], 2),
+                (vec!["main", "a", "x"], 10),
+                (vec!["main", "b"], 5)
+            ]
+        );
+        let mut cpu = Profile::new(Unit::Samples);
+        cpu.add(&["main"], 3);
+        let m = build(&cpu, &RenderOptions::default());
+        assert_eq!(profile_of(&m).unwrap().unit, Unit::Samples);
+        assert!(super::decode(b"\x1f\x8bnot gzip").is_err());
     }
 
     #[test]

@@ -3,8 +3,12 @@
 
 use std::{collections::HashMap, fmt::Write, rc::Rc};
 
-use super::{ProfileSection, Report};
+use super::{Past, PastIncident, ProfileSection, Report};
 use crate::{
+    history::{
+        text::{seconds, state_words, who},
+        time, IDLE_IN_TRANSACTION,
+    },
     profile::{waits, Profile},
     render::{
         queries::{clip, human_us, why},
@@ -72,6 +76,121 @@ pub fn findings(r: &Report) -> Vec<String> {
         out.push(format!("Not in this report: {m}."));
     }
     out
+}
+
+/// The sentences of a past range's report: what its load went to, the connections others waited behind longest
+/// and what they ran, the top statement, and the flame graphs' hottest functions and waits.
+pub fn past(p: &Past) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(r) = &p.range {
+        let total: f64 = r.states.iter().map(|s| s.load).sum();
+        if let Some(top) = r.states.first().filter(|_| total > 0.0) {
+            let mut s = format!(
+                "{} was {:.0}% of the DB load from {} to {} ({:.2} of {total:.2} average active sessions)",
+                capitalized(&top.key),
+                100.0 * top.load / total,
+                time::format(p.from),
+                time::format(p.to),
+                top.load
+            );
+            let rest: Vec<String> = (r.states.iter().skip(1).take(2))
+                .map(|x| format!("{} {:.0}%", x.key, 100.0 * x.load / total))
+                .collect();
+            if !rest.is_empty() {
+                let _ = write!(s, "; then {}", rest.join(", "));
+            }
+            s.push('.');
+            out.push(s);
+        }
+        for i in &p.incidents {
+            out.push(held_up(i));
+        }
+        if let Some(st) = r.statements.first().filter(|_| total > 0.0) {
+            out.push(format!(
+                "The statement with the most load was {} ({:.2} average active sessions, {:.0}% of the load).",
+                clip(&st.key, 90),
+                st.load,
+                100.0 * st.load / total
+            ));
+        }
+        if r.per_minute {
+            out.push(
+                "The range is older than the seconds the history keeps: its load is read from the per-minute sums, \
+                 and no moment of it can be shown."
+                    .into(),
+            );
+        }
+    }
+    if p.windows > 0 && !p.profiles.iter().any(|s| s.id == "cpu") {
+        out.push(
+            "No on-CPU sample of the server was kept for the range: it was idle on the CPU.".into(),
+        );
+    }
+    for section in &p.profiles {
+        match section.id {
+            "cpu" => on_cpu(section, &mut out),
+            "offcpu" => off_cpu(section, &SiteMeanings(HashMap::new()), &mut out),
+            _ => {}
+        }
+    }
+    for m in &p.missing {
+        out.push(format!("Not in this report: {m}."));
+    }
+    out
+}
+
+/// `Connection 42 (app@10.0.0.5), idle in its transaction, held up 3 sessions (row lock on db.t (PRIMARY, X)) for
+/// 40 s, from 03:10:02 to 03:10:41 (95 s waited in all); its transaction ran UPDATE …`.
+fn held_up(i: &PastIncident) -> String {
+    let x = &i.incident;
+    let sessions = i.moment.as_ref().map_or(&[][..], |m| &m.sessions[..]);
+    let holder = sessions.iter().find(|s| s.conn == x.root_blocker);
+    let mut s = format!("Connection {}", x.root_blocker);
+    if let Some(h) = holder {
+        let who = who(h);
+        if !who.is_empty() {
+            let _ = write!(s, " ({who})");
+        }
+        if h.state == IDLE_IN_TRANSACTION {
+            s.push_str(", idle in its transaction,");
+        } else {
+            let _ = write!(
+                s,
+                ", running {} ({}),",
+                clip(h.statement.as_deref().unwrap_or("?"), 90),
+                state_words(h)
+            );
+        }
+    }
+    let waited = sessions
+        .iter()
+        .filter(|w| w.root_blocker == Some(x.root_blocker))
+        .map(state_words)
+        .next()
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default();
+    let _ = write!(
+        s,
+        " held up {} session{}{waited} for {}, from {} to {} ({} waited in all)",
+        x.waiters,
+        if x.waiters == 1 { "" } else { "s" },
+        seconds((x.last - x.first + 1) as f64),
+        time::clock(x.first),
+        time::clock(x.last),
+        seconds(x.session_s as f64),
+    );
+    if let Some(h) = holder.filter(|h| !h.holder_statements.is_empty()) {
+        let ran: Vec<String> = h.holder_statements.iter().map(|t| clip(t, 90)).collect();
+        let _ = write!(s, "; its transaction ran {}", ran.join("; "));
+    }
+    s.push('.');
+    s
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map_or_else(String::new, |first| first.to_uppercase().chain(c).collect())
 }
 
 /// The statements' sentences; `running_at_end`: the threads running a statement when tracing ended, which an idle
@@ -304,6 +423,62 @@ fn threads(r: &Report, out: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_is_named_with_what_it_held_up_and_ran() {
+        use crate::history::{
+            read::{Incident, ServerMoment},
+            SessionSample,
+        };
+        let sample = |conn, state: &str, root: Option<u64>| SessionSample {
+            conn,
+            user: Some("app".into()),
+            host: Some("10.0.0.5".into()),
+            db: None,
+            statement: (state != IDLE_IN_TRANSACTION)
+                .then(|| "UPDATE t SET k = ? WHERE id = ?".into()),
+            fingerprint: None,
+            statement_s: Some(3.0),
+            transaction_s: None,
+            state: state.into(),
+            object: root.map(|_| "db.t (PRIMARY, X)".into()),
+            blocker: root,
+            root_blocker: root,
+            holder_statements: Vec::new(),
+        };
+        let mut holder = sample(42, IDLE_IN_TRANSACTION, None);
+        holder.holder_statements = vec!["UPDATE t SET k = k + ? WHERE id = ?".into()];
+        let i = PastIncident {
+            incident: Incident {
+                server: "one".into(),
+                root_blocker: 42,
+                waiters: 3,
+                first: 1_795_000_000,
+                last: 1_795_000_039,
+                session_s: 95,
+                worst: 1_795_000_030,
+            },
+            moment: Some(ServerMoment {
+                server: "one".into(),
+                ts: 1_795_000_030,
+                sessions: vec![holder, sample(43, "row lock", Some(42))],
+            }),
+        };
+        let s = held_up(&i);
+        assert!(
+            s.starts_with(
+                "Connection 42 (app@10.0.0.5), idle in its transaction, held up 3 sessions (row lock on db.t \
+                 (PRIMARY, X)) for 40 s, from "
+            ),
+            "{s}"
+        );
+        assert!(
+            s.ends_with(
+                "(95 s waited in all); its transaction ran UPDATE t SET k = k + ? WHERE id = ?."
+            ),
+            "{s}"
+        );
+    }
 
     #[test]
     fn no_statement_traced_is_idle_only_when_none_runs() {

@@ -4,8 +4,13 @@
 
 use std::fmt::Write;
 
-use super::Report;
+use super::{Past, ProfileSection, Report};
 use crate::{
+    history::{
+        read::{chains, Share},
+        text::{holder_words, seconds, state_words, waiter_words, who},
+        time,
+    },
     query::TimeParts,
     render::{
         queries::{clip, human_us},
@@ -81,18 +86,219 @@ pub fn render(r: &Report) -> String {
         r.traced.as_secs_f64(),
         env!("CARGO_PKG_VERSION"),
     );
-    findings(&mut h, r);
+    findings(&mut h, &r.findings);
     statements(&mut h, r);
-    profiles(&mut h, r);
+    profiles(&mut h, &r.profiles, |p| {
+        format!(
+            "{} events, total {} {}.",
+            p.events,
+            p.profile.total(),
+            p.profile.unit.count_name()
+        )
+    });
     locks(&mut h, r);
     threads(&mut h, r);
     let _ = write!(h, "</main>\n<script>{JS}</script>\n</body></html>\n");
     h
 }
 
-fn findings(h: &mut String, r: &Report) {
+/// The page of a past range: its findings, its DB load by state, the top statements, users, hosts and blockers, the
+/// moments sessions waited longest behind a connection (as `myprobe history --at` says them), and the flame graphs
+/// of the windows kept.
+pub fn render_past(p: &Past) -> String {
+    let mut h = String::with_capacity(1 << 20);
+    let title = format!(
+        "myprobe report: {}, {} to {}",
+        p.host,
+        time::format(p.from),
+        time::format(p.to)
+    );
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><style>{CSS}</style></head><body>\n",
+        escape(&title)
+    );
+    let servers = p
+        .range
+        .as_ref()
+        .map(|r| r.servers.join("; "))
+        .unwrap_or_default();
+    let _ = write!(
+        h,
+        "<header><h1>{}</h1><p class=\"meta\">from what the agent kept in <b>{}</b> · servers <b>{}</b> · \
+         myprobe {}</p><nav><a href=\"#findings\">Findings</a> <a href=\"#load\">DB load</a> \
+         <a href=\"#top\">Top</a> <a href=\"#moments\">Blocked sessions</a> <a href=\"#profiles\">Flame graphs</a>\
+         </nav></header>\n<main>\n",
+        escape(&title),
+        escape(&p.dir),
+        escape(&servers),
+        env!("CARGO_PKG_VERSION"),
+    );
+    findings(&mut h, &p.findings);
+    load(&mut h, p);
+    top(&mut h, p);
+    moments(&mut h, p);
+    let span = p.windows_span.map_or(String::new(), |(a, b)| {
+        format!(", together from {} to {}", time::clock(a), time::clock(b))
+    });
+    profiles(&mut h, &p.profiles, |s| {
+        format!(
+            "{} windows kept{span}, total {} {}.",
+            s.events,
+            s.profile.total(),
+            s.profile.unit.count_name()
+        )
+    });
+    let _ = write!(h, "</main>\n<script>{JS}</script>\n</body></html>\n");
+    h
+}
+
+/// The range's DB load by state: the chart and its table.
+fn load(h: &mut String, p: &Past) {
+    h.push_str("<section id=\"load\"><h2>DB load by state</h2>\n");
+    let Some(r) = &p.range else {
+        h.push_str(
+            "<p class=\"none\">No session history of the range (see the findings).</p></section>\n",
+        );
+        return;
+    };
+    let source = if r.per_minute {
+        "from the per-minute sums"
+    } else {
+        "from every second sampled"
+    };
+    let _ = writeln!(
+        h,
+        "<p>Average active sessions, {source}; a bar is {} s. A session idle in its transaction is not load.</p>\n{}",
+        r.step,
+        super::chart::load(r)
+    );
+    share_table(h, "load-states", "State", &r.states);
+    h.push_str("</section>\n");
+}
+
+/// A top list as a table: its key, its load and its share of the range's load.
+fn share_table(h: &mut String, id: &str, what: &str, shares: &[Share]) {
+    if shares.is_empty() {
+        let _ = writeln!(h, "<p class=\"none\" id=\"{id}\">None.</p>");
+        return;
+    }
+    let total: f64 = shares
+        .iter()
+        .map(|s| s.load)
+        .sum::<f64>()
+        .max(f64::MIN_POSITIVE);
+    let _ = writeln!(
+        h,
+        "<table id=\"{id}\" class=\"sortable\"><thead><tr><th data-type=\"text\">{what}</th>\
+         <th>Load (AAS)</th><th>Share</th></tr></thead><tbody>"
+    );
+    for s in shares {
+        let share = 100.0 * s.load / total;
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"fp\">{}</td><td data-v=\"{:.4}\">{:.2}</td><td data-v=\"{share:.3}\">{share:.0}%</td></tr>",
+            escape(&s.key),
+            s.load,
+            s.load
+        );
+    }
+    h.push_str("</tbody></table>\n");
+}
+
+fn top(h: &mut String, p: &Past) {
+    h.push_str("<section id=\"top\"><h2>Top statements, users, hosts and blockers</h2>\n");
+    let Some(r) = &p.range else {
+        h.push_str("<p class=\"none\">No session history of the range.</p></section>\n");
+        return;
+    };
+    for (id, title, what, shares) in [
+        ("top-statements", "Statements", "Statement", &r.statements),
+        ("top-users", "Users", "User", &r.users),
+        ("top-hosts", "Hosts", "Host", &r.hosts),
+        (
+            "top-blockers",
+            "Blockers: the load that waited behind each",
+            "Connection",
+            &r.blockers,
+        ),
+    ] {
+        let _ = writeln!(h, "<h3>{title}</h3>");
+        share_table(h, id, what, shares);
+    }
+    h.push_str("</section>\n");
+}
+
+/// Each connection others waited behind: its server's sessions at the second the most waited, and the chains.
+fn moments(h: &mut String, p: &Past) {
+    h.push_str("<section id=\"moments\"><h2>Sessions blocked longest</h2>\n");
+    if p.incidents.is_empty() {
+        h.push_str(
+            "<p class=\"none\">No session waited behind another in the range.</p></section>\n",
+        );
+        return;
+    }
+    for (n, i) in p.incidents.iter().enumerate() {
+        let x = &i.incident;
+        let _ = writeln!(
+            h,
+            "<section class=\"moment\" id=\"moment-{n}\" data-blocker=\"{}\"><h3>At {}: {} sessions waited behind \
+             connection {} ({})</h3>",
+            x.root_blocker,
+            escape(&time::format(x.worst)),
+            x.waiters,
+            x.root_blocker,
+            escape(&x.server)
+        );
+        let Some(m) = &i.moment else {
+            h.push_str(
+                "<p class=\"none\">The sessions of that second are no longer kept.</p></section>\n",
+            );
+            continue;
+        };
+        h.push_str(
+            "<table class=\"sessions sortable\"><thead><tr><th>Connection</th><th data-type=\"text\">User@host</th>\
+             <th data-type=\"text\">Database</th><th>For</th><th data-type=\"text\">State</th>\
+             <th data-type=\"text\">Statement</th></tr></thead><tbody>\n",
+        );
+        for s in &m.sessions {
+            let _ = writeln!(
+                h,
+                "<tr><td data-v=\"{}\">{}</td><td>{}</td><td>{}</td><td data-v=\"{}\">{}</td><td>{}</td>\
+                 <td class=\"fp\">{}</td></tr>",
+                s.conn,
+                s.conn,
+                escape(&who(s)),
+                escape(s.db.as_deref().unwrap_or("")),
+                s.statement_s.unwrap_or(0.0),
+                s.statement_s.map_or(String::new(), seconds),
+                escape(&state_words(s)),
+                escape(s.statement.as_deref().unwrap_or("")),
+            );
+        }
+        h.push_str("</tbody></table>\n<ul class=\"chains\">\n");
+        for (root, waiters) in chains(&m.sessions) {
+            let holder = m.sessions.iter().find(|s| s.conn == root);
+            let _ = write!(
+                h,
+                "<li class=\"holder\" data-conn=\"{root}\">{}<ul>",
+                escape(&holder_words(root, holder))
+            );
+            for w in waiters {
+                let _ = write!(h, "<li>← {}</li>", escape(&waiter_words(w)));
+            }
+            h.push_str("</ul></li>\n");
+        }
+        h.push_str("</ul></section>\n");
+    }
+    h.push_str("</section>\n");
+}
+
+fn findings(h: &mut String, findings: &[String]) {
     h.push_str("<section id=\"findings\"><h2>Findings</h2><ol>\n");
-    for f in &r.findings {
+    for f in findings {
         let _ = writeln!(h, "<li>{}</li>", escape(f));
     }
     h.push_str("</ol></section>\n");
@@ -186,7 +392,12 @@ fn statements(h: &mut String, r: &Report) {
     h.push_str("</section>\n");
 }
 
-fn profiles(h: &mut String, r: &Report) {
+/// The flame graphs, each with the line `about` says of it.
+fn profiles(
+    h: &mut String,
+    sections: &[ProfileSection],
+    about: impl Fn(&ProfileSection) -> String,
+) {
     h.push_str(
         "<section id=\"profiles\"><h2>Flame graphs</h2>\n<form id=\"flame-search-form\"><label>Search every \
          flame graph (a regular expression): <input id=\"flame-search\" type=\"search\" placeholder=\"e.g. \
@@ -194,17 +405,14 @@ fn profiles(h: &mut String, r: &Report) {
          id=\"flame-reset\">Reset</button> <span id=\"search-status\"></span></form>\n\
          <p>Click a frame to zoom, Ctrl-F or the search box to highlight functions.</p>\n",
     );
-    for p in &r.profiles {
+    for p in sections {
         let _ = writeln!(
             h,
-            "<section class=\"profile\" id=\"profile-{}\" data-profile=\"{}\"><h3>{}</h3><p>{} events, total {} \
-             {}.</p>",
+            "<section class=\"profile\" id=\"profile-{}\" data-profile=\"{}\"><h3>{}</h3><p>{}</p>",
             p.id,
             p.id,
             escape(&p.title),
-            p.events,
-            p.profile.total(),
-            p.profile.unit.count_name()
+            escape(&about(p)),
         );
         if p.svg.is_empty() {
             h.push_str("<p class=\"none\">Nothing was traced.</p>");

@@ -6,9 +6,11 @@
 //! together (tracing begins once every one is attached, `runner`) and all end at the same moment, when the main
 //! thread stops their run. What they found is symbolized once, in the main thread, with one symbolizer.
 
+pub mod chart;
 pub mod findings;
 pub mod html;
 mod model;
+pub mod past;
 
 use std::{
     io::IsTerminal,
@@ -33,13 +35,13 @@ use crate::{
     },
     query::digest::Digest,
     query::follow::{FollowOptions, Followed},
-    render::{self, Palette, RenderOptions},
+    render::Palette,
     runner::{self, Plan},
     stacks::ThreadStack,
     symbolize::{data::DataSymbolizer, Symbolizer},
 };
 
-pub use model::{ProfileSection, Report, Statements};
+pub use model::{Past, PastIncident, ProfileSection, Report, Statements};
 
 /// What to trace, and how.
 pub struct Options {
@@ -322,24 +324,14 @@ fn section(
     collected: &Collected,
     palette: Palette,
 ) -> Result<ProfileSection> {
-    let opts = RenderOptions {
-        title: title.clone(),
-        palette,
-        ..RenderOptions::default()
-    };
-    let mut svg = Vec::new();
-    if !profile.is_empty() {
-        render::svg(&profile, &opts, &mut svg)
-            .with_context(|| format!("drawing the {id} flame graph"))?;
-    }
-    Ok(ProfileSection {
+    ProfileSection::drawn(
         id,
         title,
-        svg: String::from_utf8_lossy(&svg).into_owned(),
-        events: collected.events,
-        lost: collected.lost.report(collected.events),
         profile,
-    })
+        palette,
+        collected.events,
+        collected.lost.report(collected.events),
+    )
 }
 
 pub fn hostname() -> String {

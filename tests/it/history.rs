@@ -120,10 +120,11 @@ fn hot_row(db: &TestDb) -> HotRow {
     hot_row_on(db, "hist.t")
 }
 
-/// A row of `table` (in the database `hist`) held by a connection idle in its transaction, two waiting for it.
+/// A row of `table` (its database made if need be) held by a connection idle in its transaction, two waiting for it.
 pub(crate) fn hot_row_on(db: &TestDb, table: &str) -> HotRow {
+    let schema = table.split('.').next().unwrap();
     db.sql(&format!(
-        "CREATE DATABASE IF NOT EXISTS hist; CREATE TABLE IF NOT EXISTS {table} (id INT PRIMARY KEY, k INT) \
+        "CREATE DATABASE IF NOT EXISTS {schema}; CREATE TABLE IF NOT EXISTS {table} (id INT PRIMARY KEY, k INT) \
          ENGINE=InnoDB; REPLACE INTO {table} VALUES (1, 0)"
     ));
     let mut holder = db.session();

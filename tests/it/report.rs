@@ -1,6 +1,7 @@
 //! `myprobe report`: one trace of a loaded server with every collector, opened in a real browser (Debian's
 //! headless Chromium): the page's DOM after its scripts ran, a search through the flame graphs' own script
-//! against the frames each SVG holds, and a screenshot kept as the test's artefact.
+//! against the frames each SVG holds, and a screenshot kept as the test's artefact. `report --from --to`: the
+//! report of a past incident from what the agent kept, opened in the same browser.
 
 use std::{
     path::{Path, PathBuf},
@@ -36,7 +37,7 @@ pub(crate) fn chromium(profile: &Path, args: &[&str], url: &str) -> Vec<u8> {
 }
 
 /// The text of an attribute value as the page holds it.
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     s.replace("&quot;", "\"")
         .replace("&apos;", "'")
         .replace("&lt;", "<")
@@ -327,5 +328,171 @@ fn a_collector_that_cannot_load_leaves_the_others_tracing() {
     assert!(
         html.contains("On-CPU") && html.contains("Off-CPU"),
         "profiles not in the page"
+    );
+}
+
+/// An incident under the agent (2-second windows), over before the report is asked for: `report --from --to --dir`
+/// from the agent's history and windows alone, opened in Chromium.
+#[test]
+fn report_of_a_past_incident_from_what_the_agent_kept() {
+    use crate::history::{agent_with, free_port, hot_row_on, now_s};
+    let db = testdb();
+    let dir = tempdir("past-report");
+    let kept = dir.join("agent");
+    let agent = agent_with(&db, free_port(), &kept, &["--window", "2s"]);
+    let from = now_s() - 1;
+    let t1 = hot_row_on(&db, "pastreport.t");
+    // The windows of the incident written, the last when the agent ends.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let to = now_s() + 1;
+    agent.stop();
+    let page = dir.join("past.html");
+    let range = [
+        "--from".to_string(),
+        from.to_string(),
+        "--to".into(),
+        to.to_string(),
+    ];
+    let out = myprobe()
+        .arg("report")
+        .args(&range)
+        .arg("--dir")
+        .arg(&kept)
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("not in the report"), "{stderr}");
+    std::fs::copy(&page, artefacts().join("past.html")).unwrap();
+    let url = format!("file://{}", page.display());
+    let dom = String::from_utf8(chromium(&dir.join("chromium"), &["--dump-dom"], &url)).unwrap();
+    the_past_load_and_blocker_are_shown(&dom, t1.holder, &t1.waiters);
+    a_past_flame_graph_holds_the_server_s_frames(&dom);
+    what_is_missing_is_said_and_nothing_is_an_error(&dir, &kept, &range);
+}
+
+/// The load chart's row-lock parts, the holder among the blockers and in the moment's chain, the findings' words.
+fn the_past_load_and_blocker_are_shown(dom: &str, holder: u64, waiters: &[u64]) {
+    let chart = Regex::new(r#"(?s)<svg class="load-chart".*?</svg>"#).unwrap();
+    let chart = chart.find(dom).expect("a load chart").as_str();
+    assert!(
+        chart.contains("data-state=\"row lock\"") && chart.contains(">row lock</text>"),
+        "the chart shows the row lock: {chart}"
+    );
+    let blockers = Regex::new(r#"(?s)<table id="top-blockers".*?</table>"#).unwrap();
+    let blockers = blockers.find(dom).expect("a blockers' table").as_str();
+    assert!(
+        blockers.contains(&format!(">connection {holder}<")),
+        "the holder among the blockers: {blockers}"
+    );
+    // Its moment, among those of any incident a test beside this one made meanwhile.
+    let moment = Regex::new(&format!(
+        r#"(?s)<section class="moment" id="moment-\d" data-blocker="{holder}">.*?</section>"#
+    ))
+    .unwrap();
+    let moment = moment.find(dom).expect("the holder's moment").as_str();
+    let chain = format!("<li class=\"holder\" data-conn=\"{holder}\">connection {holder} (");
+    assert!(moment.contains(&chain), "{moment}");
+    assert!(moment.contains("idle in its transaction"), "{moment}");
+    for w in waiters {
+        assert!(
+            moment.contains(&format!(
+                "← connection {w} waits for a row lock on pastreport.t "
+            )),
+            "{moment}"
+        );
+    }
+    let findings = Regex::new(r#"(?s)<section id="findings">.*?</section>"#).unwrap();
+    let findings = findings.find(dom).expect("findings").as_str();
+    let held_up = Regex::new(&format!(
+        r"<li>Connection {holder}\b[^<]* held up 2 sessions \(row lock on pastreport.t "
+    ))
+    .unwrap();
+    assert!(
+        held_up.is_match(findings),
+        "the holder in the findings: {findings}"
+    );
+}
+
+/// At least one of the windows' flame graphs, drawn by inferno in its frame, with the server's own functions.
+fn a_past_flame_graph_holds_the_server_s_frames(dom: &str) {
+    let frame = Regex::new(r#"<iframe class="flame"[^>]* srcdoc="([^"]*)"></iframe>"#).unwrap();
+    let title = Regex::new(r"<g><title>([^<]*)</title>").unwrap();
+    let graphs: Vec<String> = frame.captures_iter(dom).map(|c| unescape(&c[1])).collect();
+    assert!(!graphs.is_empty(), "no flame graph");
+    let server_frames = graphs
+        .iter()
+        .flat_map(|svg| {
+            title
+                .captures_iter(svg)
+                .map(|t| t[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|t| t.starts_with("do_command") || t.starts_with("dispatch_command"))
+        .count();
+    assert!(
+        server_frames > 0,
+        "no frame of mariadbd in {} flame graphs",
+        graphs.len()
+    );
+}
+
+/// Windows without a history: said in a line, the page still written; a range of which nothing was kept: an error;
+/// a past range with an option of tracing now: clap's conflict, with what to do.
+fn what_is_missing_is_said_and_nothing_is_an_error(dir: &Path, kept: &Path, range: &[String]) {
+    let windows_only = dir.join("windows-only");
+    std::fs::create_dir_all(&windows_only).unwrap();
+    for f in std::fs::read_dir(kept).unwrap().flatten() {
+        if f.file_name().to_string_lossy().ends_with(".pb.gz") {
+            std::fs::copy(f.path(), windows_only.join(f.file_name())).unwrap();
+        }
+    }
+    let page = dir.join("windows-only.html");
+    let out = myprobe()
+        .arg("report")
+        .args(range)
+        .arg("--dir")
+        .arg(&windows_only)
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("myprobe: not in the report: "))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("no history.sqlite in"), "{stderr}");
+    assert!(std::fs::read_to_string(&page)
+        .unwrap()
+        .contains("<iframe class=\"flame\""));
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let fails = |args: &[&str], says: &str| {
+        let out = myprobe().arg("report").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        stderr.to_string()
+    };
+    let one = fails(
+        &[
+            "--from",
+            "-2h",
+            "--to",
+            "-1h",
+            "--dir",
+            empty.to_str().unwrap(),
+        ],
+        "nothing kept in",
+    );
+    assert_eq!(one.lines().count(), 1, "{one}");
+    fails(
+        &["--from", "-1h", "-p", "1"],
+        "tip: --from/--to write the report of a past range",
     );
 }
