@@ -63,15 +63,20 @@ impl Recent {
         q.push_back((ts, fingerprint::normalize(text)));
     }
 
-    /// What `conn` ran since `since` (all it kept without it), oldest first.
+    /// What `conn` ran since `since` (all it kept without it), oldest first: from the last statement that began a
+    /// transaction, where one is among them (`since` is when the transaction was first seen open, less a second).
     pub fn of(&self, conn: u64, since: Option<i64>) -> Vec<String> {
         let by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
-        by_conn.get(&conn).map_or_else(Vec::new, |q| {
+        let mut ran: Vec<String> = by_conn.get(&conn).map_or_else(Vec::new, |q| {
             q.iter()
                 .filter(|(t, _)| since.is_none_or(|s| *t >= s))
                 .map(|(_, text)| text.clone())
                 .collect()
-        })
+        });
+        if let Some(begun) = ran.iter().rposition(|t| begins_transaction(t)) {
+            ran.drain(..begun);
+        }
+        ran
     }
 
     /// Forgets a connection that ended its transaction (its next holds none of these).
@@ -81,6 +86,18 @@ impl Recent {
             by_conn.remove(&c);
         }
     }
+}
+
+/// `BEGIN`, `START TRANSACTION` (any case, any options after).
+fn begins_transaction(text: &str) -> bool {
+    let words: Vec<String> = text
+        .split_whitespace()
+        .take(2)
+        .map(str::to_ascii_uppercase)
+        .collect();
+    matches!(words.first().map(String::as_str), Some("BEGIN" | "BEGIN;"))
+        || (words.first().map(String::as_str) == Some("START")
+            && words.get(1).is_some_and(|w| w.starts_with("TRANSACTION")))
 }
 
 /// What a thread was doing, as named from its record.
@@ -528,5 +545,38 @@ fn sleep_unless_stopped(stop: &Stop, d: Duration) -> bool {
             return false;
         }
         std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_s_statements_start_at_its_transaction() {
+        let recent = Recent::default();
+        for (i, text) in [
+            "SELECT CONNECTION_ID()",
+            "begin",
+            "UPDATE t SET k = 1 WHERE id = 2",
+            "SELECT 'held'",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            recent.add(7, text, 100 + i as i64);
+        }
+        assert_eq!(
+            recent.of(7, Some(100)),
+            ["begin", "UPDATE t SET k = ? WHERE id = ?", "SELECT ?"]
+        );
+        // Without a statement that began it (autocommit off), what was seen since.
+        assert_eq!(
+            recent.of(7, Some(102)),
+            ["UPDATE t SET k = ? WHERE id = ?", "SELECT ?"]
+        );
+        assert!(begins_transaction("START TRANSACTION READ ONLY"));
+        assert!(!begins_transaction("STARTLE"));
+        assert!(recent.of(8, None).is_empty());
     }
 }

@@ -113,7 +113,9 @@ fn tls_and_basic_auth_guard_every_endpoint_of_the_agent() {
     );
     let stderr = running.stderr_so_far();
     assert!(
-        stderr.contains(&format!("serving https://127.0.0.1:{port}/metrics")),
+        stderr.contains(&format!(
+            "serving https://127.0.0.1:{port}/ (its page), /metrics"
+        )),
         "{stderr}"
     );
     let ca = dir.join("server.pem");

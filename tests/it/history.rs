@@ -4,22 +4,14 @@
 //! each range, from the store's file and from the running agent.
 
 use std::{
-    net::TcpListener,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
 
+pub(crate) use crate::agent::free_port;
 use crate::common::*;
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 pub(crate) fn now_s() -> i64 {
     SystemTime::now()
@@ -103,7 +95,7 @@ fn held(db: &TestDb, sql: &str, n: u32) -> i64 {
     db.wait_until(&format!("{n} of {sql}"), || {
         db.sql(sql).trim().parse::<u32>().unwrap_or(0) >= n
     });
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(2));
     let t = now_s();
     std::thread::sleep(Duration::from_millis(1500));
     t
@@ -130,7 +122,7 @@ pub(crate) fn hot_row_on(db: &TestDb, table: &str) -> HotRow {
     let mut holder = db.session();
     let holder_id = holder.connection_id();
     holder.exec(&format!("BEGIN; UPDATE {table} SET k = k + 1 WHERE id = 1"));
-    let mut waiters: Vec<Session> = (0..2).map(|_| db.session()).collect();
+    let mut waiters: Vec<Session> = (0..3).map(|_| db.session()).collect();
     let ids = waiters.iter_mut().map(Session::connection_id).collect();
     for w in &mut waiters {
         w.send(&format!(
@@ -142,7 +134,7 @@ pub(crate) fn hot_row_on(db: &TestDb, table: &str) -> HotRow {
         &format!(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'UPDATE {table} SET k = k + 2%'"
         ),
-        2,
+        3,
     );
     holder.exec("ROLLBACK");
     for mut w in waiters {
@@ -172,7 +164,7 @@ fn metadata_pile_up(db: &TestDb) -> Pile {
     let alter_id = alter.connection_id();
     alter.send("ALTER TABLE hist.ddl COMMENT 'pile-up'");
     std::thread::sleep(Duration::from_millis(300));
-    let mut queued: Vec<Session> = (0..2).map(|_| db.session()).collect();
+    let mut queued: Vec<Session> = (0..3).map(|_| db.session()).collect();
     let ids = queued.iter_mut().map(Session::connection_id).collect();
     for q in &mut queued {
         q.send("SELECT COUNT(*) FROM hist.ddl WHERE 'pile-up' <> ''");
@@ -181,7 +173,7 @@ fn metadata_pile_up(db: &TestDb) -> Pile {
         db,
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%pile-up%' AND STATE LIKE \
          '%metadata lock%'",
-        3,
+        4,
     );
     reader.exec("COMMIT");
     alter.exec("DO 0");
@@ -196,23 +188,27 @@ fn metadata_pile_up(db: &TestDb) -> Pile {
     }
 }
 
-/// t3: a client that reads its large result only once released.
-fn slow_client(db: &TestDb) -> (i64, u64) {
+/// t3: clients that read their large result only once released.
+fn slow_clients(db: &TestDb) -> (i64, Vec<u64>) {
     db.sql(
         "CREATE TABLE IF NOT EXISTS hist.ten (n INT) ENGINE=InnoDB; DELETE FROM hist.ten; \
          INSERT INTO hist.ten VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)",
     );
-    let mut s = db.session_with(&["--quick"]);
-    let conn = s.connection_id();
-    s.send(
-        "SELECT a.n, REPEAT('x', 4000), 'slow-client' FROM hist.ten a, hist.ten b, hist.ten c, hist.ten d; \
-         SELECT 'slow-done'",
-    );
-    std::thread::sleep(Duration::from_secs(4));
+    let mut clients: Vec<Session> = (0..3).map(|_| db.session_with(&["--quick"])).collect();
+    let conns = clients.iter_mut().map(Session::connection_id).collect();
+    for c in &mut clients {
+        c.send(
+            "SELECT a.n, REPEAT('x', 4000), 'slow-client' FROM hist.ten a, hist.ten b, hist.ten c, hist.ten d; \
+             SELECT 'slow-done'",
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
     let at = now_s();
     std::thread::sleep(Duration::from_millis(1500));
-    s.read_until("slow-done");
-    (at, conn)
+    for mut c in clients {
+        c.read_until("slow-done");
+    }
+    (at, conns)
 }
 
 fn hot_row_is_read_back(kind: &str, store: &Path, t1: &HotRow) {
@@ -247,7 +243,7 @@ fn hot_row_is_read_back(kind: &str, store: &Path, t1: &HotRow) {
         "{kind}: {h}"
     );
     assert_eq!(
-        first_state(store, t1.at - 3, t1.at + 1),
+        first_state(store, t1.at - 1, t1.at + 1),
         "row lock",
         "{kind}"
     );
@@ -278,65 +274,65 @@ fn pile_up_is_read_back(kind: &str, store: &Path, t2: &Pile) {
     let r = session(&sessions, t2.reader);
     assert_eq!(r["state"], "idle in transaction", "{kind}: {r}");
     assert_eq!(
-        first_state(store, t2.at - 3, t2.at + 1),
+        first_state(store, t2.at - 1, t2.at + 1),
         "metadata lock",
         "{kind}"
     );
 }
 
-fn slow_client_is_read_back(kind: &str, store: &Path, (at, conn): (i64, u64)) {
+fn slow_client_is_read_back(kind: &str, store: &Path, (at, conns): (i64, Vec<u64>)) {
     let sessions = sessions_at(store, at);
-    let s = session(&sessions, conn);
-    assert_eq!(s["state"], "client", "{kind}: {s}");
-    assert!(
-        s["statement"]
-            .as_str()
-            .unwrap()
-            .starts_with("SELECT a.n, REPEAT("),
-        "{kind}: {s}"
-    );
-    assert_eq!(first_state(store, at - 2, at + 1), "client", "{kind}");
+    for conn in conns {
+        let s = session(&sessions, conn);
+        assert_eq!(s["state"], "client", "{kind}: {s}");
+        assert!(
+            s["statement"]
+                .as_str()
+                .unwrap()
+                .starts_with("SELECT a.n, REPEAT("),
+            "{kind}: {s}"
+        );
+    }
+    assert_eq!(first_state(store, at - 1, at + 1), "client", "{kind}");
 }
 
 #[test]
 fn an_incident_is_read_back_after_the_agent_restarted_on_every_server() {
-    for (kind, db) in every_server() {
-        let dir = tempdir(&format!("history-{kind}"));
-        let port = free_port();
-        let first = agent(&db, port, &dir);
-        let t1 = hot_row(&db);
-        let t2 = metadata_pile_up(&db);
-        let t3 = slow_client(&db);
-        let (_, err) = first.stop();
-        assert!(!err.contains("no session history"), "{kind}: {err}");
-        // Restarted: what the first kept is read from the file and from the new agent alike.
-        let again = agent(&db, port, &dir);
-        let store = dir.join("history.sqlite");
-        hot_row_is_read_back(kind, &store, &t1);
-        pile_up_is_read_back(kind, &store, &t2);
-        slow_client_is_read_back(kind, &store, t3);
-        let url = format!("http://127.0.0.1:{port}");
-        let served = history(&["--agent", &url, "--at", &t1.at.to_string()]);
-        let from_file = history(&[
-            "--store",
-            store.to_str().unwrap(),
-            "--at",
-            &t1.at.to_string(),
-        ]);
-        assert_eq!(served, from_file, "{kind}");
-        let text = history_text(&[
-            "--store",
-            store.to_str().unwrap(),
-            "--at",
-            &t1.at.to_string(),
-        ]);
-        assert!(
-            text.contains(&format!("connection {} (", t1.holder)),
-            "{kind}: {text}"
-        );
-        assert!(text.contains("idle in its transaction"), "{kind}: {text}");
-        again.stop();
-    }
+    // Each server with an agent of its own, at once.
+    std::thread::scope(|s| {
+        for (kind, db) in every_server() {
+            s.spawn(move || replayed_and_read_back(kind, &db));
+        }
+    });
+}
+
+fn replayed_and_read_back(kind: &str, db: &TestDb) {
+    let dir = tempdir(&format!("history-{kind}"));
+    let port = free_port();
+    let first = agent(db, port, &dir);
+    let t1 = hot_row(db);
+    let t2 = metadata_pile_up(db);
+    let t3 = slow_clients(db);
+    let (_, err) = first.stop();
+    assert!(!err.contains("no session history"), "{kind}: {err}");
+    // Restarted: what the first kept is read from the file and from the new agent alike.
+    let again = agent(db, port, &dir);
+    let store = dir.join("history.sqlite");
+    hot_row_is_read_back(kind, &store, &t1);
+    pile_up_is_read_back(kind, &store, &t2);
+    slow_client_is_read_back(kind, &store, t3);
+    let url = format!("http://127.0.0.1:{port}");
+    let at = t1.at.to_string();
+    let served = history(&["--agent", &url, "--at", &at]);
+    let from_file = history(&["--store", store.to_str().unwrap(), "--at", &at]);
+    assert_eq!(served, from_file, "{kind}");
+    let text = history_text(&["--store", store.to_str().unwrap(), "--at", &at]);
+    assert!(
+        text.contains(&format!("connection {} (", t1.holder)),
+        "{kind}: {text}"
+    );
+    assert!(text.contains("idle in its transaction"), "{kind}: {text}");
+    again.stop();
 }
 
 /// A second in which connections run: a statement sleeping, and a transaction left open.
@@ -373,7 +369,7 @@ fn goes_on_without_history(db: &TestDb, dir: &Path, why: &str) {
         "myprobe: agent: tracing",
     );
     agent.wait_for_stderr("no session history is kept");
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(1));
     let metrics = ureq::get(&format!("http://{listen}/metrics"))
         .call()
         .unwrap()
@@ -394,7 +390,7 @@ fn a_store_killed_mid_write_opens_and_one_that_fails_is_one_line() {
     // Killed while it writes each second: the store opens and answers, whole.
     let dir = tempdir("history-killed");
     let first = agent(&db, free_port(), &dir);
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(2));
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
     // Reaped as it drops.
