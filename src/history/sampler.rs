@@ -177,12 +177,12 @@ impl Sampler {
         now: f64,
     ) -> Result<Second> {
         let own = self.client.as_ref().map(Client::connection_id);
-        let listed = sessions::read(&self.mem, &self.layout)
-            .context("reading the server's connections from its memory")?;
-        let sampled: Vec<&Session> = listed
-            .iter()
-            .filter(|s| Some(s.id) != own && (runs_statement(s) || s.in_transaction == Some(true)))
-            .collect();
+        // Only the connections that run a statement or hold a transaction open are read whole.
+        let listed = sessions::read_wanted(&self.mem, &self.layout, |b| {
+            b.in_transaction == Some(true) || runs(b.command, b.has_query)
+        })
+        .context("reading the server's connections from its memory")?;
+        let sampled: Vec<&Session> = listed.iter().filter(|s| Some(s.id) != own).collect();
         self.follow_transactions(&listed, now);
         let wanted: HashMap<u64, u64> = sampled
             .iter()
