@@ -14,8 +14,8 @@ use crate::{
     query::follow::FollowOptions,
 };
 
-/// Samples `target` until `stop`, into the agent's store and its metrics; `opts`: its threads' iterator's (the unwind tables the
-/// server's collectors share). Its statements seen (`recent`) name what a holder ran.
+/// Samples `target` until `stop`, into the agent's store and its metrics; `opts`: its threads' iterator's (the
+/// unwind tables the server's collectors share). Its statements seen (`recent`) name what a holder ran.
 pub fn sample(
     target: &Target,
     opts: &CollectOptions,

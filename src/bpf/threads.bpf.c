@@ -37,7 +37,7 @@ struct thread_record {
 	__u64 switches;     /* its context switches so far, voluntary or not */
 	__u32 unchanged;    /* not unwound: it has not run since `wanted` last had its stack (same switches); with
 			     * `only_wanted`, a thread running or not in a futex wait is not unwound either */
-	__u32 pad;
+	__u32 known_wait;   /* not unwound: it waits on a futex from a place `known_waits` holds */
 	struct stack_event stack;
 };
 
@@ -51,6 +51,22 @@ struct {
 } wanted SEC(".maps");
 
 bool only_wanted = false;
+
+/* A thread waiting on a futex, from where: the same thread on the same futex from the same stack pointer is in the
+ * wait user space named before from its stack. */
+struct wait_place {
+	__u64 tls_base;
+	__u64 futex;
+	__u64 user_sp;
+};
+
+/* The places of waits whose stacks user space has named (with `only_wanted`): not unwound again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct wait_place);
+	__type(value, __u8);
+} known_waits SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -141,9 +157,15 @@ int snapshot(struct bpf_iter__task *ctx)
 			r->futex_read = 1;
 		}
 	}
+	r->known_wait = 0;
+	if (only_wanted && !r->unchanged && r->state != 0 && r->syscall == futex_syscall) {
+		struct wait_place place = { .tls_base = r->tls_base, .futex = r->args[0], .user_sp = r->user_sp };
+		r->known_wait = bpf_map_lookup_elem(&known_waits, &place) != NULL;
+	}
 	/* The history names a running thread, or one blocked in another syscall, without its stack: only a futex
-	 * wait's is needed, to say what it waits for. */
-	bool unwound = !r->unchanged && !(only_wanted && (r->state == 0 || r->syscall != futex_syscall));
+	 * wait's is needed, to say what it waits for, and not for a wait it has named before. */
+	bool unwound = !r->unchanged && !r->known_wait &&
+		       !(only_wanted && (r->state == 0 || r->syscall != futex_syscall));
 	struct stack_event *e = &r->stack;
 	long n = unwound ? unwind_task_user_stack(task, e->ips) : 0;
 	if (n < 0) {

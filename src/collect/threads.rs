@@ -53,6 +53,10 @@ pub struct ThreadRecord {
     /// was told it had (its `stack` then empty).
     pub switches: u64,
     pub unchanged: bool,
+    /// Not unwound either: it waits on a futex from a place `Reader::know_waits` was given (its `stack` empty).
+    pub known_wait: bool,
+    /// Its user stack pointer when it entered the kernel (0 where unknown): with its futex, where it waits from.
+    pub user_sp: u64,
     pub stack: RawStack,
 }
 
@@ -77,12 +81,19 @@ pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
 /// The `wanted` map's size (threads.bpf.c).
 const WANTED_MAX: usize = 8192;
 
+/// The `known_waits` map's size (threads.bpf.c).
+pub const KNOWN_WAITS_MAX: usize = 4096;
+
 /// The threads' iterator, loaded once and run as often as `each` asks (the agent's history, once a second).
 pub struct Reader<'obj> {
     skel: skel::ThreadsSkel<'obj>,
     link: Option<libbpf_rs::Link>,
     /// The keys and values of the `wanted` map, as last written.
     wanted: HashMap<u64, u64>,
+    /// The keys of the `known_waits` map.
+    known_waits: std::collections::HashSet<WaitPlace>,
+    /// The iterator's output, kept between runs.
+    records: Vec<u8>,
     mem: Option<crate::process::memory::ProcMemory>,
     pid: u32,
     unwind: Option<std::sync::Arc<super::unwind_store::UnwindStore>>,
@@ -111,6 +122,8 @@ pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) 
         skel,
         link: None,
         wanted: HashMap::new(),
+        known_waits: Default::default(),
+        records: Vec::new(),
         mem,
         pid: opts.pid,
         unwind: opts.unwind.clone(),
@@ -121,7 +134,63 @@ pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) 
     Ok(each(&mut reader))
 }
 
+/// The task iterator given `pid`, so that it walks that process's threads only (kernels from 6.1; `None` before,
+/// where it walks every task of the host and the program keeps the process's). libbpf-rs 0.27's options have no
+/// task, hence libbpf's own call.
+fn attach_to_process(program: &libbpf_rs::ProgramMut<'_>, pid: u32) -> Option<libbpf_rs::Link> {
+    use libbpf_rs::AsRawLibbpf;
+    let mut info = libbpf_sys::bpf_iter_link_info::default();
+    info.task.pid = pid;
+    let opts = libbpf_sys::bpf_iter_attach_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_iter_attach_opts>() as _,
+        link_info: &mut info,
+        link_info_len: std::mem::size_of::<libbpf_sys::bpf_iter_link_info>() as _,
+        ..Default::default()
+    };
+    // SAFETY: the program is loaded and outlives the call; `opts` and `info` live across it.
+    let link =
+        unsafe { libbpf_sys::bpf_program__attach_iter(program.as_libbpf_object().as_ptr(), &opts) };
+    // libbpf returns NULL with errno set on failure (libbpf 1.0's mode, libbpf-rs's).
+    let link = std::ptr::NonNull::new(link)?;
+    // SAFETY: a link libbpf made, handed over whole: the `Link` destroys it.
+    Some(unsafe { libbpf_rs::Link::from_ptr(link) })
+}
+
+/// Where a thread waits on a futex from: its thread pointer, the futex, and its user stack pointer.
+pub type WaitPlace = (u64, u64, u64);
+
+impl ThreadRecord {
+    /// Where it waits from, if it is blocked in a futex call.
+    pub fn wait_place(&self) -> Option<WaitPlace> {
+        let (nr, args) = self.syscall?;
+        (nr == libc::SYS_futex && self.state != Some('R') && self.user_sp != 0).then_some((
+            self.tls_base,
+            args[0],
+            self.user_sp,
+        ))
+    }
+}
+
 impl Reader<'_> {
+    /// The iterator unwinds no thread waiting from one of `places` from now on (with `only`): its wait was named.
+    /// Past the map's size, it forgets them all first (and says so: true).
+    pub fn know_waits(&mut self, places: &[WaitPlace]) -> Result<bool> {
+        use libbpf_rs::MapCore;
+        let map = &self.skel.maps.known_waits;
+        let forgot = self.known_waits.len() + places.len() > KNOWN_WAITS_MAX;
+        if forgot {
+            for p in self.known_waits.drain() {
+                let _ = map.delete(&place_key(p));
+            }
+        }
+        for &p in places.iter().take(KNOWN_WAITS_MAX) {
+            if self.known_waits.insert(p) {
+                map.update(&place_key(p), &[1], libbpf_rs::MapFlags::ANY)?;
+            }
+        }
+        Ok(forgot)
+    }
+
     /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys, each unwound
     /// unless its switches equal the value (it has not run since: its stack is the one read then).
     pub fn read(&mut self, only: Option<&HashMap<u64, u64>>) -> Result<Snapshot> {
@@ -154,15 +223,18 @@ impl Reader<'_> {
         let bss = self.skel.maps.bss_data.as_deref_mut().context("no .bss")?;
         bss.only_wanted = only.is_some();
         if self.link.is_none() {
-            let link = self
-                .skel
-                .progs
-                .snapshot
-                .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-                .context("attaching the task iterator")?;
+            let program = &self.skel.progs.snapshot;
+            let link = match attach_to_process(program, self.pid) {
+                Some(link) => link,
+                None => program
+                    .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+                    .context("attaching the task iterator")?,
+            };
             self.link = Some(link);
         }
-        let mut bytes = Vec::new();
+        // The last run's buffer: a second's records are a few hundred KiB, grown once rather than each run.
+        let mut bytes = std::mem::take(&mut self.records);
+        bytes.clear();
         let link = self.link.as_ref().expect("attached above");
         std::io::Read::read_to_end(
             &mut libbpf_rs::Iter::new(link).context("running the task iterator")?,
@@ -180,6 +252,7 @@ impl Reader<'_> {
                     let mut t = record(&r);
                     // As the kernel's side does: with `only`, a futex wait's stack alone is needed.
                     let needed = r.unchanged == 0
+                        && r.known_wait == 0
                         && (!selected || (r.state != 0 && r.syscall == libc::SYS_futex));
                     if let Some(mem) = mem.filter(|_| needed) {
                         read_from_memory(mem, tables, &r, &mut t);
@@ -192,6 +265,7 @@ impl Reader<'_> {
             Some(store) => store.with_tables(self.pid, replay),
             None => replay(ProcessTables::default().tables()),
         };
+        self.records = bytes;
         Ok(Snapshot {
             threads,
             lost: Skeleton::lost(&self.skel),
@@ -265,11 +339,21 @@ fn record(r: &thread_record) -> ThreadRecord {
         tls_base: r.tls_base,
         switches: r.switches,
         unchanged: r.unchanged != 0,
+        known_wait: r.known_wait != 0,
+        user_sp: r.user_sp,
         stack: RawStack {
             user_len: user as u16,
             ips: e.ips[..user + kernel].into(),
         },
     }
+}
+
+fn place_key((tls, futex, sp): WaitPlace) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..8].copy_from_slice(&tls.to_ne_bytes());
+    key[8..16].copy_from_slice(&futex.to_ne_bytes());
+    key[16..].copy_from_slice(&sp.to_ne_bytes());
+    key
 }
 
 /// The letter `ps` shows for a task's state (the kernel's `task_state_index`).

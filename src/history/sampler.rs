@@ -47,8 +47,14 @@ const RECENT_CONNS: usize = 20_000;
 const RECENT_S: i64 = 3600;
 
 impl Recent {
-    /// Connection `conn` ran `text` (its literals hidden) ending at `ts` (seconds since the epoch).
+    /// Connection `conn` ran `text` ending at `ts` (seconds since the epoch).
     pub fn add(&self, conn: u64, text: &str, ts: i64) {
+        self.add_normalized(conn, fingerprint::normalize(text), ts);
+    }
+
+    /// The same, its literals already hidden. The same text as the last kept of `conn` is kept once: a statement
+    /// both sampled while it ran and traced when it ended, or run twice in a row.
+    fn add_normalized(&self, conn: u64, text: String, ts: i64) {
         let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
         if by_conn.len() >= RECENT_CONNS && !by_conn.contains_key(&conn) {
             by_conn.retain(|_, q| q.back().is_some_and(|(t, _)| *t >= ts - RECENT_S));
@@ -57,10 +63,14 @@ impl Recent {
             }
         }
         let q = by_conn.entry(conn).or_default();
+        if let Some(last) = q.back_mut().filter(|(_, t)| *t == text) {
+            last.0 = last.0.max(ts);
+            return;
+        }
         if q.len() == RECENT_PER_CONN {
             q.pop_front();
         }
-        q.push_back((ts, fingerprint::normalize(text)));
+        q.push_back((ts, text));
     }
 
     /// What `conn` ran since `since` (all it kept without it), oldest first: from the last statement that began a
@@ -113,6 +123,7 @@ pub struct Sampler {
     server: String,
     mem: ProcMemory,
     layout: sessions::Layout,
+    walk: sessions::Walk,
     symbolizer: Symbolizer,
     data: DataSymbolizer,
     brackets: Brackets,
@@ -122,6 +133,8 @@ pub struct Sampler {
     memory_locks: Option<MemoryLocks>,
     /// The serving threads' states named last, by thread pointer, with their switches then.
     last: HashMap<u64, (u64, Named)>,
+    /// The futex waits named from their stacks, by where they wait from (the iterator unwinds them no more).
+    known_waits: HashMap<threads::WaitPlace, Named>,
     /// The connections that waited for a lock someone holds at the last second.
     waiting: HashSet<u64>,
     /// When each connection was first seen in its open transaction.
@@ -149,19 +162,27 @@ impl Sampler {
         }
         let mut symbolizer = Symbolizer::new(pid).context("preparing symbolization")?;
         symbolizer.preload(false);
+        let memory_locks = MemoryLocks::with_sessions(
+            pid,
+            &target.binary,
+            target.flavor.server(),
+            Some(layout.clone()),
+        );
         Ok(Sampler {
             pid,
             server,
             mem: ProcMemory::open(pid)?,
             layout,
+            walk: sessions::Walk::default(),
             symbolizer,
             data: DataSymbolizer::new(pid).context("reading the process's memory map")?,
             brackets,
             files: Files::new(pid),
             connect,
             client: None,
-            memory_locks: MemoryLocks::of(pid, &target.binary, target.flavor.server()),
+            memory_locks,
             last: HashMap::new(),
+            known_waits: HashMap::new(),
             waiting: HashSet::new(),
             in_transaction_since: HashMap::new(),
             recent,
@@ -178,7 +199,7 @@ impl Sampler {
     ) -> Result<Second> {
         let own = self.client.as_ref().map(Client::connection_id);
         // Only the connections that run a statement or hold a transaction open are read whole.
-        let listed = sessions::read_wanted(&self.mem, &self.layout, |b| {
+        let listed = sessions::read_wanted(&self.mem, &self.layout, &mut self.walk, |b| {
             b.in_transaction == Some(true) || runs(b.command, b.has_query)
         })
         .context("reading the server's connections from its memory")?;
@@ -197,11 +218,22 @@ impl Sampler {
             })
             .collect();
         let snapshot = reader.read(Some(&wanted))?;
-        let states = self.name_threads(&snapshot.threads);
+        let (states, named) = self.name_threads(&snapshot.threads);
+        if reader.know_waits(&named)? {
+            let named: HashSet<_> = named.into_iter().collect();
+            self.known_waits.retain(|place, _| named.contains(place));
+        }
         let mut out: Vec<SessionSample> = sampled
             .iter()
             .map(|s| self.session_sample(s, s.thread.and_then(|t| states.get(&t)), now))
             .collect();
+        // What a transaction runs, as sampled: a holder's own statements where tracing saw none of them (statements
+        // traced one second in several).
+        for s in out.iter().filter(|s| s.transaction_s.is_some()) {
+            if let Some(statement) = &s.statement {
+                self.recent.add_normalized(s.conn, statement.clone(), ts);
+            }
+        }
         // Who holds a lock is asked only for waits already seen a second ago: the short ones of a busy server
         // (most row locks under load) ask the server nothing.
         let waiting: HashSet<u64> = out
@@ -253,8 +285,12 @@ impl Sampler {
         }
     }
 
-    /// Each thread's state, by its thread pointer: one that has not run since keeps its last.
-    fn name_threads(&mut self, threads: &[ThreadRecord]) -> HashMap<u64, Named> {
+    /// Each thread's state, by its thread pointer: one that has not run since keeps its last, one that waits from
+    /// where it waited before is named as then. With the places of the waits named from their stacks this time.
+    fn name_threads(
+        &mut self,
+        threads: &[ThreadRecord],
+    ) -> (HashMap<u64, Named>, Vec<threads::WaitPlace>) {
         let (unchanged, changed): (Vec<&ThreadRecord>, Vec<&ThreadRecord>) =
             threads.iter().partition(|t| t.unchanged);
         let mut out: HashMap<u64, Named> = unchanged
@@ -263,7 +299,7 @@ impl Sampler {
             .collect();
         let in_futex: Vec<ThreadRecord> = changed
             .iter()
-            .filter(|t| t.futex.is_some() && t.state != Some('R'))
+            .filter(|t| t.futex.is_some() && t.state != Some('R') && !t.known_wait)
             .map(|t| (*t).clone())
             .collect();
         let named = stacks::name_threads_with(
@@ -283,11 +319,26 @@ impl Sampler {
                 (t.tid, Named { cause, object })
             })
             .collect();
+        // Those named by their stacks, but for a stack not unwound: they are unwound again.
+        let mut named = Vec::new();
+        for t in &in_futex {
+            let (Some(place), Some(n)) = (t.wait_place(), futex_waits.get(&t.tid)) else {
+                continue;
+            };
+            if n.cause != Cause::UnknownWait {
+                self.known_waits.insert(place, n.clone());
+                named.push(place);
+            }
+        }
         let mut last = HashMap::new();
         for t in changed {
-            let n = match futex_waits.get(&t.tid) {
-                Some(n) => n.clone(),
-                None => self.name_state(t),
+            let known = t.known_wait.then(|| t.wait_place()).flatten();
+            let n = match (
+                futex_waits.get(&t.tid),
+                known.and_then(|p| self.known_waits.get(&p)),
+            ) {
+                (Some(n), _) | (None, Some(n)) => n.clone(),
+                (None, None) => self.name_state(t),
             };
             last.insert(t.tls_base, (t.switches, n.clone()));
             out.insert(t.tls_base, n);
@@ -298,7 +349,7 @@ impl Sampler {
             }
         }
         self.last = last;
-        out
+        (out, named)
     }
 
     /// A thread not in a futex wait: on a CPU, waiting for one, or in a syscall on a file or a socket.
@@ -575,6 +626,9 @@ mod tests {
             recent.of(7, Some(102)),
             ["UPDATE t SET k = ? WHERE id = ?", "SELECT ?"]
         );
+        // Sampled while it ran, then traced when it ended: kept once.
+        recent.add(7, "SELECT 'held'", 104);
+        assert_eq!(recent.of(7, Some(103)), ["SELECT ?"]);
         assert!(begins_transaction("START TRANSACTION READ ONLY"));
         assert!(!begins_transaction("STARTLE"));
         assert!(recent.of(8, None).is_empty());

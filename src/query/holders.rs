@@ -231,18 +231,37 @@ impl MemoryLocks {
     /// The reader of the process `pid`'s (running `binary`) metadata locks, where `server` lists them in no table;
     /// one that cannot be read is said.
     pub fn of(pid: u32, binary: &Path, server: &dyn Server) -> Option<MemoryLocks> {
+        MemoryLocks::with_sessions(pid, binary, server, None)
+    }
+
+    /// The same, with where its connections are (`sessions`) when the caller has found it already.
+    pub fn with_sessions(
+        pid: u32,
+        binary: &Path,
+        server: &dyn Server,
+        sessions: Option<sessions::Layout>,
+    ) -> Option<MemoryLocks> {
         if !server.metadata_locks_in_memory() {
             return None;
         }
-        MemoryLocks::open(pid, binary, server)
+        MemoryLocks::open(pid, binary, server, sessions)
             .map_err(|e| say!("myprobe: note: who holds the metadata locks is not read: {e:#}"))
             .ok()
     }
 
-    fn open(pid: u32, binary: &Path, server: &dyn Server) -> anyhow::Result<MemoryLocks> {
+    fn open(
+        pid: u32,
+        binary: &Path,
+        server: &dyn Server,
+        sessions: Option<sessions::Layout>,
+    ) -> anyhow::Result<MemoryLocks> {
+        let sessions = match sessions {
+            Some(s) => s,
+            None => sessions::Layout::of_process(pid, binary, server)?,
+        };
         Ok(MemoryLocks {
             mem: ProcMemory::open(pid)?,
-            sessions: sessions::Layout::of_process(pid, binary, server)?,
+            sessions,
             locks: MdlLayout::of_process(pid, binary)?,
         })
     }

@@ -383,18 +383,300 @@ pub fn serving_threads<'a>(
 /// Every connection of the process whose memory is `mem`. A running server changes its list while it is read:
 /// a walk that does not hold together is taken again, up to three times.
 pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
+    read_wanted(mem, layout, &mut Walk::default(), |_| true)
+}
+
+/// What a reading of the connections keeps for the next (the history reads them each second): the objects in the
+/// list's order, so that a linked list is checked in one gather of its links rather than followed link by link;
+/// and each connection's user and host, which it keeps while it lasts.
+#[derive(Default)]
+pub struct Walk {
+    list: Vec<u64>,
+    names: HashMap<NameKey, (Option<String>, Option<String>)>,
+}
+
+/// A connection's object and id, and the first pointer to its user's and its host's names.
+type NameKey = (u64, u64, Option<u64>, Option<u64>);
+
+/// What a connection's object says in a few words: enough to choose the connections read whole.
+#[derive(Clone, Copy, Debug)]
+pub struct Brief {
+    /// Its command, where the layout knows it.
+    pub command: Option<&'static str>,
+    /// Whether it holds a statement's text.
+    pub has_query: bool,
+    pub in_transaction: Option<bool>,
+}
+
+/// The connections of the process whose memory is `mem` for which `wanted` holds, each read whole; the others
+/// in a few words each (what a second's sample of a thousand idle connections can afford). The words of every
+/// object, then the fields of those read whole, then their texts, are each read in one gather.
+pub fn read_wanted(
+    mem: &impl Memory,
+    layout: &Layout,
+    walk: &mut Walk,
+    wanted: impl Fn(&Brief) -> bool,
+) -> Result<Vec<Session>> {
     let mut last = None;
     for _ in 0..3 {
-        match objects(mem, layout).and_then(|thds| sessions(mem, layout, &thds)) {
+        match read_once(mem, layout, walk, &wanted) {
             Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
+            Err(e) => {
+                walk.list.clear();
+                last = Some(e);
+            }
         }
     }
     Err(last.expect("tried"))
 }
 
-/// The addresses of the connection objects.
-fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
+/// A `{ str, length }`, or a `{ seconds; microseconds }`.
+type Pair = (u64, u64);
+
+/// Fields of objects, each at its offset and of its width, read in one gather: those near one another in one piece.
+#[derive(Default)]
+struct Fields(Vec<(u64, usize)>);
+
+/// Fields closer than this are read as one piece: each piece costs a walk of the page tables, the bytes between
+/// next to nothing.
+const PIECE_GAP: u64 = 256;
+
+impl Fields {
+    /// Adds a field: its index among them.
+    fn add(&mut self, offset: u64, width: usize) -> usize {
+        self.0.push((offset, width));
+        self.0.len() - 1
+    }
+
+    /// These fields of each of `objects`.
+    fn of(&self, mem: &impl Memory, objects: &[u64]) -> Read {
+        let mut order: Vec<usize> = (0..self.0.len()).collect();
+        order.sort_by_key(|&f| self.0[f].0);
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        let mut at = vec![(0, 0); self.0.len()];
+        for f in order {
+            let (offset, width) = self.0[f];
+            let end = offset.saturating_add(width as u64);
+            let n = pieces.len();
+            match pieces.last_mut() {
+                Some((start, last)) if offset <= last.saturating_add(PIECE_GAP) => {
+                    *last = (*last).max(end);
+                    at[f] = (n - 1, (offset - *start) as usize);
+                }
+                _ => {
+                    pieces.push((offset, end));
+                    at[f] = (pieces.len() - 1, 0);
+                }
+            }
+        }
+        let reads: Vec<(u64, usize)> = objects
+            .iter()
+            .flat_map(|&o| {
+                pieces
+                    .iter()
+                    .map(move |&(start, end)| (o.wrapping_add(start), (end - start) as usize))
+            })
+            .collect();
+        Read {
+            got: mem.gather(&reads),
+            pieces: pieces.len(),
+            at: at
+                .into_iter()
+                .zip(&self.0)
+                .map(|((piece, delta), &(_, width))| (piece, delta, width))
+                .collect(),
+        }
+    }
+}
+
+struct Read {
+    got: memory::Gathered,
+    pieces: usize,
+    /// Each field's piece, where it is in it, and its width.
+    at: Vec<(usize, usize, usize)>,
+}
+
+impl Read {
+    fn bytes(&self, object: usize, field: usize) -> Option<&[u8]> {
+        let (piece, delta, width) = self.at[field];
+        self.got
+            .get(object * self.pieces + piece)?
+            .get(delta..delta + width)
+    }
+
+    /// A field of 4 or 8 bytes.
+    fn word(&self, object: usize, field: usize) -> Option<u64> {
+        let b = self.bytes(object, field)?;
+        Some(match b.len() {
+            4 => u64::from(u32::from_le_bytes(b.try_into().ok()?)),
+            8 => u64::from_le_bytes(b.try_into().ok()?),
+            _ => return None,
+        })
+    }
+
+    /// A `{ str, length }` (or `{ seconds; microseconds }`) field.
+    fn pair(&self, object: usize, field: usize) -> Option<(u64, u64)> {
+        let b = self.bytes(object, field)?;
+        Some((
+            u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
+            u64::from_le_bytes(b.get(8..16)?.try_into().ok()?),
+        ))
+    }
+}
+
+fn read_once(
+    mem: &impl Memory,
+    layout: &Layout,
+    walk: &mut Walk,
+    wanted: &impl Fn(&Brief) -> bool,
+) -> Result<Vec<Session>> {
+    // A few words of each object: enough to check it is one, and to choose it; with its link in a linked list,
+    // which checks the list walked last.
+    let mut brief = Fields::default();
+    let vtable = brief.add(0, 8);
+    let link = match layout.list {
+        List::Linked { next, .. } => Some(brief.add(next, 8)),
+        List::Partitioned { .. } => None,
+    };
+    let query = brief.add(layout.query_offset, 16);
+    let command = layout.command_offset.map(|o| brief.add(o, 4));
+    let transaction = layout.transaction.map(|(o, w, _)| brief.add(o, w));
+    let of_last = link
+        .filter(|_| !walk.list.is_empty())
+        .map(|_| brief.of(mem, &walk.list));
+    let thds = objects(mem, layout, &walk.list, |k| {
+        of_last.as_ref()?.word(k, link?)
+    })?;
+    let briefs = match of_last {
+        Some(b) if thds == walk.list => b,
+        _ => brief.of(mem, &thds),
+    };
+    let mut chosen = Vec::new();
+    for (i, &thd) in thds.iter().enumerate() {
+        ensure!(
+            briefs.word(i, vtable) == Some(layout.vtable_word),
+            "the list of connections holds {thd:#x}, which is not a connection"
+        );
+        let b = Brief {
+            command: command.and_then(|f| command_named(briefs.word(i, f)?)),
+            has_query: briefs.pair(i, query).is_some_and(|(p, _)| p != 0),
+            in_transaction: transaction.and_then(|f| {
+                let bits = layout.transaction?.2;
+                Some(briefs.word(i, f)? & bits != 0)
+            }),
+        };
+        if wanted(&b) {
+            chosen.push((i, b));
+        }
+    }
+    // The rest of those read whole.
+    let mut whole = Fields::default();
+    let id = whole.add(layout.id_offset, layout.id_width);
+    let db = layout.db_offset.map(|o| whole.add(o, 16));
+    let started = layout.started_offset.map(|o| whole.add(o, 16));
+    let thread = layout.thread_offset.map(|o| whole.add(o, 8));
+    let first_pointer = |f: &TextField| f.pointers.first().copied().unwrap_or(f.at);
+    let user = layout.user.as_ref().map(|f| whole.add(first_pointer(f), 8));
+    let host = layout.host.as_ref().map(|f| whole.add(first_pointer(f), 8));
+    let objects: Vec<u64> = chosen.iter().map(|&(i, _)| thds[i]).collect();
+    let fields = whole.of(mem, &objects);
+    // Their statements' and databases' texts, then their `{ str, length }` again, to see they held still.
+    let pairs: Vec<(u64, Pair, Option<Pair>)> = chosen
+        .iter()
+        .enumerate()
+        .map(|(n, &(i, _))| {
+            let thd = thds[i];
+            let q = briefs.pair(i, query).with_context(|| {
+                format!(
+                    "a connection's text at {:#x} is not readable",
+                    thd.wrapping_add(layout.query_offset)
+                )
+            })?;
+            Ok((thd, q, db.and_then(|f| fields.pair(n, f))))
+        })
+        .collect::<Result<_>>()?;
+    let text_read = |p: &Option<(u64, u64)>| {
+        p.filter(|&(at, len)| at != 0 && len != 0)
+            .map(|(at, len)| (at, usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX)))
+            .unwrap_or((0, 0))
+    };
+    let texts = mem.gather(
+        &pairs
+            .iter()
+            .flat_map(|(_, q, d)| [text_read(&Some(*q)), text_read(d)])
+            .collect::<Vec<_>>(),
+    );
+    let mut again = Fields::default();
+    again.add(layout.query_offset, 16);
+    if let Some(o) = layout.db_offset {
+        again.add(o, 16);
+    }
+    let again = again.of(mem, &objects);
+    let mut ids = HashSet::new();
+    let mut out = Vec::with_capacity(chosen.len());
+    for (n, &(_, b)) in chosen.iter().enumerate() {
+        let (thd, q, d) = pairs[n];
+        let id = fields
+            .word(n, id)
+            .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
+        ensure!(
+            ids.insert(id),
+            "two connections have the id {id}: their objects are not laid out as the accessors say"
+        );
+        let query = text_of(q, texts.get(2 * n), again.pair(n, 0))?;
+        let db = match d {
+            Some(d) => match text_of(d, texts.get(2 * n + 1), again.pair(n, 1))? {
+                Some(Query::Text(db)) => Some(db),
+                _ => None,
+            },
+            None => None,
+        };
+        let key = (
+            thd,
+            id,
+            user.and_then(|f| fields.word(n, f)),
+            host.and_then(|f| fields.word(n, f)),
+        );
+        let (user_name, host_name) = walk
+            .names
+            .entry(key)
+            .or_insert_with(|| {
+                (
+                    layout.user.as_ref().and_then(|f| name(mem, thd, f)),
+                    layout.host.as_ref().and_then(|f| name(mem, thd, f)),
+                )
+            })
+            .clone();
+        out.push(Session {
+            thd,
+            id,
+            query,
+            command: b.command,
+            db,
+            started_us: started
+                .and_then(|f| fields.pair(n, f))
+                .and_then(|(secs, micros)| started_time(secs, micros)),
+            user: user_name,
+            host: host_name,
+            // 0 while no thread serves it (MySQL's restore_globals clears it).
+            thread: thread.and_then(|f| fields.word(n, f)).filter(|&t| t != 0),
+            in_transaction: b.in_transaction,
+        });
+    }
+    let live: HashSet<u64> = thds.iter().copied().collect();
+    walk.names.retain(|(thd, ..), _| live.contains(thd));
+    walk.list = thds;
+    Ok(out)
+}
+
+/// The addresses of the connection objects, each once. A linked list walked before (`last`) is checked by the
+/// links already read of it (`link_of`: the next of `last[k]`), and walked link by link only past where it changed.
+fn objects(
+    mem: &impl Memory,
+    layout: &Layout,
+    last: &[u64],
+    link_of: impl Fn(usize) -> Option<u64>,
+) -> Result<Vec<u64>> {
     let word = |addr: u64| {
         mem.u64_at(addr)
             .with_context(|| format!("the server's memory at {addr:#x} is not readable"))
@@ -404,6 +686,13 @@ fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
         List::Linked { head, next } => {
             let end = head.wrapping_add(8);
             let mut at = word(head)?;
+            for (k, &thd) in last.iter().enumerate() {
+                let Some(after) = link_of(k).filter(|_| at == thd) else {
+                    break;
+                };
+                thds.push(thd);
+                at = after;
+            }
             while at != end {
                 ensure!(
                     thds.len() < SESSIONS_MAX,
@@ -453,131 +742,49 @@ fn objects(mem: &impl Memory, layout: &Layout) -> Result<Vec<u64>> {
             seen.insert(thd),
             "the list of connections holds {thd:#x} twice"
         );
-        ensure!(
-            mem.u64_at(thd) == Some(layout.vtable_word),
-            "the list of connections holds {thd:#x}, which is not a connection"
-        );
     }
     Ok(thds)
 }
 
-/// Each object's fields.
-fn sessions(mem: &impl Memory, layout: &Layout, thds: &[u64]) -> Result<Vec<Session>> {
-    let mut ids = HashSet::new();
-    let mut out = Vec::with_capacity(thds.len());
-    for &thd in thds {
-        let s = session(mem, layout, thd)?;
-        ensure!(
-            ids.insert(s.id),
-            "two connections have the id {}: their objects are not laid out as the accessors say",
-            s.id
-        );
-        out.push(s);
-    }
-    Ok(out)
-}
-
-/// What a connection's object says in a few reads: enough to choose the connections read whole.
-#[derive(Clone, Copy, Debug)]
-pub struct Brief {
-    /// Its command, where the layout knows it.
-    pub command: Option<&'static str>,
-    /// Whether it holds a statement's text.
-    pub has_query: bool,
-    pub in_transaction: Option<bool>,
-}
-
-/// The connections of the process whose memory is `mem` for which `wanted` holds, each read whole; the others
-/// only briefly (a few words each: what a second's sample of a thousand idle connections can afford).
-pub fn read_wanted(
-    mem: &impl Memory,
-    layout: &Layout,
-    wanted: impl Fn(&Brief) -> bool,
-) -> Result<Vec<Session>> {
-    let mut last = None;
-    for _ in 0..3 {
-        let read = objects(mem, layout).and_then(|thds| {
-            thds.into_iter()
-                .filter(|&thd| wanted(&brief(mem, layout, thd)))
-                .map(|thd| session(mem, layout, thd))
-                .collect::<Result<Vec<_>>>()
-        });
-        match read {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("tried"))
-}
-
-fn brief(mem: &impl Memory, layout: &Layout, thd: u64) -> Brief {
-    Brief {
-        command: command(mem, layout, thd),
-        has_query: mem
-            .u64_at(thd.wrapping_add(layout.query_offset))
-            .is_some_and(|p| p != 0),
-        in_transaction: in_transaction(mem, layout, thd),
-    }
-}
-
-fn command(mem: &impl Memory, layout: &Layout, thd: u64) -> Option<&'static str> {
-    layout
-        .command_offset
-        .and_then(|off| mem.u32_at(thd.wrapping_add(off)))
-        .and_then(|c| u8::try_from(c).ok())
+fn command_named(word: u64) -> Option<&'static str> {
+    u8::try_from(word)
+        .ok()
         .map(crate::wire::protocol::command_name)
 }
 
-fn in_transaction(mem: &impl Memory, layout: &Layout, thd: u64) -> Option<bool> {
-    layout.transaction.and_then(|(off, width, bits)| {
-        let at = thd.wrapping_add(off);
-        let value = match width {
-            4 => mem.u32_at(at).map(u64::from),
-            _ => mem.u64_at(at),
-        };
-        value.map(|v| v & bits != 0)
-    })
-}
-
-/// The connection whose object is at `thd`, read whole.
-fn session(mem: &impl Memory, layout: &Layout, thd: u64) -> Result<Session> {
-    let at = thd.wrapping_add(layout.id_offset);
-    let id = match layout.id_width {
-        4 => mem.u32_at(at).map(u64::from),
-        _ => mem.u64_at(at),
+/// A text from its `{ str, length }` (`pair`), its bytes (`bytes`: `None` where not readable) and the pair read
+/// again after them (`again`): `Changing` where the connection changed it meanwhile.
+fn text_of(
+    (str_at, len): (u64, u64),
+    bytes: Option<&[u8]>,
+    again: Option<(u64, u64)>,
+) -> Result<Option<Query>> {
+    if str_at == 0 || len == 0 {
+        return Ok(None);
     }
-    .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
-    let db = match layout.db_offset {
-        Some(off) => match query(mem, thd.wrapping_add(off))? {
-            Some(Query::Text(db)) => Some(db),
-            _ => None,
-        },
-        None => None,
+    let again = again.context("a connection's text is not readable")?;
+    let Some(bytes) = bytes else {
+        // Freed between the reads, or not a text at all.
+        ensure!(
+            again != (str_at, len),
+            "a connection's text at {str_at:#x} is not in memory"
+        );
+        return Ok(Some(Query::Changing));
     };
-    Ok(Session {
-        thd,
-        id,
-        query: query(mem, thd.wrapping_add(layout.query_offset))?,
-        command: command(mem, layout, thd),
-        db,
-        started_us: layout
-            .started_offset
-            .and_then(|off| started_us(mem, thd.wrapping_add(off))),
-        user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
-        host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
-        // 0 while no thread serves it (MySQL's restore_globals clears it).
-        thread: layout
-            .thread_offset
-            .and_then(|off| mem.u64_at(thd.wrapping_add(off)))
-            .filter(|&t| t != 0),
-        in_transaction: in_transaction(mem, layout, thd),
-    })
+    if again != (str_at, len) {
+        return Ok(Some(Query::Changing));
+    }
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    Ok(Some(if bytes.len() as u64 == len {
+        Query::Text(text)
+    } else {
+        Query::Truncated(text)
+    }))
 }
 
-/// The wall-clock time of `{ seconds; microseconds }` at `at`, in microseconds; `None` unless it is one (a command
-/// not yet begun is 0).
-fn started_us(mem: &impl Memory, at: u64) -> Option<u64> {
-    let (secs, micros) = (mem.u64_at(at)?, mem.u64_at(at.wrapping_add(8))?);
+/// The wall-clock time `{ seconds; microseconds }`, in microseconds; `None` unless it is one (a command not yet
+/// begun is 0).
+fn started_time(secs: u64, micros: u64) -> Option<u64> {
     // 2001 to 2286: a time, not another field.
     ((1_000_000_000..10_000_000_000).contains(&secs) && micros < 1_000_000)
         .then(|| secs * 1_000_000 + micros)

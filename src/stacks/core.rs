@@ -118,6 +118,8 @@ pub fn read(
                 tls_base: t.tls_base,
                 switches: 0,
                 unchanged: false,
+                known_wait: false,
+                user_sp: 0,
                 stack: RawStack {
                     user_len: ips.len() as u16,
                     ips: ips.into(),
