@@ -524,12 +524,17 @@ impl Read {
     }
 }
 
-fn read_once(
+/// A connection chosen to be read whole: its object, what a few words of it say, and its statement's
+/// `{ str, length }`.
+type Chosen = (u64, Brief, Pair);
+
+/// The objects of the list, and those of them `wanted` chooses.
+fn choose(
     mem: &impl Memory,
     layout: &Layout,
-    walk: &mut Walk,
+    walk: &Walk,
     wanted: &impl Fn(&Brief) -> bool,
-) -> Result<Vec<Session>> {
+) -> Result<(Vec<u64>, Vec<Chosen>)> {
     // A few words of each object: enough to check it is one, and to choose it; with its link in a linked list,
     // which checks the list walked last.
     let mut brief = Fields::default();
@@ -557,18 +562,35 @@ fn read_once(
             briefs.word(i, vtable) == Some(layout.vtable_word),
             "the list of connections holds {thd:#x}, which is not a connection"
         );
+        let statement = briefs.pair(i, query);
         let b = Brief {
             command: command.and_then(|f| command_named(briefs.word(i, f)?)),
-            has_query: briefs.pair(i, query).is_some_and(|(p, _)| p != 0),
+            has_query: statement.is_some_and(|(p, _)| p != 0),
             in_transaction: transaction.and_then(|f| {
                 let bits = layout.transaction?.2;
                 Some(briefs.word(i, f)? & bits != 0)
             }),
         };
         if wanted(&b) {
-            chosen.push((i, b));
+            let statement = statement.with_context(|| {
+                format!(
+                    "a connection's text at {:#x} is not readable",
+                    thd.wrapping_add(layout.query_offset)
+                )
+            })?;
+            chosen.push((thd, b, statement));
         }
     }
+    Ok((thds, chosen))
+}
+
+fn read_once(
+    mem: &impl Memory,
+    layout: &Layout,
+    walk: &mut Walk,
+    wanted: &impl Fn(&Brief) -> bool,
+) -> Result<Vec<Session>> {
+    let (thds, chosen) = choose(mem, layout, walk, wanted)?;
     // The rest of those read whole.
     let mut whole = Fields::default();
     let id = whole.add(layout.id_offset, layout.id_width);
@@ -578,23 +600,14 @@ fn read_once(
     let first_pointer = |f: &TextField| f.pointers.first().copied().unwrap_or(f.at);
     let user = layout.user.as_ref().map(|f| whole.add(first_pointer(f), 8));
     let host = layout.host.as_ref().map(|f| whole.add(first_pointer(f), 8));
-    let objects: Vec<u64> = chosen.iter().map(|&(i, _)| thds[i]).collect();
+    let objects: Vec<u64> = chosen.iter().map(|&(thd, ..)| thd).collect();
     let fields = whole.of(mem, &objects);
     // Their statements' and databases' texts, then their `{ str, length }` again, to see they held still.
     let pairs: Vec<(u64, Pair, Option<Pair>)> = chosen
         .iter()
         .enumerate()
-        .map(|(n, &(i, _))| {
-            let thd = thds[i];
-            let q = briefs.pair(i, query).with_context(|| {
-                format!(
-                    "a connection's text at {:#x} is not readable",
-                    thd.wrapping_add(layout.query_offset)
-                )
-            })?;
-            Ok((thd, q, db.and_then(|f| fields.pair(n, f))))
-        })
-        .collect::<Result<_>>()?;
+        .map(|(n, &(thd, _, q))| (thd, q, db.and_then(|f| fields.pair(n, f))))
+        .collect();
     let text_read = |p: &Option<(u64, u64)>| {
         p.filter(|&(at, len)| at != 0 && len != 0)
             .map(|(at, len)| (at, usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX)))
@@ -614,7 +627,7 @@ fn read_once(
     let again = again.of(mem, &objects);
     let mut ids = HashSet::new();
     let mut out = Vec::with_capacity(chosen.len());
-    for (n, &(_, b)) in chosen.iter().enumerate() {
+    for (n, &(_, b, _)) in chosen.iter().enumerate() {
         let (thd, q, d) = pairs[n];
         let id = fields
             .word(n, id)
