@@ -41,6 +41,15 @@ pub struct HistoryArgs {
     /// Read a running agent's history over HTTP instead: its address (http://127.0.0.1:9369)
     #[arg(long, value_name = "URL")]
     pub agent: Option<String>,
+    /// The agent's certificate, or its CA's, in PEM: trusted for its TLS (--web.config.file's tls_server_config)
+    #[arg(long, value_name = "FILE", requires = "agent")]
+    pub agent_ca: Option<PathBuf>,
+    /// The user of the agent's basic auth; the password comes from MYPROBE_AGENT_PASSWORD or --agent-password-file
+    #[arg(long, value_name = "USER", requires = "agent")]
+    pub agent_user: Option<String>,
+    /// A file whose first line is the password of --agent-user
+    #[arg(long, value_name = "FILE", requires = "agent_user")]
+    pub agent_password_file: Option<PathBuf>,
     /// Points of the range's chart
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..=2000))]
     pub points: i64,
@@ -56,7 +65,7 @@ pub fn run(a: HistoryArgs) -> Result<()> {
     if let Some(at) = &a.at {
         let at = time::parse(at, now).context("--at")?;
         let m: read::Moment = match &a.agent {
-            Some(url) => fetch(url, &format!("/api/history/at?t={at}"))?,
+            Some(url) => fetch(&a, url, &format!("/api/history/at?t={at}"))?,
             None => read::moment(&Store::open_read(&a.store)?, at)?,
         };
         return write(&a, &m, || text::moment(&m));
@@ -71,6 +80,7 @@ pub fn run(a: HistoryArgs) -> Result<()> {
     );
     let r: read::Range = match &a.agent {
         Some(url) => fetch(
+            &a,
             url,
             &format!("/api/history?from={from}&to={to}&points={}", a.points),
         )?,
@@ -89,23 +99,67 @@ fn write<T: serde::Serialize>(a: &HistoryArgs, value: &T, text: impl Fn() -> Str
     Ok(())
 }
 
-/// GETs `path` of the agent at `url`, as JSON.
-fn fetch<T: serde::de::DeserializeOwned>(url: &str, path: &str) -> Result<T> {
+/// GETs `path` of the agent at `url`, as JSON, with the credentials and the CA `a` gives.
+fn fetch<T: serde::de::DeserializeOwned>(a: &HistoryArgs, url: &str, path: &str) -> Result<T> {
     let url = format!("{}{path}", url.trim_end_matches('/'));
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+    let mut config = ureq::Agent::config_builder()
         .timeout_global(Some(std::time::Duration::from_secs(30)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent
-        .get(&url)
-        .call()
-        .with_context(|| format!("asking the agent at {url} (is it running? see --agent)"))?;
+        .http_status_as_error(false);
+    if let Some(ca) = &a.agent_ca {
+        let pem =
+            std::fs::read(ca).with_context(|| format!("reading --agent-ca {}", ca.display()))?;
+        let certs = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("--agent-ca {} is not PEM", ca.display()))?;
+        anyhow::ensure!(
+            !certs.is_empty(),
+            "--agent-ca {} holds no certificate",
+            ca.display()
+        );
+        config = config.tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+                .build(),
+        );
+    }
+    let agent: ureq::Agent = config.build().into();
+    let mut request = agent.get(&url);
+    if let Some(user) = &a.agent_user {
+        let password = password(a)?;
+        use base64::Engine;
+        let credentials =
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        request = request.header("Authorization", format!("Basic {credentials}"));
+    }
+    let mut response = request.call().map_err(|e| {
+        let hint = if e.to_string().contains("CaUsedAsEndEntity") {
+            "its certificate is a CA's, which rustls takes only as the issuer of another: make the agent's with \
+             -addext basicConstraints=critical,CA:FALSE"
+        } else {
+            "is it running? over https, is its certificate, or its CA's, given to --agent-ca?"
+        };
+        anyhow::anyhow!("asking the agent at {url} ({hint}): {e}")
+    })?;
     let status = response.status();
     let body = response
         .body_mut()
         .read_to_string()
         .with_context(|| format!("reading the answer of {url}"))?;
+    anyhow::ensure!(
+        status != 401,
+        "the agent at {url} {}",
+        match &a.agent_user {
+            None =>
+                "asks for a user and password: give --agent-user, and the password in \
+                     MYPROBE_AGENT_PASSWORD or --agent-password-file",
+            Some(_) => "refused the user and password given",
+        }
+    );
     anyhow::ensure!(
         status.is_success(),
         "the agent at {url} answered {status}: {}",
@@ -113,4 +167,19 @@ fn fetch<T: serde::de::DeserializeOwned>(url: &str, path: &str) -> Result<T> {
     );
     serde_json::from_str(&body)
         .with_context(|| format!("the answer of {url} is not the history's JSON"))
+}
+
+/// --agent-user's password: --agent-password-file's first line, or MYPROBE_AGENT_PASSWORD (never an argument,
+/// which `ps` shows).
+fn password(a: &HistoryArgs) -> Result<String> {
+    if let Some(file) = &a.agent_password_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading --agent-password-file {}", file.display()))?;
+        return Ok(text.lines().next().unwrap_or_default().to_string());
+    }
+    std::env::var("MYPROBE_AGENT_PASSWORD").map_err(|_| {
+        anyhow::anyhow!(
+            "--agent-user needs its password: in MYPROBE_AGENT_PASSWORD, or the first line of --agent-password-file"
+        )
+    })
 }

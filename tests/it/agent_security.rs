@@ -58,9 +58,12 @@ fn certificate(dir: &Path, name: &str, subject: &str) {
         dir.join(format!("{name}.pem")),
         dir.join(format!("{name}.key")),
     );
+    // A server's is no CA's: rustls (history --agent-ca) takes a CA's certificate only as the issuer of another.
+    let role = if name == "ca" { "CA:TRUE" } else { "CA:FALSE" };
     openssl(&format!(
         "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj {subject} \
-         -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout {} -out {}",
+         -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -addext basicConstraints=critical,{role} \
+         -keyout {} -out {}",
         key.display(),
         cert.display()
     ));
@@ -123,6 +126,7 @@ fn tls_and_basic_auth_guard_every_endpoint_of_the_agent() {
     let url = |path: &str| format!("https://localhost:{port}{path}");
     only_the_right_password_gets_the_metrics(ca, &url("/metrics"));
     every_endpoint_asks_for_a_password(ca, &url);
+    history_reads_the_agent_with_its_ca_and_credentials(&dir, ca, &url(""));
     the_certificate_served_is_the_one_given(&dir, port);
     plain_http_gets_no_metrics(port);
     let (_, stderr) = running.stop();
@@ -168,6 +172,76 @@ fn only_the_right_password_gets_the_metrics(ca: &str, metrics: &str) {
             "{}",
             ok.body
         );
+    }
+}
+
+fn history_reads_the_agent_with_its_ca_and_credentials(dir: &Path, ca: &str, agent: &str) {
+    let history = |args: &[&str], password: Option<&str>| {
+        let mut cmd = myprobe();
+        cmd.args(["history", "--from", "-5m", "--agent", agent, "-o", "-"])
+            .args(args)
+            .env_remove("MYPROBE_AGENT_PASSWORD");
+        if let Some(p) = password {
+            cmd.env("MYPROBE_AGENT_PASSWORD", p);
+        }
+        cmd.output().unwrap()
+    };
+    let ok = history(&["--agent-ca", ca, "--agent-user", USER], Some(PASSWORD));
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.contains("\"servers\""), "{stdout}");
+    let file = dir.join("password");
+    std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
+    let from_file = history(
+        &[
+            "--agent-ca",
+            ca,
+            "--agent-user",
+            USER,
+            "--agent-password-file",
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        from_file.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_file.stderr)
+    );
+    // Each refusal is one line that says what to give.
+    for (args, password, says) in [
+        (
+            vec!["--agent-ca", ca],
+            None,
+            "asks for a user and password: give --agent-user",
+        ),
+        (
+            vec!["--agent-ca", ca, "--agent-user", USER],
+            Some("wrong"),
+            "refused the user and password given",
+        ),
+        (
+            vec!["--agent-ca", ca, "--agent-user", USER],
+            None,
+            "needs its password",
+        ),
+        (
+            vec!["--agent-user", USER],
+            Some(PASSWORD),
+            "asking the agent at",
+        ),
+    ] {
+        let out = history(&args, password);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     }
 }
 
