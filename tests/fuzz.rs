@@ -1988,3 +1988,33 @@ proptest! {
         }
     }
 }
+
+/// A reading that keeps its walk reads again only the connections chosen last time or whose thread ran since: an
+/// idle one whose thread has not run cannot have changed, and is not read.
+#[test]
+fn a_walk_kept_reads_again_only_the_connections_whose_thread_ran() {
+    use myprobe::sessions::{read_wanted, Brief, Walk};
+    let runs = |b: &Brief| b.has_query;
+    let ids = |s: &[myprobe::sessions::Session]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+    let idle = linked_image(&[Some(b"SELECT 1".to_vec()), None, None]);
+    let layout = linked_layout(IMAGE_BASE);
+    let mut walk = Walk::default();
+    let first = read_wanted(&idle, &layout, &mut walk, |_| false, runs).unwrap();
+    assert_eq!(ids(&first), [1]);
+    assert_eq!(
+        read_wanted(&idle, &layout, &mut walk, |_| true, runs).unwrap(),
+        first
+    );
+    // Connection 2 begins a statement: while its thread is said not to have run, it is not looked at; once it ran,
+    // it is read.
+    let busy = linked_image(&[Some(b"SELECT 1".to_vec()), Some(b"SELECT 2".to_vec()), None]);
+    let second = THREAD_BASE + 2 * 0x1000;
+    assert_eq!(
+        ids(&read_wanted(&busy, &layout, &mut walk, |_| true, runs).unwrap()),
+        [1]
+    );
+    assert_eq!(
+        ids(&read_wanted(&busy, &layout, &mut walk, |t| t != second, runs).unwrap()),
+        [1, 2]
+    );
+}

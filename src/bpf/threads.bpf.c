@@ -35,14 +35,13 @@ struct thread_record {
 	__u64 user_bp;
 	__u64 tls_base;     /* its thread pointer (x86-64's fs base): glibc's pthread_self() */
 	__u64 switches;     /* its context switches so far, voluntary or not */
-	__u32 unchanged;    /* not unwound: it has not run since `wanted` last had its stack (same switches); with
-			     * `only_wanted`, a thread running or not in a futex wait is not unwound either */
 	__u32 known_wait;   /* not unwound: it waits on a futex from a place `known_waits` holds */
+	__u32 pad;
 	struct stack_event stack;
 };
 
 /* With `only_wanted` (the agent's history, once a second): only the threads whose pointers are keys here are read,
- * each unwound unless its switches still equal the value (it has not run since it was last unwound). */
+ * and of them only those whose switches differ from the value (they ran since user space last read them). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
@@ -136,12 +135,13 @@ int snapshot(struct bpf_iter__task *ctx)
 	r->tls_base = BPF_CORE_READ(task, thread.uw.tp_value);
 #endif
 	r->switches = task->nvcsw + task->nivcsw;
-	r->unchanged = 0;
 	if (only_wanted) {
 		__u64 *last = bpf_map_lookup_elem(&wanted, &r->tls_base);
 		if (!last)
 			return 0;
-		r->unchanged = *last == r->switches && r->state != 0;
+		/* Not run since its switches were last read: user space keeps what it said of it. */
+		if (*last == r->switches && r->state != 0)
+			return 0;
 	}
 	read_syscall(r, task_regs(task));
 	r->futex_read = 0;
@@ -158,13 +158,13 @@ int snapshot(struct bpf_iter__task *ctx)
 		}
 	}
 	r->known_wait = 0;
-	if (only_wanted && !r->unchanged && r->state != 0 && r->syscall == futex_syscall) {
+	if (only_wanted && r->state != 0 && r->syscall == futex_syscall) {
 		struct wait_place place = { .tls_base = r->tls_base, .futex = r->args[0], .user_sp = r->user_sp };
 		r->known_wait = bpf_map_lookup_elem(&known_waits, &place) != NULL;
 	}
 	/* The history names a running thread, or one blocked in another syscall, without its stack: only a futex
 	 * wait's is needed, to say what it waits for, and not for a wait it has named before. */
-	bool unwound = !r->unchanged && !r->known_wait &&
+	bool unwound = !r->known_wait &&
 		       !(only_wanted && (r->state == 0 || r->syscall != futex_syscall));
 	struct stack_event *e = &r->stack;
 	long n = unwound ? unwind_task_user_stack(task, e->ips) : 0;

@@ -49,11 +49,9 @@ pub struct ThreadRecord {
     /// Its thread pointer (x86-64's fs base, glibc's `pthread_self()`), which the server keeps in the connection it
     /// serves; 0 where unknown.
     pub tls_base: u64,
-    /// Its context switches so far; and whether it was not unwound, having not run since the stack `Reader::read`
-    /// was told it had (its `stack` then empty).
+    /// Its context switches so far.
     pub switches: u64,
-    pub unchanged: bool,
-    /// Not unwound either: it waits on a futex from a place `Reader::know_waits` was given (its `stack` empty).
+    /// Not unwound: it waits on a futex from a place `Reader::know_waits` was given (its `stack` empty).
     pub known_wait: bool,
     /// Its user stack pointer when it entered the kernel (0 where unknown): with its futex, where it waits from.
     pub user_sp: u64,
@@ -191,8 +189,8 @@ impl Reader<'_> {
         Ok(forgot)
     }
 
-    /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys, each unwound
-    /// unless its switches equal the value (it has not run since: its stack is the one read then).
+    /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys and whose
+    /// switches differ from the value (they ran since it was read), a futex wait's alone unwound.
     pub fn read(&mut self, only: Option<&HashMap<u64, u64>>) -> Result<Snapshot> {
         if self.pid == 0 {
             // Verified only (`myprobe programs`): nothing is read.
@@ -251,8 +249,7 @@ impl Reader<'_> {
                 .map(|r| {
                     let mut t = record(&r);
                     // As the kernel's side does: with `only`, a futex wait's stack alone is needed.
-                    let needed = r.unchanged == 0
-                        && r.known_wait == 0
+                    let needed = r.known_wait == 0
                         && (!selected || (r.state != 0 && r.syscall == libc::SYS_futex));
                     if let Some(mem) = mem.filter(|_| needed) {
                         read_from_memory(mem, tables, &r, &mut t);
@@ -338,7 +335,6 @@ fn record(r: &thread_record) -> ThreadRecord {
         }),
         tls_base: r.tls_base,
         switches: r.switches,
-        unchanged: r.unchanged != 0,
         known_wait: r.known_wait != 0,
         user_sp: r.user_sp,
         stack: RawStack {

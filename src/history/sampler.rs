@@ -133,10 +133,13 @@ pub struct Sampler {
     memory_locks: Option<MemoryLocks>,
     /// The serving threads' states named last, by thread pointer, with their switches then.
     last: HashMap<u64, (u64, Named)>,
+    /// The serving threads last seen waiting on their connection's socket (a pool's threads wait elsewhere).
+    on_socket: HashSet<u64>,
     /// The futex waits named from their stacks, by where they wait from (the iterator unwinds them no more).
     known_waits: HashMap<threads::WaitPlace, Named>,
-    /// The connections that waited for a lock someone holds at the last second.
-    waiting: HashSet<u64>,
+    /// The statements (connection, and when its command began) that waited for a lock someone holds at the last
+    /// second.
+    waiting: HashSet<(u64, Option<u64>)>,
     /// When each connection was first seen in its open transaction.
     in_transaction_since: HashMap<u64, f64>,
     recent: Arc<Recent>,
@@ -182,6 +185,7 @@ impl Sampler {
             client: None,
             memory_locks,
             last: HashMap::new(),
+            on_socket: HashSet::new(),
             known_waits: HashMap::new(),
             waiting: HashSet::new(),
             in_transaction_since: HashMap::new(),
@@ -198,16 +202,12 @@ impl Sampler {
         now: f64,
     ) -> Result<Second> {
         let own = self.client.as_ref().map(Client::connection_id);
-        // Only the connections that run a statement or hold a transaction open are read whole.
-        let listed = sessions::read_wanted(&self.mem, &self.layout, &mut self.walk, |b| {
-            b.in_transaction == Some(true) || runs(b.command, b.has_query)
-        })
-        .context("reading the server's connections from its memory")?;
-        let sampled: Vec<&Session> = listed.iter().filter(|s| Some(s.id) != own).collect();
-        self.follow_transactions(&listed, now);
-        let wanted: HashMap<u64, u64> = sampled
-            .iter()
-            .filter_map(|s| s.thread)
+        // The threads of every connection known, those that ran since the last second alone: a connection whose
+        // thread waits on its socket and has not run since is as it was, and not read again.
+        let mut wanted: HashMap<u64, u64> = self
+            .walk
+            .serving()
+            .chain(self.last.keys().copied())
             .map(|t| {
                 (
                     t,
@@ -217,15 +217,44 @@ impl Sampler {
                 )
             })
             .collect();
-        let snapshot = reader.read(Some(&wanted))?;
-        let (states, named) = self.name_threads(&snapshot.threads);
+        let mut ran = reader.read(Some(&wanted))?.threads;
+        let ran_now: HashSet<u64> = ran.iter().map(|t| t.tls_base).collect();
+        let on_socket = &self.on_socket;
+        // Only the connections that run a statement or hold a transaction open are read whole.
+        let listed = sessions::read_wanted(
+            &self.mem,
+            &self.layout,
+            &mut self.walk,
+            |t| wanted.contains_key(&t) && !ran_now.contains(&t) && on_socket.contains(&t),
+            |b| b.in_transaction == Some(true) || runs(b.command, b.has_query),
+        )
+        .context("reading the server's connections from its memory")?;
+        let sampled: Vec<&Session> = listed.iter().filter(|s| Some(s.id) != own).collect();
+        self.follow_transactions(&listed, now);
+        // A connection new since the last second: its thread is read now.
+        let new: HashSet<u64> = sampled
+            .iter()
+            .filter_map(|s| s.thread)
+            .filter(|t| !wanted.contains_key(t))
+            .collect();
+        if !new.is_empty() {
+            wanted.extend(ran.iter().map(|t| (t.tls_base, t.switches)));
+            wanted.extend(new.iter().map(|&t| (t, u64::MAX)));
+            let more = reader.read(Some(&wanted))?.threads;
+            ran.extend(more.into_iter().filter(|t| new.contains(&t.tls_base)));
+        }
+        let live: HashSet<u64> = self.walk.serving().collect();
+        let named = self.name_threads(&ran, &live);
         if reader.know_waits(&named)? {
             let named: HashSet<_> = named.into_iter().collect();
             self.known_waits.retain(|place, _| named.contains(place));
         }
         let mut out: Vec<SessionSample> = sampled
             .iter()
-            .map(|s| self.session_sample(s, s.thread.and_then(|t| states.get(&t)), now))
+            .map(|s| {
+                let state = s.thread.and_then(|t| self.last.get(&t)).map(|(_, n)| n);
+                self.session_sample(s, state, now)
+            })
             .collect();
         // What a transaction runs, as sampled: a holder's own statements where tracing saw none of them (statements
         // traced one second in several).
@@ -234,17 +263,18 @@ impl Sampler {
                 self.recent.add_normalized(s.conn, statement.clone(), ts);
             }
         }
-        // Who holds a lock is asked only for waits already seen a second ago: the short ones of a busy server
-        // (most row locks under load) ask the server nothing.
-        let waiting: HashSet<u64> = out
+        // Who holds a lock is asked only for a statement that waited a second ago too: the short waits of a busy
+        // server (most row locks under load, another statement's each second) ask the server nothing.
+        let waiting: HashSet<(u64, Option<u64>)> = out
             .iter()
-            .filter(|s| holds(&s.state))
-            .map(|s| s.conn)
+            .zip(&sampled)
+            .filter(|(o, _)| holds(&o.state))
+            .map(|(o, s)| (o.conn, s.started_us))
             .collect();
-        if waiting.iter().any(|c| self.waiting.contains(c)) {
+        if waiting.iter().any(|w| self.waiting.contains(w)) {
             let metadata = out
                 .iter()
-                .any(|s| waiting.contains(&s.conn) && s.state != Cause::RowLock.label());
+                .any(|s| holds(&s.state) && s.state != Cause::RowLock.label());
             self.name_holders(&mut out, metadata);
         }
         self.waiting = waiting;
@@ -285,22 +315,18 @@ impl Sampler {
         }
     }
 
-    /// Each thread's state, by its thread pointer: one that has not run since keeps its last, one that waits from
-    /// where it waited before is named as then. With the places of the waits named from their stacks this time.
+    /// Names the state of each thread of `ran` (those that ran since the last second) into `last`, a futex wait
+    /// from where it waited before as then, and forgets the threads no longer `live`. Gives the places of the
+    /// waits named from their stacks this time.
     fn name_threads(
         &mut self,
-        threads: &[ThreadRecord],
-    ) -> (HashMap<u64, Named>, Vec<threads::WaitPlace>) {
-        let (unchanged, changed): (Vec<&ThreadRecord>, Vec<&ThreadRecord>) =
-            threads.iter().partition(|t| t.unchanged);
-        let mut out: HashMap<u64, Named> = unchanged
-            .iter()
-            .filter_map(|t| Some((t.tls_base, self.last.get(&t.tls_base)?.1.clone())))
-            .collect();
-        let in_futex: Vec<ThreadRecord> = changed
+        ran: &[ThreadRecord],
+        live: &HashSet<u64>,
+    ) -> Vec<threads::WaitPlace> {
+        let in_futex: Vec<ThreadRecord> = ran
             .iter()
             .filter(|t| t.futex.is_some() && t.state != Some('R') && !t.known_wait)
-            .map(|t| (*t).clone())
+            .cloned()
             .collect();
         let named = stacks::name_threads_with(
             Some(&mut self.symbolizer),
@@ -320,18 +346,17 @@ impl Sampler {
             })
             .collect();
         // Those named by their stacks, but for a stack not unwound: they are unwound again.
-        let mut named = Vec::new();
+        let mut places = Vec::new();
         for t in &in_futex {
             let (Some(place), Some(n)) = (t.wait_place(), futex_waits.get(&t.tid)) else {
                 continue;
             };
             if n.cause != Cause::UnknownWait {
                 self.known_waits.insert(place, n.clone());
-                named.push(place);
+                places.push(place);
             }
         }
-        let mut last = HashMap::new();
-        for t in changed {
+        for t in ran {
             let known = t.known_wait.then(|| t.wait_place()).flatten();
             let n = match (
                 futex_waits.get(&t.tid),
@@ -340,16 +365,16 @@ impl Sampler {
                 (Some(n), _) | (None, Some(n)) => n.clone(),
                 (None, None) => self.name_state(t),
             };
-            last.insert(t.tls_base, (t.switches, n.clone()));
-            out.insert(t.tls_base, n);
-        }
-        for t in unchanged {
-            if let Some(kept) = self.last.remove(&t.tls_base) {
-                last.insert(t.tls_base, kept);
+            self.last.insert(t.tls_base, (t.switches, n));
+            if waits_on_socket(t) {
+                self.on_socket.insert(t.tls_base);
+            } else {
+                self.on_socket.remove(&t.tls_base);
             }
         }
-        self.last = last;
-        (out, named)
+        self.last.retain(|t, _| live.contains(t));
+        self.on_socket.retain(|t| live.contains(t));
+        places
     }
 
     /// A thread not in a futex wait: on a CPU, waiting for one, or in a syscall on a file or a socket.
@@ -497,6 +522,24 @@ fn runs(command: Option<&str>, has_query: bool) -> bool {
             command,
             Some("Sleep" | "Daemon" | "Binlog Dump" | "Connect")
         )
+}
+
+/// Whether a thread waits to read its connection's next request: blocked in a read or a poll (a pool's threads
+/// wait in `epoll_wait` or on a futex, for any connection).
+fn waits_on_socket(t: &ThreadRecord) -> bool {
+    use syscalls::Sysno;
+    let Some((nr, _)) = t.syscall.filter(|_| t.state != Some('R')) else {
+        return false;
+    };
+    usize::try_from(nr)
+        .ok()
+        .and_then(Sysno::new)
+        .is_some_and(|s| {
+            matches!(
+                s,
+                Sysno::read | Sysno::recvfrom | Sysno::recvmsg | Sysno::poll | Sysno::ppoll
+            )
+        })
 }
 
 /// Whether a state is a wait that someone holds up (a lock the server lists with its holder).

@@ -383,7 +383,7 @@ pub fn serving_threads<'a>(
 /// Every connection of the process whose memory is `mem`. A running server changes its list while it is read:
 /// a walk that does not hold together is taken again, up to three times.
 pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
-    read_wanted(mem, layout, &mut Walk::default(), |_| true)
+    read_wanted(mem, layout, &mut Walk::default(), |_| false, |_| true)
 }
 
 /// What a reading of the connections keeps for the next (the history reads them each second): the objects in the
@@ -393,6 +393,17 @@ pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
 pub struct Walk {
     list: Vec<u64>,
     names: HashMap<NameKey, (Option<String>, Option<String>)>,
+    /// The thread serving each object, where read.
+    threads: HashMap<u64, u64>,
+    /// The objects not chosen last time: their words cannot have changed while their thread has not run.
+    idle: HashSet<u64>,
+}
+
+impl Walk {
+    /// The threads known to serve the connections, by their thread pointers.
+    pub fn serving(&self) -> impl Iterator<Item = u64> + '_ {
+        self.threads.values().copied()
+    }
 }
 
 /// A connection's object and id, and the first pointer to its user's and its host's names.
@@ -409,17 +420,19 @@ pub struct Brief {
 }
 
 /// The connections of the process whose memory is `mem` for which `wanted` holds, each read whole; the others
-/// in a few words each (what a second's sample of a thousand idle connections can afford). The words of every
-/// object, then the fields of those read whole, then their texts, are each read in one gather.
+/// in a few words each (what a second's sample of a thousand idle connections can afford), and not at all where
+/// they were not wanted at the last reading and their thread has not run since (`still`, given its pointer). The
+/// words of every object, then the fields of those read whole, then their texts, are each read in one gather.
 pub fn read_wanted(
     mem: &impl Memory,
     layout: &Layout,
     walk: &mut Walk,
+    still: impl Fn(u64) -> bool,
     wanted: impl Fn(&Brief) -> bool,
 ) -> Result<Vec<Session>> {
     let mut last = None;
     for _ in 0..3 {
-        match read_once(mem, layout, walk, &wanted) {
+        match read_once(mem, layout, walk, &still, &wanted) {
             Ok(s) => return Ok(s),
             Err(e) => {
                 walk.list.clear();
@@ -528,36 +541,65 @@ impl Read {
 /// `{ str, length }`.
 type Chosen = (u64, Brief, Pair);
 
-/// The objects of the list, and those of them `wanted` chooses.
+/// The objects of the list, those of them `wanted` chooses, and those it does not.
 fn choose(
     mem: &impl Memory,
     layout: &Layout,
     walk: &Walk,
+    still: &impl Fn(u64) -> bool,
     wanted: &impl Fn(&Brief) -> bool,
-) -> Result<(Vec<u64>, Vec<Chosen>)> {
+) -> Result<(Vec<u64>, Vec<Chosen>, HashSet<u64>)> {
     // A few words of each object: enough to check it is one, and to choose it; with its link in a linked list,
-    // which checks the list walked last.
+    // which checks the list walked last. Of an object left as it was, its link alone.
     let mut brief = Fields::default();
     let vtable = brief.add(0, 8);
+    let mut link_only = Fields::default();
     let link = match layout.list {
-        List::Linked { next, .. } => Some(brief.add(next, 8)),
+        List::Linked { next, .. } => {
+            link_only.add(next, 8);
+            Some(brief.add(next, 8))
+        }
         List::Partitioned { .. } => None,
     };
     let query = brief.add(layout.query_offset, 16);
     let command = layout.command_offset.map(|o| brief.add(o, 4));
     let transaction = layout.transaction.map(|(o, w, _)| brief.add(o, w));
+    let left =
+        |thd: &u64| walk.idle.contains(thd) && walk.threads.get(thd).is_some_and(|&t| still(t));
+    let split = |list: &[u64]| -> (Vec<u64>, Vec<u64>) { list.iter().partition(|t| left(t)) };
+    let (last_left, last_read) = split(&walk.list);
     let of_last = link
         .filter(|_| !walk.list.is_empty())
-        .map(|_| brief.of(mem, &walk.list));
+        .map(|_| (link_only.of(mem, &last_left), brief.of(mem, &last_read)));
+    // Where each object walked last is among the two.
+    let (mut l, mut r) = (0, 0);
+    let place: Vec<(bool, usize)> = walk
+        .list
+        .iter()
+        .map(|t| {
+            let p = if left(t) { (true, l) } else { (false, r) };
+            (l, r) = if p.0 { (l + 1, r) } else { (l, r + 1) };
+            p
+        })
+        .collect();
     let thds = objects(mem, layout, &walk.list, |k| {
-        of_last.as_ref()?.word(k, link?)
+        let (links, briefs) = of_last.as_ref()?;
+        match place[k] {
+            (true, p) => links.word(p, 0),
+            (false, p) => briefs.word(p, link?),
+        }
     })?;
-    let briefs = match of_last {
-        Some(b) if thds == walk.list => b,
-        _ => brief.of(mem, &thds),
+    let (left_now, read, briefs) = match of_last {
+        Some((_, b)) if thds == walk.list => (last_left, last_read, b),
+        _ => {
+            let (l, r) = split(&thds);
+            let b = brief.of(mem, &r);
+            (l, r, b)
+        }
     };
+    let mut idle: HashSet<u64> = left_now.into_iter().collect();
     let mut chosen = Vec::new();
-    for (i, &thd) in thds.iter().enumerate() {
+    for (i, &thd) in read.iter().enumerate() {
         ensure!(
             briefs.word(i, vtable) == Some(layout.vtable_word),
             "the list of connections holds {thd:#x}, which is not a connection"
@@ -571,26 +613,29 @@ fn choose(
                 Some(briefs.word(i, f)? & bits != 0)
             }),
         };
-        if wanted(&b) {
-            let statement = statement.with_context(|| {
-                format!(
-                    "a connection's text at {:#x} is not readable",
-                    thd.wrapping_add(layout.query_offset)
-                )
-            })?;
-            chosen.push((thd, b, statement));
+        if !wanted(&b) {
+            idle.insert(thd);
+            continue;
         }
+        let statement = statement.with_context(|| {
+            format!(
+                "a connection's text at {:#x} is not readable",
+                thd.wrapping_add(layout.query_offset)
+            )
+        })?;
+        chosen.push((thd, b, statement));
     }
-    Ok((thds, chosen))
+    Ok((thds, chosen, idle))
 }
 
 fn read_once(
     mem: &impl Memory,
     layout: &Layout,
     walk: &mut Walk,
+    still: &impl Fn(u64) -> bool,
     wanted: &impl Fn(&Brief) -> bool,
 ) -> Result<Vec<Session>> {
-    let (thds, chosen) = choose(mem, layout, walk, wanted)?;
+    let (thds, chosen, idle) = choose(mem, layout, walk, still, wanted)?;
     // The rest of those read whole.
     let mut whole = Fields::default();
     let id = whole.add(layout.id_offset, layout.id_width);
@@ -678,8 +723,39 @@ fn read_once(
     }
     let live: HashSet<u64> = thds.iter().copied().collect();
     walk.names.retain(|(thd, ..), _| live.contains(thd));
+    walk.threads.retain(|thd, _| live.contains(thd));
+    for s in &out {
+        match s.thread {
+            Some(t) => walk.threads.insert(s.thd, t),
+            None => walk.threads.remove(&s.thd),
+        };
+    }
+    learn_threads(mem, layout, walk, &idle);
+    walk.idle = idle;
     walk.list = thds;
     Ok(out)
+}
+
+/// The serving thread of each of `idle` whose thread is not known yet, read once: it serves the connection until
+/// it ends (a thread of a pool serves many: it does not wait on one connection's socket, see `read_wanted`'s
+/// caller).
+fn learn_threads(mem: &impl Memory, layout: &Layout, walk: &mut Walk, idle: &HashSet<u64>) {
+    let Some(offset) = layout.thread_offset else {
+        return;
+    };
+    let unknown: Vec<u64> = idle
+        .iter()
+        .filter(|t| !walk.threads.contains_key(t))
+        .copied()
+        .collect();
+    let mut field = Fields::default();
+    field.add(offset, 8);
+    let read = field.of(mem, &unknown);
+    for (i, &thd) in unknown.iter().enumerate() {
+        if let Some(t) = read.word(i, 0).filter(|&t| t != 0) {
+            walk.threads.insert(thd, t);
+        }
+    }
 }
 
 /// The addresses of the connection objects, each once. A linked list walked before (`last`) is checked by the

@@ -117,7 +117,6 @@ pub fn read(
                 futex,
                 tls_base: t.tls_base,
                 switches: 0,
-                unchanged: false,
                 known_wait: false,
                 user_sp: 0,
                 stack: RawStack {
