@@ -345,7 +345,8 @@ impl Sampler {
                 (t.tid, Named { cause, object })
             })
             .collect();
-        // Those named by their stacks, but for a stack not unwound: they are unwound again.
+        // The places of the waits their stacks named, which are not unwound again; an `unknown wait` is (its stack
+        // may have been cut short).
         let mut places = Vec::new();
         for t in &in_futex {
             let (Some(place), Some(n)) = (t.wait_place(), futex_waits.get(&t.tid)) else {

@@ -388,7 +388,7 @@ pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
 
 /// What a reading of the connections keeps for the next (the history reads them each second): the objects in the
 /// list's order, so that a linked list is checked in one gather of its links rather than followed link by link;
-/// and each connection's user and host, which it keeps while it lasts.
+/// each connection's user and host, which it keeps while it lasts; and each object's thread, and which were idle.
 #[derive(Default)]
 pub struct Walk {
     list: Vec<u64>,
@@ -435,7 +435,9 @@ pub fn read_wanted(
         match read_once(mem, layout, walk, &still, &wanted) {
             Ok(s) => return Ok(s),
             Err(e) => {
+                // Walked again, and every object read again.
                 walk.list.clear();
+                walk.idle.clear();
                 last = Some(e);
             }
         }
