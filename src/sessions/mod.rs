@@ -521,12 +521,8 @@ impl Read {
 
     /// A field of 4 or 8 bytes.
     fn word(&self, object: usize, field: usize) -> Option<u64> {
-        let b = self.bytes(object, field)?;
-        Some(match b.len() {
-            4 => u64::from(u32::from_le_bytes(b.try_into().ok()?)),
-            8 => u64::from_le_bytes(b.try_into().ok()?),
-            _ => return None,
-        })
+        let (piece, delta, width) = self.at[field];
+        self.got.word(object * self.pieces + piece, delta, width)
     }
 
     /// A `{ str, length }` (or `{ seconds; microseconds }`) field.
@@ -655,10 +651,9 @@ fn read_once(
         .enumerate()
         .map(|(n, &(thd, _, q))| (thd, q, db.and_then(|f| fields.pair(n, f))))
         .collect();
-    let text_read = |p: &Option<(u64, u64)>| {
+    let text_read = |p: &Option<Pair>| {
         p.filter(|&(at, len)| at != 0 && len != 0)
-            .map(|(at, len)| (at, usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX)))
-            .unwrap_or((0, 0))
+            .map_or((0, 0), text_span)
     };
     let texts = mem.gather(
         &pairs
@@ -843,6 +838,14 @@ fn command_named(word: u64) -> Option<&'static str> {
         .map(crate::wire::protocol::command_name)
 }
 
+/// Where a text whose `{ str, length }` is `pair` is read: all of it, or its first `TEXT_MAX` bytes.
+fn text_span((str_at, len): Pair) -> (u64, usize) {
+    (
+        str_at,
+        usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX),
+    )
+}
+
 /// A text from its `{ str, length }` (`pair`), its bytes (`bytes`: `None` where not readable) and the pair read
 /// again after them (`again`): `Changing` where the connection changed it meanwhile.
 fn text_of(
@@ -910,35 +913,19 @@ fn name(mem: &impl Memory, thd: u64, field: &TextField) -> Option<String> {
 /// The text whose `{ str, length }` is at `at` (a statement's, a database's), read between two reads of them
 /// that agree.
 fn query(mem: &impl Memory, at: u64) -> Result<Option<Query>> {
-    let pair = || -> Result<(u64, u64)> {
-        let b = mem
-            .bytes(at, 16)
-            .with_context(|| format!("a connection's text at {at:#x} is not readable"))?;
-        Ok((
-            u64::from_le_bytes(b[..8].try_into().unwrap()),
-            u64::from_le_bytes(b[8..].try_into().unwrap()),
+    let pair = || {
+        let b = mem.bytes(at, 16)?;
+        Some((
+            u64::from_le_bytes(b[..8].try_into().ok()?),
+            u64::from_le_bytes(b[8..].try_into().ok()?),
         ))
     };
-    let (str_at, len) = pair()?;
-    if str_at == 0 || len == 0 {
+    let first =
+        pair().with_context(|| format!("a connection's text at {at:#x} is not readable"))?;
+    if first.0 == 0 || first.1 == 0 {
         return Ok(None);
     }
-    let kept = usize::try_from(len).unwrap_or(usize::MAX).min(TEXT_MAX);
-    let Some(bytes) = mem.bytes(str_at, kept) else {
-        // Freed between the reads, or not a text at all.
-        ensure!(
-            pair()? != (str_at, len),
-            "a connection's text at {str_at:#x} is not in memory"
-        );
-        return Ok(Some(Query::Changing));
-    };
-    if pair()? != (str_at, len) {
-        return Ok(Some(Query::Changing));
-    }
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    Ok(Some(if kept as u64 == len {
-        Query::Text(text)
-    } else {
-        Query::Truncated(text)
-    }))
+    let (str_at, kept) = text_span(first);
+    let bytes = mem.bytes(str_at, kept);
+    text_of(first, bytes.as_deref(), pair())
 }

@@ -28,21 +28,23 @@ fn agent(db: &TestDb, port: u16, dir: &Path) -> Background {
 
 /// [`agent`] with more options.
 pub(crate) fn agent_with(db: &TestDb, port: u16, dir: &Path, more: &[&str]) -> Background {
-    let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
-    let args = [
-        "agent",
-        "-p",
-        &pid,
-        "--listen",
-        &listen,
-        "--dir",
-        dir.to_str().unwrap(),
-        "--sample-every",
-        "1",
-    ];
-    let agent = Background::start(&[&args[..], more].concat(), "myprobe: agent: tracing");
+    let args = agent_args(db, port, dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Background::start(
+        &[&args[..], &["--sample-every", "1"], more].concat(),
+        "myprobe: agent: tracing",
+    );
     agent.wait_for_stderr("myprobe: agent: sampling the sessions of");
     agent
+}
+
+/// The agent's command line tracing `db`, listening on `port`, its history in `dir`.
+fn agent_args(db: &TestDb, port: u16, dir: &Path) -> Vec<String> {
+    let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
+    let dir = dir.to_str().unwrap();
+    ["agent", "-p", &pid, "--listen", &listen, "--dir", dir]
+        .map(String::from)
+        .to_vec()
 }
 
 /// `myprobe history ARGS`'s stdout.
@@ -365,19 +367,10 @@ fn history_warnings(stderr: &str) -> Vec<&str> {
 /// The agent on a store it cannot use: one line, and it goes on serving its metrics.
 fn goes_on_without_history(db: &TestDb, dir: &Path, why: &str) {
     let port = free_port();
-    let (pid, listen) = (db.pid.to_string(), format!("127.0.0.1:{port}"));
-    let agent = Background::start(
-        &[
-            "agent",
-            "-p",
-            &pid,
-            "--listen",
-            &listen,
-            "--dir",
-            dir.to_str().unwrap(),
-        ],
-        "myprobe: agent: tracing",
-    );
+    let listen = format!("127.0.0.1:{port}");
+    let args = agent_args(db, port, dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Background::start(&args, "myprobe: agent: tracing");
     agent.wait_for_stderr("no session history is kept");
     std::thread::sleep(Duration::from_secs(1));
     let metrics = ureq::get(&format!("http://{listen}/metrics"))

@@ -353,17 +353,7 @@ fn report_of_a_past_incident_from_what_the_agent_kept() {
         "--to".into(),
         to.to_string(),
     ];
-    let out = myprobe()
-        .arg("report")
-        .args(&range)
-        .arg("--dir")
-        .arg(&kept)
-        .arg("-o")
-        .arg(&page)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = past_report(&range, &kept, &page);
     assert!(!stderr.contains("not in the report"), "{stderr}");
     std::fs::copy(&page, artefacts().join("past.html")).unwrap();
     let url = format!("file://{}", page.display());
@@ -442,6 +432,23 @@ fn a_past_flame_graph_holds_the_server_s_frames(dom: &str) {
 
 /// Windows without a history: said in a line, the page still written; a range of which nothing was kept: an error;
 /// a past range with an option of tracing now: clap's conflict, with what to do.
+/// `myprobe report` of the past `range` (`--from … --to …`) from what the agent kept in `kept`, written to `page`;
+/// asserts it succeeded and gives its stderr.
+fn past_report(range: &[String], kept: &Path, page: &Path) -> String {
+    let out = myprobe()
+        .arg("report")
+        .args(range)
+        .arg("--dir")
+        .arg(kept)
+        .arg("-o")
+        .arg(page)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 fn what_is_missing_is_said_and_nothing_is_an_error(dir: &Path, kept: &Path, range: &[String]) {
     let windows_only = dir.join("windows-only");
     std::fs::create_dir_all(&windows_only).unwrap();
@@ -451,17 +458,7 @@ fn what_is_missing_is_said_and_nothing_is_an_error(dir: &Path, kept: &Path, rang
         }
     }
     let page = dir.join("windows-only.html");
-    let out = myprobe()
-        .arg("report")
-        .args(range)
-        .arg("--dir")
-        .arg(&windows_only)
-        .arg("-o")
-        .arg(&page)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = past_report(range, &windows_only, &page);
     let said: Vec<&str> = stderr
         .lines()
         .filter(|l| l.starts_with("myprobe: not in the report: "))
