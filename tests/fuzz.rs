@@ -1857,6 +1857,7 @@ fn linked_layout(head: u64) -> myprobe::sessions::Layout {
     let list = myprobe::server::SessionList::Linked {
         head: "server_threads",
         next: 0x10,
+        count: None,
     };
     let name = |at: u64| myprobe::sessions::TextField {
         pointers: vec![THD_SECURITY_POINTER],
@@ -2017,4 +2018,71 @@ fn a_walk_kept_reads_again_only_the_connections_whose_thread_ran() {
         ids(&read_wanted(&busy, &layout, &mut walk, |t| t != second, runs).unwrap()),
         [1, 2]
     );
+}
+
+/// Memory that says which objects' links were read.
+struct Watched<'a> {
+    image: &'a Image,
+    reads: std::cell::RefCell<Vec<u64>>,
+}
+
+impl myprobe::process::memory::Memory for Watched<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> usize {
+        self.reads.borrow_mut().push(addr);
+        self.image.read(addr, buf)
+    }
+}
+
+/// A linked list whose marks (first object, last link, count of objects) hold is not walked again: no link of a
+/// connection left as it was is read. Once the marks change it is walked, and what changed is seen.
+#[test]
+fn a_list_whose_marks_hold_is_not_walked_again() {
+    use myprobe::sessions::{read_wanted, Brief, Walk};
+    let runs = |b: &Brief| b.has_query;
+    let ids = |s: &[myprobe::sessions::Session]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+    let thd = |i: u64| IMAGE_BASE + 0x40 + i * THD_SIZE;
+    // The image with its marks: the end marker's `prev` (head + 16) at the last object's link, and the count of
+    // objects in the header, after the list's head and end marker.
+    let count_at = IMAGE_BASE + 0x30;
+    let marked = |texts: &[Option<Vec<u8>>]| {
+        let mut image = linked_image(texts);
+        let n = texts.len() as u64;
+        image.data[16..24].copy_from_slice(&(thd(n - 1) + 0x10).to_le_bytes());
+        image.data[0x30..0x38].copy_from_slice(&n.to_le_bytes());
+        image
+    };
+    let layout = linked_layout(IMAGE_BASE).with_count(Some(count_at));
+    let link_reads = |w: &Watched| {
+        w.reads
+            .borrow()
+            .iter()
+            .filter(|&&a| a == thd(1) + 0x10 || a == thd(2) + 0x10)
+            .count()
+    };
+    let read = |image: &Image, walk: &mut Walk, still: &dyn Fn(u64) -> bool| {
+        let watched = Watched {
+            image,
+            reads: Default::default(),
+        };
+        let got = read_wanted(&watched, &layout, walk, still, runs).unwrap();
+        (ids(&got), link_reads(&watched))
+    };
+    let three = marked(&[Some(b"SELECT 1".to_vec()), None, None]);
+    let mut walk = Walk::default();
+    assert_eq!(read(&three, &mut walk, &|_| false).0, [1]);
+    // With the idle ones' threads said not to have run: the marks hold, their links are not read, but once in ten
+    // readings.
+    let readings: Vec<(Vec<u64>, usize)> = (0..12)
+        .map(|_| read(&three, &mut walk, &|_| true))
+        .collect();
+    assert!(readings.iter().all(|(ids, _)| ids == &[1]));
+    assert_eq!(readings.iter().filter(|(_, links)| *links > 0).count(), 1);
+    assert_eq!(readings[..9].iter().map(|(_, l)| l).sum::<usize>(), 0);
+    // Connection 3 ends and 2 begins a statement, its thread said to have run: the marks changed, the list is
+    // walked, 3 is gone and 2 is read.
+    let two = marked(&[Some(b"SELECT 1".to_vec()), Some(b"SELECT 2".to_vec())]);
+    let second = THREAD_BASE + 2 * 0x1000;
+    let (got, links) = read(&two, &mut walk, &|t| t != second);
+    assert_eq!(got, [1, 2]);
+    assert!(links > 0);
 }

@@ -41,7 +41,8 @@ struct thread_record {
 };
 
 /* With `only_wanted` (the agent's history, once a second): only the threads whose pointers are keys here are read,
- * and of them only those whose switches differ from the value (they ran since user space last read them). */
+ * and of them only those whose switches differ from the value (they ran since it was last read). The iterator
+ * writes the switches of each it reads: user space only adds and removes keys. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
@@ -50,6 +51,9 @@ struct {
 } wanted SEC(".maps");
 
 bool only_wanted = false;
+
+/* The keys of `wanted` the last run found among the process's threads: fewer than the keys when some ended. */
+__u64 wanted_found = 0;
 
 /* A thread waiting on a futex, from where: the same thread on the same futex from the same stack pointer is in the
  * wait user space named before from its stack. */
@@ -119,8 +123,25 @@ int snapshot(struct bpf_iter__task *ctx)
 	struct thread_record *r = bpf_map_lookup_elem(&record_scratch, &zero);
 	if (!r)
 		return 0;
-	r->tid = task->pid;
+	/* Read directly (the iterator's task is a trusted pointer), not through a helper: this runs for every thread. */
+#ifdef __TARGET_ARCH_x86
+	r->tls_base = task->thread.fsbase;
+#elif defined(__TARGET_ARCH_arm64)
+	r->tls_base = task->thread.uw.tp_value;
+#endif
 	r->state = task_state(task);
+	r->switches = task->nvcsw + task->nivcsw;
+	if (only_wanted) {
+		__u64 *last = bpf_map_lookup_elem(&wanted, &r->tls_base);
+		if (!last)
+			return 0;
+		wanted_found++;
+		/* Not run since its switches were last read: user space keeps what it said of it. */
+		if (*last == r->switches && r->state != 0)
+			return 0;
+		*last = r->switches;
+	}
+	r->tid = task->pid;
 	r->exit_state = task->exit_state;
 	r->on_cpu = ((struct task_struct___on_cpu *)task)->on_cpu;
 	/* When each got on a CPU last, by the scheduler's clock (not ktime's; and not se.exec_start, whose task
@@ -129,31 +150,16 @@ int snapshot(struct bpf_iter__task *ctx)
 	r->now_ns = BPF_CORE_READ(current_task(), sched_info.last_arrival);
 	r->last_ran_ns = task->sched_info.last_arrival;
 	__builtin_memcpy(r->comm, task->comm, sizeof(r->comm));
-#ifdef __TARGET_ARCH_x86
-	r->tls_base = BPF_CORE_READ(task, thread.fsbase);
-#elif defined(__TARGET_ARCH_arm64)
-	r->tls_base = BPF_CORE_READ(task, thread.uw.tp_value);
-#endif
-	r->switches = task->nvcsw + task->nivcsw;
-	if (only_wanted) {
-		__u64 *last = bpf_map_lookup_elem(&wanted, &r->tls_base);
-		if (!last)
-			return 0;
-		/* Not run since its switches were last read: user space keeps what it said of it. */
-		if (*last == r->switches && r->state != 0)
-			return 0;
-	}
 	read_syscall(r, task_regs(task));
 	r->futex_read = 0;
 	r->futex_word = 0;
 	r->futex_owner = 0;
 	if (!COMPAT && r->syscall == futex_syscall && r->args[0]) {
-		__u32 word = 0;
-		__s32 owner = 0;
-		if (!bpf_copy_from_user_task(&word, sizeof(word), (void *)r->args[0], task, 0) &&
-		    !bpf_copy_from_user_task(&owner, sizeof(owner), (void *)(r->args[0] + 8), task, 0)) {
-			r->futex_word = word;
-			r->futex_owner = owner;
+		/* The word and the int after it, in one read. */
+		__u32 words[3] = {};
+		if (!bpf_copy_from_user_task(words, sizeof(words), (void *)r->args[0], task, 0)) {
+			r->futex_word = words[0];
+			r->futex_owner = (__s32)words[2];
 			r->futex_read = 1;
 		}
 	}

@@ -152,6 +152,7 @@ struct user_unwind {
 	__u64 *ips;     /* a MAX_USER_FRAMES array in a map value */
 	__u64 *slots;   /* a RECORDED_SLOTS array in a map value: where the return addresses of frames 1.. were */
 	struct task_struct *task;  /* another task's stack (unwind_task_step), else 0 */
+	struct stack_page *page;   /* and the page of it read last */
 };
 
 /* Per CPU: where unwinding writes, before the frames are copied into the event. The slots of the last unwind
@@ -168,6 +169,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct unwind_buffer);
 } unwind_buffers SEC(".maps");
+
+/* Another task's stack is read a page at a time: bpf_copy_from_user_task walks the page tables and pins the page
+ * for each read, and an unwind reads two or three words a frame from a few pages. Per CPU, the page an unwind read
+ * last (forgotten as the next begins). */
+struct stack_page {
+	__u64 at; /* the page's address; 0: none */
+	__u64 words[(1 << UNWIND_PAGE_SHIFT) / 8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_page);
+} stack_pages SEC(".maps");
 
 /* The compat build's rows, by the exact address they were asked for (a syscall's return site, a return address):
  * with no bpf_loop to search the tables, its unwinder looks up the first frames of a thread in a syscall here, and
@@ -313,11 +329,26 @@ __noinline int unwind_rule_of(struct unwind_process *p, __u64 pc, struct unwind_
 
 /* Reads the user memory of the current task, or (other_task, a constant) of s->task: bpf_copy_from_user_task is
  * for sleepable programs only, so the two are separate callbacks. */
-static __always_inline long read_user(void *dst, __u32 size, __u64 ptr, struct user_unwind *s, bool other_task)
+static __always_inline long read_user(__u64 *dst, __u64 ptr, struct user_unwind *s, bool other_task)
 {
-	if (other_task)
-		return bpf_copy_from_user_task(dst, size, (void *)ptr, s->task, 0);
-	return bpf_probe_read_user(dst, size, (void *)ptr);
+	if (!other_task)
+		return bpf_probe_read_user(dst, sizeof(*dst), (void *)ptr);
+	struct stack_page *page = s->page;
+	if (!page)
+		return bpf_copy_from_user_task(dst, sizeof(*dst), (void *)ptr, s->task, 0);
+	/* The words a stack holds are aligned, each within a page: read from the page, read whole first (a page
+	 * that cannot be read whole holds no word that can). */
+	__u64 at = ptr & ~((1ULL << UNWIND_PAGE_SHIFT) - 1);
+	if (ptr & 7)
+		return -1;
+	if (page->at != at) {
+		page->at = 0;
+		if (bpf_copy_from_user_task(page->words, sizeof(page->words), (void *)at, s->task, 0))
+			return -1;
+		page->at = at;
+	}
+	*dst = page->words[((ptr - at) / 8) & ((1 << UNWIND_PAGE_SHIFT) / 8 - 1)];
+	return 0;
 }
 
 /* index's slot, masked where the verifier sees it: after `index < RECORDED_SLOTS` the compiler drops a mask it
@@ -364,9 +395,9 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 		/* Named by the trampoline's own address: its FDE starts a byte before it, where the return address
 		 * minus 1 falls, and no symbol does. */
 		s->ips[index & (UNWIND_BUFFER_FRAMES - 1)] = s->ip + 1;
-		if (read_user(&ra, sizeof(ra), s->sp + SIGFRAME_IP, s, other_task) || ra == 0 ||
-		    read_user(&cfa, sizeof(cfa), s->sp + SIGFRAME_SP, s, other_task) ||
-		    read_user(&bp, sizeof(bp), s->sp + SIGFRAME_BP, s, other_task)) {
+		if (read_user(&ra, s->sp + SIGFRAME_IP, s, other_task) || ra == 0 ||
+		    read_user(&cfa, s->sp + SIGFRAME_SP, s, other_task) ||
+		    read_user(&bp, s->sp + SIGFRAME_BP, s, other_task)) {
 			s->done = 1;
 			return 1;
 		}
@@ -383,20 +414,20 @@ static __always_inline long unwind_step_of(__u64 index, struct user_unwind *s, b
 			return 1;
 		}
 		cfa = s->bp + 16;
-		if (read_user(&bp, sizeof(bp), s->bp, s, other_task)) {
+		if (read_user(&bp, s->bp, s, other_task)) {
 			s->done = 1;
 			return 1;
 		}
 		break;
 	}
-	if (read_user(&ra, sizeof(ra), cfa - 8, s, other_task) || ra == 0) {
+	if (read_user(&ra, cfa - 8, s, other_task) || ra == 0) {
 		s->done = 1;
 		return 1;
 	}
 	if (index < RECORDED_SLOTS)
 		s->slots[slot_of(index)] = cfa - 8;
 	if ((kind == UNWIND_SP || kind == UNWIND_FP || kind == UNWIND_PLT) && rule.fp_offset) {
-		if (read_user(&bp, sizeof(bp), cfa + rule.fp_offset, s, other_task))
+		if (read_user(&bp, cfa + rule.fp_offset, s, other_task))
 			bp = 0;
 	}
 	s->ip = ra;
@@ -431,6 +462,11 @@ static __always_inline long unwind_from(struct pt_regs *regs, struct task_struct
 	__builtin_memset(buf->slots, 0, sizeof(buf->slots));
 	if (!s.ip)
 		return -1;
+	if (task) {
+		s.page = bpf_map_lookup_elem(&stack_pages, &zero);
+		if (s.page)
+			s.page->at = 0;
+	}
 	bpf_loop(MAX_USER_FRAMES, step, &s, 0);
 	__u32 n = s.n;
 	if (n > MAX_USER_FRAMES)

@@ -3,7 +3,10 @@
 //! no thread is stopped (no ptrace, no signal): the threads run on while they are read, so a running thread's
 //! user frames are those it last entered the kernel with.
 
-use std::{collections::HashMap, mem::MaybeUninit};
+use std::mem::MaybeUninit;
+
+// Keyed by thread pointers: hashed the fast way.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use anyhow::{Context, Result};
 
@@ -69,6 +72,8 @@ pub struct Futex {
 pub struct Snapshot {
     pub threads: Vec<ThreadRecord>,
     pub lost: Lost,
+    /// With `Reader::read`'s `only`: how many of its threads were not found (they ended).
+    pub ended: usize,
 }
 
 /// Reads every thread of `opts.pid` once.
@@ -89,7 +94,7 @@ pub struct Reader<'obj> {
     /// The keys and values of the `wanted` map, as last written.
     wanted: HashMap<u64, u64>,
     /// The keys of the `known_waits` map.
-    known_waits: std::collections::HashSet<WaitPlace>,
+    known_waits: HashSet<WaitPlace>,
     /// The iterator's output, kept between runs.
     records: Vec<u8>,
     mem: Option<crate::process::memory::ProcMemory>,
@@ -119,7 +124,7 @@ pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) 
     let mut reader = Reader {
         skel,
         link: None,
-        wanted: HashMap::new(),
+        wanted: HashMap::default(),
         known_waits: Default::default(),
         records: Vec::new(),
         mem,
@@ -190,13 +195,15 @@ impl Reader<'_> {
     }
 
     /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys and whose
-    /// switches differ from the value (they ran since it was read), a futex wait's alone unwound.
+    /// switches differ from the value (they ran since it was read), a futex wait's alone unwound. The value of a
+    /// key given before is what the iterator last read of it, unless `only` says `u64::MAX` (read it now).
     pub fn read(&mut self, only: Option<&HashMap<u64, u64>>) -> Result<Snapshot> {
         if self.pid == 0 {
             // Verified only (`myprobe programs`): nothing is read.
             return Ok(Snapshot {
                 threads: Vec::new(),
                 lost: Lost::default(),
+                ended: 0,
             });
         }
         if let Some(only) = only {
@@ -207,19 +214,25 @@ impl Reader<'_> {
                 let _ = wanted.delete(&base.to_ne_bytes());
             }
             self.wanted.retain(|b, _| only.contains_key(b));
-            for (&base, &switches) in only.iter().take(WANTED_MAX) {
-                if self.wanted.get(&base) != Some(&switches) {
-                    wanted.update(
-                        &base.to_ne_bytes(),
-                        &switches.to_ne_bytes(),
-                        libbpf_rs::MapFlags::ANY,
-                    )?;
-                    self.wanted.insert(base, switches);
+            let mut room = WANTED_MAX.saturating_sub(self.wanted.len());
+            for (&base, &switches) in only {
+                match self.wanted.get(&base) {
+                    Some(&now) if switches != u64::MAX || now == u64::MAX => continue,
+                    Some(_) => {}
+                    None if room == 0 => continue,
+                    None => room -= 1,
                 }
+                wanted.update(
+                    &base.to_ne_bytes(),
+                    &switches.to_ne_bytes(),
+                    libbpf_rs::MapFlags::ANY,
+                )?;
+                self.wanted.insert(base, switches);
             }
         }
         let bss = self.skel.maps.bss_data.as_deref_mut().context("no .bss")?;
         bss.only_wanted = only.is_some();
+        bss.wanted_found = 0;
         if self.link.is_none() {
             let program = &self.skel.progs.snapshot;
             let link = match attach_to_process(program, self.pid) {
@@ -263,9 +276,26 @@ impl Reader<'_> {
             None => replay(ProcessTables::default().tables()),
         };
         self.records = bytes;
+        let mut ended = 0;
+        if selected {
+            // What the iterator wrote for each thread it read.
+            for t in &threads {
+                if let Some(switches) = self.wanted.get_mut(&t.tls_base) {
+                    *switches = t.switches;
+                }
+            }
+            let found = self
+                .skel
+                .maps
+                .bss_data
+                .as_deref()
+                .map_or(0, |b| b.wanted_found);
+            ended = self.wanted.len().saturating_sub(found as usize);
+        }
         Ok(Snapshot {
             threads,
             lost: Skeleton::lost(&self.skel),
+            ended,
         })
     }
 }

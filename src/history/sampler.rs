@@ -7,12 +7,14 @@
 //! (or read from its memory, MariaDB's metadata locks) only in a second where some connection waits for one.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::VecDeque,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
+// Keyed by addresses and ids, which no client chooses: hashed the fast way.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::{Second, SessionSample, IDLE_IN_TRANSACTION};
 use crate::{
@@ -184,18 +186,32 @@ impl Sampler {
             connect,
             client: None,
             memory_locks,
-            last: HashMap::new(),
-            on_socket: HashSet::new(),
-            known_waits: HashMap::new(),
-            waiting: HashSet::new(),
-            in_transaction_since: HashMap::new(),
+            last: HashMap::default(),
+            on_socket: HashSet::default(),
+            known_waits: HashMap::default(),
+            waiting: HashSet::default(),
+            in_transaction_since: HashMap::default(),
             recent,
-            said: HashSet::new(),
+            said: HashSet::default(),
         })
     }
 
     /// The sessions of second `ts` (seconds since the epoch), `now` in seconds with their fraction.
     pub fn sample(
+        &mut self,
+        reader: &mut threads::Reader<'_>,
+        ts: i64,
+        now: f64,
+    ) -> Result<Second> {
+        let second = self.read_second(reader, ts, now);
+        if second.is_err() {
+            // The iterator read threads whose states were then not kept: every thread is read at the next second.
+            self.last.clear();
+        }
+        second
+    }
+
+    fn read_second(
         &mut self,
         reader: &mut threads::Reader<'_>,
         ts: i64,
@@ -217,9 +233,17 @@ impl Sampler {
                 )
             })
             .collect();
-        let mut ran = reader.read(Some(&wanted))?.threads;
+        let snapshot = reader.read(Some(&wanted))?;
+        let mut ran = snapshot.threads;
         let ran_now: HashSet<u64> = ran.iter().map(|t| t.tls_base).collect();
-        let on_socket = &self.on_socket;
+        // A thread that ended may have served a connection that ended, whose object now holds another: every
+        // connection is read.
+        let none = HashSet::default();
+        let on_socket = if snapshot.ended == 0 {
+            &self.on_socket
+        } else {
+            &none
+        };
         // Only the connections that run a statement or hold a transaction open are read whole.
         let listed = sessions::read_wanted(
             &self.mem,
@@ -238,10 +262,12 @@ impl Sampler {
             .filter(|t| !wanted.contains_key(t))
             .collect();
         if !new.is_empty() {
-            wanted.extend(ran.iter().map(|t| (t.tls_base, t.switches)));
             wanted.extend(new.iter().map(|&t| (t, u64::MAX)));
+            // With those that ran again since: the iterator keeps the switches it read last.
             let more = reader.read(Some(&wanted))?.threads;
-            ran.extend(more.into_iter().filter(|t| new.contains(&t.tls_base)));
+            let again: HashSet<u64> = more.iter().map(|t| t.tls_base).collect();
+            ran.retain(|t| !again.contains(&t.tls_base));
+            ran.extend(more);
         }
         let live: HashSet<u64> = self.walk.serving().collect();
         let named = self.name_threads(&ran, &live);
@@ -328,23 +354,17 @@ impl Sampler {
             .filter(|t| t.futex.is_some() && t.state != Some('R') && !t.known_wait)
             .cloned()
             .collect();
-        let named = stacks::name_threads_with(
-            Some(&mut self.symbolizer),
-            Some(&mut self.data),
+        // A lock of the server's own is named by the lock; the others by what the server lists.
+        let futex_waits: HashMap<u32, Named> = stacks::futex_causes(
+            &mut self.symbolizer,
+            &mut self.data,
             &in_futex,
             &self.brackets,
-        );
-        let futex_waits: HashMap<u32, Named> = named
-            .into_iter()
-            .map(|t| {
-                let cause = t.cause.as_ref().map_or(Cause::UnknownWait, |c| c.cause);
-                // A lock of the server's own is named by the lock; the others by what the server lists.
-                let object = matches!(cause, Cause::InternalLock | Cause::UnknownWait)
-                    .then(|| t.waits.as_ref().map(|w| w.lock.clone()))
-                    .flatten();
-                (t.tid, Named { cause, object })
-            })
-            .collect();
+            |cause| matches!(cause, Cause::InternalLock | Cause::UnknownWait),
+        )
+        .into_iter()
+        .map(|(tid, cause, object)| (tid, Named { cause, object }))
+        .collect();
         // The places of the waits their stacks named, which are not unwound again; an `unknown wait` is (its stack
         // may have been cut short).
         let mut places = Vec::new();

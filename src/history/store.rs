@@ -158,9 +158,11 @@ impl Store {
             )?;
             let mut minute = tx.prepare_cached(
                 "INSERT INTO minutes (minute, server, state, statement, user, host, root_blocker, samples) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1) \
-                 ON CONFLICT DO UPDATE SET samples = samples + 1",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                 ON CONFLICT DO UPDATE SET samples = samples + excluded.samples",
             )?;
+            // The second's active sessions counted by the minute's key first: a row written once for each.
+            let mut counted: HashMap<(&str, i64, &str, &str, i64), i64> = HashMap::new();
             for s in &second.sessions {
                 let statement = match (&s.fingerprint, &s.statement) {
                     (Some(f), Some(text)) => {
@@ -188,16 +190,28 @@ impl Store {
                     holder_statements,
                 ])?;
                 if s.is_active() {
-                    minute.execute(params![
-                        second.ts - second.ts.rem_euclid(60),
-                        server,
-                        s.state,
-                        statement.unwrap_or(0),
-                        s.user.as_deref().unwrap_or(""),
-                        s.host.as_deref().unwrap_or(""),
-                        s.root_blocker.map_or(0, |c| c as i64),
-                    ])?;
+                    *counted
+                        .entry((
+                            s.state.as_str(),
+                            statement.unwrap_or(0),
+                            s.user.as_deref().unwrap_or(""),
+                            s.host.as_deref().unwrap_or(""),
+                            s.root_blocker.map_or(0, |c| c as i64),
+                        ))
+                        .or_default() += 1;
                 }
+            }
+            for ((state, statement, user, host, root_blocker), samples) in counted {
+                minute.execute(params![
+                    second.ts - second.ts.rem_euclid(60),
+                    server,
+                    state,
+                    statement,
+                    user,
+                    host,
+                    root_blocker,
+                    samples,
+                ])?;
             }
         }
         tx.commit()?;

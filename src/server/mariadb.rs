@@ -175,6 +175,8 @@ impl Server for MariaDb {
             list: SessionList::Linked {
                 head: "server_threads",
                 next: 0x10,
+                // THD_count::count, THD's first base's (10.5 on).
+                count: Some("_ZN9THD_count5countE"),
             },
             vtable: "_ZTV3THD",
             id: "thd_get_thread_id",

@@ -124,9 +124,14 @@ pub enum TextAccessor {
 #[derive(Debug)]
 pub enum SessionList {
     /// An intrusive doubly linked list (MariaDB's `I_List<THD>`) at the variable `head`: the first element's
-    /// address at its +0, the end marker at its +8; each element's address is the object's, and its next is at
-    /// `next` from it.
-    Linked { head: &'static str, next: u64 },
+    /// address at its +0, the end marker at its +8 (an ilink: vptr, then `prev`, where the last element's `next`
+    /// is); each element's address is the object's, and its next is at `next` from it. `count`: a variable (a
+    /// `u32`) that counts the objects made and not yet destroyed, where the server has one.
+    Linked {
+        head: &'static str,
+        next: u64,
+        count: Option<&'static str>,
+    },
     /// `partitions` arrays of object pointers, `stride` bytes apart, at the address the variable `manager`
     /// holds (MySQL's `Global_THD_manager::thd_list`, each a `Prealloced_array<THD*, inline>`: an `i32` at +4
     /// that is the inline count when not negative, the pointers inline from +8; else a pointer at +8 and a

@@ -8,11 +8,10 @@
 
 pub mod mdl;
 
-use std::{
-    collections::{HashMap, HashSet},
-    fs,
-    path::Path,
-};
+use std::{fs, path::Path};
+
+// Keyed by addresses and ids, which no client chooses: hashed the fast way.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use anyhow::{bail, ensure, Context, Result};
 
@@ -145,6 +144,7 @@ enum List {
     Linked {
         head: u64,
         next: u64,
+        count: Option<u64>,
     },
     Partitioned {
         manager: u64,
@@ -168,11 +168,15 @@ impl Layout {
     /// The layout of a process that maps `binary` (opened as `file`) from `mapped`.
     pub fn at(file: &fs::File, binary: &Path, mapped: u64, server: &dyn Server) -> Result<Layout> {
         let spec = server.sessions();
-        let list_symbol = match spec.list {
-            SessionList::Linked { head, .. } => head,
-            SessionList::Partitioned { manager, .. } => manager,
+        let (list_symbol, count_symbol) = match spec.list {
+            SessionList::Linked { head, count, .. } => (head, count),
+            SessionList::Partitioned { manager, .. } => (manager, None),
         };
-        let names = [list_symbol, spec.vtable];
+        let names = [
+            list_symbol,
+            spec.vtable,
+            count_symbol.unwrap_or(list_symbol),
+        ];
         let found = memory::symbol_addresses(file, mapped, &names)
             .with_context(|| format!("reading the symbols of {}", binary.display()))?;
         let symbol = |i: usize| {
@@ -259,7 +263,16 @@ impl Layout {
         .with_fields(of_width(spec.command, 4), of_width(spec.started, 8), db)
         .with_names(user, host)
         .with_thread(thread)
-        .with_transaction(transaction))
+        .with_transaction(transaction)
+        .with_count(count_symbol.and(found[2])))
+    }
+
+    /// The same, with the variable that counts a linked list's objects at this address, where known.
+    pub fn with_count(mut self, at: Option<u64>) -> Layout {
+        if let List::Linked { count, .. } = &mut self.list {
+            *count = at;
+        }
+        self
     }
 
     /// The same, with whether a transaction is open in the field at this offset, of this width, where these bits
@@ -328,6 +341,7 @@ impl Layout {
             SessionList::Linked { next, .. } => List::Linked {
                 head: list_at,
                 next,
+                count: None,
             },
             SessionList::Partitioned {
                 partitions,
@@ -387,8 +401,9 @@ pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
 }
 
 /// What a reading of the connections keeps for the next (the history reads them each second): the objects in the
-/// list's order, so that a linked list is checked in one gather of its links rather than followed link by link;
-/// each connection's user and host, which it keeps while it lasts; and each object's thread, and which were idle.
+/// list's order, so that a linked list is checked in one gather of its links rather than followed link by link
+/// (and not at all while its marks hold); each connection's user and host, which it keeps while it lasts, and its
+/// database; and each object's thread, and which were idle.
 #[derive(Default)]
 pub struct Walk {
     list: Vec<u64>,
@@ -397,6 +412,12 @@ pub struct Walk {
     threads: HashMap<u64, u64>,
     /// The objects not chosen last time: their words cannot have changed while their thread has not run.
     idle: HashSet<u64>,
+    /// A linked list's marks before it was read last, and how many readings since it was walked link by link.
+    marks: Option<Marks>,
+    unwalked: u32,
+    /// The database of each connection read last, by object, with its id and the database's `{ str, length }`: read
+    /// again only when either changes.
+    dbs: HashMap<u64, (u64, Pair, String)>,
 }
 
 impl Walk {
@@ -438,6 +459,7 @@ pub fn read_wanted(
                 // Walked again, and every object read again.
                 walk.list.clear();
                 walk.idle.clear();
+                walk.marks = None;
                 last = Some(e);
             }
         }
@@ -535,9 +557,82 @@ impl Read {
     }
 }
 
-/// A connection chosen to be read whole: its object, what a few words of it say, and its statement's
-/// `{ str, length }`.
-type Chosen = (u64, Brief, Pair);
+/// A connection chosen: its object, where it is among those whose fields were read, what a few words of it say,
+/// and its statement's `{ str, length }`.
+type Chosen = (u64, usize, Brief, Pair);
+
+/// A linked list's marks, read before the list: its first object, where its last one links to the end, and the
+/// count of objects made and not yet destroyed. Marks that did not change leave one change of the list unseen: an
+/// object that ended and a new one made at its address, in its place. The thread of the one that ended ran (to end
+/// it, and ended or served another), so that object is read again.
+type Marks = (u64, u64, u64);
+
+/// A list whose marks stay the same is still walked link by link once in this many readings.
+const WALK_EVERY: u32 = 10;
+
+fn marks(mem: &impl Memory, layout: &Layout) -> Option<Marks> {
+    let List::Linked {
+        head,
+        count: Some(count),
+        ..
+    } = layout.list
+    else {
+        return None;
+    };
+    let got = mem.gather(&[(head, 24), (count, 4)]);
+    Some((got.word(0, 0, 8)?, got.word(0, 16, 8)?, got.word(1, 0, 4)?))
+}
+
+/// The fields read of each object not left as it was, by their index among `Fields`: those that check it is one
+/// and choose it, and the others of those chosen (read with them: a piece costs more than its bytes).
+struct Each {
+    vtable: usize,
+    link: Option<usize>,
+    query: usize,
+    command: Option<usize>,
+    transaction: Option<usize>,
+    id: usize,
+    db: Option<usize>,
+    started: Option<usize>,
+    thread: Option<usize>,
+    user: Option<usize>,
+    host: Option<usize>,
+}
+
+impl Each {
+    fn of(layout: &Layout) -> (Fields, Each) {
+        let mut f = Fields::default();
+        let first_pointer = |t: &TextField| t.pointers.first().copied().unwrap_or(t.at);
+        let each = Each {
+            vtable: f.add(0, 8),
+            link: match layout.list {
+                List::Linked { next, .. } => Some(f.add(next, 8)),
+                List::Partitioned { .. } => None,
+            },
+            query: f.add(layout.query_offset, 16),
+            command: layout.command_offset.map(|o| f.add(o, 4)),
+            transaction: layout.transaction.map(|(o, w, _)| f.add(o, w)),
+            id: f.add(layout.id_offset, layout.id_width),
+            db: layout.db_offset.map(|o| f.add(o, 16)),
+            started: layout.started_offset.map(|o| f.add(o, 16)),
+            thread: layout.thread_offset.map(|o| f.add(o, 8)),
+            user: layout.user.as_ref().map(|t| f.add(first_pointer(t), 8)),
+            host: layout.host.as_ref().map(|t| f.add(first_pointer(t), 8)),
+        };
+        (f, each)
+    }
+}
+
+/// What `choose` found: the objects of the list; those `wanted` chooses, with the fields read of them; those it
+/// does not; the list's marks, and whether it was walked link by link.
+struct Choice {
+    thds: Vec<u64>,
+    chosen: Vec<Chosen>,
+    fields: Read,
+    idle: HashSet<u64>,
+    marks: Option<Marks>,
+    walked: bool,
+}
 
 /// The objects of the list, those of them `wanted` chooses, and those it does not.
 fn choose(
@@ -546,29 +641,23 @@ fn choose(
     walk: &Walk,
     still: &impl Fn(u64) -> bool,
     wanted: &impl Fn(&Brief) -> bool,
-) -> Result<(Vec<u64>, Vec<Chosen>, HashSet<u64>)> {
-    // A few words of each object: enough to check it is one, and to choose it; with its link in a linked list,
-    // which checks the list walked last. Of an object left as it was, its link alone.
-    let mut brief = Fields::default();
-    let vtable = brief.add(0, 8);
+) -> Result<(Choice, Each)> {
+    // The fields of each object, with its link in a linked list, which checks the list walked last. Of an object
+    // left as it was, its link alone, and not even that while the list's marks stay the same.
+    let (fields, each) = Each::of(layout);
     let mut link_only = Fields::default();
-    let link = match layout.list {
-        List::Linked { next, .. } => {
+    let end = match layout.list {
+        List::Linked { next, head, .. } => {
             link_only.add(next, 8);
-            Some(brief.add(next, 8))
+            head.wrapping_add(8)
         }
-        List::Partitioned { .. } => None,
+        List::Partitioned { .. } => 0,
     };
-    let query = brief.add(layout.query_offset, 16);
-    let command = layout.command_offset.map(|o| brief.add(o, 4));
-    let transaction = layout.transaction.map(|(o, w, _)| brief.add(o, w));
+    let marks = marks(mem, layout);
     let left =
         |thd: &u64| walk.idle.contains(thd) && walk.threads.get(thd).is_some_and(|&t| still(t));
     let split = |list: &[u64]| -> (Vec<u64>, Vec<u64>) { list.iter().partition(|t| left(t)) };
     let (last_left, last_read) = split(&walk.list);
-    let of_last = link
-        .filter(|_| !walk.list.is_empty())
-        .map(|_| (link_only.of(mem, &last_left), brief.of(mem, &last_read)));
     // Where each object walked last is among the two.
     let (mut l, mut r) = (0, 0);
     let place: Vec<(bool, usize)> = walk
@@ -580,35 +669,53 @@ fn choose(
             p
         })
         .collect();
-    let thds = objects(mem, layout, &walk.list, |k| {
-        let (links, briefs) = of_last.as_ref()?;
-        match place[k] {
-            (true, p) => links.word(p, 0),
-            (false, p) => briefs.word(p, link?),
-        }
-    })?;
-    let (left_now, read, briefs) = match of_last {
-        Some((_, b)) if thds == walk.list => (last_left, last_read, b),
-        _ => {
-            let (l, r) = split(&thds);
-            let b = brief.of(mem, &r);
-            (l, r, b)
+    let last_read_fields = each
+        .link
+        .filter(|_| !walk.list.is_empty())
+        .map(|_| fields.of(mem, &last_read));
+    // The marks as they were: the list as walked, where each object read links to the one after it.
+    let kept = marks.is_some() && marks == walk.marks && walk.unwalked < WALK_EVERY;
+    let holds = kept
+        && last_read_fields.as_ref().is_some_and(|b| {
+            place.iter().enumerate().all(|(k, &(was_left, p))| {
+                let after = walk.list.get(k + 1).copied().unwrap_or(end);
+                was_left || each.link.and_then(|f| b.word(p, f)) == Some(after)
+            })
+        });
+    let (thds, left_now, read, got, walked) = match last_read_fields {
+        Some(b) if holds => (walk.list.clone(), last_left, last_read, b, false),
+        last_read_fields => {
+            let links = last_read_fields
+                .as_ref()
+                .map(|_| link_only.of(mem, &last_left));
+            let thds = objects(mem, layout, &walk.list, |k| match place[k] {
+                (true, p) => links.as_ref()?.word(p, 0),
+                (false, p) => last_read_fields.as_ref()?.word(p, each.link?),
+            })?;
+            match last_read_fields {
+                Some(b) if thds == walk.list => (thds, last_left, last_read, b, true),
+                _ => {
+                    let (l, r) = split(&thds);
+                    let b = fields.of(mem, &r);
+                    (thds, l, r, b, true)
+                }
+            }
         }
     };
     let mut idle: HashSet<u64> = left_now.into_iter().collect();
     let mut chosen = Vec::new();
     for (i, &thd) in read.iter().enumerate() {
         ensure!(
-            briefs.word(i, vtable) == Some(layout.vtable_word),
+            got.word(i, each.vtable) == Some(layout.vtable_word),
             "the list of connections holds {thd:#x}, which is not a connection"
         );
-        let statement = briefs.pair(i, query);
+        let statement = got.pair(i, each.query);
         let b = Brief {
-            command: command.and_then(|f| command_named(briefs.word(i, f)?)),
+            command: each.command.and_then(|f| command_named(got.word(i, f)?)),
             has_query: statement.is_some_and(|(p, _)| p != 0),
-            in_transaction: transaction.and_then(|f| {
+            in_transaction: each.transaction.and_then(|f| {
                 let bits = layout.transaction?.2;
-                Some(briefs.word(i, f)? & bits != 0)
+                Some(got.word(i, f)? & bits != 0)
             }),
         };
         if !wanted(&b) {
@@ -621,9 +728,17 @@ fn choose(
                 thd.wrapping_add(layout.query_offset)
             )
         })?;
-        chosen.push((thd, b, statement));
+        chosen.push((thd, i, b, statement));
     }
-    Ok((thds, chosen, idle))
+    let choice = Choice {
+        thds,
+        chosen,
+        fields: got,
+        idle,
+        marks,
+        walked,
+    };
+    Ok((choice, each))
 }
 
 fn read_once(
@@ -633,32 +748,46 @@ fn read_once(
     still: &impl Fn(u64) -> bool,
     wanted: &impl Fn(&Brief) -> bool,
 ) -> Result<Vec<Session>> {
-    let (thds, chosen, idle) = choose(mem, layout, walk, still, wanted)?;
-    // The rest of those read whole.
-    let mut whole = Fields::default();
-    let id = whole.add(layout.id_offset, layout.id_width);
-    let db = layout.db_offset.map(|o| whole.add(o, 16));
-    let started = layout.started_offset.map(|o| whole.add(o, 16));
-    let thread = layout.thread_offset.map(|o| whole.add(o, 8));
-    let first_pointer = |f: &TextField| f.pointers.first().copied().unwrap_or(f.at);
-    let user = layout.user.as_ref().map(|f| whole.add(first_pointer(f), 8));
-    let host = layout.host.as_ref().map(|f| whole.add(first_pointer(f), 8));
+    let (
+        Choice {
+            thds,
+            chosen,
+            fields,
+            idle,
+            marks,
+            walked,
+        },
+        each,
+    ) = choose(mem, layout, walk, still, wanted)?;
     let objects: Vec<u64> = chosen.iter().map(|&(thd, ..)| thd).collect();
-    let fields = whole.of(mem, &objects);
-    // Their statements' and databases' texts, then their `{ str, length }` again, to see they held still.
-    let pairs: Vec<(u64, Pair, Option<Pair>)> = chosen
+    // Their statements' texts, and their databases' where not kept, then their `{ str, length }` again, to see they
+    // held still.
+    let pairs: Vec<(Pair, Option<Pair>)> = chosen
         .iter()
-        .enumerate()
-        .map(|(n, &(thd, _, q))| (thd, q, db.and_then(|f| fields.pair(n, f))))
+        .map(|&(_, i, _, q)| (q, each.db.and_then(|f| fields.pair(i, f))))
         .collect();
-    let text_read = |p: &Option<Pair>| {
+    let ids: Vec<Option<u64>> = chosen
+        .iter()
+        .map(|&(_, i, ..)| fields.word(i, each.id))
+        .collect();
+    let kept_db = |n: usize, d: Option<Pair>| {
+        walk.dbs
+            .get(&objects[n])
+            .filter(|(id, p, _)| Some(*id) == ids[n] && Some(*p) == d)
+            .map(|(.., name)| name)
+    };
+    let text_read = |p: Option<Pair>| {
         p.filter(|&(at, len)| at != 0 && len != 0)
             .map_or((0, 0), text_span)
     };
     let texts = mem.gather(
         &pairs
             .iter()
-            .flat_map(|(_, q, d)| [text_read(&Some(*q)), text_read(d)])
+            .enumerate()
+            .flat_map(|(n, &(q, d))| {
+                let db = if kept_db(n, d).is_some() { None } else { d };
+                [text_read(Some(q)), text_read(db)]
+            })
             .collect::<Vec<_>>(),
     );
     let mut again = Fields::default();
@@ -667,30 +796,36 @@ fn read_once(
         again.add(o, 16);
     }
     let again = again.of(mem, &objects);
-    let mut ids = HashSet::new();
+    let mut distinct = HashSet::default();
     let mut out = Vec::with_capacity(chosen.len());
-    for (n, &(_, b, _)) in chosen.iter().enumerate() {
-        let (thd, q, d) = pairs[n];
-        let id = fields
-            .word(n, id)
-            .with_context(|| format!("the connection at {thd:#x} is not readable"))?;
+    let mut dbs = HashMap::default();
+    for (n, &(thd, i, b, _)) in chosen.iter().enumerate() {
+        let (q, d) = pairs[n];
+        let id = ids[n].with_context(|| format!("the connection at {thd:#x} is not readable"))?;
         ensure!(
-            ids.insert(id),
+            distinct.insert(id),
             "two connections have the id {id}: their objects are not laid out as the accessors say"
         );
         let query = text_of(q, texts.get(2 * n), again.pair(n, 0))?;
-        let db = match d {
-            Some(d) => match text_of(d, texts.get(2 * n + 1), again.pair(n, 1))? {
-                Some(Query::Text(db)) => Some(db),
-                _ => None,
+        let db = match d.filter(|&(at, len)| at != 0 && len != 0) {
+            Some(d) if again.pair(n, 1) != Some(d) => None,
+            Some(d) => match kept_db(n, Some(d)) {
+                Some(name) => Some(name.clone()),
+                None => match text_of(d, texts.get(2 * n + 1), Some(d))? {
+                    Some(Query::Text(db)) => Some(db),
+                    _ => None,
+                },
             },
             None => None,
         };
+        if let (Some(d), Some(name)) = (d, &db) {
+            dbs.insert(thd, (id, d, name.clone()));
+        }
         let key = (
             thd,
             id,
-            user.and_then(|f| fields.word(n, f)),
-            host.and_then(|f| fields.word(n, f)),
+            each.user.and_then(|f| fields.word(i, f)),
+            each.host.and_then(|f| fields.word(i, f)),
         );
         let (user_name, host_name) = walk
             .names
@@ -708,19 +843,24 @@ fn read_once(
             query,
             command: b.command,
             db,
-            started_us: started
-                .and_then(|f| fields.pair(n, f))
+            started_us: each
+                .started
+                .and_then(|f| fields.pair(i, f))
                 .and_then(|(secs, micros)| started_time(secs, micros)),
             user: user_name,
             host: host_name,
             // 0 while no thread serves it (MySQL's restore_globals clears it).
-            thread: thread.and_then(|f| fields.word(n, f)).filter(|&t| t != 0),
+            thread: each
+                .thread
+                .and_then(|f| fields.word(i, f))
+                .filter(|&t| t != 0),
             in_transaction: b.in_transaction,
         });
     }
     let live: HashSet<u64> = thds.iter().copied().collect();
     walk.names.retain(|(thd, ..), _| live.contains(thd));
     walk.threads.retain(|thd, _| live.contains(thd));
+    walk.dbs = dbs;
     for s in &out {
         match s.thread {
             Some(t) => walk.threads.insert(s.thd, t),
@@ -730,6 +870,8 @@ fn read_once(
     learn_threads(mem, layout, walk, &idle);
     walk.idle = idle;
     walk.list = thds;
+    walk.marks = marks;
+    walk.unwalked = if walked { 0 } else { walk.unwalked + 1 };
     Ok(out)
 }
 
@@ -769,7 +911,7 @@ fn objects(
     };
     let mut thds = Vec::new();
     match layout.list {
-        List::Linked { head, next } => {
+        List::Linked { head, next, .. } => {
             let end = head.wrapping_add(8);
             let mut at = word(head)?;
             for (k, &thd) in last.iter().enumerate() {
@@ -822,7 +964,7 @@ fn objects(
             }
         }
     }
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     for &thd in &thds {
         ensure!(
             seen.insert(thd),

@@ -173,6 +173,35 @@ pub fn name_threads_with(
     threads
 }
 
+/// What each futex wait of `records` waits for, as `name_threads_with` names it from its stack, and the lock's name
+/// where `lock_named` asks for it: nothing else of what a snapshot shows (the history names a few hundred waits a
+/// second).
+pub fn futex_causes(
+    symbolizer: &mut Symbolizer,
+    data: &mut DataSymbolizer,
+    records: &[ThreadRecord],
+    brackets: &waits::Brackets,
+    lock_named: impl Fn(Cause) -> bool,
+) -> Vec<(u32, Cause, Option<String>)> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let f = r.futex?;
+            let user = symbolizer.user_stack(r.stack.user());
+            let op = r
+                .syscall
+                .map_or(FutexOp::Unknown, |(_, args)| futex_op(args[1]));
+            let cause = waits::cause(&user, waits::kind(&user, op), brackets).given(0);
+            let lock = lock_named(cause).then(|| {
+                let symbol = data.name(f.addr);
+                let anonymous = data.names_no_variable(&symbol);
+                waits::lock_name(&symbol, anonymous, f.addr, waits::site(&user).as_deref())
+            });
+            Some((r.tid, cause, lock))
+        })
+        .collect()
+}
+
 /// Marks the threads that may hold a lock which records no owner: those whose stacks are in the function that waits
 /// for it (its critical section is there or below) without waiting for it themselves.
 fn mark_possible_holders(threads: &mut [ThreadStack]) {
