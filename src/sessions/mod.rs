@@ -623,12 +623,16 @@ impl Each {
     }
 }
 
-/// What `choose` found: the objects of the list; those `wanted` chooses, with the fields read of them; those it
-/// does not; the list's marks, and whether it was walked link by link.
+/// What `choose` found: the list, and those of its objects `wanted` chooses, with the fields read of them.
 struct Choice {
-    thds: Vec<u64>,
+    list: Listed,
     chosen: Vec<Chosen>,
     fields: Read,
+}
+
+/// The objects of the list; those `wanted` does not choose; the list's marks, and whether it was walked link by link.
+struct Listed {
+    thds: Vec<u64>,
     idle: HashSet<u64>,
     marks: Option<Marks>,
     walked: bool,
@@ -731,12 +735,14 @@ fn choose(
         chosen.push((thd, i, b, statement));
     }
     let choice = Choice {
-        thds,
+        list: Listed {
+            thds,
+            idle,
+            marks,
+            walked,
+        },
         chosen,
         fields: got,
-        idle,
-        marks,
-        walked,
     };
     Ok((choice, each))
 }
@@ -750,12 +756,9 @@ fn read_once(
 ) -> Result<Vec<Session>> {
     let (
         Choice {
-            thds,
+            list,
             chosen,
             fields,
-            idle,
-            marks,
-            walked,
         },
         each,
     ) = choose(mem, layout, walk, still, wanted)?;
@@ -857,22 +860,27 @@ fn read_once(
             in_transaction: b.in_transaction,
         });
     }
-    let live: HashSet<u64> = thds.iter().copied().collect();
+    walk.dbs = dbs;
+    remember(mem, layout, walk, list, &out);
+    Ok(out)
+}
+
+/// Keeps what the next reading reuses: the list, its marks, the idle objects, and each object's thread.
+fn remember(mem: &impl Memory, layout: &Layout, walk: &mut Walk, list: Listed, read: &[Session]) {
+    let live: HashSet<u64> = list.thds.iter().copied().collect();
     walk.names.retain(|(thd, ..), _| live.contains(thd));
     walk.threads.retain(|thd, _| live.contains(thd));
-    walk.dbs = dbs;
-    for s in &out {
+    for s in read {
         match s.thread {
             Some(t) => walk.threads.insert(s.thd, t),
             None => walk.threads.remove(&s.thd),
         };
     }
-    learn_threads(mem, layout, walk, &idle);
-    walk.idle = idle;
-    walk.list = thds;
-    walk.marks = marks;
-    walk.unwalked = if walked { 0 } else { walk.unwalked + 1 };
-    Ok(out)
+    learn_threads(mem, layout, walk, &list.idle);
+    walk.idle = list.idle;
+    walk.list = list.thds;
+    walk.marks = list.marks;
+    walk.unwalked = if list.walked { 0 } else { walk.unwalked + 1 };
 }
 
 /// The serving thread of each of `idle` whose thread is not known yet, read once: it serves the connection until
