@@ -232,7 +232,8 @@ fn pem(
     }
 }
 
-fn certificates(pem: &[u8], from: &str) -> Result<Vec<CertificateDer<'static>>> {
+/// The certificates of `pem` (read from `from`): at least one, all of them PEM.
+pub fn certificates(pem: &[u8], from: &str) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow!("{from}: not PEM certificates: {e}"))?;

@@ -229,7 +229,7 @@ impl ConnectArgs {
         }
         let (password, password_source) = if let Some(path) = &self.password_file {
             (
-                Some(read_password_file(path)?),
+                Some(read_password_file(path, "--password-file")?),
                 Some(format!("--password-file {}", path.display())),
             )
         } else if let Some(p) = &file.password {
@@ -319,22 +319,19 @@ impl ConnectArgs {
     }
 }
 
-fn read_password_file(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read --password-file {}", path.display()))?;
-    let text = String::from_utf8(bytes).map_err(|_| {
-        anyhow!(
-            "--password-file {}: the password is not UTF-8 text",
-            path.display()
-        )
-    })?;
+/// The password a file holds alone (a line, its end of line not part of it), as option `flag` gave it.
+pub fn read_password_file(path: &Path, flag: &str) -> Result<String> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read {flag} {}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow!("{flag} {}: the password is not UTF-8 text", path.display()))?;
     let password = text
         .strip_suffix('\n')
         .map(|t| t.strip_suffix('\r').unwrap_or(t))
         .unwrap_or(&text);
     if password.contains('\n') {
         bail!(
-            "--password-file {}: more than one line; the file should hold the password alone",
+            "{flag} {}: more than one line; the file should hold the password alone",
             path.display()
         );
     }

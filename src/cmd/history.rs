@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::history::{read, store::Store, text, time};
+use crate::{
+    agent::web_config::certificates,
+    client::read_password_file,
+    history::{read, store::Store, text, time},
+};
 
 #[derive(Args)]
 pub struct HistoryArgs {
@@ -47,7 +51,7 @@ pub struct HistoryArgs {
     /// The user of the agent's basic auth; the password comes from MYPROBE_AGENT_PASSWORD or --agent-password-file
     #[arg(long, value_name = "USER", requires = "agent")]
     pub agent_user: Option<String>,
-    /// A file whose first line is the password of --agent-user
+    /// A file that holds the password of --agent-user alone
     #[arg(long, value_name = "FILE", requires = "agent_user")]
     pub agent_password_file: Option<PathBuf>,
     /// Points of the range's chart
@@ -108,19 +112,12 @@ fn fetch<T: serde::de::DeserializeOwned>(a: &HistoryArgs, url: &str, path: &str)
     if let Some(ca) = &a.agent_ca {
         let pem =
             std::fs::read(ca).with_context(|| format!("reading --agent-ca {}", ca.display()))?;
-        let certs = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("--agent-ca {} is not PEM", ca.display()))?;
-        anyhow::ensure!(
-            !certs.is_empty(),
-            "--agent-ca {} holds no certificate",
-            ca.display()
-        );
+        // Read as the agent reads its own (--web.config.file's), then given to ureq.
+        let certs: Vec<ureq::tls::Certificate<'static>> =
+            certificates(&pem, &format!("--agent-ca {}", ca.display()))?
+                .iter()
+                .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+                .collect();
         config = config.tls_config(
             ureq::tls::TlsConfig::builder()
                 .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
@@ -169,13 +166,11 @@ fn fetch<T: serde::de::DeserializeOwned>(a: &HistoryArgs, url: &str, path: &str)
         .with_context(|| format!("the answer of {url} is not the history's JSON"))
 }
 
-/// --agent-user's password: --agent-password-file's first line, or MYPROBE_AGENT_PASSWORD (never an argument,
+/// --agent-user's password: what --agent-password-file holds, or MYPROBE_AGENT_PASSWORD (never an argument,
 /// which `ps` shows).
 fn password(a: &HistoryArgs) -> Result<String> {
     if let Some(file) = &a.agent_password_file {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("reading --agent-password-file {}", file.display()))?;
-        return Ok(text.lines().next().unwrap_or_default().to_string());
+        return read_password_file(file, "--agent-password-file");
     }
     std::env::var("MYPROBE_AGENT_PASSWORD").map_err(|_| {
         anyhow::anyhow!(

@@ -16,16 +16,13 @@ fn settings(db: &TestDb) -> String {
 
 /// `myprobe pfs ARGS -o FILE` against `db`; its stderr.
 fn pfs(db: &TestDb, args: &[&str], out: &std::path::Path) -> String {
-    let run = myprobe()
-        .arg("pfs")
-        .args(args)
-        .args(["-p", &db.pid.to_string(), "-o"])
-        .arg(out)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr).into_owned();
-    assert!(run.status.success(), "{err}");
-    err
+    run_ok(
+        myprobe()
+            .arg("pfs")
+            .args(args)
+            .args(["-p", &db.pid.to_string(), "-o"])
+            .arg(out),
+    )
 }
 
 /// The value of `stack` in a differential folded file (`stack BEFORE AFTER`).

@@ -435,18 +435,15 @@ fn a_past_flame_graph_holds_the_server_s_frames(dom: &str) {
 /// `myprobe report` of the past `range` (`--from … --to …`) from what the agent kept in `kept`, written to `page`;
 /// asserts it succeeded and gives its stderr.
 fn past_report(range: &[String], kept: &Path, page: &Path) -> String {
-    let out = myprobe()
-        .arg("report")
-        .args(range)
-        .arg("--dir")
-        .arg(kept)
-        .arg("-o")
-        .arg(page)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    stderr
+    run_ok(
+        myprobe()
+            .arg("report")
+            .args(range)
+            .arg("--dir")
+            .arg(kept)
+            .arg("-o")
+            .arg(page),
+    )
 }
 
 fn what_is_missing_is_said_and_nothing_is_an_error(dir: &Path, kept: &Path, range: &[String]) {
