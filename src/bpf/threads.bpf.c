@@ -52,8 +52,18 @@ struct {
 
 bool only_wanted = false;
 
-/* The keys of `wanted` the last run found among the process's threads: fewer than the keys when some ended. */
+/* The keys of `wanted` a run found among the process's threads, where it looked them all up: fewer than the keys
+ * when some ended. */
 __u64 wanted_found = 0;
+
+/* The wanted threads that exited, counted by `thread_exit` while it is attached: then a thread that sleeps and has
+ * not got on a CPU since `ran_since` (the scheduler's clock, as sched_info.last_arrival) is as the last run read it,
+ * and not even looked up; a thousand idle connections' threads cost their walk alone. 0: every one is. */
+__u64 wanted_exited = 0;
+__u64 ran_since = 0;
+
+/* When a run began: the reader's own arrival at its first thread. */
+__u64 run_began = 0;
 
 /* A thread waiting on a futex, from where: the same thread on the same futex from the same stack pointer is in the
  * wait user space named before from its stack. */
@@ -103,6 +113,31 @@ static __always_inline void read_syscall(struct thread_record *r, struct pt_regs
 	r->user_bp = PT_REGS_FP_CORE(regs);
 }
 
+static __always_inline __u64 thread_pointer(struct task_struct *task)
+{
+#ifdef __TARGET_ARCH_x86
+	return task->thread.fsbase;
+#elif defined(__TARGET_ARCH_arm64)
+	return task->thread.uw.tp_value;
+#else
+	return 0;
+#endif
+}
+
+/* A thread of the process exits: one of `wanted` is counted (the connection it served may have ended, and another be
+ * made in its object). Threads exit seldom; no other task is looked at further than its tgid. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(thread_exit, struct task_struct *task)
+{
+	(void)ctx;
+	if (!task_is_target(task))
+		return 0;
+	__u64 base = thread_pointer(task);
+	if (bpf_map_lookup_elem(&wanted, &base))
+		__sync_fetch_and_add(&wanted_exited, 1);
+	return 0;
+}
+
 /* on_cpu as unsigned, whatever its size: an int until 7.x, then a u8, and libbpf resizes only unsigned fields. */
 struct task_struct___on_cpu {
 	unsigned int on_cpu;
@@ -119,17 +154,19 @@ int snapshot(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task || !task_is_target(task))
 		return 0;
+	if (!run_began)
+		run_began = BPF_CORE_READ(current_task(), sched_info.last_arrival);
+	/* Read directly (the iterator's task is a trusted pointer), not through a helper: this runs for every thread,
+	 * and a thread that has not run is left having read two of its cache lines. */
+	unsigned int state = task_state(task);
+	if (only_wanted && state != 0 && task->sched_info.last_arrival < ran_since)
+		return 0;
 	__u32 zero = 0;
 	struct thread_record *r = bpf_map_lookup_elem(&record_scratch, &zero);
 	if (!r)
 		return 0;
-	/* Read directly (the iterator's task is a trusted pointer), not through a helper: this runs for every thread. */
-#ifdef __TARGET_ARCH_x86
-	r->tls_base = task->thread.fsbase;
-#elif defined(__TARGET_ARCH_arm64)
-	r->tls_base = task->thread.uw.tp_value;
-#endif
-	r->state = task_state(task);
+	r->tls_base = thread_pointer(task);
+	r->state = state;
 	r->switches = task->nvcsw + task->nivcsw;
 	if (only_wanted) {
 		__u64 *last = bpf_map_lookup_elem(&wanted, &r->tls_base);

@@ -3,7 +3,7 @@
 //! no thread is stopped (no ptrace, no signal): the threads run on while they are read, so a running thread's
 //! user frames are those it last entered the kernel with.
 
-use std::mem::MaybeUninit;
+use std::{mem::MaybeUninit, sync::Arc};
 
 // Keyed by thread pointers: hashed the fast way.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -33,7 +33,8 @@ unsafe impl Plain for thread_record {}
 #[derive(Clone, Debug)]
 pub struct ThreadRecord {
     pub tid: u32,
-    pub name: String,
+    /// Its name (comm), shared by the records of a run that have the same.
+    pub name: Arc<str>,
     /// As `ps` shows it: R (running or runnable), S, D, T, t, X, Z, P (parked), I (idle); `None` where unknown
     /// (a core file).
     pub state: Option<char>,
@@ -72,7 +73,7 @@ pub struct Futex {
 pub struct Snapshot {
     pub threads: Vec<ThreadRecord>,
     pub lost: Lost,
-    /// With `Reader::read`'s `only`: how many of its threads were not found (they ended).
+    /// With `Reader::read`'s `only`: how many of its threads ended since the last run.
     pub ended: usize,
 }
 
@@ -80,6 +81,13 @@ pub struct Snapshot {
 pub fn snapshot(opts: &CollectOptions) -> Result<Snapshot> {
     with_reader(opts, |reader| reader.read(None))?
 }
+
+/// A thread that got on a CPU this long before the last run began is read again: the scheduler's clocks of two
+/// CPUs may differ a little.
+const CLOCK_MARGIN_NS: u64 = 1_000_000;
+
+/// Thread names kept by a reader (searched one by one).
+const NAMES_KEPT: usize = 32;
 
 /// The `wanted` map's size (threads.bpf.c).
 const WANTED_MAX: usize = 8192;
@@ -97,6 +105,14 @@ pub struct Reader<'obj> {
     known_waits: HashSet<WaitPlace>,
     /// The iterator's output, kept between runs.
     records: Vec<u8>,
+    /// The threads' names seen, each made once (a server's threads have a few names between them).
+    names: Vec<([u8; 16], Arc<str>)>,
+    /// When the last run with `only` began, by the scheduler's clock.
+    last_began: Option<u64>,
+    /// The program counting the wanted threads that exit (`None` until the first run with `only`; `Some(None)`
+    /// where it cannot be attached: every wanted thread is then looked up at each run), and its count seen.
+    exits: Option<Option<libbpf_rs::Link>>,
+    exits_seen: u64,
     mem: Option<crate::process::memory::ProcMemory>,
     pid: u32,
     unwind: Option<std::sync::Arc<super::unwind_store::UnwindStore>>,
@@ -127,6 +143,10 @@ pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) 
         wanted: HashMap::default(),
         known_waits: Default::default(),
         records: Vec::new(),
+        names: Vec::new(),
+        last_began: None,
+        exits: None,
+        exits_seen: 0,
         mem,
         pid: opts.pid,
         unwind: opts.unwind.clone(),
@@ -206,6 +226,8 @@ impl Reader<'_> {
                 ended: 0,
             });
         }
+        // A key written means a thread to read whether it ran or not: every thread is looked up.
+        let mut written = false;
         if let Some(only) = only {
             use libbpf_rs::MapCore;
             // What changed since the last run only: a syscall per key written or deleted.
@@ -228,10 +250,22 @@ impl Reader<'_> {
                     libbpf_rs::MapFlags::ANY,
                 )?;
                 self.wanted.insert(base, switches);
+                written = true;
             }
         }
+        if only.is_some() && self.exits.is_none() {
+            self.exits = Some(self.skel.progs.thread_exit.attach().ok());
+        }
+        let counted_exits = matches!(self.exits, Some(Some(_)));
         let bss = self.skel.maps.bss_data.as_deref_mut().context("no .bss")?;
         bss.only_wanted = only.is_some();
+        // Set again only by a run with `only` that succeeds: it wrote the switches of every thread that ran.
+        bss.ran_since = match self.last_began.take() {
+            Some(began) if counted_exits && !written => began.saturating_sub(CLOCK_MARGIN_NS),
+            _ => 0,
+        };
+        let looked_up_all = bss.ran_since == 0;
+        bss.run_began = 0;
         bss.wanted_found = 0;
         if self.link.is_none() {
             let program = &self.skel.progs.snapshot;
@@ -257,10 +291,11 @@ impl Reader<'_> {
             .filter_map(read_exact::<thread_record>);
         let mem = self.mem.as_ref();
         let selected = only.is_some();
+        let names = &mut self.names;
         let replay = |tables: Tables<'_>| -> Vec<ThreadRecord> {
             records
                 .map(|r| {
-                    let mut t = record(&r);
+                    let mut t = record(&r, names);
                     // As the kernel's side does: with `only`, a futex wait's stack alone is needed.
                     let needed = r.known_wait == 0
                         && (!selected || (r.state != 0 && r.syscall == libc::SYS_futex));
@@ -276,7 +311,6 @@ impl Reader<'_> {
             None => replay(ProcessTables::default().tables()),
         };
         self.records = bytes;
-        let mut ended = 0;
         if selected {
             // What the iterator wrote for each thread it read.
             for t in &threads {
@@ -284,14 +318,19 @@ impl Reader<'_> {
                     *switches = t.switches;
                 }
             }
-            let found = self
-                .skel
-                .maps
-                .bss_data
-                .as_deref()
-                .map_or(0, |b| b.wanted_found);
-            ended = self.wanted.len().saturating_sub(found as usize);
         }
+        let bss = self.skel.maps.bss_data.as_deref().context("no .bss")?;
+        let mut ended = 0;
+        if selected {
+            let exited = bss.wanted_exited.saturating_sub(self.exits_seen);
+            self.exits_seen = bss.wanted_exited;
+            ended = if looked_up_all {
+                self.wanted.len().saturating_sub(bss.wanted_found as usize)
+            } else {
+                exited as usize
+            };
+        }
+        self.last_began = selected.then_some(bss.run_began);
         Ok(Snapshot {
             threads,
             lost: Skeleton::lost(&self.skel),
@@ -335,24 +374,29 @@ fn read_from_memory(
     }
 }
 
-fn record(r: &thread_record) -> ThreadRecord {
+fn record(r: &thread_record, names: &mut Vec<([u8; 16], Arc<str>)>) -> ThreadRecord {
     let state = state_letter(r.state, r.exit_state);
     let running = r.state == 0 && r.exit_state == 0;
     let syscall = (r.syscall >= 0).then_some((r.syscall, r.args));
     let e = &r.stack;
     let user = usize::from(e.user_len).min(e.ips.len());
     let kernel = usize::from(e.kernel_len).min(e.ips.len() - user);
+    let comm = r.comm.map(|c| c as u8);
+    let name = match names.iter().find(|(c, _)| *c == comm) {
+        Some((_, name)) => name.clone(),
+        None => {
+            let len = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
+            let name: Arc<str> = String::from_utf8_lossy(&comm[..len]).into();
+            if names.len() == NAMES_KEPT {
+                names.clear();
+            }
+            names.push((comm, name.clone()));
+            name
+        }
+    };
     ThreadRecord {
         tid: r.tid,
-        name: String::from_utf8_lossy(
-            r.comm
-                .iter()
-                .map(|&c| c as u8)
-                .take_while(|&c| c != 0)
-                .collect::<Vec<u8>>()
-                .as_slice(),
-        )
-        .into_owned(),
+        name,
         state: Some(state),
         on_cpu: r.on_cpu != 0,
         syscall,

@@ -373,9 +373,13 @@ mod tests {
         let t0 = 1_796_526_600;
         let text = "SELECT c FROM sbtest1 WHERE id = ? AND pad = ? AND k IN (?+)".repeat(4);
         for i in 0..2_000 {
-            let sessions = (0..20)
+            let mut sessions: Vec<SessionSample> = (0..20)
                 .map(|c| sample(c, "CPU", Some(&format!("{text} /* {c} */")), None))
                 .collect();
+            // A statement seen in the first minutes only.
+            if i < 100 {
+                sessions.push(sample(20, "CPU", Some("SELECT early"), None));
+            }
             store
                 .write(&Second {
                     ts: t0 + i,
@@ -391,6 +395,24 @@ mod tests {
         };
         store.retain(t0 + 2_000, &small).unwrap();
         let db = Store::open_read(&path).unwrap();
+        let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+        let early = "SELECT count(*) FROM statements WHERE text = 'SELECT early'";
+        // Its minutes still refer to it.
+        assert_eq!(count(early), 1);
+        store
+            .retain(
+                t0 + 2_000,
+                &Retention {
+                    minutes_s: 1_000,
+                    ..small
+                },
+            )
+            .unwrap();
+        assert_eq!(count(early), 0);
+        let dangling =
+            "SELECT count(*) FROM samples WHERE statement NOT IN (SELECT id FROM statements)";
+        assert_eq!(count(dangling), 0);
+        assert_eq!(count("SELECT count(DISTINCT statement) FROM samples"), 20);
         let oldest: i64 = db
             .query_row("SELECT min(ts) FROM samples", [], |r| r.get(0))
             .unwrap();

@@ -220,19 +220,21 @@ impl Sampler {
         let own = self.client.as_ref().map(Client::connection_id);
         // The threads of every connection known, those that ran since the last second alone: a connection whose
         // thread waits on its socket and has not run since is as it was, and not read again.
-        let mut wanted: HashMap<u64, u64> = self
-            .walk
-            .serving()
-            .chain(self.last.keys().copied())
-            .map(|t| {
-                (
-                    t,
-                    self.last
-                        .get(&t)
-                        .map_or(u64::MAX, |(switches, _)| *switches),
-                )
-            })
-            .collect();
+        let mut wanted: HashMap<u64, u64> =
+            HashMap::with_capacity_and_hasher(self.last.len() + 64, Default::default());
+        wanted.extend(
+            self.walk
+                .serving()
+                .chain(self.last.keys().copied())
+                .map(|t| {
+                    (
+                        t,
+                        self.last
+                            .get(&t)
+                            .map_or(u64::MAX, |(switches, _)| *switches),
+                    )
+                }),
+        );
         let snapshot = reader.read(Some(&wanted))?;
         let mut ran = snapshot.threads;
         let ran_now: HashSet<u64> = ran.iter().map(|t| t.tls_base).collect();
@@ -275,8 +277,12 @@ impl Sampler {
             let named: HashSet<_> = named.into_iter().collect();
             self.known_waits.retain(|place, _| named.contains(place));
         }
-        let mut out: Vec<SessionSample> = sampled
-            .iter()
+        let started: Vec<Option<u64>> = sampled.iter().map(|s| s.started_us).collect();
+        drop(sampled);
+        // Each connection's names moved into its sample, not copied.
+        let mut out: Vec<SessionSample> = listed
+            .into_iter()
+            .filter(|s| Some(s.id) != own)
             .map(|s| {
                 let state = s.thread.and_then(|t| self.last.get(&t)).map(|(_, n)| n);
                 self.session_sample(s, state, now)
@@ -293,9 +299,9 @@ impl Sampler {
         // server (most row locks under load, another statement's each second) ask the server nothing.
         let waiting: HashSet<(u64, Option<u64>)> = out
             .iter()
-            .zip(&sampled)
+            .zip(started)
             .filter(|(o, _)| holds(&o.state))
-            .map(|(o, s)| (o.conn, s.started_us))
+            .map(|(o, started)| (o.conn, started))
             .collect();
         if waiting.iter().any(|w| self.waiting.contains(w)) {
             let metadata = out
@@ -349,10 +355,9 @@ impl Sampler {
         ran: &[ThreadRecord],
         live: &HashSet<u64>,
     ) -> Vec<threads::WaitPlace> {
-        let in_futex: Vec<ThreadRecord> = ran
+        let in_futex: Vec<&ThreadRecord> = ran
             .iter()
             .filter(|t| t.futex.is_some() && t.state != Some('R') && !t.known_wait)
-            .cloned()
             .collect();
         // A lock of the server's own is named by the lock; the others by what the server lists.
         let futex_waits: HashMap<u32, Named> = stacks::futex_causes(
@@ -430,8 +435,8 @@ impl Sampler {
         }
     }
 
-    fn session_sample(&self, s: &Session, state: Option<&Named>, now: f64) -> SessionSample {
-        let running = runs_statement(s);
+    fn session_sample(&self, s: Session, state: Option<&Named>, now: f64) -> SessionSample {
+        let running = runs_statement(&s);
         let text = s.query.as_ref().and_then(|q| match q {
             Query::Text(t) | Query::Truncated(t) => Some(t.as_str()),
             Query::Changing => None,
@@ -451,9 +456,9 @@ impl Sampler {
         };
         SessionSample {
             conn: s.id,
-            user: s.user.clone(),
-            host: s.host.clone(),
-            db: s.db.clone(),
+            user: s.user,
+            host: s.host,
+            db: s.db,
             statement,
             fingerprint: fp,
             statement_s: s

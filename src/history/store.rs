@@ -35,20 +35,20 @@ impl Default for Retention {
 /// The file's name in the agent's directory.
 pub const FILE_NAME: &str = "history.sqlite";
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS servers (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS statements (
-    id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL UNIQUE, text TEXT NOT NULL);
+    id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL UNIQUE, text TEXT NOT NULL, last_ts INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
     ts INTEGER NOT NULL, server INTEGER NOT NULL, conn INTEGER NOT NULL,
     user TEXT, host TEXT, db TEXT, statement INTEGER,
     statement_ms INTEGER, transaction_ms INTEGER,
     state TEXT NOT NULL, object TEXT, blocker INTEGER, root_blocker INTEGER,
-    holder_statements TEXT);
-CREATE INDEX IF NOT EXISTS samples_by_ts ON samples (ts);
+    holder_statements TEXT,
+    PRIMARY KEY (ts, server, conn)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS minutes (
     minute INTEGER NOT NULL, server INTEGER NOT NULL, state TEXT NOT NULL, statement INTEGER NOT NULL,
     user TEXT NOT NULL, host TEXT NOT NULL, root_blocker INTEGER NOT NULL, samples INTEGER NOT NULL,
@@ -61,7 +61,8 @@ pub struct Store {
     path: PathBuf,
     retention: Retention,
     servers: HashMap<String, i64>,
-    statements: HashMap<String, i64>,
+    /// Each statement's id by its fingerprint, and the second its `last_ts` was last written.
+    statements: HashMap<String, (i64, i64)>,
     last_retention: i64,
 }
 
@@ -151,8 +152,9 @@ impl Store {
         let server = self.server_id(&second.server)?;
         let tx = self.db.transaction()?;
         {
+            // A second written again (an agent restarted within it) replaces its rows.
             let mut sample = tx.prepare_cached(
-                "INSERT INTO samples (ts, server, conn, user, host, db, statement, statement_ms, \
+                "INSERT OR REPLACE INTO samples (ts, server, conn, user, host, db, statement, statement_ms, \
                  transaction_ms, state, object, blocker, root_blocker, holder_statements) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )?;
@@ -166,7 +168,7 @@ impl Store {
             for s in &second.sessions {
                 let statement = match (&s.fingerprint, &s.statement) {
                     (Some(f), Some(text)) => {
-                        Some(statement_id(&tx, &mut self.statements, f, text)?)
+                        Some(statement_id(&tx, &mut self.statements, f, text, second.ts)?)
                     }
                     _ => None,
                 };
@@ -256,9 +258,12 @@ impl Store {
             }
             self.vacuum()?;
         }
-        self.db.execute_batch(
-            "DELETE FROM statements WHERE id NOT IN (SELECT statement FROM samples WHERE statement IS NOT NULL) \
-             AND id NOT IN (SELECT statement FROM minutes)",
+        // The statements no sample or minute kept refers to: last seen before the oldest of them (their `last_ts`
+        // is at most `STATEMENT_SEEN_EVERY` behind).
+        self.db.execute(
+            "DELETE FROM statements WHERE last_ts < min(\
+             coalesce((SELECT min(ts) FROM samples), ?1), coalesce((SELECT min(minute) FROM minutes), ?1)) - ?2",
+            [now, STATEMENT_SEEN_EVERY],
         )?;
         self.vacuum()?;
         // What was freed leaves the file once the log is written back into it.
@@ -304,18 +309,25 @@ impl Store {
     }
 }
 
+/// The id of the statement of `fingerprint` (made with `text` if new), seen at `ts`: when it was last seen is
+/// written once a minute (`STATEMENT_SEEN_EVERY`), with the second's samples, so that the retention knows which
+/// statements nothing refers to without reading every sample.
 fn statement_id(
     tx: &rusqlite::Transaction<'_>,
-    known: &mut HashMap<String, i64>,
+    known: &mut HashMap<String, (i64, i64)>,
     fingerprint: &str,
     text: &str,
+    ts: i64,
 ) -> Result<i64> {
-    if let Some(&id) = known.get(fingerprint) {
-        return Ok(id);
+    if let Some(&(id, written)) = known.get(fingerprint) {
+        if ts - written < STATEMENT_SEEN_EVERY {
+            return Ok(id);
+        }
     }
     tx.execute(
-        "INSERT INTO statements (fingerprint, text) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-        [fingerprint, text],
+        "INSERT INTO statements (fingerprint, text, last_ts) VALUES (?1, ?2, ?3) \
+         ON CONFLICT DO UPDATE SET last_ts = max(last_ts, excluded.last_ts)",
+        params![fingerprint, text, ts],
     )?;
     let id = tx.query_row(
         "SELECT id FROM statements WHERE fingerprint = ?1",
@@ -325,9 +337,12 @@ fn statement_id(
     if known.len() > 10_000 {
         known.clear();
     }
-    known.insert(fingerprint.to_string(), id);
+    known.insert(fingerprint.to_string(), (id, ts));
     Ok(id)
 }
+
+/// How often a statement's `last_ts` is written while it is seen, in seconds: less than the retention's step.
+const STATEMENT_SEEN_EVERY: i64 = 30;
 
 /// That the file is a SQLite database whose pages hold together (the header and the schema read; a file cut
 /// short or overwritten fails here, not at the first write).

@@ -407,7 +407,7 @@ pub fn read(mem: &impl Memory, layout: &Layout) -> Result<Vec<Session>> {
 #[derive(Default)]
 pub struct Walk {
     list: Vec<u64>,
-    names: HashMap<NameKey, (Option<String>, Option<String>)>,
+    names: HashMap<u64, Names>,
     /// The thread serving each object, where read.
     threads: HashMap<u64, u64>,
     /// The objects not chosen last time: their words cannot have changed while their thread has not run.
@@ -427,8 +427,14 @@ impl Walk {
     }
 }
 
-/// A connection's object and id, and the first pointer to its user's and its host's names.
-type NameKey = (u64, u64, Option<u64>, Option<u64>);
+/// A connection's user and host as read last, by its object: kept while the object holds the same id, and the
+/// same first pointers to them where those are read (a COM_CHANGE_USER changes them).
+struct Names {
+    id: u64,
+    pointers: (Option<u64>, Option<u64>),
+    user: Option<String>,
+    host: Option<String>,
+}
 
 /// What a connection's object says in a few words: enough to choose the connections read whole.
 #[derive(Clone, Copy, Debug)]
@@ -595,14 +601,11 @@ struct Each {
     db: Option<usize>,
     started: Option<usize>,
     thread: Option<usize>,
-    user: Option<usize>,
-    host: Option<usize>,
 }
 
 impl Each {
     fn of(layout: &Layout) -> (Fields, Each) {
         let mut f = Fields::default();
-        let first_pointer = |t: &TextField| t.pointers.first().copied().unwrap_or(t.at);
         let each = Each {
             vtable: f.add(0, 8),
             link: match layout.list {
@@ -616,8 +619,6 @@ impl Each {
             db: layout.db_offset.map(|o| f.add(o, 16)),
             started: layout.started_offset.map(|o| f.add(o, 16)),
             thread: layout.thread_offset.map(|o| f.add(o, 8)),
-            user: layout.user.as_ref().map(|t| f.add(first_pointer(t), 8)),
-            host: layout.host.as_ref().map(|t| f.add(first_pointer(t), 8)),
         };
         (f, each)
     }
@@ -661,16 +662,20 @@ fn choose(
     let left =
         |thd: &u64| walk.idle.contains(thd) && walk.threads.get(thd).is_some_and(|&t| still(t));
     let split = |list: &[u64]| -> (Vec<u64>, Vec<u64>) { list.iter().partition(|t| left(t)) };
-    let (last_left, last_read) = split(&walk.list);
-    // Where each object walked last is among the two.
-    let (mut l, mut r) = (0, 0);
+    // The objects walked last, left or read, and where each is among those of its kind.
+    let (mut last_left, mut last_read) = (Vec::new(), Vec::new());
     let place: Vec<(bool, usize)> = walk
         .list
         .iter()
-        .map(|t| {
-            let p = if left(t) { (true, l) } else { (false, r) };
-            (l, r) = if p.0 { (l + 1, r) } else { (l, r + 1) };
-            p
+        .map(|&t| {
+            let is_left = left(&t);
+            let kind = if is_left {
+                &mut last_left
+            } else {
+                &mut last_read
+            };
+            kind.push(t);
+            (is_left, kind.len() - 1)
         })
         .collect();
     let last_read_fields = each
@@ -773,6 +778,7 @@ fn read_once(
         .iter()
         .map(|&(_, i, ..)| fields.word(i, each.id))
         .collect();
+    read_names(mem, layout, walk, &objects, &ids, list.walked);
     let kept_db = |n: usize, d: Option<Pair>| {
         walk.dbs
             .get(&objects[n])
@@ -824,22 +830,10 @@ fn read_once(
         if let (Some(d), Some(name)) = (d, &db) {
             dbs.insert(thd, (id, d, name.clone()));
         }
-        let key = (
-            thd,
-            id,
-            each.user.and_then(|f| fields.word(i, f)),
-            each.host.and_then(|f| fields.word(i, f)),
-        );
         let (user_name, host_name) = walk
             .names
-            .entry(key)
-            .or_insert_with(|| {
-                (
-                    layout.user.as_ref().and_then(|f| name(mem, thd, f)),
-                    layout.host.as_ref().and_then(|f| name(mem, thd, f)),
-                )
-            })
-            .clone();
+            .get(&thd)
+            .map_or((None, None), |n| (n.user.clone(), n.host.clone()));
         out.push(Session {
             thd,
             id,
@@ -865,10 +859,60 @@ fn read_once(
     Ok(out)
 }
 
+/// The user and host of each of `objects` (whose ids are `ids`) whose object holds another connection than at the
+/// last reading, or, at a reading that walked the list (`check`), whose first pointers to them changed: each
+/// connection's names are read once, and checked once in `WALK_EVERY` readings.
+fn read_names(
+    mem: &impl Memory,
+    layout: &Layout,
+    walk: &mut Walk,
+    objects: &[u64],
+    ids: &[Option<u64>],
+    check: bool,
+) {
+    let (to_read, to_ids): (Vec<u64>, Vec<u64>) = objects
+        .iter()
+        .zip(ids)
+        .filter_map(|(&thd, &id)| Some((thd, id?)))
+        .filter(|&(thd, id)| check || walk.names.get(&thd).is_none_or(|n| n.id != id))
+        .unzip();
+    let first_pointer = |t: &TextField| t.pointers.first().copied().unwrap_or(t.at);
+    let mut fields = Fields::default();
+    let user = layout
+        .user
+        .as_ref()
+        .map(|t| fields.add(first_pointer(t), 8));
+    let host = layout
+        .host
+        .as_ref()
+        .map(|t| fields.add(first_pointer(t), 8));
+    let read = fields.of(mem, &to_read);
+    for (i, (&thd, &id)) in to_read.iter().zip(&to_ids).enumerate() {
+        let pointers = (
+            user.and_then(|f| read.word(i, f)),
+            host.and_then(|f| read.word(i, f)),
+        );
+        if walk
+            .names
+            .get(&thd)
+            .is_some_and(|n| n.id == id && n.pointers == pointers)
+        {
+            continue;
+        }
+        let names = Names {
+            id,
+            pointers,
+            user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
+            host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
+        };
+        walk.names.insert(thd, names);
+    }
+}
+
 /// Keeps what the next reading reuses: the list, its marks, the idle objects, and each object's thread.
 fn remember(mem: &impl Memory, layout: &Layout, walk: &mut Walk, list: Listed, read: &[Session]) {
     let live: HashSet<u64> = list.thds.iter().copied().collect();
-    walk.names.retain(|(thd, ..), _| live.contains(thd));
+    walk.names.retain(|thd, _| live.contains(thd));
     walk.threads.retain(|thd, _| live.contains(thd));
     for s in read {
         match s.thread {

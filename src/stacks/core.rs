@@ -108,7 +108,7 @@ pub fn read(
             });
             ThreadRecord {
                 tid: t.tid,
-                name: core.name.clone(),
+                name: core.name.as_str().into(),
                 // The scheduler's state is not in a core.
                 state: None,
                 on_cpu: false,

@@ -151,7 +151,7 @@ pub fn name_threads_with(
             });
             ThreadStack {
                 tid: r.tid,
-                name: r.name.clone(),
+                name: r.name.to_string(),
                 state: r.state,
                 running: r.on_cpu,
                 syscall: r.syscall.map(|(nr, args)| describe_syscall(nr, &args)),
@@ -179,7 +179,7 @@ pub fn name_threads_with(
 pub fn futex_causes(
     symbolizer: &mut Symbolizer,
     data: &mut DataSymbolizer,
-    records: &[ThreadRecord],
+    records: &[&ThreadRecord],
     brackets: &waits::Brackets,
     lock_named: impl Fn(Cause) -> bool,
 ) -> Vec<(u32, Cause, Option<String>)> {
