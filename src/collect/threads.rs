@@ -214,6 +214,35 @@ impl Reader<'_> {
         Ok(forgot)
     }
 
+    /// Makes the `wanted` map's keys those of `only`, writing only what changed (a syscall per key written or
+    /// deleted): a new key, or one `only` says to read now. Says whether it wrote any.
+    fn write_wanted(&mut self, only: &HashMap<u64, u64>) -> Result<bool> {
+        use libbpf_rs::MapCore;
+        let wanted = &self.skel.maps.wanted;
+        for base in self.wanted.keys().filter(|b| !only.contains_key(b)) {
+            let _ = wanted.delete(&base.to_ne_bytes());
+        }
+        self.wanted.retain(|b, _| only.contains_key(b));
+        let mut room = WANTED_MAX.saturating_sub(self.wanted.len());
+        let mut written = false;
+        for (&base, &switches) in only {
+            match self.wanted.get(&base) {
+                Some(&now) if switches != u64::MAX || now == u64::MAX => continue,
+                Some(_) => {}
+                None if room == 0 => continue,
+                None => room -= 1,
+            }
+            wanted.update(
+                &base.to_ne_bytes(),
+                &switches.to_ne_bytes(),
+                libbpf_rs::MapFlags::ANY,
+            )?;
+            self.wanted.insert(base, switches);
+            written = true;
+        }
+        Ok(written)
+    }
+
     /// Runs the iterator: every thread, or with `only` just those whose thread pointers are its keys and whose
     /// switches differ from the value (they ran since it was read), a futex wait's alone unwound. The value of a
     /// key given before is what the iterator last read of it, unless `only` says `u64::MAX` (read it now).
@@ -227,32 +256,10 @@ impl Reader<'_> {
             });
         }
         // A key written means a thread to read whether it ran or not: every thread is looked up.
-        let mut written = false;
-        if let Some(only) = only {
-            use libbpf_rs::MapCore;
-            // What changed since the last run only: a syscall per key written or deleted.
-            let wanted = &self.skel.maps.wanted;
-            for base in self.wanted.keys().filter(|b| !only.contains_key(b)) {
-                let _ = wanted.delete(&base.to_ne_bytes());
-            }
-            self.wanted.retain(|b, _| only.contains_key(b));
-            let mut room = WANTED_MAX.saturating_sub(self.wanted.len());
-            for (&base, &switches) in only {
-                match self.wanted.get(&base) {
-                    Some(&now) if switches != u64::MAX || now == u64::MAX => continue,
-                    Some(_) => {}
-                    None if room == 0 => continue,
-                    None => room -= 1,
-                }
-                wanted.update(
-                    &base.to_ne_bytes(),
-                    &switches.to_ne_bytes(),
-                    libbpf_rs::MapFlags::ANY,
-                )?;
-                self.wanted.insert(base, switches);
-                written = true;
-            }
-        }
+        let written = match only {
+            Some(only) => self.write_wanted(only)?,
+            None => false,
+        };
         if only.is_some() && self.exits.is_none() {
             self.exits = Some(self.skel.progs.thread_exit.attach().ok());
         }

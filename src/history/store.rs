@@ -310,8 +310,8 @@ impl Store {
 }
 
 /// The id of the statement of `fingerprint` (made with `text` if new), seen at `ts`: when it was last seen is
-/// written once a minute (`STATEMENT_SEEN_EVERY`), with the second's samples, so that the retention knows which
-/// statements nothing refers to without reading every sample.
+/// written at most once in `STATEMENT_SEEN_EVERY` seconds, with the second's samples, so that the retention knows
+/// which statements nothing refers to without reading every sample.
 fn statement_id(
     tx: &rusqlite::Transaction<'_>,
     known: &mut HashMap<String, (i64, i64)>,
