@@ -115,7 +115,7 @@ pub struct Reader<'obj> {
     exits_seen: u64,
     mem: Option<crate::process::memory::ProcMemory>,
     pid: u32,
-    unwind: Option<std::sync::Arc<super::unwind_store::UnwindStore>>,
+    unwind: Option<Arc<super::unwind_store::UnwindStore>>,
 }
 
 /// Loads the iterator for `opts.pid` and gives it to `each`.
@@ -318,6 +318,8 @@ impl Reader<'_> {
             None => replay(ProcessTables::default().tables()),
         };
         self.records = bytes;
+        let bss = self.skel.maps.bss_data.as_deref().context("no .bss")?;
+        let mut ended = 0;
         if selected {
             // What the iterator wrote for each thread it read.
             for t in &threads {
@@ -325,10 +327,6 @@ impl Reader<'_> {
                     *switches = t.switches;
                 }
             }
-        }
-        let bss = self.skel.maps.bss_data.as_deref().context("no .bss")?;
-        let mut ended = 0;
-        if selected {
             let exited = bss.wanted_exited.saturating_sub(self.exits_seen);
             self.exits_seen = bss.wanted_exited;
             ended = if looked_up_all {
