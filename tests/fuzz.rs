@@ -1961,10 +1961,10 @@ proptest! {
                 id: i as u64 + 1,
                 query: t.as_ref().map(|t| Query::Text(lossy(t))),
                 command: Some(if t.is_some() { "Query" } else { "Sleep" }),
-                db: t.as_ref().map(|_| "db".to_string()),
+                db: t.as_ref().map(|_| "db".into()),
                 started_us: Some(STARTED_SECS * 1_000_000 + i as u64 + 1),
-                user: t.as_ref().map(|_| format!("u{}", i + 1)),
-                host: t.as_ref().map(|_| "localhost".to_string()),
+                user: t.as_ref().map(|_| format!("u{}", i + 1).into()),
+                host: t.as_ref().map(|_| "localhost".into()),
                 thread: Some(THREAD_BASE + (i as u64 + 1) * 0x1000),
                 in_transaction: Some(i % 2 == 0),
             })

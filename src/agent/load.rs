@@ -195,7 +195,7 @@ impl Load {
                 Some(i) => &mut self.states[i],
                 None => {
                     self.states.push(StateLoad {
-                        state: s.state.clone(),
+                        state: s.state.to_string(),
                         seconds: 0,
                         now: 0,
                     });
@@ -289,7 +289,7 @@ mod tests {
             fingerprint: Some(fingerprint.into()),
             statement_s: Some(1.0),
             transaction_s: None,
-            state: state.into(),
+            state: state.to_string().into(),
             object: None,
             blocker: None,
             root_blocker: None,

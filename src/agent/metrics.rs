@@ -996,7 +996,7 @@ mod tests {
             fingerprint: Some(fingerprint.into()),
             statement_s: Some(20.0),
             transaction_s: None,
-            state: state.into(),
+            state: state.to_string().into(),
             object: None,
             blocker: Some(9),
             root_blocker: Some(9),

@@ -65,12 +65,13 @@ __u64 ran_since = 0;
 /* When a run began: the reader's own arrival at its first thread. */
 __u64 run_began = 0;
 
-/* A thread waiting on a futex, from where: the same thread on the same futex from the same stack pointer is in the
- * wait user space named before from its stack. */
+/* A thread waiting on a futex, from where: the same thread with the same futex operation at the same stack pointer
+ * is in the wait user space named before from its stack, whichever lock word it waits on (InnoDB's page latches are
+ * as many as its pages: user space names the word). */
 struct wait_place {
 	__u64 tls_base;
-	__u64 futex;
 	__u64 user_sp;
+	__u64 futex_op;
 };
 
 /* The places of waits whose stacks user space has named (with `only_wanted`): not unwound again. */
@@ -202,7 +203,7 @@ int snapshot(struct bpf_iter__task *ctx)
 	}
 	r->known_wait = 0;
 	if (only_wanted && r->state != 0 && r->syscall == futex_syscall) {
-		struct wait_place place = { .tls_base = r->tls_base, .futex = r->args[0], .user_sp = r->user_sp };
+		struct wait_place place = { .tls_base = r->tls_base, .user_sp = r->user_sp, .futex_op = r->args[1] };
 		r->known_wait = bpf_map_lookup_elem(&known_waits, &place) != NULL;
 	}
 	/* The history names a running thread, or one blocked in another syscall, without its stack: only a futex

@@ -179,7 +179,8 @@ fn attach_to_process(program: &libbpf_rs::ProgramMut<'_>, pid: u32) -> Option<li
     Some(unsafe { libbpf_rs::Link::from_ptr(link) })
 }
 
-/// Where a thread waits on a futex from: its thread pointer, the futex, and its user stack pointer.
+/// Where a thread waits on a futex from: its thread pointer, its user stack pointer and the futex operation (not the
+/// futex: the same wait is on many lock words).
 pub type WaitPlace = (u64, u64, u64);
 
 impl ThreadRecord {
@@ -188,8 +189,8 @@ impl ThreadRecord {
         let (nr, args) = self.syscall?;
         (nr == libc::SYS_futex && self.state != Some('R') && self.user_sp != 0).then_some((
             self.tls_base,
-            args[0],
             self.user_sp,
+            args[1],
         ))
     }
 }
@@ -423,11 +424,11 @@ fn record(r: &thread_record, names: &mut Vec<([u8; 16], Arc<str>)>) -> ThreadRec
     }
 }
 
-fn place_key((tls, futex, sp): WaitPlace) -> [u8; 24] {
+fn place_key((tls, sp, op): WaitPlace) -> [u8; 24] {
     let mut key = [0u8; 24];
     key[..8].copy_from_slice(&tls.to_ne_bytes());
-    key[8..16].copy_from_slice(&futex.to_ne_bytes());
-    key[16..].copy_from_slice(&sp.to_ne_bytes());
+    key[8..16].copy_from_slice(&sp.to_ne_bytes());
+    key[16..].copy_from_slice(&op.to_ne_bytes());
     key
 }
 
@@ -447,7 +448,65 @@ pub fn state_letter(state: u32, exit_state: u32) -> char {
 
 #[cfg(test)]
 mod tests {
-    use super::state_letter;
+    use super::{state_letter, with_reader, HashMap, Snapshot};
+    use crate::{
+        collect::{CollectOptions, Stop},
+        symbolize::test_support::{build_dir, compile, fixture_source, Running},
+    };
+
+    /// The thread pointers of a snapshot's threads.
+    fn bases(s: &Snapshot) -> Vec<u64> {
+        let mut b: Vec<u64> = s.threads.iter().map(|t| t.tls_base).collect();
+        b.sort();
+        b
+    }
+
+    /// Reading only some threads: each is read the first time, then only once it ran, and one that ended is counted
+    /// as such once (by the program on `sched_process_exit`, or by the lookups where it cannot be attached).
+    #[test]
+    fn wanted_threads_are_read_once_they_ran_and_counted_once_they_ended() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: loading the iterator needs root");
+            return;
+        }
+        let out = build_dir("myprobe-threads-").join("exiting");
+        let cc = ["cc", "-O1", "-pthread"];
+        assert!(compile(
+            &cc,
+            &fixture_source("threads/exiting.c"),
+            &out,
+            &[]
+        ));
+        let mut fixture = Running::start(&out, "thread2");
+        let t: Vec<u64> = (0..3)
+            .map(|n| fixture.addr(&format!("thread{n}")))
+            .collect();
+        let mut all = t.clone();
+        all.sort();
+        let opts = CollectOptions::new(fixture.pid(), None, 64 << 20, Stop::new());
+        let settle = || std::thread::sleep(std::time::Duration::from_millis(20));
+        with_reader(&opts, |reader| {
+            let mut only: HashMap<u64, u64> = t.iter().map(|&b| (b, u64::MAX)).collect();
+            let mut read = |only: &mut HashMap<u64, u64>| {
+                settle();
+                let s = reader.read(Some(only)).unwrap();
+                for r in &s.threads {
+                    only.insert(r.tls_base, r.switches);
+                }
+                (bases(&s), s.ended)
+            };
+            assert_eq!(read(&mut only), (all, 0), "each read the first time");
+            assert_eq!(read(&mut only), (vec![], 0), "none ran since");
+            fixture.command("wake 1");
+            assert_eq!(read(&mut only), (vec![t[1]], 0), "the one that ran");
+            fixture.command("end 0");
+            assert_eq!(read(&mut only), (vec![], 1), "the one that ended");
+            only.remove(&t[0]);
+            assert_eq!(read(&mut only), (vec![], 0), "counted once");
+        })
+        .unwrap();
+    }
 
     #[test]
     fn states_read_as_ps_shows_them() {

@@ -10,6 +10,8 @@ pub mod text;
 pub mod time;
 pub mod writer;
 
+use std::{borrow::Cow, sync::Arc};
+
 use serde::{Deserialize, Serialize};
 
 /// What a connection was doing at a sampled second.
@@ -18,11 +20,11 @@ pub struct SessionSample {
     /// The connection's id (`CONNECTION_ID()`).
     pub conn: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
+    pub user: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
+    pub host: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub db: Option<String>,
+    pub db: Option<Arc<str>>,
     /// Its statement, literals hidden, and that statement's fingerprint; none while idle in its transaction.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub statement: Option<String>,
@@ -35,7 +37,7 @@ pub struct SessionSample {
     pub transaction_s: Option<f64>,
     /// On a CPU, waiting for one, its wait's cause in the project's words (`Cause::label`), or
     /// [`IDLE_IN_TRANSACTION`].
-    pub state: String,
+    pub state: Cow<'static, str>,
     /// What it waits on: `sbtest.sbtest1 (PRIMARY, X)`, a file, a lock's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,

@@ -279,7 +279,7 @@ mod tests {
             fingerprint: text.map(|t| t.to_lowercase()),
             statement_s: Some(1.5),
             transaction_s: None,
-            state: state.into(),
+            state: state.to_string().into(),
             object: None,
             blocker: root,
             root_blocker: root,

@@ -24,7 +24,7 @@ use crate::{
         CollectOptions, Stop,
     },
     process::{memory::ProcMemory, Target},
-    profile::waits::Brackets,
+    profile::waits::{self, Brackets},
     query::{
         files::{file_cause, Files},
         holders::{self, Listed, MemoryLocks},
@@ -112,6 +112,9 @@ fn begins_transaction(text: &str) -> bool {
             && words.get(1).is_some_and(|w| w.starts_with("TRANSACTION")))
 }
 
+/// Addresses whose names are kept (code and lock words: a server that runs for days waits on ever more).
+const NAMES_KEPT: usize = 100_000;
+
 /// What a thread was doing, as named from its record.
 #[derive(Clone, Debug)]
 struct Named {
@@ -137,8 +140,9 @@ pub struct Sampler {
     last: HashMap<u64, (u64, Named)>,
     /// The serving threads last seen waiting on their connection's socket (a pool's threads wait elsewhere).
     on_socket: HashSet<u64>,
-    /// The futex waits named from their stacks, by where they wait from (the iterator unwinds them no more).
-    known_waits: HashMap<threads::WaitPlace, Named>,
+    /// The futex waits named from their stacks, by where they wait from (the iterator unwinds them no more): their
+    /// cause and site.
+    known_waits: HashMap<threads::WaitPlace, (Cause, Option<String>)>,
     /// The statements (connection, and when its command began) that waited for a lock someone holds at the last
     /// second.
     waiting: HashSet<(u64, Option<u64>)>,
@@ -359,26 +363,20 @@ impl Sampler {
             .iter()
             .filter(|t| t.futex.is_some() && t.state != Some('R') && !t.known_wait)
             .collect();
-        // A lock of the server's own is named by the lock; the others by what the server lists.
-        let futex_waits: HashMap<u32, Named> = stacks::futex_causes(
-            &mut self.symbolizer,
-            &mut self.data,
-            &in_futex,
-            &self.brackets,
-            |cause| matches!(cause, Cause::InternalLock | Cause::UnknownWait),
-        )
-        .into_iter()
-        .map(|(tid, cause, object)| (tid, Named { cause, object }))
-        .collect();
+        let futex_waits: HashMap<u32, (Cause, Option<String>)> =
+            stacks::futex_causes(&mut self.symbolizer, &in_futex, &self.brackets)
+                .into_iter()
+                .map(|(tid, cause, site)| (tid, (cause, site)))
+                .collect();
         // The places of the waits their stacks named, which are not unwound again; an `unknown wait` is (its stack
         // may have been cut short).
         let mut places = Vec::new();
         for t in &in_futex {
-            let (Some(place), Some(n)) = (t.wait_place(), futex_waits.get(&t.tid)) else {
+            let (Some(place), Some(wait)) = (t.wait_place(), futex_waits.get(&t.tid)) else {
                 continue;
             };
-            if n.cause != Cause::UnknownWait {
-                self.known_waits.insert(place, n.clone());
+            if wait.0 != Cause::UnknownWait {
+                self.known_waits.insert(place, wait.clone());
                 places.push(place);
             }
         }
@@ -388,7 +386,18 @@ impl Sampler {
                 futex_waits.get(&t.tid),
                 known.and_then(|p| self.known_waits.get(&p)),
             ) {
-                (Some(n), _) | (None, Some(n)) => n.clone(),
+                (Some((cause, site)), _) | (None, Some((cause, site))) => {
+                    // A lock of the server's own is named by its word; the others by what the server lists.
+                    let lock = t
+                        .futex
+                        .filter(|_| matches!(cause, Cause::InternalLock | Cause::UnknownWait));
+                    Named {
+                        cause: *cause,
+                        object: lock.map(|f| {
+                            waits::lock_word_name(&mut self.data, f.addr, site.as_deref())
+                        }),
+                    }
+                }
                 (None, None) => self.name_state(t),
             };
             self.last.insert(t.tls_base, (t.switches, n));
@@ -400,6 +409,8 @@ impl Sampler {
         }
         self.last.retain(|t, _| live.contains(t));
         self.on_socket.retain(|t| live.contains(t));
+        self.symbolizer.bound_caches(NAMES_KEPT);
+        self.data.bound_cache(NAMES_KEPT);
         places
     }
 
@@ -449,10 +460,10 @@ impl Sampler {
             None => (None, None),
         };
         let (state, object) = match (running, state) {
-            (false, _) => (IDLE_IN_TRANSACTION.to_string(), None),
-            (true, Some(n)) => (n.cause.label().to_string(), n.object.clone()),
+            (false, _) => (IDLE_IN_TRANSACTION.into(), None),
+            (true, Some(n)) => (n.cause.label().into(), n.object.clone()),
             // Its thread was not read (it ended its statement meanwhile, or no thread is known to serve it).
-            (true, None) => (Cause::Other.label().to_string(), None),
+            (true, None) => (Cause::Other.label().into(), None),
         };
         SessionSample {
             conn: s.id,
@@ -494,7 +505,7 @@ impl Sampler {
                 continue;
             };
             if let Some((_, l)) = listed.iter().find(|(w, l)| *w == s.conn && l.is_of(cause)) {
-                s.state = l.cause.label().to_string();
+                s.state = l.cause.label().into();
                 s.object = Some(l.object.clone());
                 s.root_blocker = Some(l.holder.conn);
                 s.blocker = Some(l.holder.queued_behind.unwrap_or(l.holder.conn));

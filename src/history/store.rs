@@ -194,7 +194,7 @@ impl Store {
                 if s.is_active() {
                     *counted
                         .entry((
-                            s.state.as_str(),
+                            &*s.state,
                             statement.unwrap_or(0),
                             s.user.as_deref().unwrap_or(""),
                             s.host.as_deref().unwrap_or(""),

@@ -203,7 +203,7 @@ pub fn moment(m: &Moment) -> String {
 pub fn who(x: &SessionSample) -> String {
     match (&x.user, &x.host) {
         (Some(u), Some(h)) => format!("{u}@{h}"),
-        (Some(u), None) => u.clone(),
+        (Some(u), None) => u.to_string(),
         _ => String::new(),
     }
 }
@@ -220,7 +220,7 @@ pub fn seconds(s: f64) -> String {
 pub fn state_words(x: &SessionSample) -> String {
     match &x.object {
         Some(o) => format!("{} on {o}", x.state),
-        None => x.state.clone(),
+        None => x.state.to_string(),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::{
         causes::{COMMON_AROUND, COMMON_ASKED},
         Cause, WaitCauses, WaitKind,
     },
-    symbolize::{unnamed_in_binary, wait_calls::ConstantCall, Symbolizer},
+    symbolize::{data::DataSymbolizer, unnamed_in_binary, wait_calls::ConstantCall, Symbolizer},
 };
 
 /// Frames of the locking primitives themselves, by the start of their cleaned names: the C library's and the
@@ -103,6 +103,13 @@ pub fn lock_name(symbol: &str, anonymous: bool, addr: u64, site: Option<&str>) -
         (true, None) if mapping => format!("{symbol} {addr:#x}"),
         (true, None) => symbol.to_string(),
     }
+}
+
+/// The name of the lock word at `addr`, waited for from `site`, as [`lock_name`] says it.
+pub fn lock_word_name(data: &mut DataSymbolizer, addr: u64, site: Option<&str>) -> String {
+    let symbol = data.name(addr);
+    let anonymous = data.names_no_variable(&symbol);
+    lock_name(&symbol, anonymous, addr, site)
 }
 
 /// The futex operation of a wait, as far as it tells the kind: glibc's mutexes wait with FUTEX_WAIT (or

@@ -699,10 +699,8 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             holders.name(&mut record);
         }
         if record.lock_addr_raw != 0 {
-            let symbol = self.locks.name(record.lock_addr_raw);
-            record.lock_symbol = Some(waits::lock_name(
-                &symbol,
-                self.locks.names_no_variable(&symbol),
+            record.lock_symbol = Some(waits::lock_word_name(
+                &mut self.locks,
                 record.lock_addr_raw,
                 record.lock_site.as_deref(),
             ));

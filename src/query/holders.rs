@@ -316,8 +316,8 @@ impl MemoryLocks {
 fn holder_of(s: &Session, now_us: u64) -> Holder {
     Holder {
         conn: s.id,
-        user: s.user.clone(),
-        host: s.host.clone(),
+        user: s.user.as_deref().map(str::to_owned),
+        host: s.host.as_deref().map(str::to_owned),
         command: s.command.map(str::to_string),
         command_s: s.started_us.map(|t| now_us.saturating_sub(t) / 1_000_000),
         transaction_s: None,

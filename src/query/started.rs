@@ -94,8 +94,8 @@ impl Started {
         Some(Learned::Connection {
             socket: if s.fd >= 0 { s.fd } else { dispatch_fd(s.tid) },
             id: session.id as u32,
-            user: session.user,
-            db: session.db,
+            user: session.user.as_deref().map(str::to_owned),
+            db: session.db.as_deref().map(str::to_owned),
         })
     }
 

@@ -440,7 +440,7 @@ mod tests {
             fingerprint: None,
             statement_s: Some(3.0),
             transaction_s: None,
-            state: state.into(),
+            state: state.to_string().into(),
             object: root.map(|_| "db.t (PRIMARY, X)".into()),
             blocker: root,
             root_blocker: root,

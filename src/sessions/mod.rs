@@ -8,7 +8,7 @@
 
 pub mod mdl;
 
-use std::{fs, path::Path};
+use std::{fs, path::Path, sync::Arc};
 
 // Keyed by addresses and ids, which no client chooses: hashed the fast way.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -33,13 +33,13 @@ pub struct Session {
     /// The command it runs (the protocol's name: `Query`, `Execute`, `Sleep`, …), where the layout knows it.
     pub command: Option<&'static str>,
     /// Its default database, where the layout knows it and it has one.
-    pub db: Option<String>,
+    pub db: Option<Arc<str>>,
     /// When its command began, in microseconds since the epoch (an idle connection's: its last command's), where
     /// the layout knows it.
     pub started_us: Option<u64>,
     /// The user it logged in as, and the host it came from, where the layout knows them and it has them.
-    pub user: Option<String>,
-    pub host: Option<String>,
+    pub user: Option<Arc<str>>,
+    pub host: Option<Arc<str>>,
     /// The thread serving it, by its `pthread_self()` (its TLS base: `fs_base` on x86-64), where the layout
     /// knows it and a thread serves it.
     pub thread: Option<u64>,
@@ -417,7 +417,7 @@ pub struct Walk {
     unwalked: u32,
     /// The database of each connection read last, by object, with its id and the database's `{ str, length }`: read
     /// again only when either changes.
-    dbs: HashMap<u64, (u64, Pair, String)>,
+    dbs: HashMap<u64, (u64, Pair, Arc<str>)>,
 }
 
 impl Walk {
@@ -432,8 +432,8 @@ impl Walk {
 struct Names {
     id: u64,
     pointers: (Option<u64>, Option<u64>),
-    user: Option<String>,
-    host: Option<String>,
+    user: Option<Arc<str>>,
+    host: Option<Arc<str>>,
 }
 
 /// What a connection's object says in a few words: enough to choose the connections read whole.
@@ -821,7 +821,7 @@ fn read_once(
             Some(d) => match kept_db(n, Some(d)) {
                 Some(name) => Some(name.clone()),
                 None => match text_of(d, texts.get(2 * n + 1), Some(d))? {
-                    Some(Query::Text(db)) => Some(db),
+                    Some(Query::Text(db)) => Some(Arc::from(db)),
                     _ => None,
                 },
             },
@@ -902,8 +902,16 @@ fn read_names(
         let names = Names {
             id,
             pointers,
-            user: layout.user.as_ref().and_then(|f| name(mem, thd, f)),
-            host: layout.host.as_ref().and_then(|f| name(mem, thd, f)),
+            user: layout
+                .user
+                .as_ref()
+                .and_then(|f| name(mem, thd, f))
+                .map(Arc::from),
+            host: layout
+                .host
+                .as_ref()
+                .and_then(|f| name(mem, thd, f))
+                .map(Arc::from),
         };
         walk.names.insert(thd, names);
     }

@@ -133,11 +133,7 @@ pub fn name_threads_with(
                 cause = Some(waits::cause(&user, kind, brackets).given(0));
                 let site = waits::site(&user);
                 let lock = match data.as_mut() {
-                    Some(d) => {
-                        let symbol = d.name(f.addr);
-                        let anonymous = d.names_no_variable(&symbol);
-                        waits::lock_name(&symbol, anonymous, f.addr, site.as_deref())
-                    }
+                    Some(d) => waits::lock_word_name(d, f.addr, site.as_deref()),
                     None => format!("{:#x}", f.addr),
                 };
                 LockWait {
@@ -173,31 +169,24 @@ pub fn name_threads_with(
     threads
 }
 
-/// What each futex wait of `records` waits for, as `name_threads_with` names it from its stack, and the lock's name
-/// where `lock_named` asks for it: nothing else of what a snapshot shows (the history names a few hundred waits a
-/// second).
+/// What each futex wait of `records` waits for, as `name_threads_with` names it from its stack, and the site it waits
+/// from (what names a lock word in no variable, [`waits::lock_word_name`]): nothing else of what a snapshot shows (the
+/// history names a few hundred waits a second).
 pub fn futex_causes(
     symbolizer: &mut Symbolizer,
-    data: &mut DataSymbolizer,
     records: &[&ThreadRecord],
     brackets: &waits::Brackets,
-    lock_named: impl Fn(Cause) -> bool,
 ) -> Vec<(u32, Cause, Option<String>)> {
     records
         .iter()
-        .filter_map(|r| {
-            let f = r.futex?;
+        .filter(|r| r.futex.is_some())
+        .map(|r| {
             let user = symbolizer.user_stack(r.stack.user());
             let op = r
                 .syscall
                 .map_or(FutexOp::Unknown, |(_, args)| futex_op(args[1]));
             let cause = waits::cause(&user, waits::kind(&user, op), brackets).given(0);
-            let lock = lock_named(cause).then(|| {
-                let symbol = data.name(f.addr);
-                let anonymous = data.names_no_variable(&symbol);
-                waits::lock_name(&symbol, anonymous, f.addr, waits::site(&user).as_deref())
-            });
-            Some((r.tid, cause, lock))
+            (r.tid, cause, waits::site(&user))
         })
         .collect()
 }
