@@ -930,6 +930,16 @@ impl InContainer {
     }
 }
 
+/// Whether the agent on `port` counts a statement sent to `server` now under the server's labels.
+pub(crate) fn statement_counted(port: u16, server: &TestDb) -> bool {
+    server.sql("SELECT 'agent-every', 1");
+    let metrics = get(&format!("http://127.0.0.1:{port}/metrics")).map_or(String::new(), |m| m.1);
+    let label = format!("server_pid=\"{}\"", server.pid);
+    series(&metrics, "myprobe_statements_total", &label)
+        .iter()
+        .any(|l| l.contains("db_query_text=\"select ?, ?\""))
+}
+
 /// The lines of `metrics` of the family `name` whose labels hold `label`.
 fn series<'a>(metrics: &'a str, name: &str, label: &str) -> Vec<&'a str> {
     metrics
@@ -1062,15 +1072,9 @@ impl Watched<'_> {
     /// Each server's statements counted under its own labels: its host PID, port, version and what it is. Sent
     /// until counted: a server is said to be traced before its collectors are all in place.
     fn counted(&self, server: &TestDb) {
-        let label = format!("server_pid=\"{}\"", server.pid);
         self.wait_until(
             &format!("statements of PID {} counted", server.pid),
-            &|| {
-                server.sql("SELECT 'agent-every', 1");
-                series(&self.metrics(), "myprobe_statements_total", &label)
-                    .iter()
-                    .any(|l| l.contains("db_query_text=\"select ?, ?\""))
-            },
+            &|| statement_counted(self.port, server),
         );
     }
 

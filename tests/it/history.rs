@@ -21,7 +21,7 @@ pub(crate) fn now_s() -> i64 {
 }
 
 /// The agent tracing `db` on `port`, its history in `dir`; every statement traced (`--sample-every 1`), so that
-/// what a holder ran is known. Ready once it samples.
+/// what a holder ran is known. Ready once it samples and counts a statement.
 fn agent(db: &TestDb, port: u16, dir: &Path) -> Background {
     agent_with(db, port, dir, &[])
 }
@@ -35,6 +35,16 @@ pub(crate) fn agent_with(db: &TestDb, port: u16, dir: &Path, more: &[&str]) -> B
         "myprobe: agent: tracing",
     );
     agent.wait_for_stderr("myprobe: agent: sampling the sessions of");
+    // Said to trace before its statements' probes are in place: what a holder runs next must be traced.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !crate::agent::statement_counted(port, db) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never counted a statement; it said:\n{}",
+            agent.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     agent
 }
 
