@@ -501,6 +501,13 @@ mod tests {
             fixture.command("wake 1");
             assert_eq!(read(&mut only), (vec![t[1]], 0), "the one that ran");
             fixture.command("end 0");
+            // Joined once its thread id is cleared, before the exit's tracepoint: read once it is gone.
+            let tasks = format!("/proc/{}/task", fixture.pid());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::fs::read_dir(&tasks).map_or(0, Iterator::count) > 3 {
+                assert!(std::time::Instant::now() < deadline, "thread 0 never ended");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             assert_eq!(read(&mut only), (vec![], 1), "the one that ended");
             only.remove(&t[0]);
             assert_eq!(read(&mut only), (vec![], 0), "counted once");
