@@ -22,6 +22,9 @@ pub struct LockSummary {
     pub waits: u64,
     pub total_ns: u64,
     pub max_ns: u64,
+    /// Of `total_ns`, what connections running a statement waited (their stacks pass through `do_command`): an idle
+    /// worker's wait for its next task is not a statement's.
+    pub statement_ns: u64,
     /// Waits of [2^i, 2^(i+1)) µs; bucket 0 below 2 µs.
     pub hist: Vec<u64>,
     /// (ns waited, stack)
@@ -93,6 +96,9 @@ pub fn summarize(
             let hist = hist_columns.iter().map(|&c| row.values[c]);
             l.add_waits(waits, wait_ns, collected.value(row, "max_wait_ns"), hist);
             l.waiters.push((wait_ns, stack.clone()));
+            if frames.iter().any(|f| &**f == "do_command") {
+                l.statement_ns = l.statement_ns.saturating_add(wait_ns);
+            }
             let op = FutexOp::of_set(collected.value(row, "futex_ops"));
             let kind = kinds
                 .entry(row.key)

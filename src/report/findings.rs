@@ -36,10 +36,12 @@ pub fn findings(r: &Report) -> Vec<String> {
             _ => {}
         }
     }
+    // The lock statements waited on longest: a pool's idle workers waiting for work are not a finding.
     if let Some(l) = r
         .locks
         .iter()
-        .find(|l| l.kind.is_some_and(|k| k.is_contention()))
+        .filter(|l| l.kind.is_some_and(|k| k.is_contention()) && l.statement_ns > 0)
+        .max_by_key(|l| l.statement_ns)
     {
         let site = l
             .site
@@ -53,11 +55,11 @@ pub fn findings(r: &Report) -> Vec<String> {
             })
             .unwrap_or_default();
         out.push(format!(
-            "The most waited-for lock is {} ({}): {} waits, {} in all, the longest {}{site}.",
+            "The lock statements waited on most is {} ({}): {} of their time, {} waits in all, the longest {}{site}.",
             l.name,
             l.kind.map(|k| k.label()).unwrap_or("lock"),
+            human_us(l.statement_ns / 1000),
             l.waits,
-            human_us(l.total_ns / 1000),
             human_us(l.max_ns / 1000),
         ));
     }
@@ -546,6 +548,56 @@ mod tests {
             out,
             ["Connection 27 (app@10.0.0.5), idle in its transaction for 40 s, held the locks statements waited 4.000s \
               for (row lock on db.t (PRIMARY, X), metadata lock on db.t2 (SHARED_READ))."]
+        );
+    }
+
+    #[test]
+    fn the_lock_finding_is_the_one_statements_waited_on_not_an_idle_worker_s() {
+        use crate::{profile::locks::LockSummary, server::WaitKind};
+        let lock = |name: &str, site: &str, total_ns: u64, statement_ns: u64| LockSummary {
+            name: name.into(),
+            kind: Some(WaitKind::Mutex),
+            site: Some(site.into()),
+            waits: 3,
+            total_ns,
+            max_ns: total_ns / 2,
+            statement_ns,
+            ..LockSummary::default()
+        };
+        let report = |locks| Report {
+            target: "mariadbd".into(),
+            host: "h".into(),
+            started: String::new(),
+            traced: std::time::Duration::from_secs(5),
+            profiles: Vec::new(),
+            statements: None,
+            locks,
+            threads: Vec::new(),
+            missing: Vec::new(),
+            findings: Vec::new(),
+            top: 10,
+        };
+        let idle = || {
+            lock(
+                "[heap] 0x10 (in wait_for_tasks)",
+                "wait_for_tasks",
+                9_000_000,
+                0,
+            )
+        };
+        assert!(
+            findings(&report(vec![idle()])).is_empty(),
+            "an idle worker's wait"
+        );
+        let mut locks = vec![
+            idle(),
+            lock("LOCK_open", "open_table", 4_000_000, 3_000_000),
+        ];
+        locks.push(lock("LOCK_thd_data", "mysqld_list", 5_000_000, 1_000_000));
+        assert_eq!(
+            findings(&report(locks)),
+            ["The lock statements waited on most is LOCK_open (mutex): 3.00ms of their time, 3 waits in all, the \
+              longest 2.00ms, mostly in open_table."]
         );
     }
 }
