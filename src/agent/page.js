@@ -402,6 +402,9 @@
     }
     if (h.holder_statements && h.holder_statements.length) {
       s += '; its transaction ran: ' + h.holder_statements.join('; ');
+    } else if (h.state === 'idle in transaction') {
+      s += '; what its transaction ran was not seen' +
+        ' (it began before its statements were followed, or they were not sampled)';
     }
     return s;
   }

@@ -264,6 +264,12 @@ pub fn holder_words(conn: u64, holder: Option<&SessionSample>) -> String {
             "; its transaction ran: {}",
             h.holder_statements.join("; ")
         );
+    } else if h.state == IDLE_IN_TRANSACTION {
+        s.push_str(NOT_SEEN);
     }
     s
 }
+
+/// What is said of a holder idle in its transaction whose statements none of the agent's saw.
+pub const NOT_SEEN: &str =
+    "; what its transaction ran was not seen (it began before its statements were followed, or they were not sampled)";

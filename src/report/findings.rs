@@ -6,7 +6,7 @@ use std::{collections::HashMap, fmt::Write, rc::Rc};
 use super::{Past, PastIncident, ProfileSection, Report};
 use crate::{
     history::{
-        text::{seconds, state_words, who},
+        text::{seconds, state_words, who, NOT_SEEN},
         time, IDLE_IN_TRANSACTION,
     },
     profile::{waits, Profile},
@@ -181,9 +181,13 @@ fn held_up(i: &PastIncident) -> String {
         time::clock(x.last),
         seconds(x.session_s as f64),
     );
-    if let Some(h) = holder.filter(|h| !h.holder_statements.is_empty()) {
-        let ran: Vec<String> = h.holder_statements.iter().map(|t| clip(t, 90)).collect();
-        let _ = write!(s, "; its transaction ran {}", ran.join("; "));
+    match holder {
+        Some(h) if !h.holder_statements.is_empty() => {
+            let ran: Vec<String> = h.holder_statements.iter().map(|t| clip(t, 90)).collect();
+            let _ = write!(s, "; its transaction ran {}", ran.join("; "));
+        }
+        Some(h) if h.state == IDLE_IN_TRANSACTION => s.push_str(NOT_SEEN),
+        _ => {}
     }
     s.push('.');
     s
@@ -478,6 +482,16 @@ mod tests {
             s.ends_with(
                 "(95 s waited in all); its transaction ran UPDATE t SET k = k + ? WHERE id = ?."
             ),
+            "{s}"
+        );
+        // None of its statements seen: said so, not left out.
+        let mut unseen = i;
+        if let Some(m) = &mut unseen.moment {
+            m.sessions[0].holder_statements.clear();
+        }
+        let s = held_up(&unseen);
+        assert!(
+            s.ends_with(&format!("(95 s waited in all){NOT_SEEN}.")),
             "{s}"
         );
     }
