@@ -666,7 +666,9 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     );
     let kept = std::fs::read_dir(&windows).unwrap().count();
     assert!(kept >= 20, "{kept} windows kept");
-    let most = |s: &[(usize, u64)]| s.iter().map(|&(fds, _)| fds).max().unwrap();
+    // The floor: the statements' sampling periods attach their probes for a moment (up to nine links and perf
+    // events at once), which a second's count may or may not catch; what is left behind raises the floor.
+    let floor = |s: &[(usize, u64)]| s.iter().map(|&(fds, _)| fds).min().unwrap();
     let median_mib = |s: &[(usize, u64)]| {
         let mut rss: Vec<u64> = s.iter().map(|&(_, rss)| rss).collect();
         rss.sort_unstable();
@@ -675,9 +677,9 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     let (early, late) = before.split_at(before.len() / 2);
     eprintln!(
         "descriptors: {} then {}, after the restart {}; anonymous RSS {:.1} then {:.1} MiB, after the restart {:.1} MiB",
-        most(early),
-        most(late),
-        most(&after),
+        floor(early),
+        floor(late),
+        floor(&after),
         median_mib(early),
         median_mib(late),
         median_mib(&after)
@@ -685,10 +687,10 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     // A descriptor left behind by each window, or by each collector loaded again, would add tens; a few are
     // the HTTP requests and the statements' connection to the server, open at one moment and not another.
     assert!(
-        most(late) <= most(early) + 4
-            && most(&after) <= most(&before) + 4
-            && most(&last) <= most(&before) + 4,
-        "descriptors grew: {before:?} then {after:?}"
+        floor(late) <= floor(early) + 4
+            && floor(&after) <= floor(&before) + 4
+            && floor(&last) <= floor(&before) + 4,
+        "descriptors grew: {before:?} then {after:?} then {last:?}"
     );
     // What a window frees and what a server's tracing took are handed back (two arenas, malloc_trim): before
     // that, each restart left 40 MiB more resident (130 then 172 MiB). Of the 80 MiB resident now, 65 are the
