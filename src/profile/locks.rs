@@ -96,7 +96,7 @@ pub fn summarize(
             let hist = hist_columns.iter().map(|&c| row.values[c]);
             l.add_waits(waits, wait_ns, collected.value(row, "max_wait_ns"), hist);
             l.waiters.push((wait_ns, stack.clone()));
-            if frames.iter().any(|f| &**f == "do_command") {
+            if frames.iter().any(|f| &**f == waits::STATEMENT_FRAME) {
                 l.statement_ns = l.statement_ns.saturating_add(wait_ns);
             }
             let op = FutexOp::of_set(collected.value(row, "futex_ops"));
@@ -127,8 +127,7 @@ pub fn summarize(
             .get(&l.addr)
             .and_then(|s| s.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))))
             .map(|(site, _)| site.clone());
-        let anonymous = names.names_no_variable(&l.name);
-        l.name = waits::lock_name(&l.name, anonymous, l.addr, l.site.as_deref());
+        l.name = waits::lock_word_name(names, l.addr, l.site.as_deref());
     }
     // Wakes of words nobody was seen waiting on while traced are not locks of this run.
     let mut locks: Vec<LockSummary> = locks.into_values().filter(|l| l.waits > 0).collect();

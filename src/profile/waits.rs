@@ -105,6 +105,10 @@ pub fn lock_name(symbol: &str, anonymous: bool, addr: u64, site: Option<&str>) -
     }
 }
 
+/// The frame every connection's thread passes through while it runs a statement (MariaDB's and MySQL's alike): a
+/// stack without it is a background thread's, or an idle pool worker's.
+pub const STATEMENT_FRAME: &str = "do_command";
+
 /// The name of the lock word at `addr`, waited for from `site`, as [`lock_name`] says it.
 pub fn lock_word_name(data: &mut DataSymbolizer, addr: u64, site: Option<&str>) -> String {
     let symbol = data.name(addr);

@@ -381,7 +381,7 @@ fn statement_waits(profile: &Profile) -> (HashMap<String, u64>, u64) {
     let mut by_site: HashMap<String, u64> = HashMap::new();
     let mut idle = 0u64;
     for (frames, value) in profile.stacks() {
-        if frames.last() != Some(&"[blocked]") || !frames.contains(&"do_command") {
+        if frames.last() != Some(&"[blocked]") || !frames.contains(&waits::STATEMENT_FRAME) {
             continue;
         }
         if frames.iter().any(|f| CLIENT_WAIT_FRAMES.contains(f)) {

@@ -36,15 +36,9 @@ pub(crate) fn agent_with(db: &TestDb, port: u16, dir: &Path, more: &[&str]) -> B
     );
     agent.wait_for_stderr("myprobe: agent: sampling the sessions of");
     // Said to trace before its statements' probes are in place: what a holder runs next must be traced.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !crate::agent::statement_counted(port, db) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the agent never counted a statement; it said:\n{}",
-            agent.stderr_so_far()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    db.wait_until("the agent counts a statement", || {
+        crate::agent::statement_counted(port, db)
+    });
     agent
 }
 
