@@ -38,6 +38,9 @@ const MAX_LOCK_SERIES: usize = 200;
 /// `OTHER`'s labels: the statements of every fingerprint without series of its own.
 pub const OTHER: &str = "other";
 
+/// The other side of a deadlock the server no longer kept when it was read.
+const UNKNOWN: &str = "unknown";
+
 #[derive(Clone, Debug, Default)]
 struct Series {
     count: u64,
@@ -111,6 +114,9 @@ pub struct ServerSeries {
     other: Series,
     candidates: HashMap<Key, u64>,
     locks: HashMap<(String, String), LockWaits>,
+    /// Deadlocks by the rolled-back statement's fingerprint and the other side's, lock wait timeouts by the
+    /// fingerprint: (cause, statement, other side's fingerprint or `unknown`).
+    lock_errors: HashMap<(Cause, Key, Text), u64>,
     /// Events lost per collector.
     lost: HashMap<&'static str, Lost>,
     pub windows: u64,
@@ -155,6 +161,7 @@ impl Metrics {
             other: Series::default(),
             candidates: HashMap::new(),
             locks: HashMap::new(),
+            lock_errors: HashMap::new(),
             lost: HashMap::new(),
             windows: 0,
             cpu_samples: 0,
@@ -195,6 +202,7 @@ impl Metrics {
         write_statement_counts(&mut out, &rows);
         write_latency_histograms(&mut out, &rows);
         self.write_lock_waits(&mut out);
+        self.write_lock_errors(&mut out);
         self.write_load(&mut out);
         self.write_lost(&mut out);
         self.write_agent(&mut out);
@@ -356,6 +364,46 @@ impl Metrics {
         }
     }
 
+    /// Deadlocks by pair of statements, and lock wait timeouts by statement.
+    fn write_lock_errors(&self, out: &mut String) {
+        let families = [
+            (
+                Cause::Deadlock,
+                "myprobe_deadlocks_total",
+                "Statements rolled back in deadlocks, by their fingerprint and the other side's (other_query_text, \
+                 `unknown` where the server kept a later deadlock when it was read).",
+            ),
+            (
+                Cause::LockWaitTimeout,
+                "myprobe_lock_wait_timeouts_total",
+                "Statements that timed out waiting for a lock (error 1205), by fingerprint.",
+            ),
+        ];
+        for (cause, name, help) in families {
+            family(out, name, "counter", help);
+            for s in &self.servers {
+                let mut errors: Vec<_> =
+                    s.lock_errors.iter().filter(|(k, _)| k.0 == cause).collect();
+                errors.sort_by(|a, b| a.0.cmp(b.0));
+                for ((_, statement, other), n) in errors {
+                    let other = match cause {
+                        Cause::Deadlock => format!(
+                            ",other_query_text=\"{}\"",
+                            escape(&crate::render::queries::clip(other, 1000))
+                        ),
+                        _ => String::new(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{},{}{other}}} {n}",
+                        s.labels,
+                        statement_labels(&statement.db, &statement.fingerprint),
+                    );
+                }
+            }
+        }
+    }
+
     /// What each server's collectors lost.
     fn write_lost(&self, out: &mut String) {
         family(
@@ -458,6 +506,26 @@ impl ServerSeries {
         let scale = u64::from(r.stands_for.max(1));
         self.statements_every = scale;
         let r = &r;
+        if let Some(w) = r.waits.iter().find(|w| w.cause.is_lock_error()) {
+            let other: Text = match (
+                w.cause,
+                w.holder.as_ref().and_then(|h| h.statement.as_deref()),
+            ) {
+                (Cause::Deadlock, Some(s)) => crate::wire::fingerprint::fingerprint(s).into(),
+                (Cause::Deadlock, None) => UNKNOWN.into(),
+                _ => "".into(),
+            };
+            let mut errors = (w.cause, key.clone(), other);
+            if self.lock_errors.len() >= MAX_LOCK_SERIES && !self.lock_errors.contains_key(&errors)
+            {
+                let other = Key {
+                    db: "".into(),
+                    fingerprint: OTHER.into(),
+                };
+                errors = (w.cause, other, OTHER.into());
+            }
+            *self.lock_errors.entry(errors).or_default() += scale;
+        }
         if let Some(s) = self.exposed.get_mut(&key) {
             s.add(r, scale);
         } else if self.exposed.len() < self.top {
@@ -837,6 +905,54 @@ mod tests {
                 "myprobe_statement_sample_every{db_system=\"mariadb\"} "
             ),
             1.0
+        );
+    }
+
+    #[test]
+    fn deadlocks_are_counted_by_pair_of_statements_and_timeouts_by_statement() {
+        use crate::query::{CauseWait, Holder};
+        let mut m = Metrics::new(10);
+        m.attach(1, LABELS.into());
+        let failed = |cause, other: Option<&str>| {
+            let mut r = record("d", "UPDATE t SET v = ? WHERE id = ?", 10, 0);
+            r.error = Some(1213);
+            r.waits = vec![CauseWait {
+                cause,
+                us: 0,
+                site: None,
+                object: None,
+                holder: other.map(|s| Holder {
+                    conn: 6,
+                    user: None,
+                    host: None,
+                    command: Some("Query".into()),
+                    command_s: None,
+                    transaction_s: None,
+                    statement: Some(s.into()),
+                    queued_behind: None,
+                }),
+            }];
+            r
+        };
+        for _ in 0..3 {
+            server(&mut m)
+                .add_statement(failed(Cause::Deadlock, Some("DELETE FROM t WHERE id = 5")));
+        }
+        server(&mut m).add_statement(failed(Cause::Deadlock, None));
+        server(&mut m).add_statement(failed(Cause::LockWaitTimeout, Some("SELECT 1")));
+        let text = m.render(&Own::default());
+        let pair = "myprobe_deadlocks_total{db_system=\"mariadb\",db_namespace=\"d\",db_query_summary=\"UPDATE t\",\
+                    db_query_text=\"UPDATE t SET v = ? WHERE id = ?\",other_query_text=";
+        assert_eq!(
+            value(&text, &format!("{pair}\"delete from t where id = ?\"}}")),
+            3.0,
+            "{text}"
+        );
+        assert_eq!(value(&text, &format!("{pair}\"unknown\"}}")), 1.0, "{text}");
+        assert_eq!(
+            value(&text, "myprobe_lock_wait_timeouts_total{"),
+            1.0,
+            "{text}"
         );
     }
 

@@ -28,6 +28,93 @@ struct Entry {
     /// Longest lock waits' time by lock word, and by the site they were waited at.
     lock_symbols: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_sites: HashMap<String, u64, foldhash::fast::RandomState>,
+    lock_errors: Vec<LockError>,
+}
+
+/// Statements of a fingerprint that ended in a deadlock or a lock wait timeout, on one lock, with one other side.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LockError {
+    pub cause: Cause,
+    pub count: u64,
+    /// The lock waited for: `dl.t (PRIMARY, X,REC_NOT_GAP)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The other side: a deadlock's other statement (its fingerprint), a timeout's holder (in words).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with: Option<String>,
+}
+
+/// The kinds of lock errors kept per fingerprint; past it, the rest are counted without their lock and other side.
+const MAX_LOCK_ERRORS: usize = 16;
+
+impl LockError {
+    /// The record's, if it ended in one: the other side of a deadlock by its statement's fingerprint, a timeout's
+    /// holder by its connection.
+    fn of(r: &QueryRecord) -> Option<LockError> {
+        let w = r.waits.iter().find(|w| w.cause.is_lock_error())?;
+        let with = w.holder.as_ref().map(|h| match (w.cause, &h.statement) {
+            (Cause::Deadlock, Some(s)) => crate::wire::fingerprint::fingerprint(s),
+            _ => h.describe(),
+        });
+        Some(LockError {
+            cause: w.cause,
+            count: 1,
+            object: w.object.clone(),
+            with,
+        })
+    }
+
+    /// In a DBA's words, after a count of statements: `rolled back in deadlocks with UPDATE … over dl.t (PRIMARY,
+    /// X)`, `timed out waiting for a lock on dl.t (PRIMARY, X) held by connection 42, idle in its transaction for
+    /// 3 s`.
+    pub fn words(&self) -> String {
+        let mut s = String::new();
+        if self.cause == Cause::Deadlock {
+            s.push_str("rolled back in deadlocks");
+            match &self.with {
+                Some(w) => s.push_str(&format!(" with {w}")),
+                None => s.push_str(
+                    " (the other side not read: the server keeps only its latest deadlock)",
+                ),
+            }
+            if let Some(o) = &self.object {
+                s.push_str(&format!(" over {o}"));
+            }
+        } else {
+            s.push_str("timed out waiting for a lock");
+            if let Some(o) = &self.object {
+                s.push_str(&format!(" on {o}"));
+            }
+            if let Some(w) = &self.with {
+                s.push_str(&format!(" held by {w}"));
+            }
+        }
+        s
+    }
+
+    /// Adds `e` to the kinds kept in `kept`, bounded.
+    fn add_to(mut e: LockError, kept: &mut Vec<LockError>) {
+        // A timeout's holder is in words that change by the second: the same connection is the same side.
+        let same_side = |a: &Option<String>, b: &Option<String>| match (a, b) {
+            (Some(a), Some(b)) if e.cause == Cause::LockWaitTimeout => {
+                a.split(',').next() == b.split(',').next()
+            }
+            _ => a == b,
+        };
+        if kept.len() >= MAX_LOCK_ERRORS {
+            (e.object, e.with) = (None, None);
+        }
+        match kept
+            .iter_mut()
+            .find(|k| k.cause == e.cause && k.object == e.object && same_side(&k.with, &e.with))
+        {
+            Some(k) => {
+                k.count += 1;
+                k.with = e.with;
+            }
+            None => kept.push(e),
+        }
+    }
 }
 
 impl Entry {
@@ -44,6 +131,7 @@ impl Entry {
             named: Vec::new(),
             lock_symbols: HashMap::default(),
             lock_sites: HashMap::default(),
+            lock_errors: Vec::new(),
         }
     }
 }
@@ -79,6 +167,9 @@ pub struct DigestRow {
     /// The total by cause, largest first (`us` the cause's time; `site` unset; `object` and `holder` its longest
     /// named wait's).
     pub causes: Vec<CauseWait>,
+    /// Its deadlocks and lock wait timeouts, by lock and other side, the most first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lock_errors: Vec<LockError>,
     /// Counts and times scaled up by this from a sample (`queries --sample-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scaled_by: Option<f64>,
@@ -95,6 +186,9 @@ impl DigestRow {
         self.time = TimeParts::from_values(self.time.values().map(scaled));
         for c in &mut self.causes {
             c.us = scaled(c.us);
+        }
+        for e in &mut self.lock_errors {
+            e.count = scaled(e.count);
         }
         self.scaled_by = Some(by);
     }
@@ -219,6 +313,9 @@ impl Digest {
         };
         e.count += 1;
         e.errors += r.error.is_some() as u64;
+        if let Some(error) = LockError::of(r) {
+            LockError::add_to(error, &mut e.lock_errors);
+        }
         e.latency_us.saturating_record(r.duration_us.max(1));
         e.total_us = e.total_us.saturating_add(r.duration_us);
         for (sum, v) in e.parts_us.iter_mut().zip(r.time.values()) {
@@ -284,6 +381,11 @@ impl Digest {
                     top_lock: top(&e.lock_symbols),
                     top_lock_site: top(&e.lock_sites),
                     causes: causes_of(&e.causes_us, &e.named),
+                    lock_errors: {
+                        let mut errors = e.lock_errors.clone();
+                        errors.sort_by(|a, b| b.count.cmp(&a.count).then(a.cause.cmp(&b.cause)));
+                        errors
+                    },
                     scaled_by: None,
                 }
             })

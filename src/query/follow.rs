@@ -23,6 +23,7 @@ use crate::{
     process::{probes, Target},
     profile::waits,
     query::{
+        deadlocks::Deadlocks,
         files::Files,
         holders::{self, Holders},
         reader::OwnConnections,
@@ -449,6 +450,8 @@ pub fn follow(
             control.want_long_waits(holders::LONG_WAIT.as_nanos() as u64);
             Holders::start(c, target.pid, &target.binary, &own)
         }),
+        deadlocks: Deadlocks::new(target.pid),
+        raw_sql: a.raw_sql,
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
             emit,
@@ -518,6 +521,10 @@ struct Stages<'a, E, L> {
     files: Files,
     /// Who holds the locks statements wait for long, read from the server's tables while they wait.
     holders: Option<Holders>,
+    /// The other side of each deadlock, read from the server's memory.
+    deadlocks: Deadlocks,
+    /// Texts are shown with their literals.
+    raw_sql: bool,
     locks: DataSymbolizer,
     sink: Sink<E>,
     on_lost: L,
@@ -697,6 +704,10 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
         if let Some(holders) = &mut self.holders {
             holders.name(&mut record);
+        }
+        self.deadlocks.name(&mut record);
+        if !self.raw_sql {
+            record.hide_holders_literals();
         }
         if record.lock_addr_raw != 0 {
             record.lock_symbol = Some(waits::lock_word_name(

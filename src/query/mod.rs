@@ -1,9 +1,10 @@
 //! Query records: the statements the query collector saw, joined with what user space knows of their
 //! connections (id, user, database, prepared statements), with literals hidden unless asked for. The files stand
 //! in layers, each importing only those below it: the record model (record.rs) → the tracker and the text finder
-//! (tracker.rs, finder.rs) → the stages and the readers of the server (texts.rs, holders.rs, started.rs, …) →
-//! the pipeline that runs them (follow.rs).
+//! (tracker.rs, finder.rs) → the stages and the readers of the server (texts.rs, holders.rs, deadlocks.rs,
+//! started.rs, …) → the pipeline that runs them (follow.rs).
 
+pub mod deadlocks;
 pub mod digest;
 pub mod executed;
 pub mod files;

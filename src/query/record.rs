@@ -144,7 +144,7 @@ impl CauseWait {
         let mut s = self.cause.phrase().to_string();
         match &self.object {
             // A lock's object: `on db.t (PRIMARY, X)`; a file's, or what is read from it: `(ib_logfile0)`.
-            Some(o) if self.cause.has_holder() => {
+            Some(o) if self.cause.has_holder() || self.cause.is_lock_error() => {
                 s.push_str(" on ");
                 s.push_str(o);
             }
@@ -283,6 +283,13 @@ impl QueryRecord {
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
             .or(causes.first())
             .map(|(c, _)| *c);
+    }
+
+    /// Hides the literals of the statements its waits' holders ran, which the server gave as they were.
+    pub fn hide_holders_literals(&mut self) {
+        for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
+            h.statement = h.statement.take().map(|s| shown_text(s, false));
+        }
     }
 
     /// Its time by cause, adding up to its duration: on a CPU, its waits by what they waited for (the lock waits

@@ -194,6 +194,9 @@ pub fn why(r: &DigestRow) -> String {
             let _ = write!(s, " (in {site})");
         }
     }
+    for e in r.lock_errors.iter().take(2) {
+        let _ = write!(s, "; {} {}", e.count, e.words());
+    }
     s
 }
 
@@ -246,6 +249,7 @@ mod tests {
             top_lock: None,
             top_lock_site: None,
             causes: Vec::new(),
+            lock_errors: Vec::new(),
             scaled_by: None,
         };
         let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);

@@ -25,6 +25,7 @@ pub fn findings(r: &Report) -> Vec<String> {
     let mut out = Vec::new();
     let meanings = SiteMeanings::of(r);
     if let Some(s) = &r.statements {
+        lock_errors(&s.rows, &mut out);
         let running_at_end = r.threads.iter().filter(|t| t.statement.is_some()).count();
         statements(&s.rows, r.traced.as_secs_f64(), running_at_end, &mut out);
         blockers(&s.rows, &mut out);
@@ -199,6 +200,38 @@ fn capitalized(s: &str) -> String {
         .map_or_else(String::new, |first| first.to_uppercase().chain(c).collect())
 }
 
+/// Deadlocks and lock wait timeouts, first: a statement rolled back is worse than a slow one. Each with its
+/// statements, the lock, and the other side.
+fn lock_errors(rows: &[crate::query::digest::DigestRow], out: &mut Vec<String>) {
+    for cause in [Cause::Deadlock, Cause::LockWaitTimeout] {
+        let mut errors: Vec<_> = rows
+            .iter()
+            .flat_map(|r| r.lock_errors.iter().map(move |e| (&r.fingerprint, e)))
+            .filter(|(_, e)| e.cause == cause)
+            .collect();
+        let total = errors
+            .iter()
+            .map(|(_, e)| e.count)
+            .fold(0, u64::saturating_add);
+        if total == 0 {
+            continue;
+        }
+        errors.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(a.0.cmp(b.0)));
+        let each: Vec<String> = errors
+            .iter()
+            .take(3)
+            .map(|(fingerprint, e)| {
+                format!("{} of {} {}", e.count, clip(fingerprint, 90), e.words())
+            })
+            .collect();
+        let head = match cause {
+            Cause::Deadlock => "were rolled back in deadlocks",
+            _ => "timed out waiting for a lock (lock wait timeout)",
+        };
+        out.push(format!("{total} statements {head}: {}.", each.join("; ")));
+    }
+}
+
 /// The statements' sentences; `running_at_end`: the threads running a statement when tracing ended, which an idle
 /// server has none of.
 fn statements(
@@ -274,7 +307,12 @@ fn statements(
 /// first: who to look at, or kill.
 fn blockers(rows: &[crate::query::digest::DigestRow], out: &mut Vec<String>) {
     let mut by_holder: Vec<(&crate::query::Holder, u64, Vec<String>)> = Vec::new();
-    for c in rows.iter().flat_map(|r| &r.causes) {
+    // A deadlock's other side held a lock too, but waited as long: it is in the deadlocks' finding.
+    for c in rows
+        .iter()
+        .flat_map(|r| &r.causes)
+        .filter(|c| c.cause != Cause::Deadlock)
+    {
         let Some(h) = &c.holder else { continue };
         let what = match &c.object {
             Some(o) => format!("{} on {o}", c.cause),
@@ -563,6 +601,82 @@ mod tests {
             ["Connection 27 (app@10.0.0.5), idle in its transaction for 40 s, held the locks statements waited 4.000s \
               for (row lock on db.t (PRIMARY, X), metadata lock on db.t2 (SHARED_READ))."]
         );
+    }
+
+    #[test]
+    fn deadlocks_and_timeouts_come_first_with_their_statements_lock_and_other_side() {
+        use crate::query::{digest::Digest, CauseWait, Holder, QueryRecord};
+        let holder = |conn: u64, command: &str, statement: Option<&str>| Holder {
+            conn,
+            user: None,
+            host: None,
+            command: Some(command.into()),
+            command_s: None,
+            transaction_s: Some(40),
+            statement: statement.map(String::from),
+            queued_behind: None,
+        };
+        let mut digest = Digest::default();
+        let deadlock = Some(holder(
+            6,
+            "Query",
+            Some("UPDATE t SET v = v + 1 WHERE id = 2"),
+        ));
+        let idle = Some(holder(9, "Sleep", None));
+        for (n, cause, fingerprint, other) in [
+            (
+                3,
+                Cause::Deadlock,
+                "UPDATE t SET v = v + ? WHERE id = ?",
+                deadlock,
+            ),
+            (
+                1,
+                Cause::Deadlock,
+                "UPDATE t SET v = v + ? WHERE id = ?",
+                None,
+            ),
+            (2, Cause::LockWaitTimeout, "DELETE FROM t", idle),
+        ] {
+            for _ in 0..n {
+                digest.add(&QueryRecord {
+                    fingerprint: Some(fingerprint.into()),
+                    duration_us: 10,
+                    time: crate::query::TimeParts {
+                        lock_us: 10,
+                        ..Default::default()
+                    },
+                    cause: Some(cause),
+                    waits: vec![CauseWait {
+                        cause,
+                        us: 10,
+                        site: None,
+                        object: Some("db.t (PRIMARY, X)".into()),
+                        holder: other.clone(),
+                    }],
+                    ..QueryRecord::default()
+                });
+            }
+        }
+        let rows = digest.rows();
+        let mut out = Vec::new();
+        lock_errors(&rows, &mut out);
+        assert_eq!(
+            out,
+            [
+                "4 statements were rolled back in deadlocks: 3 of UPDATE t SET v = v + ? WHERE id = ? rolled back \
+                 in deadlocks with update t set v = v + ? where id = ? over db.t (PRIMARY, X); 1 of UPDATE t SET v \
+                 = v + ? WHERE id = ? rolled back in deadlocks (the other side not read: the server keeps only its \
+                 latest deadlock) over db.t (PRIMARY, X).",
+                "2 statements timed out waiting for a lock (lock wait timeout): 2 of DELETE FROM t timed out \
+                 waiting for a lock on db.t (PRIMARY, X) held by connection 9, idle in its transaction for 40 s."
+            ]
+        );
+        // The deadlock's other side is no blocker of its own.
+        let mut out = Vec::new();
+        blockers(&rows, &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].starts_with("Connection 9, idle"), "{out:?}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub enum Cause {
     UserLock,
     /// The global read lock or backup lock (`FLUSH TABLES WITH READ LOCK`, `BACKUP STAGE`).
     GlobalLock,
+    /// Rolled back in a deadlock (error 1213): the time of the wait that ended so.
+    Deadlock,
+    /// Gave up waiting for a lock (error 1205, `innodb_lock_wait_timeout`, `lock_wait_timeout`).
+    LockWaitTimeout,
     /// The redo log written and synced at commit, by this thread or the group commit's leader.
     RedoLog,
     /// The binary log's group commit: another thread writes and syncs the group's transactions.
@@ -61,7 +65,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order of the enum.
-    pub const ALL: [Cause; 25] = [
+    pub const ALL: [Cause; 27] = [
         Cause::Cpu,
         Cause::RunQueue,
         Cause::RowLock,
@@ -70,6 +74,8 @@ impl Cause {
         Cause::TableLock,
         Cause::UserLock,
         Cause::GlobalLock,
+        Cause::Deadlock,
+        Cause::LockWaitTimeout,
         Cause::RedoLog,
         Cause::BinlogGroupCommit,
         Cause::PageRead,
@@ -100,6 +106,8 @@ impl Cause {
             Cause::TableLock => "table lock",
             Cause::UserLock => "user lock",
             Cause::GlobalLock => "global read lock",
+            Cause::Deadlock => "deadlock",
+            Cause::LockWaitTimeout => "lock wait timeout",
             Cause::RedoLog => "redo log",
             Cause::BinlogGroupCommit => "binlog group commit",
             Cause::PageRead => "page read",
@@ -131,6 +139,8 @@ impl Cause {
             Cause::TableLock => "waits for a table lock",
             Cause::UserLock => "waits for a user lock (GET_LOCK)",
             Cause::GlobalLock => "waits for the global read lock",
+            Cause::Deadlock => "is rolled back in a deadlock over a lock",
+            Cause::LockWaitTimeout => "times out waiting for a lock",
             Cause::RedoLog => "waits for the redo log to be written and synced",
             Cause::BinlogGroupCommit => "waits for the binlog's group commit",
             Cause::PageRead => "waits for pages read from disk",
@@ -164,9 +174,16 @@ impl Cause {
         )
     }
 
+    /// A lock wait that ended in an error: a deadlock, a lock wait timeout.
+    pub fn is_lock_error(self) -> bool {
+        matches!(self, Cause::Deadlock | Cause::LockWaitTimeout)
+    }
+
     /// A wait for a lock (as opposed to the CPU, I/O, the client, or a sleep asked for).
     pub fn is_lock(self) -> bool {
-        self.has_holder() || matches!(self, Cause::InternalLock | Cause::UnknownWait)
+        self.has_holder()
+            || self.is_lock_error()
+            || matches!(self, Cause::InternalLock | Cause::UnknownWait)
     }
 }
 

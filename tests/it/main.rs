@@ -17,6 +17,7 @@ mod faults;
 mod history;
 mod history_page;
 mod hostile;
+mod lock_errors;
 mod locks;
 mod names;
 mod pfs;

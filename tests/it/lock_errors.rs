@@ -1,0 +1,256 @@
+//! Deadlocks and lock wait timeouts in words, on every server: each statement rolled back is `deadlock` in
+//! `queries`, with the lock and the other side where the server's latest deadlock was its own when read; each
+//! timed out is `lock wait timeout`, with the lock and its holder; `report`'s first findings say so.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Child, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// A client that runs transactions updating two rows in one order, over and over, until stopped; `--force` goes on
+/// after each deadlock.
+struct Storm {
+    child: Child,
+    conn: u64,
+    feeder: std::thread::JoinHandle<()>,
+    /// Its errors, read as they come: a full pipe would stop the client.
+    deadlocks: std::thread::JoinHandle<usize>,
+}
+
+impl Storm {
+    fn start(db: &TestDb, first: u32, second: u32, stop: &Arc<AtomicBool>) -> Storm {
+        let mut child = db
+            .client()
+            .args(["-N", "-B", "--force", "--unbuffered"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the mariadb client");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "SELECT CONNECTION_ID();").unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let conn = line.trim().parse().expect("a connection id");
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let deadlocks = std::thread::spawn(move || {
+            stderr
+                .lines()
+                .map_while(Result::ok)
+                .filter(|l| l.starts_with("ERROR 1213"))
+                .count()
+        });
+        let stop = stop.clone();
+        let feeder = std::thread::spawn(move || {
+            let round = format!(
+                "BEGIN; UPDATE lock_errors.pair SET v = v + 1 WHERE id = {first}; \
+                 UPDATE lock_errors.pair SET v = v + 1 WHERE id = {second}; COMMIT;\n"
+            );
+            while !stop.load(Ordering::Relaxed) {
+                // A hundred at a time: the pipe fills, and the client reads them as it runs them.
+                if stdin.write_all(round.repeat(100).as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        Storm {
+            child,
+            conn,
+            feeder,
+            deadlocks,
+        }
+    }
+
+    /// Ends its input; the deadlocks its client was told of.
+    fn deadlocks(mut self) -> usize {
+        self.feeder.join().unwrap();
+        self.child.wait().unwrap();
+        self.deadlocks.join().unwrap()
+    }
+}
+
+/// A statement that waits two seconds for a row another connection holds, and times out; its connection.
+fn time_out(db: &TestDb) -> u64 {
+    let out = db
+        .client()
+        .args(["-N", "-B", "-e"])
+        .arg(
+            "SET SESSION innodb_lock_wait_timeout = 2; SELECT CONNECTION_ID(); \
+             UPDATE lock_errors.pair SET v = v + 1 WHERE id = 3",
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ERROR 1205"), "no lock wait timeout: {err}");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a connection id")
+}
+
+#[test]
+fn deadlocks_and_lock_wait_timeouts_are_named_with_the_other_side_on_every_server() {
+    for (kind, db) in every_server() {
+        db.sql(
+            "CREATE DATABASE IF NOT EXISTS lock_errors; \
+             CREATE TABLE IF NOT EXISTS lock_errors.pair (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+             REPLACE INTO lock_errors.pair VALUES (1, 0), (2, 0), (3, 0)",
+        );
+        let pid = db.pid.to_string();
+        let args = [
+            "queries",
+            "-p",
+            &pid,
+            "--json",
+            "--sample-every",
+            "1",
+            "-d",
+            "60",
+        ];
+        let tracer = Background::start(&args, "tracing the statements");
+        let stop = Arc::new(AtomicBool::new(false));
+        let storms = [
+            Storm::start(&db, 1, 2, &stop),
+            Storm::start(&db, 2, 1, &stop),
+        ];
+        let conns = storms.each_ref().map(|s| s.conn);
+        // An idle transaction holds row 3; statements time out behind it, one after the other.
+        let mut holder = db.session();
+        let holder_id = holder.connection_id();
+        holder.exec("BEGIN; UPDATE lock_errors.pair SET v = v + 1 WHERE id = 3");
+        let timeouts = std::thread::scope(|s| {
+            let timeouts = s.spawn(|| {
+                let mut timed_out = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    timed_out.push(time_out(&db));
+                }
+                timed_out
+            });
+            let dir = tempdir("lock-errors");
+            let page = dir.join("report.html");
+            run_ok(
+                myprobe()
+                    .args(["report", "-p", &pid, "-d", "4", "-o"])
+                    .arg(&page),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            stop.store(true, Ordering::Relaxed);
+            let findings = report_findings(kind, &page);
+            assert!(
+                findings[0].contains("statements were rolled back in deadlocks: ")
+                    && findings[0]
+                        .contains("rolled back in deadlocks with update lock_errors.pair set"),
+                "{kind}: the first finding is not the deadlocks': {findings:#?}"
+            );
+            assert!(
+                findings[1]
+                    .contains("statements timed out waiting for a lock (lock wait timeout): ")
+                    && findings[1].contains(&format!("held by connection {holder_id} ")),
+                "{kind}: the second finding is not the timeouts': {findings:#?}"
+            );
+            timeouts.join().unwrap()
+        });
+        holder.exec("COMMIT");
+        let told: usize = storms.into_iter().map(Storm::deadlocks).sum();
+        let (out, err) = tracer.stop();
+        let records = json_lines(&out);
+        check_deadlocks(kind, &records, conns, told, &err);
+        check_timeouts(kind, &records, &timeouts, holder_id);
+    }
+}
+
+/// Every deadlock the clients were told of is a record named `deadlock`, and those whose deadlock the server
+/// still kept when read name the other storm's connection, its statement and the lock.
+fn check_deadlocks(kind: &str, records: &[Value], conns: [u64; 2], told: usize, err: &str) {
+    let deadlocked: Vec<&Value> = records.iter().filter(|r| r["error"] == 1213).collect();
+    assert!(told > 0, "{kind}: the storms made no deadlock");
+    assert_eq!(deadlocked.len(), told, "{kind}: {err}");
+    let mut named = 0;
+    for r in deadlocked {
+        assert_eq!(r["cause"], "deadlock", "{kind}: {r}");
+        let w = &r["waits"][0];
+        assert_eq!(w["cause"], "deadlock", "{kind}: {r}");
+        let Some(other) = w["holder"]["conn"].as_u64() else {
+            continue;
+        };
+        named += 1;
+        let victim = r["conn"].as_u64().unwrap();
+        assert!(
+            conns.contains(&victim) && conns.contains(&other) && victim != other,
+            "{kind}: {r}"
+        );
+        assert_eq!(
+            w["holder"]["statement"], "UPDATE lock_errors.pair SET v = v + ? WHERE id = ?",
+            "{kind}: {r}"
+        );
+        assert_eq!(
+            w["object"], "lock_errors.pair (PRIMARY, X,REC_NOT_GAP)",
+            "{kind}: {r}"
+        );
+    }
+    assert!(
+        named > 0,
+        "{kind}: no deadlock's other side was read of {told}"
+    );
+    eprintln!("{kind}: {named} of {told} deadlocks named with their other side");
+}
+
+/// Every statement that timed out is a record named `lock wait timeout`, with the lock and its holder where the
+/// server's lock tables were read while it waited (long waits are looked for once a second, and the tables read
+/// as often at most: on a busy host not during each wait).
+fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64) {
+    assert!(!timeouts.is_empty(), "{kind}: no statement timed out");
+    let mut named = 0;
+    for &conn in timeouts {
+        let r = records
+            .iter()
+            .find(|r| r["conn"] == conn && r["error"] == 1205)
+            .unwrap_or_else(|| panic!("{kind}: no record of connection {conn}'s timeout"));
+        assert_eq!(r["cause"], "lock wait timeout", "{kind}: {r}");
+        let w = &r["waits"][0];
+        assert_eq!(w["cause"], "lock wait timeout", "{kind}: {r}");
+        if w["holder"].is_null() {
+            continue;
+        }
+        named += 1;
+        assert_eq!(w["holder"]["conn"], holder, "{kind}: {r}");
+        assert!(
+            w["object"]
+                .as_str()
+                .is_some_and(|o| o.starts_with("lock_errors.pair (PRIMARY, X")),
+            "{kind}: {r}"
+        );
+    }
+    assert!(named > 0, "{kind}: no timeout's holder was named");
+}
+
+/// The findings of the report at `page`.
+fn report_findings(kind: &str, page: &std::path::Path) -> Vec<String> {
+    let html = std::fs::read_to_string(page).unwrap();
+    let section = html
+        .split("<section id=\"findings\">")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
+    section
+        .split("<li>")
+        .skip(1)
+        .filter_map(|f| f.split("</li>").next())
+        .map(|f| {
+            f.replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&")
+        })
+        .collect()
+}
