@@ -9,9 +9,10 @@ use anyhow::Result;
 use super::shared::{locked, Shared};
 use crate::{
     collect::{CollectOptions, Stop},
-    history::sampler::{self, Recent, Sampler},
+    history::sampler::{self, Sampler},
     process::Target,
     query::follow::FollowOptions,
+    query::recent::Recent,
 };
 
 /// Samples `target` until `stop`, into the agent's store and its metrics; `opts`: its threads' iterator's (the

@@ -930,6 +930,8 @@ mod tests {
                     transaction_s: None,
                     statement: Some(s.into()),
                     queued_behind: None,
+                    ran: Vec::new(),
+                    seen_at_ns: 0,
                 }),
             }];
             r

@@ -22,7 +22,6 @@ use crate::{
     collect::{
         targets::Targets, CollectOptions, Collected, Kind, Lost, RingOptions, Slice, Slices, Stop,
     },
-    history::sampler::Recent,
     process::{self, container::Container, Target},
     profile::{
         self,
@@ -125,7 +124,8 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         }
     );
     let pid = target.pid;
-    let recent = Arc::new(Recent::default());
+    // Fed by the statements' pipeline: what a holder ran, for its records and the session history.
+    let recent = Arc::clone(&plan.statements.recent);
     let history_opts = CollectOptions {
         unwind: prepared.tables.clone(),
         ..plan.statements.collect_options(pid)
@@ -144,9 +144,6 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
             prepared.tables.as_ref(),
             prepared.functions,
             |r| {
-                if let (Some(conn), Some(text)) = (r.conn, &r.query) {
-                    recent.add(conn.into(), text, (r.ts.0 / 1_000_000_000) as i64);
-                }
                 if let Some(s) = shared.metrics().server(pid) {
                     s.add_statement(r);
                 }

@@ -7,8 +7,7 @@
 //! (or read from its memory, MariaDB's metadata locks) only in a second where some connection waits for one.
 
 use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -28,6 +27,7 @@ use crate::{
     query::{
         files::{file_cause, Files},
         holders::{self, Listed, MemoryLocks},
+        recent::{Recent, SECOND_NS},
     },
     server::Cause,
     sessions::{self, Query, Session},
@@ -35,82 +35,6 @@ use crate::{
     symbolize::{data::DataSymbolizer, Symbolizer},
     wire::fingerprint,
 };
-
-/// The statements each connection ran lately, as the statement pipeline saw them: what a holder idle in its
-/// transaction ran in it.
-#[derive(Default)]
-pub struct Recent {
-    by_conn: Mutex<HashMap<u64, VecDeque<(i64, String)>>>,
-}
-
-/// Statements kept per connection, connections kept, and for how long.
-const RECENT_PER_CONN: usize = 8;
-const RECENT_CONNS: usize = 20_000;
-const RECENT_S: i64 = 3600;
-
-impl Recent {
-    /// Connection `conn` ran `text` ending at `ts` (seconds since the epoch).
-    pub fn add(&self, conn: u64, text: &str, ts: i64) {
-        self.add_normalized(conn, fingerprint::normalize(text), ts);
-    }
-
-    /// The same, its literals already hidden. The same text as the last kept of `conn` is kept once: a statement
-    /// both sampled while it ran and traced when it ended, or run twice in a row.
-    fn add_normalized(&self, conn: u64, text: String, ts: i64) {
-        let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
-        if by_conn.len() >= RECENT_CONNS && !by_conn.contains_key(&conn) {
-            by_conn.retain(|_, q| q.back().is_some_and(|(t, _)| *t >= ts - RECENT_S));
-            if by_conn.len() >= RECENT_CONNS {
-                return;
-            }
-        }
-        let q = by_conn.entry(conn).or_default();
-        if let Some(last) = q.back_mut().filter(|(_, t)| *t == text) {
-            last.0 = last.0.max(ts);
-            return;
-        }
-        if q.len() == RECENT_PER_CONN {
-            q.pop_front();
-        }
-        q.push_back((ts, text));
-    }
-
-    /// What `conn` ran since `since` (all it kept without it), oldest first: from the last statement that began a
-    /// transaction, where one is among them (`since` is when the transaction was first seen open, less a second).
-    pub fn of(&self, conn: u64, since: Option<i64>) -> Vec<String> {
-        let by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ran: Vec<String> = by_conn.get(&conn).map_or_else(Vec::new, |q| {
-            q.iter()
-                .filter(|(t, _)| since.is_none_or(|s| *t >= s))
-                .map(|(_, text)| text.clone())
-                .collect()
-        });
-        if let Some(begun) = ran.iter().rposition(|t| begins_transaction(t)) {
-            ran.drain(..begun);
-        }
-        ran
-    }
-
-    /// Forgets a connection that ended its transaction (its next holds none of these).
-    fn forget(&self, conns: impl Iterator<Item = u64>) {
-        let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
-        for c in conns {
-            by_conn.remove(&c);
-        }
-    }
-}
-
-/// `BEGIN`, `START TRANSACTION` (any case, any options after).
-fn begins_transaction(text: &str) -> bool {
-    let words: Vec<String> = text
-        .split_whitespace()
-        .take(2)
-        .map(str::to_ascii_uppercase)
-        .collect();
-    matches!(words.first().map(String::as_str), Some("BEGIN" | "BEGIN;"))
-        || (words.first().map(String::as_str) == Some("START")
-            && words.get(1).is_some_and(|w| w.starts_with("TRANSACTION")))
-}
 
 /// Addresses whose names are kept (code and lock words: a server that runs for days waits on ever more).
 const NAMES_KEPT: usize = 100_000;
@@ -296,7 +220,8 @@ impl Sampler {
         // traced one second in several).
         for s in out.iter().filter(|s| s.transaction_s.is_some()) {
             if let Some(statement) = &s.statement {
-                self.recent.add_normalized(s.conn, statement.clone(), ts);
+                self.recent
+                    .add_normalized(s.conn, statement.as_str().into(), ts * SECOND_NS);
             }
         }
         // Who holds a lock is asked only for a statement that waited a second ago too: the short waits of a busy
@@ -319,8 +244,10 @@ impl Sampler {
             .flat_map(|s| s.blocker.into_iter().chain(s.root_blocker))
             .collect();
         for s in out.iter_mut().filter(|s| blockers.contains(&s.conn)) {
-            let since = s.transaction_s.map(|t| (now - t).floor() as i64 - 1);
-            s.holder_statements = self.recent.of(s.conn, since);
+            let since = s
+                .transaction_s
+                .map(|t| ((now - t).floor() as i64 - 1) * SECOND_NS);
+            s.holder_statements = self.recent.texts_of(s.conn, since);
         }
         Ok(Second {
             ts,
@@ -672,40 +599,4 @@ fn sleep_unless_stopped(stop: &Stop, d: Duration) -> bool {
     }
     std::thread::sleep(d.min(Duration::from_secs(1)));
     stop.is_stopped()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_holder_s_statements_start_at_its_transaction() {
-        let recent = Recent::default();
-        for (i, text) in [
-            "SELECT CONNECTION_ID()",
-            "begin",
-            "UPDATE t SET k = 1 WHERE id = 2",
-            "SELECT 'held'",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            recent.add(7, text, 100 + i as i64);
-        }
-        assert_eq!(
-            recent.of(7, Some(100)),
-            ["begin", "UPDATE t SET k = ? WHERE id = ?", "SELECT ?"]
-        );
-        // Without a statement that began it (autocommit off), what was seen since.
-        assert_eq!(
-            recent.of(7, Some(102)),
-            ["UPDATE t SET k = ? WHERE id = ?", "SELECT ?"]
-        );
-        // Sampled while it ran, then traced when it ended: kept once.
-        recent.add(7, "SELECT 'held'", 104);
-        assert_eq!(recent.of(7, Some(103)), ["SELECT ?"]);
-        assert!(begins_transaction("START TRANSACTION READ ONLY"));
-        assert!(!begins_transaction("STARTLE"));
-        assert!(recent.of(8, None).is_empty());
-    }
 }

@@ -38,6 +38,8 @@ pub struct Deadlock {
 pub struct Transaction {
     /// Its connection (the server's thread id).
     pub conn: u64,
+    /// How long it had been open, in seconds (`ACTIVE 2 sec`).
+    pub active_s: Option<u64>,
     /// The statement it was running.
     pub query: Option<String>,
     /// The lock it waited for: `dl.t (PRIMARY, X,REC_NOT_GAP)`, and whether a row's or a table's.
@@ -103,9 +105,12 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
         host: None,
         command: Some("Query".into()),
         command_s: None,
-        transaction_s: None,
+        transaction_s: other.active_s,
         statement: other.query.clone(),
         queued_behind: None,
+        ran: Vec::new(),
+        // Waiting still when this statement was rolled back: what it ran up to then.
+        seen_at_ns: (record.ts.0 + i128::from(record.duration_us) * 1000) as i64,
     });
 }
 
@@ -298,6 +303,7 @@ pub fn parse(text: &str) -> Option<Deadlock> {
         if line.starts_with("*** (") && line.ends_with(") TRANSACTION:") {
             transactions.push(Transaction {
                 conn: 0,
+                active_s: None,
                 query: None,
                 waits_for: None,
             });
@@ -314,6 +320,11 @@ pub fn parse(text: &str) -> Option<Deadlock> {
         if wanted_next {
             wanted_next = false;
             t.waits_for = wanted_lock(line);
+        } else if let Some((_, active)) = line
+            .split_once(", ACTIVE ")
+            .filter(|(head, _)| head.starts_with("TRANSACTION "))
+        {
+            t.active_s = active.split(' ').next().and_then(|n| n.parse().ok());
         } else if let Some((_, rest)) = line.split_once(" thread id ").filter(|_| t.conn == 0) {
             t.conn = rest.split(',').next()?.trim().parse().ok()?;
             in_query = true;
@@ -459,6 +470,7 @@ TABLE LOCK table `dl`.`t` trx id 1582 lock mode AUTO-INC waiting
         assert_eq!(d.at, "2026-12-07 11:33:12");
         let (victim, other) = d.sides().expect("two sides");
         assert_eq!((victim.conn, other.conn), (7, 6));
+        assert_eq!((victim.active_s, other.active_s), (Some(1), Some(2)));
         assert_eq!(
             victim.query.as_deref(),
             Some("update t set v=v+1 where id=1")

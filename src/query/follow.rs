@@ -27,6 +27,7 @@ use crate::{
         files::Files,
         holders::{self, Holders},
         reader::OwnConnections,
+        recent::Recent,
         record::{Learned, QueryRecord},
         started::Started,
         texts::PreparedTexts,
@@ -76,6 +77,9 @@ pub struct FollowOptions {
     pub ring: collect::RingOptions,
     /// Load the programs, tell here what the verifier needed for each, and end there (`myprobe programs`).
     pub verify_only: Option<std::sync::mpsc::Sender<collect::load::Verified>>,
+    /// The statements each connection ran lately: fed by the pipeline, read for what a lock's holder ran (and by
+    /// the agent's session history).
+    pub recent: Arc<Recent>,
 }
 
 impl FollowOptions {
@@ -99,6 +103,7 @@ impl FollowOptions {
             stop: collect::Stop::new(),
             ring: collect::RingOptions::default(),
             verify_only: None,
+            recent: Arc::default(),
         }
     }
 
@@ -456,6 +461,7 @@ pub fn follow(
         sink: Sink {
             emit,
             unknown_prepared: 0,
+            recent: Arc::clone(&a.recent),
         },
         on_lost,
         stands_for: duty.map_or(1, |d| d.every),
@@ -543,16 +549,22 @@ struct Stages<'a, E, L> {
     own: OwnConnections,
 }
 
-/// The caller's `emit`, counting what it was given.
+/// The caller's `emit`, counting what it was given, and keeping what each connection ran.
 struct Sink<E> {
     emit: E,
     /// Executions of statements prepared before tracing whose text stayed unknown.
     unknown_prepared: u64,
+    recent: Arc<Recent>,
 }
 
 impl<E: FnMut(QueryRecord)> Sink<E> {
     fn emit(&mut self, record: QueryRecord) {
         self.unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
+        if let (Some(conn), Some(text)) = (record.conn, &record.query) {
+            let ended = record.ts.0 + i128::from(record.duration_us) * 1000;
+            self.recent
+                .add_normalized(conn.into(), text.clone(), ended as i64);
+        }
         (self.emit)(record);
     }
 }
@@ -709,6 +721,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         if !self.raw_sql {
             record.hide_holders_literals();
         }
+        record.name_holders_statements(&self.sink.recent);
         if record.lock_addr_raw != 0 {
             record.lock_symbol = Some(waits::lock_word_name(
                 &mut self.locks,

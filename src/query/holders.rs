@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     reader::{Asked, OwnConnections, Reader},
-    record::{CauseWait, Holder, QueryRecord},
+    record::{realtime_offset_ns, CauseWait, Holder, QueryRecord},
 };
 use crate::{
     client::{Client, ConnectArgs},
@@ -176,7 +176,10 @@ impl Holders {
             {
                 w.cause = l.cause;
                 w.object = Some(l.object.clone());
-                w.holder = Some(l.holder.clone());
+                w.holder = Some(Holder {
+                    seen_at_ns: (i128::from(l.at_ns) + realtime_offset_ns()) as i64,
+                    ..l.holder.clone()
+                });
                 if record.cause == Some(Cause::MetadataLock) {
                     record.cause = Some(l.cause);
                 }
@@ -326,6 +329,8 @@ fn holder_of(s: &Session, now_us: u64) -> Holder {
             _ => None,
         },
         queued_behind: None,
+        ran: Vec::new(),
+        seen_at_ns: 0,
     }
 }
 
@@ -404,6 +409,8 @@ fn parse(row: Vec<Option<String>>, at_ns: u64) -> Option<(u64, Listed)> {
                 transaction_s: num(&trx_s),
                 statement: info,
                 queued_behind: None,
+                ran: Vec::new(),
+                seen_at_ns: 0,
             },
             at_ns,
         },

@@ -12,6 +12,7 @@ pub mod finder;
 pub mod follow;
 pub mod holders;
 pub mod reader;
+pub mod recent;
 pub mod record;
 pub mod started;
 pub mod text_reader;
@@ -19,8 +20,8 @@ pub mod texts;
 pub mod tracker;
 
 pub use record::{
-    dispatch_fd, format_ts, largest_remainder, CauseWait, Holder, QueryRecord, StatementKey, Text,
-    TimeParts, Timestamp, PARTS,
+    dispatch_fd, format_ts, largest_remainder, CauseWait, Holder, QueryRecord, Ran, StatementKey,
+    Text, TimeParts, Timestamp, PARTS,
 };
 pub use tracker::{
     Notice, Tracker, LAST_PREPARED, MAX_CONNS, MAX_PREPARED_PER_CONN, UNKNOWN_PREPARED,

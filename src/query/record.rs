@@ -285,6 +285,37 @@ impl QueryRecord {
             .map(|(c, _)| *c);
     }
 
+    /// Gives each of its waits' holders what its transaction ran, as `recent` kept it: since its transaction
+    /// began, where the server said when, else since its last `BEGIN` for one idle in its transaction.
+    pub fn name_holders_statements(&mut self, recent: &super::recent::Recent) {
+        use super::recent::SECOND_NS;
+        let ended = (self.ts.0 + i128::from(self.duration_us) * 1000) as i64;
+        for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
+            let until = if h.seen_at_ns > 0 {
+                h.seen_at_ns
+            } else {
+                ended
+            };
+            let since = h
+                .transaction_s
+                .map(|t| (ended / SECOND_NS - t as i64 - 1) * SECOND_NS);
+            if since.is_none() && h.command.as_deref() != Some("Sleep") {
+                continue;
+            }
+            h.ran = recent
+                .between(h.conn, since, until)
+                .into_iter()
+                .rev()
+                .map(|(at, text)| Ran {
+                    ended: format_ts(i128::from(at))
+                        .get(..19)
+                        .map_or_else(String::new, |t| format!("{t}Z")),
+                    statement: text.to_string(),
+                })
+                .collect();
+        }
+    }
+
     /// Hides the literals of the statements its waits' holders ran, which the server gave as they were.
     pub fn hide_holders_literals(&mut self) {
         for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
@@ -495,6 +526,21 @@ pub struct Holder {
     /// row's locks, a pending exclusive metadata lock): this one is the root of the chain, which holds the lock.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queued_behind: Option<u64>,
+    /// What its transaction ran, newest first, as far as the statements followed saw it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ran: Vec<Ran>,
+    /// When it was seen holding the lock (ns since the epoch; 0: unknown): what it ran after (its COMMIT, which
+    /// let the waiter go) is not what the waiter waited behind.
+    #[serde(skip)]
+    pub seen_at_ns: i64,
+}
+
+/// A statement a holder's transaction ran, and when it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Ran {
+    /// RFC 3339, to the second, UTC.
+    pub ended: String,
+    pub statement: String,
 }
 
 impl Holder {
@@ -522,10 +568,25 @@ impl Holder {
             }
             _ => who,
         };
-        match self.queued_behind {
+        let held = match self.queued_behind {
             Some(c) => format!("{held} (queued behind connection {c})"),
             None => held,
+        };
+        if self.ran.is_empty() {
+            return held;
         }
+        let ran: Vec<String> = self
+            .ran
+            .iter()
+            .map(|r| {
+                let at = r.ended.get(11..19).unwrap_or(&r.ended);
+                format!("{} (ended {at})", shown_text(r.statement.clone(), false))
+            })
+            .collect();
+        format!(
+            "{held}; its transaction ran, newest first: {}",
+            ran.join(", ")
+        )
     }
 }
 

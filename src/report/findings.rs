@@ -560,6 +560,8 @@ mod tests {
             transaction_s: Some(40),
             statement: None,
             queued_behind: None,
+            ran: Vec::new(),
+            seen_at_ns: 0,
         };
         let mut digest = Digest::default();
         for (query, cause, object, us) in [
@@ -615,6 +617,8 @@ mod tests {
             transaction_s: Some(40),
             statement: statement.map(String::from),
             queued_behind: None,
+            ran: Vec::new(),
+            seen_at_ns: 0,
         };
         let mut digest = Digest::default();
         let deadlock = Some(holder(

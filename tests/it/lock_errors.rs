@@ -1,6 +1,7 @@
 //! Deadlocks and lock wait timeouts in words, on every server: each statement rolled back is `deadlock` in
 //! `queries`, with the lock and the other side where the server's latest deadlock was its own when read; each
-//! timed out is `lock wait timeout`, with the lock and its holder; `report`'s first findings say so.
+//! timed out is `lock wait timeout`, with the lock and its holder; `report`'s first findings say so. And what a
+//! holder idle in its transaction ran in it, newest first.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -233,6 +234,95 @@ fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64) 
         );
     }
     assert!(named > 0, "{kind}: no timeout's holder was named");
+}
+
+#[test]
+fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server() {
+    // The report traces the whole server: another test's statements could be its first finding.
+    servers_alone();
+    for (kind, db) in every_server() {
+        db.sql(
+            "CREATE DATABASE IF NOT EXISTS lock_errors; \
+             CREATE TABLE IF NOT EXISTS lock_errors.held (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+             CREATE TABLE IF NOT EXISTS lock_errors.audit (n INT) ENGINE=InnoDB; \
+             REPLACE INTO lock_errors.held VALUES (1, 0)",
+        );
+        let pid = db.pid.to_string();
+        let tracer = Background::start(
+            &[
+                "queries",
+                "-p",
+                &pid,
+                "--json",
+                "--sample-every",
+                "1",
+                "-d",
+                "60",
+            ],
+            "tracing the statements",
+        );
+        let dir = tempdir("held");
+        let page = dir.join("report.html");
+        let page_arg = page.to_str().unwrap();
+        let report = Background::start(
+            &["report", "-p", &pid, "-d", "5", "-o", page_arg],
+            "Ctrl-C ends early",
+        );
+        // Its transaction runs two statements, then sits idle holding the row.
+        let mut holder = db.session();
+        let holder_id = holder.connection_id();
+        holder.exec(
+            "BEGIN; INSERT INTO lock_errors.audit VALUES (1); \
+             UPDATE lock_errors.held SET v = v + 1 WHERE id = 1",
+        );
+        let mut waiter = db.session();
+        let waiter_id = waiter.connection_id();
+        waiter.send("UPDATE lock_errors.held SET v = v + 1 WHERE id = 1; SELECT 'waited'");
+        db.wait_for_row_lock_wait(&format!("thread id {waiter_id},"));
+        // Long enough for the holder to be read while it waits (long waits are looked for once a second).
+        std::thread::sleep(Duration::from_millis(2500));
+        holder.exec("COMMIT");
+        waiter.read_until("waited");
+        report.wait();
+        let (out, err) = tracer.stop();
+        let records = json_lines(&out);
+        let r = records
+            .iter()
+            .find(|r| {
+                r["conn"] == waiter_id
+                    && r["query"].as_str().is_some_and(|q| q.starts_with("UPDATE"))
+            })
+            .unwrap_or_else(|| panic!("{kind}: no record of the waiter:\n{err}"));
+        let h = &r["waits"][0]["holder"];
+        assert_eq!(
+            (&r["cause"], &h["conn"]),
+            (&Value::from("row lock"), &Value::from(holder_id)),
+            "{kind}: {r}"
+        );
+        let ran: Vec<&str> = h["ran"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
+            .iter()
+            .map(|s| s["statement"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ran,
+            [
+                "SELECT ?",
+                "UPDATE lock_errors.held SET v = v + ? WHERE id = ?",
+                "INSERT INTO lock_errors.audit VALUES (?)",
+                "BEGIN"
+            ],
+            "{kind}: {r}"
+        );
+        let findings = report_findings(kind, &page);
+        assert!(
+            findings[0].contains(&format!("held by connection {holder_id} "))
+                && findings[0].contains("its transaction ran, newest first: SELECT ? (ended ")
+                && findings[0].contains("INSERT INTO lock_errors.audit VALUES (?) (ended "),
+            "{kind}: the first finding does not name the holder and what it ran: {findings:#?}"
+        );
+    }
 }
 
 /// The findings of the report at `page`.
