@@ -491,25 +491,35 @@ pub fn follow(
     };
     let attached = || {
         attached();
-        match Started::read(target, &opts) {
-            Ok((found, seeds)) => {
-                started.replace(found);
-                seeds
-            }
-            Err(e) => {
-                say!(
-                    "myprobe: note: the statements running when tracing began are not shown: their connections \
-                     cannot be read from the server's memory: {e:#}"
-                );
-                Vec::new()
-            }
-        }
+        read_started(target, &opts, &started)
     };
     let traced =
         collect::queries::collect(&opts, statements, &control, probes, attached, |event| {
             stages.event(event)
         })?;
     Ok(stages.finish(traced))
+}
+
+/// The statements running once the probes are in place, read from the server's memory into `started`; the seeds
+/// of their threads' state for the collector.
+fn read_started(
+    target: &Target,
+    opts: &CollectOptions,
+    started: &std::cell::RefCell<Started>,
+) -> Vec<collect::queries::StartedBefore> {
+    match Started::read(target, opts) {
+        Ok((found, seeds)) => {
+            started.replace(found);
+            seeds
+        }
+        Err(e) => {
+            say!(
+                "myprobe: note: the statements running when tracing began are not shown: their connections \
+                 cannot be read from the server's memory: {e:#}"
+            );
+            Vec::new()
+        }
+    }
 }
 
 /// The stages the collector's events flow through, once each: the statement tracker (framing and protocol), then
@@ -721,7 +731,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         if !self.raw_sql {
             record.hide_holders_literals();
         }
-        record.name_holders_statements(&self.sink.recent);
+        self.sink.recent.name_holders(&mut record);
         if record.lock_addr_raw != 0 {
             record.lock_symbol = Some(waits::lock_word_name(
                 &mut self.locks,

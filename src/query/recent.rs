@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Mutex};
 // Keyed by connection ids, which no client chooses: hashed the fast way.
 use rustc_hash::FxHashMap as HashMap;
 
-use super::record::Text;
+use super::record::{format_ts, QueryRecord, Ran, Text};
 use crate::wire::fingerprint;
 
 /// The statements each connection ran lately, each with when it ended (ns since the epoch).
@@ -77,6 +77,36 @@ impl Recent {
             .into_iter()
             .map(|(_, t)| t.to_string())
             .collect()
+    }
+
+    /// Gives each of `record`'s waits' holders what its transaction ran: since its transaction began, where the
+    /// server said when, else since its last `BEGIN` for one idle in its transaction.
+    pub fn name_holders(&self, record: &mut QueryRecord) {
+        let ended = (record.ts.0 + i128::from(record.duration_us) * 1000) as i64;
+        for h in record.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
+            let until = if h.seen_at_ns > 0 {
+                h.seen_at_ns
+            } else {
+                ended
+            };
+            let since = h
+                .transaction_s
+                .map(|t| (ended / SECOND_NS - t as i64 - 1) * SECOND_NS);
+            if since.is_none() && h.command.as_deref() != Some("Sleep") {
+                continue;
+            }
+            h.ran = self
+                .between(h.conn, since, until)
+                .into_iter()
+                .rev()
+                .map(|(at, text)| Ran {
+                    ended: format_ts(i128::from(at))
+                        .get(..19)
+                        .map_or_else(String::new, |t| format!("{t}Z")),
+                    statement: text.to_string(),
+                })
+                .collect();
+        }
     }
 
     /// Forgets a connection that ended its transaction (its next holds none of these).

@@ -285,37 +285,6 @@ impl QueryRecord {
             .map(|(c, _)| *c);
     }
 
-    /// Gives each of its waits' holders what its transaction ran, as `recent` kept it: since its transaction
-    /// began, where the server said when, else since its last `BEGIN` for one idle in its transaction.
-    pub fn name_holders_statements(&mut self, recent: &super::recent::Recent) {
-        use super::recent::SECOND_NS;
-        let ended = (self.ts.0 + i128::from(self.duration_us) * 1000) as i64;
-        for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
-            let until = if h.seen_at_ns > 0 {
-                h.seen_at_ns
-            } else {
-                ended
-            };
-            let since = h
-                .transaction_s
-                .map(|t| (ended / SECOND_NS - t as i64 - 1) * SECOND_NS);
-            if since.is_none() && h.command.as_deref() != Some("Sleep") {
-                continue;
-            }
-            h.ran = recent
-                .between(h.conn, since, until)
-                .into_iter()
-                .rev()
-                .map(|(at, text)| Ran {
-                    ended: format_ts(i128::from(at))
-                        .get(..19)
-                        .map_or_else(String::new, |t| format!("{t}Z")),
-                    statement: text.to_string(),
-                })
-                .collect();
-        }
-    }
-
     /// Hides the literals of the statements its waits' holders ran, which the server gave as they were.
     pub fn hide_holders_literals(&mut self) {
         for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
