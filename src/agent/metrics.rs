@@ -931,6 +931,7 @@ mod tests {
                     statement: Some(s.into()),
                     queued_behind: None,
                     ran: Vec::new(),
+                    ran_not_seen: false,
                     seen_at_ns: 0,
                 }),
             }];

@@ -91,6 +91,8 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
             stop: Stop::new(),
             budget_shares: shared.budget_shares.clone(),
             max_kernel_mem_mib: (o.queries.max_kernel_mem_mib / u64::from(share.max(1))).max(1),
+            // Each server's own: connection ids are per server.
+            recent: Arc::default(),
             ..o.queries.clone()
         },
         slices: Some(Slices {

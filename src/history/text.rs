@@ -271,5 +271,4 @@ pub fn holder_words(conn: u64, holder: Option<&SessionSample>) -> String {
 }
 
 /// What is said of a holder idle in its transaction whose statements none of the agent's saw.
-pub const NOT_SEEN: &str =
-    "; what its transaction ran was not seen (it began before its statements were followed, or they were not sampled)";
+pub use crate::query::record::RAN_NOT_SEEN as NOT_SEEN;

@@ -109,6 +109,7 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
         statement: other.query.clone(),
         queued_behind: None,
         ran: Vec::new(),
+        ran_not_seen: false,
         // Waiting still when this statement was rolled back: what it ran up to then.
         seen_at_ns: (record.ts.0 + i128::from(record.duration_us) * 1000) as i64,
     });

@@ -28,7 +28,7 @@ use crate::{
         holders::{self, Holders},
         reader::OwnConnections,
         recent::Recent,
-        record::{Learned, QueryRecord},
+        record::{Learned, QueryRecord, Text},
         started::Started,
         texts::PreparedTexts,
         tracker::{Notice, Tracker, UNKNOWN_PREPARED},
@@ -462,6 +462,7 @@ pub fn follow(
             emit,
             unknown_prepared: 0,
             recent: Arc::clone(&a.recent),
+            ran: Vec::new(),
         },
         on_lost,
         stands_for: duty.map_or(1, |d| d.every),
@@ -565,17 +566,29 @@ struct Sink<E> {
     /// Executions of statements prepared before tracing whose text stayed unknown.
     unknown_prepared: u64,
     recent: Arc<Recent>,
+    /// What connections ran since it was last kept in `recent`: kept a batch at a time (one lock, not one per
+    /// statement), at each tick, and before a holder is named.
+    ran: Vec<(u64, Text, i64)>,
 }
+
+/// Statements kept in `Sink::ran` at most before they go to `Recent`.
+const RAN_BATCH: usize = 1024;
 
 impl<E: FnMut(QueryRecord)> Sink<E> {
     fn emit(&mut self, record: QueryRecord) {
         self.unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
         if let (Some(conn), Some(text)) = (record.conn, &record.query) {
             let ended = record.ts.0 + i128::from(record.duration_us) * 1000;
-            self.recent
-                .add_normalized(conn.into(), text.clone(), ended as i64);
+            self.ran.push((conn.into(), text.clone(), ended as i64));
+            if self.ran.len() >= RAN_BATCH {
+                self.keep_ran();
+            }
         }
         (self.emit)(record);
+    }
+
+    fn keep_ran(&mut self) {
+        self.recent.add_all(self.ran.drain(..));
     }
 }
 
@@ -604,6 +617,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
                 self.control.keep_results(self.wants_results());
                 let sink = &mut self.sink;
                 let learned = self.texts.tick(&mut |r| sink.emit(r));
+                self.sink.keep_ran();
                 self.learn(learned);
                 self.ask_execute();
             }
@@ -731,7 +745,10 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         if !self.raw_sql {
             record.hide_holders_literals();
         }
-        self.sink.recent.name_holders(&mut record);
+        if record.waits.iter().any(|w| w.holder.is_some()) {
+            self.sink.keep_ran();
+            self.sink.recent.name_holders(&mut record);
+        }
         if record.lock_addr_raw != 0 {
             record.lock_symbol = Some(waits::lock_word_name(
                 &mut self.locks,
@@ -753,6 +770,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
     fn finish(mut self, traced: collect::queries::Traced) -> Followed {
         let sink = &mut self.sink;
         let learned = self.texts.finish(&mut |r| sink.emit(r));
+        self.sink.keep_ran();
         self.learn(learned);
         if let Some(line) = self.texts.summary() {
             say!("myprobe: {line}");

@@ -31,7 +31,18 @@ impl Recent {
     /// The same, its literals already hidden. The same text as the last kept of `conn` is kept once: a statement
     /// both sampled while it ran and traced when it ended, or run twice in a row.
     pub fn add_normalized(&self, conn: u64, text: Text, ts: i64) {
+        self.add_all(std::iter::once((conn, text, ts)));
+    }
+
+    /// Many at once, `(conn, text, ts)` each, under one lock.
+    pub fn add_all(&self, ran: impl Iterator<Item = (u64, Text, i64)>) {
         let mut by_conn = self.by_conn.lock().unwrap_or_else(|e| e.into_inner());
+        for (conn, text, ts) in ran {
+            Recent::add_one(&mut by_conn, conn, text, ts);
+        }
+    }
+
+    fn add_one(by_conn: &mut HashMap<u64, VecDeque<(i64, Text)>>, conn: u64, text: Text, ts: i64) {
         if by_conn.len() >= RECENT_CONNS && !by_conn.contains_key(&conn) {
             by_conn.retain(|_, q| q.back().is_some_and(|(t, _)| *t >= ts - RECENT_NS));
             if by_conn.len() >= RECENT_CONNS {
@@ -106,6 +117,7 @@ impl Recent {
                     statement: text.to_string(),
                 })
                 .collect();
+            h.ran_not_seen = h.ran.is_empty() && h.command.as_deref() == Some("Sleep");
         }
     }
 

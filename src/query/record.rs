@@ -498,11 +498,19 @@ pub struct Holder {
     /// What its transaction ran, newest first, as far as the statements followed saw it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ran: Vec<Ran>,
+    /// Idle in its transaction, none of whose statements were followed (it began before tracing, or they were
+    /// not sampled).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ran_not_seen: bool,
     /// When it was seen holding the lock (ns since the epoch; 0: unknown): what it ran after (its COMMIT, which
     /// let the waiter go) is not what the waiter waited behind.
     #[serde(skip)]
     pub seen_at_ns: i64,
 }
+
+/// What is said of a holder idle in its transaction none of whose statements were followed.
+pub const RAN_NOT_SEEN: &str =
+    "; what its transaction ran was not seen (it began before its statements were followed, or they were not sampled)";
 
 /// A statement a holder's transaction ran, and when it ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -541,6 +549,9 @@ impl Holder {
             Some(c) => format!("{held} (queued behind connection {c})"),
             None => held,
         };
+        if self.ran_not_seen {
+            return format!("{held}{RAN_NOT_SEEN}");
+        }
         if self.ran.is_empty() {
             return held;
         }

@@ -561,6 +561,7 @@ mod tests {
             statement: None,
             queued_behind: None,
             ran: Vec::new(),
+            ran_not_seen: false,
             seen_at_ns: 0,
         };
         let mut digest = Digest::default();
@@ -618,6 +619,7 @@ mod tests {
             statement: statement.map(String::from),
             queued_behind: None,
             ran: Vec::new(),
+            ran_not_seen: false,
             seen_at_ns: 0,
         };
         let mut digest = Digest::default();

@@ -518,7 +518,7 @@ fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
             page.to_str().unwrap(),
         ]));
         let scenario = waits.release();
-        let findings = findings(kind, &page);
+        let findings = report_findings(kind, &page);
         let first = &findings[0];
         // The first names the cause most of the time went to, and its holder.
         let (cause, holder) = scenario
@@ -555,24 +555,6 @@ fn on_every_server_at_once(check: impl Fn(&'static str, &TestDb) + Sync) {
             s.spawn(move || check(kind, db));
         }
     });
-}
-
-/// The findings of the report at `page`, at least one.
-fn findings(kind: &str, page: &std::path::Path) -> Vec<String> {
-    let html = std::fs::read_to_string(page).unwrap();
-    let section = html
-        .split("<section id=\"findings\">")
-        .nth(1)
-        .and_then(|s| s.split("</section>").next())
-        .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
-    let findings: Vec<String> = section
-        .split("<li>")
-        .skip(1)
-        .filter_map(|f| f.split("</li>").next())
-        .map(String::from)
-        .collect();
-    assert!(!findings.is_empty(), "{kind}: no finding:\n{section}");
-    findings
 }
 
 /// `report`'s first finding names what the statements waited for most where that is no lock: the disk, the redo
@@ -619,7 +601,7 @@ fn the_reports_first_finding_names_reads_commits_the_client_and_the_cpu_on_every
             std::thread::sleep(Duration::from_millis(1500));
             (begun.release)();
             report.wait();
-            let findings = findings(kind, &page);
+            let findings = report_findings(kind, &page);
             assert!(
                 causes
                     .iter()

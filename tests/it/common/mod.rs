@@ -357,6 +357,28 @@ impl TestDb {
     }
 }
 
+/// The findings of the report at `page` (a `report -o page.html`), at least one, their text unescaped.
+pub fn report_findings(kind: &str, page: &std::path::Path) -> Vec<String> {
+    let html = std::fs::read_to_string(page).unwrap();
+    let section = html
+        .split("<section id=\"findings\">")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .unwrap_or_else(|| panic!("{kind}: no findings:\n{html}"));
+    let findings: Vec<String> = section
+        .split("<li>")
+        .skip(1)
+        .filter_map(|f| f.split("</li>").next())
+        .map(|f| {
+            f.replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&")
+        })
+        .collect();
+    assert!(!findings.is_empty(), "{kind}: no finding:\n{section}");
+    findings
+}
+
 /// The JSON objects of `stdout`, one a line (`--json` output); panics on a line that is not JSON.
 pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
