@@ -78,8 +78,23 @@ pub fn file_cause(path: &str, part: usize) -> (Cause, Option<String>) {
     } else {
         Cause::PageFlush
     };
-    // Files unlinked as soon as made (filesort's and the temporary tables' MY*/ML* and #sql*), InnoDB's ibtmp1.
-    if deleted || name.starts_with("#sql") || name == "ibtmp1" {
+    // What each temporary file is, where its name says: MariaDB's on-disk internal temporary tables (Aria's
+    // #sql*.MAD and .MAI), InnoDB's temporary tablespaces (MariaDB's ibtmp1, MySQL's #innodb_temp/temp_N.ibt, where
+    // MySQL's internal temporary tables spill). The rest are unlinked as soon as made, most with O_TMPFILE, whose
+    // name (`#<inode>`) says nothing of what they hold: a sort's merge files, the binlog cache, InnoDB's own.
+    if name.starts_with("#sql") {
+        return (
+            Cause::TempFile,
+            Some(format!("an on-disk temporary table, {name}")),
+        );
+    }
+    if name == "ibtmp1" || name.ends_with(".ibt") {
+        return (
+            Cause::TempFile,
+            Some(format!("InnoDB's temporary tablespace, {name}")),
+        );
+    }
+    if deleted {
         return (Cause::TempFile, Some(path.to_string()));
     }
     if let Some(table) = name.strip_suffix(".ibd") {
@@ -151,7 +166,27 @@ mod tests {
         assert_eq!(cause("/var/lib/mysql/binlog.000002", 0).0, "file read");
         assert_eq!(cause("/var/lib/mysql/relay-bin.000002", 1).0, "file write");
         assert_eq!(cause("/tmp/MYfd=42 (deleted)", 0).0, "temporary file");
-        assert_eq!(cause("/var/lib/mysql/ibtmp1", 1).0, "temporary file");
+        assert_eq!(
+            cause("/var/lib/mysql/ibtmp1", 1),
+            (
+                "temporary file",
+                "InnoDB's temporary tablespace, ibtmp1".into()
+            )
+        );
+        assert_eq!(
+            cause("/var/lib/mysql/#innodb_temp/temp_3.ibt", 1),
+            (
+                "temporary file",
+                "InnoDB's temporary tablespace, temp_3.ibt".into()
+            )
+        );
+        assert_eq!(
+            cause("/tmp/#sql-temptable-2b1e-4-0.MAD (deleted)", 0),
+            (
+                "temporary file",
+                "an on-disk temporary table, #sql-temptable-2b1e-4-0.MAD".into()
+            )
+        );
         assert_eq!(
             cause("/var/lib/mysql/ibdata1", 0),
             ("page read", "ibdata1".into())

@@ -545,18 +545,6 @@ fn the_reports_findings_name_each_cause_and_its_holder_on_every_server() {
     });
 }
 
-/// Runs `check` on every server at once, each in a thread of its own: a test that has the servers alone, whose
-/// reports of one server see nothing of the others'.
-fn on_every_server_at_once(check: impl Fn(&'static str, &TestDb) + Sync) {
-    let servers = every_server();
-    std::thread::scope(|s| {
-        for (kind, db) in &servers {
-            let check = &check;
-            s.spawn(move || check(kind, db));
-        }
-    });
-}
-
 /// `report`'s first finding names what the statements waited for most where that is no lock: the disk, the redo
 /// log or binlog, the client, a CPU. Each scenario is begun before tracing and ends during it.
 #[test]

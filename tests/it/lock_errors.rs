@@ -254,7 +254,7 @@ fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64) 
 fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server() {
     // The report traces the whole server: another test's statements could be its first finding.
     servers_alone();
-    for (kind, db) in every_server() {
+    on_every_server_at_once(|kind, db| {
         db.sql(
             "CREATE DATABASE IF NOT EXISTS lock_errors; \
              CREATE TABLE IF NOT EXISTS lock_errors.held (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
@@ -262,7 +262,7 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
              REPLACE INTO lock_errors.held VALUES (1, 0)",
         );
         let pid = db.pid.to_string();
-        let tracer = every_statement(&db);
+        let tracer = every_statement(db);
         let dir = tempdir("held");
         let page = dir.join("report.html");
         let page_arg = page.to_str().unwrap();
@@ -324,5 +324,5 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
                 && findings[0].contains("INSERT INTO lock_errors.audit VALUES (?) (ended "),
             "{kind}: the first finding does not name the holder and what it ran: {findings:#?}"
         );
-    }
+    });
 }

@@ -357,6 +357,18 @@ impl TestDb {
     }
 }
 
+/// Runs `check` on every server at once, each in a thread of its own: a test that has the servers alone, whose
+/// reports of one server see nothing of the others'.
+pub fn on_every_server_at_once(check: impl Fn(&'static str, &TestDb) + Sync) {
+    let servers = every_server();
+    std::thread::scope(|s| {
+        for (kind, db) in &servers {
+            let check = &check;
+            s.spawn(move || check(kind, db));
+        }
+    });
+}
+
 /// The findings of the report at `page` (a `report -o page.html`), at least one, their text unescaped.
 pub fn report_findings(kind: &str, page: &std::path::Path) -> Vec<String> {
     let html = std::fs::read_to_string(page).unwrap();
