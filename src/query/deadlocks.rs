@@ -94,6 +94,11 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
         .and_then(Deadlock::sides);
     let Some((victim, other)) = sides.filter(|(v, _)| record.conn.map(u64::from) == Some(v.conn))
     else {
+        // The other side is the deadlock's alone: a holder the server's lock tables listed while this one waited
+        // was read a moment later, running what came after (its COMMIT).
+        if cause == Cause::Deadlock {
+            wait.holder = None;
+        }
         return;
     };
     if let Some((_, object)) = &victim.waits_for {
@@ -531,8 +536,22 @@ TABLE LOCK table `dl`.`t` trx id 1582 lock mode AUTO-INC waiting
             "is rolled back in a deadlock over a lock on dl.t (PRIMARY, X,REC_NOT_GAP) held by connection 6, \
              running: update t set v=v+? where id=?"
         );
-        // Another connection's deadlock (the server's latest was a later one): no other side is made up.
+        // Another connection's deadlock (the server's latest was a later one): no other side is made up, nor
+        // taken from the lock tables.
         let mut r = victim(9, DEADLOCK);
+        r.waits[0].holder = Some(Holder {
+            conn: 6,
+            user: None,
+            host: None,
+            command: Some("Query".into()),
+            command_s: None,
+            transaction_s: None,
+            statement: Some("COMMIT".into()),
+            queued_behind: None,
+            ran: Vec::new(),
+            ran_not_seen: false,
+            seen_at_ns: 0,
+        });
         name(&mut r, Some(&d));
         assert_eq!(
             (r.cause, r.waits[0].holder.is_none()),
