@@ -86,6 +86,7 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
             },
         ),
     }
+    let ended = record.ended_ns();
     let wait = &mut record.waits[0];
     wait.cause = cause;
     record.cause = Some(cause);
@@ -116,7 +117,7 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
         ran: Vec::new(),
         ran_not_seen: false,
         // Waiting still when this statement was rolled back: what it ran up to then.
-        seen_at_ns: (record.ts.0 + i128::from(record.duration_us) * 1000) as i64,
+        seen_at_ns: ended,
     });
 }
 

@@ -578,8 +578,8 @@ impl<E: FnMut(QueryRecord)> Sink<E> {
     fn emit(&mut self, record: QueryRecord) {
         self.unknown_prepared += (record.prepared.is_some() && record.query.is_none()) as u64;
         if let (Some(conn), Some(text)) = (record.conn, &record.query) {
-            let ended = record.ts.0 + i128::from(record.duration_us) * 1000;
-            self.ran.push((conn.into(), text.clone(), ended as i64));
+            self.ran
+                .push((conn.into(), text.clone(), record.ended_ns()));
             if self.ran.len() >= RAN_BATCH {
                 self.keep_ran();
             }

@@ -93,7 +93,7 @@ impl Recent {
     /// Gives each of `record`'s waits' holders what its transaction ran: since its transaction began, where the
     /// server said when, else since its last `BEGIN` for one idle in its transaction.
     pub fn name_holders(&self, record: &mut QueryRecord) {
-        let ended = (record.ts.0 + i128::from(record.duration_us) * 1000) as i64;
+        let ended = record.ended_ns();
         for h in record.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
             let until = if h.seen_at_ns > 0 {
                 h.seen_at_ns

@@ -285,6 +285,11 @@ impl QueryRecord {
             .map(|(c, _)| *c);
     }
 
+    /// When it ended, in ns since the epoch.
+    pub fn ended_ns(&self) -> i64 {
+        (self.ts.0 + i128::from(self.duration_us) * 1000) as i64
+    }
+
     /// Hides the literals of the statements its waits' holders ran, which the server gave as they were.
     pub fn hide_holders_literals(&mut self) {
         for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
