@@ -13,7 +13,7 @@
   const PALETTE = [
     '#2ca02c', '#98df8a', '#d62728', '#ff9896', '#ff7f0e', '#ffbb78', '#e377c2', '#8c564b', '#843c39', '#d6616b',
     '#1f77b4', '#aec7e8', '#9467bd', '#c5b0d5', '#bcbd22', '#17becf', '#9edae5', '#c7c7c7', '#f7b6d2', '#7f7f7f',
-    '#393b79', '#5254a3', '#6b6ecf', '#9c9ede', '#e7ba52', '#b5cf6b', '#dddddd', '#b8c4d0',
+    '#393b79', '#5254a3', '#6b6ecf', '#9c9ede', '#e7ba52', '#bd9e39', '#8c6d31', '#b5cf6b', '#dddddd', '#b8c4d0',
   ];
   // The chart's size in its own units, and the plot's margins.
   const H = 280, LEFT = 46, RIGHT = 12, TOP = 12, BOTTOM = 26;

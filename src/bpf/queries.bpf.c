@@ -1437,6 +1437,32 @@ int BPF_KPROBE(on_wait_type, __u64 thd, __u64 type)
 	return 0;
 }
 
+/* A statement's internal temporary table gone to disk, and its sort's merge passes (a sort that outgrew its buffer):
+ * at the server's THD::inc_status_created_tmp_disk_tables() and THD::inc_status_sort_merge_passes(), which MariaDB
+ * and MySQL export and call just there. Each runs once per table or pass, never in a statement that spills nothing;
+ * attached for the whole trace. */
+SEC("uprobe")
+int BPF_KPROBE(on_tmp_disk_table)
+{
+	(void)ctx;
+	__u32 tid;
+	struct query_thread *st = current_state(&tid, false);
+	if (st && in_statement(st))
+		st->c.tmp_disk_tables++;
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_sort_merge_pass)
+{
+	(void)ctx;
+	__u32 tid;
+	struct query_thread *st = current_state(&tid, false);
+	if (st && in_statement(st))
+		st->c.sort_merge_passes++;
+	return 0;
+}
+
 /* The texts of statements prepared before tracing: at the server's Prepared_statement::execute, attached by
  * user space only while executions of a statement of unknown text come. `this` is the statement object, which
  * keeps the text it was prepared with; sent only for a thread the socket path (or dispatch_command) sees

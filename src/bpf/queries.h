@@ -89,7 +89,11 @@ struct query_counters {
 	 * its file (the descriptor is valid where the time is not 0). */
 	__u64 io_max_ns[IO_PARTS];
 	__s32 io_fd[IO_PARTS];
-	__u32 io_unused;
+	/* What the server's status counters Created_tmp_disk_tables and Sort_merge_passes count, for this statement
+	 * (on_tmp_disk_table, on_sort_merge_pass). */
+	__u32 tmp_disk_tables;
+	__u32 sort_merge_passes;
+	__u32 spills_unused;
 };
 
 /* Shares the ring buffer with the definitions of stacks (stack_event.h), whose first word, half a stack id, is

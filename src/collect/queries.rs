@@ -500,6 +500,38 @@ pub struct ServerProbes<'a> {
     pub tls: Option<TlsProbe<'a>>,
     pub execute: Option<ExecuteProbe<'a>>,
     pub wait_types: Option<WaitTypeProbe<'a>>,
+    pub spills: Option<SpillProbe<'a>>,
+}
+
+/// Where a statement's internal temporary table goes to disk, and each merge pass of a sort that outgrew its
+/// buffer (the server's `THD::inc_status_created_tmp_disk_tables` and `THD::inc_status_sort_merge_passes`):
+/// `Counters::tmp_disk_tables` and `sort_merge_passes`. Each runs only in a statement that spills; attached for the
+/// whole trace.
+pub struct SpillProbe<'a> {
+    pub binary: &'a Path,
+    pub tmp_disk_table: Option<Function>,
+    pub sort_merge_pass: Option<Function>,
+}
+
+impl SpillProbe<'_> {
+    /// Attaches those the server has; a failure is said, and leaves those statements named by their time alone.
+    fn attach(&self, progs: &skel::QueriesProgs, pid: u32) -> Vec<Link> {
+        let wanted = [
+            (&progs.on_tmp_disk_table, &self.tmp_disk_table),
+            (&progs.on_sort_merge_pass, &self.sort_merge_pass),
+        ];
+        let mut links = Vec::new();
+        for (prog, function) in wanted {
+            let Some(function) = function else { continue };
+            match attach_uprobe(prog, false, pid, self.binary, function) {
+                Ok(link) => links.push(link),
+                Err(e) => say!(
+                    "myprobe: warning: statements' temporary tables and sorts on disk are not counted: {e:#}"
+                ),
+            }
+        }
+        links
+    }
 }
 
 /// The server's calls of `thd_wait_begin` whose type is one of several (InnoDB's lock wait: a row or a table lock),
@@ -592,7 +624,7 @@ struct Statements<'a, A, F> {
     traced: u64,
     tracepoints: Tracepoints,
     dispatch_links: Vec<Link>,
-    /// The TLS probes and the wait types', for the whole trace (a sampled one's closed periods too): each attach
+    /// The TLS probes, the wait types' and the spills', for the whole trace (a sampled one's closed periods too): each attach
     /// costs the server a few milliseconds.
     tls_links: Vec<Link>,
     execute_link: ExecuteLink,
@@ -632,6 +664,9 @@ where
         let (pid, progs) = (opts.pid, &skel.progs);
         if let Some(w) = &self.probes.wait_types {
             self.tls_links = w.attach(&progs.on_wait_type, pid);
+        }
+        if let Some(s) = &self.probes.spills {
+            self.tls_links.extend(s.attach(progs, pid));
         }
         if let Some(t) = &self.probes.tls {
             let links = t.attach_said(progs, pid, &mut self.on_event);
@@ -818,6 +853,8 @@ fn configure(
     open.progs.on_dispatch_return.set_autoattach(false);
     open.progs.on_execute.set_autoattach(false);
     open.progs.on_wait_type.set_autoattach(false);
+    open.progs.on_tmp_disk_table.set_autoattach(false);
+    open.progs.on_sort_merge_pass.set_autoattach(false);
     // Attached by TlsProbe::attach, to the server's binary.
     for prog in [
         &mut open.progs.on_tls_read,

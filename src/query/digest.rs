@@ -29,6 +29,60 @@ struct Entry {
     lock_symbols: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_sites: HashMap<String, u64, foldhash::fast::RandomState>,
     lock_errors: Vec<LockError>,
+    spills: Spills,
+}
+
+/// What a fingerprint's statements spilled to disk (`QueryRecord::tmp_disk_tables`, `sort_merge_passes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Spills {
+    /// The statements that spilled.
+    pub statements: u64,
+    pub tmp_disk_tables: u64,
+    pub sort_merge_passes: u64,
+}
+
+impl Spills {
+    fn is_none(&self) -> bool {
+        self.statements == 0
+    }
+
+    fn add(&mut self, r: &QueryRecord) {
+        if r.spill().is_some() {
+            self.statements += 1;
+            self.tmp_disk_tables += u64::from(r.tmp_disk_tables);
+            self.sort_merge_passes += u64::from(r.sort_merge_passes);
+        }
+    }
+
+    /// `3 of its 10 executions spilled to disk (3 temporary tables on disk, 12 sort merge passes)`, or nothing.
+    pub fn words(&self, count: u64) -> Option<String> {
+        if self.statements == 0 {
+            return None;
+        }
+        let counted = |n: u64, one: &str, many: &str| {
+            (n > 0).then(|| format!("{n} {}", if n == 1 { one } else { many }))
+        };
+        let what: Vec<String> = [
+            counted(
+                self.tmp_disk_tables,
+                "temporary table on disk",
+                "temporary tables on disk",
+            ),
+            counted(
+                self.sort_merge_passes,
+                "sort merge pass",
+                "sort merge passes",
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Some(format!(
+            "{} of its {count} executions spilled to disk ({})",
+            self.statements,
+            what.join(", ")
+        ))
+    }
 }
 
 /// Statements of a fingerprint that ended in a deadlock or a lock wait timeout, on one lock, with one other side.
@@ -132,6 +186,7 @@ impl Entry {
             lock_symbols: HashMap::default(),
             lock_sites: HashMap::default(),
             lock_errors: Vec::new(),
+            spills: Spills::default(),
         }
     }
 }
@@ -170,6 +225,9 @@ pub struct DigestRow {
     /// Its deadlocks and lock wait timeouts, by lock and other side, the most first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lock_errors: Vec<LockError>,
+    /// Its statements' temporary tables and sorts on disk.
+    #[serde(skip_serializing_if = "Spills::is_none")]
+    pub spills: Spills,
     /// Counts and times scaled up by this from a sample (`queries --sample-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scaled_by: Option<f64>,
@@ -189,6 +247,14 @@ impl DigestRow {
         }
         for e in &mut self.lock_errors {
             e.count = scaled(e.count);
+        }
+        let spills = &mut self.spills;
+        for n in [
+            &mut spills.statements,
+            &mut spills.tmp_disk_tables,
+            &mut spills.sort_merge_passes,
+        ] {
+            *n = scaled(*n);
         }
         self.scaled_by = Some(by);
     }
@@ -316,6 +382,7 @@ impl Digest {
         if let Some(error) = LockError::of(r) {
             LockError::add_to(error, &mut e.lock_errors);
         }
+        e.spills.add(r);
         e.latency_us.saturating_record(r.duration_us.max(1));
         e.total_us = e.total_us.saturating_add(r.duration_us);
         for (sum, v) in e.parts_us.iter_mut().zip(r.time.values()) {
@@ -386,6 +453,7 @@ impl Digest {
                         errors.sort_by(|a, b| b.count.cmp(&a.count).then(a.cause.cmp(&b.cause)));
                         errors
                     },
+                    spills: e.spills,
                     scaled_by: None,
                 }
             })

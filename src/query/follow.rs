@@ -267,6 +267,10 @@ pub struct ServerFunctions {
     execute: Option<probes::Function>,
     /// `vio_ssl_read` and `vio_ssl_write`: TLS connections' plaintext.
     tls: Option<(probes::Function, probes::Function)>,
+    /// `THD::inc_status_created_tmp_disk_tables` and `THD::inc_status_sort_merge_passes`: temporary tables and sorts
+    /// on disk, by statement.
+    tmp_disk_table: Option<probes::Function>,
+    sort_merge_pass: Option<probes::Function>,
 }
 
 /// The functions of `target`'s server that following its statements probes; with `uprobes` (`--uprobes`), an
@@ -275,16 +279,19 @@ pub struct ServerFunctions {
 pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunctions> {
     let server = target.flavor.server();
     let expected = server.dispatch();
-    let [dispatch, execute, tls_read, tls_write] = <[_; 4]>::try_from(probes::find_functions(
-        &target.binary,
-        &[
-            probes::Wanted::Prefix("dispatch_command("),
-            probes::Wanted::Prefix(server.statement_execute()),
-            probes::Wanted::Named("vio_ssl_read"),
-            probes::Wanted::Named("vio_ssl_write"),
-        ],
-    )?)
-    .map_err(|_| anyhow::anyhow!("four functions looked for"))?;
+    let [dispatch, execute, tls_read, tls_write, tmp_disk_table, sort_merge_pass] =
+        <[_; 6]>::try_from(probes::find_functions(
+            &target.binary,
+            &[
+                probes::Wanted::Prefix("dispatch_command("),
+                probes::Wanted::Prefix(server.statement_execute()),
+                probes::Wanted::Named("vio_ssl_read"),
+                probes::Wanted::Named("vio_ssl_write"),
+                probes::Wanted::Prefix("THD::inc_status_created_tmp_disk_tables("),
+                probes::Wanted::Prefix("THD::inc_status_sort_merge_passes("),
+            ],
+        )?)
+        .map_err(|_| anyhow::anyhow!("six functions looked for"))?;
     let dispatch = match dispatch {
         Some(f) if !f.demangled.starts_with(expected.signature) => {
             let why = format!(
@@ -320,6 +327,8 @@ pub fn server_functions(uprobes: bool, target: &Target) -> Result<ServerFunction
         dispatch,
         execute,
         tls: tls_read.zip(tls_write),
+        tmp_disk_table,
+        sort_merge_pass,
     })
 }
 
@@ -350,7 +359,8 @@ pub struct DispatchFunction {
 }
 
 /// The uprobes following statements places on the server: the TLS fallback's, TLS's plaintext, executions of
-/// statements prepared before tracing, and the wait types of InnoDB's lock waits (with `wait_sites`).
+/// statements prepared before tracing, the wait types of InnoDB's lock waits (with `wait_sites`), and temporary
+/// tables and sorts on disk.
 fn server_probes<'a>(
     target: &'a Target,
     functions: &'a ServerFunctions,
@@ -384,6 +394,11 @@ fn server_probes<'a>(
                 .filter(|c| c.values.len() > 1)
                 .map(|c| c.file_offset)
                 .collect(),
+        }),
+        spills: Some(collect::queries::SpillProbe {
+            binary: &target.binary,
+            tmp_disk_table: functions.tmp_disk_table.clone(),
+            sort_merge_pass: functions.sort_merge_pass.clone(),
         }),
     }
 }

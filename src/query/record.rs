@@ -50,6 +50,12 @@ pub struct QueryRecord {
     pub syncs: u64,
     pub net_bytes: u64,
     pub syscalls: u64,
+    /// Its internal temporary tables that went to disk, and its sorts' merge passes (what the server's
+    /// `Created_tmp_disk_tables` and `Sort_merge_passes` count, for this statement).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tmp_disk_tables: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sort_merge_passes: u32,
     pub error: Option<u16>,
     /// The request was longer than what the tracer keeps: `query` is its beginning.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -297,12 +303,52 @@ impl QueryRecord {
         }
     }
 
-    /// Its time by cause, adding up to its duration: on a CPU, its waits by what they waited for (the lock waits
-    /// as [`QueryRecord::waits`] names them), its I/O, the client, and the time not seen.
+    /// What it spilled to disk, where it did: an internal temporary table (the time on a CPU of a statement that
+    /// works on one is that table's), else a sort.
+    pub fn spill(&self) -> Option<Cause> {
+        if self.tmp_disk_tables > 0 {
+            Some(Cause::TempTableOnDisk)
+        } else if self.sort_merge_passes > 0 {
+            Some(Cause::SortOnDisk)
+        } else {
+            None
+        }
+    }
+
+    /// What it spilled, counted: `1 temporary table on disk, 3 sort merge passes`.
+    pub fn spilled(&self) -> Option<String> {
+        let counted = |n: u32, one: &str, many: &str| {
+            (n > 0).then(|| format!("{n} {}", if n == 1 { one } else { many }))
+        };
+        let parts: Vec<String> = [
+            counted(
+                self.tmp_disk_tables,
+                "temporary table on disk",
+                "temporary tables on disk",
+            ),
+            counted(
+                self.sort_merge_passes,
+                "sort merge pass",
+                "sort merge passes",
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
+    /// Its time by cause, adding up to its duration: on a CPU (a statement's that spilled to disk, the spill's),
+    /// its waits by what they waited for (the lock waits as [`QueryRecord::waits`] names them), its I/O (its
+    /// temporary files', the spill's), the client, and the time not seen.
     pub fn by_cause(&self) -> Vec<(Cause, u64)> {
         let t = &self.time;
+        let spill = self.spill();
         let mut out = vec![
-            (Cause::Cpu, t.user_us.saturating_add(t.sys_us)),
+            (
+                spill.unwrap_or(Cause::Cpu),
+                t.user_us.saturating_add(t.sys_us),
+            ),
             (Cause::RunQueue, t.runq_us),
         ];
         let mut waited = 0u64;
@@ -321,9 +367,13 @@ impl QueryRecord {
         }
         // The same cause in a lock wait and in I/O (the redo log: a follower's wait, a leader's sync) is one.
         for w in &self.io {
-            match out.iter_mut().find(|(c, _)| *c == w.cause) {
+            let cause = match spill {
+                Some(spill) if w.cause == Cause::TempFile => spill,
+                _ => w.cause,
+            };
+            match out.iter_mut().find(|(c, _)| *c == cause) {
                 Some((_, us)) => *us = us.saturating_add(w.us),
-                None => out.push((w.cause, w.us)),
+                None => out.push((cause, w.us)),
             }
         }
         out.extend([
@@ -436,6 +486,10 @@ pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u
 
 /// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.
 pub type StatementKey = (i32, u32);
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
 
 /// What stands for the socket of a statement seen at dispatch_command (TLS), for its prepared statements' keys:
 /// its thread, below every socket and the -1 of no socket.

@@ -507,6 +507,8 @@ impl Tracker {
             syncs: c.syncs,
             net_bytes: c.net_bytes,
             syscalls: c.syscalls,
+            tmp_disk_tables: c.tmp_disk_tables,
+            sort_merge_passes: c.sort_merge_passes,
             error,
             truncated,
             in_flight: s.in_flight,

@@ -73,6 +73,16 @@ pub fn line(r: &QueryRecord) -> String {
     {
         let _ = write!(out, "  ({})", terminal_safe(&w.phrase()));
     }
+    if let Some(spilled) = r.spilled() {
+        match r.cause.filter(|c| Some(*c) == r.spill()) {
+            Some(c) => {
+                let _ = write!(out, "  ({}: {spilled})", c.phrase());
+            }
+            None => {
+                let _ = write!(out, "  ({spilled})");
+            }
+        }
+    }
     // A sleep's wait is no lock's.
     if let Some(sym) = r.lock_symbol.as_ref().filter(|_| r.time.lock_us > 0) {
         let _ = write!(
@@ -197,6 +207,9 @@ pub fn why(r: &DigestRow) -> String {
     for e in r.lock_errors.iter().take(2) {
         let _ = write!(s, "; {} {}", e.count, e.words());
     }
+    if let Some(spills) = r.spills.words(r.count) {
+        let _ = write!(s, "; {spills}");
+    }
     s
 }
 
@@ -250,6 +263,7 @@ mod tests {
             top_lock_site: None,
             causes: Vec::new(),
             lock_errors: Vec::new(),
+            spills: Default::default(),
             scaled_by: None,
         };
         let table = digest_table(&[row("SELECT ?", u64::MAX), row("COMMIT", 2)], 10);

@@ -55,6 +55,12 @@ pub enum Cause {
     FileSync,
     /// A temporary file: a sort's, an on-disk temporary table's, InnoDB's temporary tablespace.
     TempFile,
+    /// A statement whose internal temporary table went to disk (outgrew `tmp_table_size`): its time on a CPU and
+    /// in its temporary files.
+    TempTableOnDisk,
+    /// A statement whose sort outgrew `sort_buffer_size` and was merged from temporary files: its time on a CPU
+    /// and in those files.
+    SortOnDisk,
     /// The client's socket: a reply the client is slow to read, a request's data the client is slow to send.
     Client,
     /// Blocked in another syscall, or a page fault.
@@ -65,7 +71,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order of the enum.
-    pub const ALL: [Cause; 27] = [
+    pub const ALL: [Cause; 29] = [
         Cause::Cpu,
         Cause::RunQueue,
         Cause::RowLock,
@@ -90,6 +96,8 @@ impl Cause {
         Cause::FileWrite,
         Cause::FileSync,
         Cause::TempFile,
+        Cause::TempTableOnDisk,
+        Cause::SortOnDisk,
         Cause::Client,
         Cause::Other,
         Cause::Unseen,
@@ -122,6 +130,8 @@ impl Cause {
             Cause::FileWrite => "file write",
             Cause::FileSync => "file sync",
             Cause::TempFile => "temporary file",
+            Cause::TempTableOnDisk => "disk tmp table",
+            Cause::SortOnDisk => "sort on disk",
             Cause::Client => "client",
             Cause::Other => "other",
             Cause::Unseen => "before tracing",
@@ -155,6 +165,12 @@ impl Cause {
             Cause::FileWrite => "waits for file writes",
             Cause::FileSync => "waits for files to be synced",
             Cause::TempFile => "waits for temporary files (sorts, temporary tables)",
+            Cause::TempTableOnDisk => {
+                "works on a temporary table on disk (it outgrew tmp_table_size or max_heap_table_size)"
+            }
+            Cause::SortOnDisk => {
+                "sorts on disk (the sort outgrew sort_buffer_size and is merged from temporary files)"
+            }
             Cause::Client => "waits for the client",
             Cause::Other => "waits in other syscalls or page faults",
             Cause::Unseen => "was not seen (before tracing began, or within the statement before)",
@@ -206,6 +222,14 @@ pub const COMMON_ASKED: &[(&str, Cause)] = &[
     ("Item_func_sleep::val_int", Cause::Sleep),
     ("Item_func_get_lock::val_int", Cause::UserLock),
     ("Global_read_lock::lock_global_read_lock", Cause::GlobalLock),
+    // A wait while rows go into an internal temporary table, or while it is copied to disk: the on-disk table's (an
+    // in-memory one takes no lock of its own to write).
+    ("handler::ha_write_tmp_row", Cause::TempTableOnDisk),
+    (
+        "create_internal_tmp_table_from_heap",
+        Cause::TempTableOnDisk,
+    ),
+    ("create_ondisk_from_heap", Cause::TempTableOnDisk),
 ];
 
 /// The same, by the innermost frame (`WaitCauses::around`).

@@ -27,6 +27,7 @@ mod programs;
 mod queries;
 mod report;
 mod servers;
+mod spills;
 mod stacks;
 mod stat;
 mod syscalls;
