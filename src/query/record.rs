@@ -740,6 +740,48 @@ mod tests {
     }
 
     #[test]
+    fn a_spilling_statement_s_cpu_and_temporary_files_are_its_spill_s() {
+        let mut r = QueryRecord {
+            time: TimeParts {
+                user_us: 700,
+                sys_us: 100,
+                runq_us: 50,
+                write_us: 150,
+                ..TimeParts::default()
+            },
+            io: vec![CauseWait {
+                cause: Cause::TempFile,
+                us: 150,
+                site: None,
+                object: Some("#sql-1_2.MAD".into()),
+                holder: None,
+            }],
+            ..QueryRecord::default()
+        };
+        assert_eq!(
+            r.by_cause(),
+            [
+                (Cause::Cpu, 800),
+                (Cause::RunQueue, 50),
+                (Cause::TempFile, 150)
+            ]
+        );
+        assert_eq!(r.spilled(), None);
+        (r.tmp_disk_tables, r.sort_merge_passes) = (1, 3);
+        assert_eq!(
+            r.by_cause(),
+            [(Cause::TempTableOnDisk, 950), (Cause::RunQueue, 50)]
+        );
+        assert_eq!(
+            r.spilled().as_deref(),
+            Some("1 temporary table on disk, 3 sort merge passes")
+        );
+        r.tmp_disk_tables = 0;
+        assert_eq!(r.by_cause()[0], (Cause::SortOnDisk, 950));
+        assert_eq!(r.spilled().as_deref(), Some("3 sort merge passes"));
+    }
+
+    #[test]
     fn timestamps() {
         assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
         // The second's prefix is reused within the second, never across.
