@@ -932,6 +932,7 @@ mod tests {
                     queued_behind: None,
                     ran: Vec::new(),
                     ran_not_seen: false,
+                    released: false,
                     seen_at_ns: 0,
                 }),
             }];

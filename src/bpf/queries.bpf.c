@@ -128,6 +128,8 @@ struct query_thread {
 	__u64 lock_block_stack; /* and its stack's id */
 	__u64 lock_before;      /* the lock part when it blocked */
 	__u32 wait_hint;        /* the type of the last ambiguous thd_wait_begin call in the statement (on_wait_type) */
+	__u32 woken_by;         /* the server's thread that woke the futex wait in progress (on_waking; 0: none) */
+	__u64 woken_at;         /* and when (CLOCK_MONOTONIC) */
 	__u64 call_sk;          /* the socket of the call being handled, when the tracepoint names it (else 0) */
 	__u64 statement_sk;     /* the call_sk the statement's request came on (its reply's sends are on it) */
 	__u64 ignored_ino;      /* the inode of the socket of the connection not followed, when known */
@@ -348,7 +350,8 @@ static __always_inline enum time_part on_cpu_part(struct task_struct *task)
 
 /* A futex wait of `ns` in the lock part at stack `stack`: to its slot, or the first free one (none: the part's
  * remainder). */
-static __always_inline void add_wait(struct query_counters *c, __u64 stack, __u32 hint, __u64 ns)
+static __always_inline void add_wait(struct query_counters *c, __u64 stack, __u32 hint, __u64 ns, __u32 waker,
+				     __u64 woken_at)
 {
 	if (!stack)
 		return;
@@ -363,6 +366,10 @@ static __always_inline void add_wait(struct query_counters *c, __u64 stack, __u3
 		}
 		w->ns += ns;
 		w->waits++;
+		if (waker) {
+			w->waker = waker;
+			w->woken_ns = woken_at;
+		}
 		return;
 	}
 }
@@ -525,7 +532,8 @@ static __always_inline void lock_wait_ended(struct query_thread *st, __u64 now)
 		c->lock_addr = st->lock_block_addr;
 		c->lock_stack = st->lock_block_stack;
 	}
-	add_wait(c, st->lock_block_stack, st->wait_hint, c->part_ns[PART_LOCK] - st->lock_before);
+	add_wait(c, st->lock_block_stack, st->wait_hint, c->part_ns[PART_LOCK] - st->lock_before, st->woken_by,
+		 st->woken_at);
 }
 
 static __always_inline void reply_ended(struct query_thread *st, __u64 now)
@@ -1555,6 +1563,7 @@ SCHED_SWITCH_PROG(on_switch)
 						st->lock_block_ts = now;
 						st->lock_block_addr = arg0;
 						st->lock_block_stack = wait_sites ? stack_id_of_call(ctx, false) : 0;
+						st->woken_by = 0;
 					}
 					if (part == PART_SYNC)
 						st->c.syncs++;
@@ -1611,6 +1620,28 @@ int BPF_PROG(on_wakeup, struct task_struct *p)
 		io_unblocked(st, now);
 		charge(st, now, PART_RUNQ);
 		st->place = PLACE_RUNQ;
+	}
+	return 0;
+}
+
+/* Who woke a statement's futex wait: where another of the server's threads did (a lock's release grants it to the
+ * waiter and wakes it: InnoDB's lock_grant, the metadata lock's release), that thread let the wait go, and its
+ * connection held what was waited for. Run at every wakeup of the host (in the waker's context), turned away by
+ * the woken thread's tgid first; attached only with wait_sites. */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_waking, struct task_struct *p)
+{
+	(void)ctx;
+	if (!task_is_target(p))
+		return 0;
+	__u64 waker = bpf_get_current_pid_tgid();
+	if (!tgid_is_target(waker >> 32) || (__u32)waker == (__u32)p->pid)
+		return 0;
+	struct query_thread *st = thread_state(p, false);
+	if (st && st->lock_block_ts && st->place == PLACE_BLOCKED) {
+		st->woken_by = (__u32)waker;
+		/* While the releaser is still in the statement that let it go (its COMMIT): what it ran before. */
+		st->woken_at = bpf_ktime_get_ns();
 	}
 	return 0;
 }
@@ -1707,6 +1738,7 @@ int start_statements(struct bpf_iter__task *ctx)
 			st->lock_block_ts = now;
 			st->lock_block_addr = arg0;
 			st->lock_block_stack = s->wait_stack;
+			st->woken_by = 0;
 			st->lock_before = 0;
 		}
 	}

@@ -68,6 +68,9 @@ struct wait_slot {
 	__u64 ns;
 	__u32 hint;     /* the type its thread's last ambiguous thd_wait_begin call announced (0: none) */
 	__u32 waits;
+	__u32 waker;    /* the server's thread that woke its last wait (0: none seen): a lock's releaser */
+	__u32 waker_unused;
+	__u64 woken_ns; /* when it was woken (CLOCK_MONOTONIC) */
 };
 
 struct query_counters {

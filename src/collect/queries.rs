@@ -839,6 +839,8 @@ fn configure(
     let runq_from_sched_info = opts.features().sched_info;
     rodata.runq_from_sched_info = runq_from_sched_info;
     open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
+    // Who let a lock wait go: one program at every wakeup of the host, for the waits' holders.
+    open.progs.on_waking.set_autoload(wait_sites);
     if let Some(d) = dispatch {
         rodata.dispatch_abi = match d.args {
             crate::server::DispatchArgs::Packet => dispatch_abi::DISPATCH_MARIADB,

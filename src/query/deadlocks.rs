@@ -116,6 +116,7 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
         queued_behind: None,
         ran: Vec::new(),
         ran_not_seen: false,
+        released: false,
         // Waiting still when this statement was rolled back: what it ran up to then.
         seen_at_ns: ended,
     });
@@ -551,6 +552,7 @@ TABLE LOCK table `dl`.`t` trx id 1582 lock mode AUTO-INC waiting
             queued_behind: None,
             ran: Vec::new(),
             ran_not_seen: false,
+            released: false,
             seen_at_ns: 0,
         });
         name(&mut r, Some(&d));

@@ -29,6 +29,7 @@ use crate::{
         reader::OwnConnections,
         recent::Recent,
         record::{Learned, QueryRecord, Text},
+        released::Releasers,
         started::Started,
         texts::PreparedTexts,
         tracker::{Notice, Tracker, UNKNOWN_PREPARED},
@@ -471,6 +472,7 @@ pub fn follow(
             Holders::start(c, target.pid, &target.binary, &own)
         }),
         deadlocks: Deadlocks::new(target.pid),
+        releasers: Releasers::default(),
         raw_sql: a.raw_sql,
         locks: DataSymbolizer::new(target.pid).context("reading the server's memory map")?,
         sink: Sink {
@@ -555,6 +557,8 @@ struct Stages<'a, E, L> {
     holders: Option<Holders>,
     /// The other side of each deadlock, read from the server's memory.
     deadlocks: Deadlocks,
+    /// Who let the other lock waits go, by their threads' connections.
+    releasers: Releasers,
     /// Texts are shown with their literals.
     raw_sql: bool,
     locks: DataSymbolizer,
@@ -757,6 +761,12 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             holders.name(&mut record);
         }
         self.deadlocks.name(&mut record);
+        // Waits the server did not list (most: short ones) by who let them go.
+        if record.wakers.iter().any(|(c, ..)| c.has_holder()) {
+            self.sink.keep_ran();
+            self.releasers.name(&mut record, &self.sink.recent);
+        }
+        self.releasers.see(&record);
         if !self.raw_sql {
             record.hide_holders_literals();
         }

@@ -331,6 +331,7 @@ fn holder_of(s: &Session, now_us: u64) -> Holder {
         queued_behind: None,
         ran: Vec::new(),
         ran_not_seen: false,
+        released: false,
         seen_at_ns: 0,
     }
 }
@@ -412,6 +413,7 @@ fn parse(row: Vec<Option<String>>, at_ns: u64) -> Option<(u64, Listed)> {
                 queued_behind: None,
                 ran: Vec::new(),
                 ran_not_seen: false,
+                released: false,
                 seen_at_ns: 0,
             },
             at_ns,

@@ -2,7 +2,7 @@
 //! connections (id, user, database, prepared statements), with literals hidden unless asked for. The files stand
 //! in layers, each importing only those below it: the record model (record.rs) → the tracker and the text finder
 //! (tracker.rs, finder.rs) → the stages and the readers of the server (texts.rs, holders.rs, deadlocks.rs,
-//! started.rs, …) → the pipeline that runs them (follow.rs).
+//! released.rs, started.rs, …) → the pipeline that runs them (follow.rs).
 
 pub mod deadlocks;
 pub mod digest;
@@ -14,6 +14,7 @@ pub mod holders;
 pub mod reader;
 pub mod recent;
 pub mod record;
+pub mod released;
 pub mod started;
 pub mod text_reader;
 pub mod texts;

@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Mutex};
 // Keyed by connection ids, which no client chooses: hashed the fast way.
 use rustc_hash::FxHashMap as HashMap;
 
-use super::record::{format_ts, QueryRecord, Ran, Text};
+use super::record::{QueryRecord, Ran, Text};
 use crate::wire::fingerprint;
 
 /// The statements each connection ran lately, each with when it ended (ns since the epoch).
@@ -82,6 +82,17 @@ impl Recent {
         ran
     }
 
+    /// What `conn`'s open transaction had run by `until` (ns since the epoch), oldest first: from its last `BEGIN`,
+    /// where one is kept and no COMMIT or ROLLBACK came after it (else nothing: where it began is not known).
+    pub fn transaction_until(&self, conn: u64, until: i64) -> Vec<(i64, Text)> {
+        let ran = self.between(conn, None, until);
+        let begun = ran.first().is_some_and(|(_, t)| begins_transaction(t));
+        if !begun || ran.iter().skip(1).any(|(_, t)| ends_transaction(t)) {
+            return Vec::new();
+        }
+        ran
+    }
+
     /// [`Recent::of`]'s texts.
     pub fn texts_of(&self, conn: u64, since: Option<i64>) -> Vec<String> {
         self.of(conn, since)
@@ -110,12 +121,7 @@ impl Recent {
                 .between(h.conn, since, until)
                 .into_iter()
                 .rev()
-                .map(|(at, text)| Ran {
-                    ended: format_ts(i128::from(at))
-                        .get(..19)
-                        .map_or_else(String::new, |t| format!("{t}Z")),
-                    statement: text.to_string(),
-                })
+                .map(|(at, text)| Ran::new(at, &text))
                 .collect();
             h.ran_not_seen = h.ran.is_empty() && h.command.as_deref() == Some("Sleep");
         }
@@ -146,6 +152,18 @@ fn begins_transaction(text: &str) -> bool {
     matches!(words.first().map(String::as_str), Some("BEGIN" | "BEGIN;"))
         || (words.first().map(String::as_str) == Some("START")
             && words.get(1).is_some_and(|w| w.starts_with("TRANSACTION")))
+}
+
+/// `COMMIT`, `ROLLBACK` (any case, not `ROLLBACK TO SAVEPOINT`).
+fn ends_transaction(text: &str) -> bool {
+    let mut words = text
+        .split_whitespace()
+        .map(|w| w.trim_end_matches(';').to_ascii_uppercase());
+    match words.next().as_deref() {
+        Some("COMMIT") => true,
+        Some("ROLLBACK") => words.next().as_deref() != Some("TO"),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +207,15 @@ mod tests {
                 (102 * SECOND_NS, "UPDATE t SET k = ? WHERE id = ?".into())
             ]
         );
+        // A releaser's open transaction by the time it let a wait go: from its BEGIN, if nothing ended it since.
+        assert_eq!(
+            recent.transaction_until(7, 103 * SECOND_NS),
+            recent.between(7, None, 103 * SECOND_NS)
+        );
+        assert!(recent.transaction_until(7, 100 * SECOND_NS).is_empty());
+        recent.add(7, "COMMIT", 105 * SECOND_NS);
+        assert!(recent.transaction_until(7, 106 * SECOND_NS).is_empty());
+        assert!(ends_transaction("rollback;") && !ends_transaction("ROLLBACK TO SAVEPOINT a"));
         assert!(begins_transaction("START TRANSACTION READ ONLY"));
         assert!(!begins_transaction("STARTLE"));
         assert!(recent.of(8, None).is_empty());

@@ -79,9 +79,13 @@ pub struct QueryRecord {
     /// The stack id of the longest lock wait (`collect::queries::Event::Stack`), 0 if none.
     #[serde(skip)]
     pub lock_stack: u64,
-    /// Its futex waits by stack: (stack id, the type its thread last announced, ns in the lock part, waits).
+    /// Its futex waits by stack.
     #[serde(skip)]
-    pub wait_slots: Vec<(u64, u32, u64, u64)>,
+    pub wait_slots: Vec<WaitSlot>,
+    /// Who woke the longest-waited stack of each cause's waits (`name_waits`): the server's thread and when
+    /// (CLOCK_MONOTONIC, ns), for a lock's releaser.
+    #[serde(skip)]
+    pub wakers: Vec<(Cause, u32, u64)>,
     /// The descriptor of each I/O part's (read, write, sync) longest blocked syscall, -1 for none.
     #[serde(skip)]
     pub io_fds: [i32; 3],
@@ -96,6 +100,21 @@ pub struct QueryRecord {
     pub start_ns: u64,
     #[serde(skip)]
     pub end_ns: u64,
+}
+
+/// A statement's futex waits at one stack (`query_counters.waits`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitSlot {
+    /// The stack's id (stack_ids.h).
+    pub stack: u64,
+    /// The type its thread last announced (`thd_wait_begin`).
+    pub hint: u32,
+    /// Its time in the lock part, and how many waits.
+    pub ns: u64,
+    pub waits: u64,
+    /// The server's thread that woke its last wait (0: none seen), and when (CLOCK_MONOTONIC, ns).
+    pub waker: u32,
+    pub woken_ns: u64,
 }
 
 /// A statement's time as parts that add up to its duration (the response-time profile of Method R), in
@@ -215,8 +234,19 @@ impl QueryRecord {
     pub fn name_waits(&mut self, named: impl Fn(u64, u32) -> Option<(Cause, Option<String>)>) {
         let mut waits: Vec<(CauseWait, u64)> = Vec::new();
         let mut sleeps = 0u64;
-        for &(stack, hint, ns, count) in &self.wait_slots {
-            let (cause, site) = named(stack, hint).unwrap_or((Cause::UnknownWait, None));
+        // Each cause's waker: its longest-waited stack's, (cause, ns, waker, woken).
+        let mut wakers: Vec<(Cause, u64, u32, u64)> = Vec::new();
+        for slot in &self.wait_slots {
+            let (stack, ns, count) = (slot.stack, slot.ns, slot.waits);
+            let (cause, site) = named(stack, slot.hint).unwrap_or((Cause::UnknownWait, None));
+            if slot.waker != 0 {
+                let woke = (cause, ns, slot.waker, slot.woken_ns);
+                match wakers.iter_mut().find(|w| w.0 == cause) {
+                    Some(w) if w.1 < ns => *w = woke,
+                    Some(_) => {}
+                    None => wakers.push(woke),
+                }
+            }
             if cause == Cause::Sleep {
                 // Not a lock wait: neither counted as one nor its longest.
                 sleeps += count;
@@ -282,6 +312,7 @@ impl QueryRecord {
         }
         waits.sort_by(|a, b| b.us.cmp(&a.us).then(a.cause.cmp(&b.cause)));
         self.waits = waits;
+        self.wakers = wakers.into_iter().map(|(c, _, t, at)| (c, t, at)).collect();
         // The time not seen is no cause: a statement that began before tracing is known by what it was seen doing.
         let causes = self.by_cause();
         let seen = causes.iter().filter(|(c, _)| *c != Cause::Unseen);
@@ -531,7 +562,7 @@ pub fn shown_text(text: String, raw_sql: bool) -> String {
 }
 
 /// The connection that holds what a statement waits for, as the server said while it waited.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Holder {
     /// The connection's id, user and host.
     pub conn: u64,
@@ -561,6 +592,10 @@ pub struct Holder {
     /// not sampled).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ran_not_seen: bool,
+    /// Known by having let the wait go (its thread woke the waiter: `query::released`), not from the server's
+    /// tables: what it ran then is not known.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
     /// When it was seen holding the lock (ns since the epoch; 0: unknown): what it ran after (its COMMIT, which
     /// let the waiter go) is not what the waiter waited behind.
     #[serde(skip)]
@@ -577,6 +612,18 @@ pub struct Ran {
     /// RFC 3339, to the second, UTC.
     pub ended: String,
     pub statement: String,
+}
+
+impl Ran {
+    /// `statement`, which ended at `at_ns` (ns since the epoch).
+    pub fn new(at_ns: i64, statement: &str) -> Ran {
+        Ran {
+            ended: format_ts(i128::from(at_ns))
+                .get(..19)
+                .map_or_else(String::new, |t| format!("{t}Z")),
+            statement: statement.to_string(),
+        }
+    }
 }
 
 impl Holder {
@@ -602,6 +649,7 @@ impl Holder {
                     shown_text(statement.clone(), false)
                 )
             }
+            _ if self.released => format!("{who}, which let it go"),
             _ => who,
         };
         let held = match self.queued_behind {

@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use super::record::{
     dispatch_fd, realtime_offset_ns, shown_text, Learned, QueryRecord, StatementKey, Text,
-    TimeParts, Timestamp,
+    TimeParts, Timestamp, WaitSlot,
 };
 use crate::collect::queries::{Counters, RawStatement, Wire};
 use crate::wire::{
@@ -522,9 +522,17 @@ impl Tracker {
                 .waits
                 .iter()
                 .filter(|w| w.stack != 0 && w.ns > 0)
-                .map(|w| (w.stack, w.hint, w.ns, u64::from(w.waits)))
+                .map(|w| WaitSlot {
+                    stack: w.stack,
+                    hint: w.hint,
+                    ns: w.ns,
+                    waits: u64::from(w.waits),
+                    waker: w.waker,
+                    woken_ns: w.woken_ns,
+                })
                 .collect(),
             cause: None,
+            wakers: Vec::new(),
             waits: Vec::new(),
             io: Vec::new(),
             io_fds: std::array::from_fn(|i| if c.io_max_ns[i] > 0 { c.io_fd[i] } else { -1 }),

@@ -562,6 +562,7 @@ mod tests {
             queued_behind: None,
             ran: Vec::new(),
             ran_not_seen: false,
+            released: false,
             seen_at_ns: 0,
         };
         let mut digest = Digest::default();
@@ -620,6 +621,7 @@ mod tests {
             queued_behind: None,
             ran: Vec::new(),
             ran_not_seen: false,
+            released: false,
             seen_at_ns: 0,
         };
         let mut digest = Digest::default();

@@ -318,3 +318,100 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
         );
     });
 }
+
+#[test]
+fn a_hot_row_s_short_waits_are_named_with_the_holder_that_let_them_go_on_every_server() {
+    // The report traces the whole server: another test's statements could be its first finding.
+    servers_alone();
+    on_every_server_at_once(|kind, db| {
+        db.sql(
+            "CREATE DATABASE IF NOT EXISTS lock_errors; \
+             CREATE TABLE IF NOT EXISTS lock_errors.hot (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
+             REPLACE INTO lock_errors.hot VALUES (1, 0)",
+        );
+        let pid = db.pid.to_string();
+        let tracer = every_statement(db);
+        let dir = tempdir("hot");
+        let page = dir.join("report.html");
+        let page_arg = page.to_str().unwrap();
+        let report = Background::start(
+            &["report", "-p", &pid, "-d", "3", "-o", page_arg],
+            "Ctrl-C ends early",
+        );
+        // Three clients take the row in turn, each holding it 20 ms: each waits 20 to 40 ms for the others.
+        let clients: Vec<u64> = std::thread::scope(|s| {
+            let each: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut c = db.session();
+                        let id = c.connection_id();
+                        for _ in 0..40 {
+                            c.exec(
+                                "BEGIN; UPDATE lock_errors.hot SET v = v + 1 WHERE id = 1; \
+                                 SELECT SLEEP(0.02); COMMIT",
+                            );
+                        }
+                        id
+                    })
+                })
+                .collect();
+            each.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        report.wait();
+        let (out, err) = tracer.stop();
+        let waited: Vec<Value> = json_lines(&out)
+            .into_iter()
+            .filter(|r| {
+                r["query"] == "UPDATE lock_errors.hot SET v = v + ? WHERE id = ?"
+                    && r["cause"] == "row lock"
+            })
+            .collect();
+        assert!(
+            waited.len() >= 20,
+            "{kind}: {} row lock waits:\n{err}",
+            waited.len()
+        );
+        let mut named = 0;
+        for r in &waited {
+            let h = &r["waits"][0]["holder"];
+            let Some(holder) = h["conn"].as_u64() else {
+                continue;
+            };
+            named += 1;
+            assert!(
+                clients.contains(&holder) && r["conn"] != holder,
+                "{kind}: {clients:?}: {r}"
+            );
+            assert_eq!(h["released"], true, "{kind}: {r}");
+            let ran: Vec<&str> = h["ran"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
+                .iter()
+                .map(|s| s["statement"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                ran,
+                [
+                    "SELECT SLEEP(?)",
+                    "UPDATE lock_errors.hot SET v = v + ? WHERE id = ?",
+                    "BEGIN"
+                ],
+                "{kind}: {r}"
+            );
+        }
+        // Every wait's holder is its releaser's, but for one whose releaser's thread had run no statement yet.
+        assert!(
+            named * 10 >= waited.len() * 9,
+            "{kind}: {named} of {} waits named",
+            waited.len()
+        );
+        let findings = report_findings(kind, &page);
+        assert!(
+            findings[0].contains("waits for a row lock held by connection ")
+                && findings[0].contains(
+                    ", which let it go; its transaction ran, newest first: SELECT SLEEP(?) (ended "
+                ),
+            "{kind}: the first finding does not name the holder and what it ran: {findings:#?}"
+        );
+    });
+}
