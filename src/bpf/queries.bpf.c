@@ -1627,22 +1627,29 @@ int BPF_PROG(on_wakeup, struct task_struct *p)
 /* Who woke a statement's futex wait: where another of the server's threads did (a lock's release grants it to the
  * waiter and wakes it: InnoDB's lock_grant, the metadata lock's release), that thread let the wait go, and its
  * connection held what was waited for. Run at every wakeup of the host (in the waker's context), turned away by
- * the woken thread's tgid first; attached only with wait_sites. */
+ * the woken thread's tgid first; attached by user space only while statements wait for locks (with wait_sites). */
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_waking, struct task_struct *p)
 {
 	(void)ctx;
 	if (!task_is_target(p))
 		return 0;
-	__u64 waker = bpf_get_current_pid_tgid();
-	if (!tgid_is_target(waker >> 32) || (__u32)waker == (__u32)p->pid)
+	__u32 tid;
+	struct task_struct *waker = current_target(&tid);
+	if (!waker || tid == (__u32)p->pid)
 		return 0;
 	struct query_thread *st = thread_state(p, false);
-	if (st && st->lock_block_ts && st->place == PLACE_BLOCKED) {
-		st->woken_by = (__u32)waker;
-		/* While the releaser is still in the statement that let it go (its COMMIT): what it ran before. */
-		st->woken_at = bpf_ktime_get_ns();
-	}
+	if (!st || !st->lock_block_ts || st->place != PLACE_BLOCKED)
+		return 0;
+	/* Woken by a futex call on its word (a release), not by an interrupt that came upon a thread of the server (a
+	 * timed wait's end). */
+	enum syscall_class cls;
+	__u64 word = 0, op;
+	if (!in_syscall(waker, &cls, &word, &op) || cls != SYSCALL_FUTEX || word != st->lock_block_addr)
+		return 0;
+	st->woken_by = tid;
+	/* While the releaser is still in the statement that let it go (its COMMIT): what it ran before. */
+	st->woken_at = bpf_ktime_get_ns();
 	return 0;
 }
 

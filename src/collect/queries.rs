@@ -457,12 +457,23 @@ pub struct Control {
     execute: Cell<ExecuteWish>,
     /// Futex waits of statements longer than this are looked for once a second (`Event::LongWaits`); 0: none.
     long_wait_ns: Cell<u64>,
+    /// Until when who wakes the statements' lock waits is followed (`on_waking`).
+    wakers_until: Cell<Option<Instant>>,
 }
+
+/// How long who wakes lock waits is followed after the last lock wait with a holder: a program at every wakeup of
+/// the host, attached only while locks are waited for.
+const WAKERS_LINGER: Duration = Duration::from_secs(60);
 
 impl Control {
     /// Statements' futex waits longer than `ns` are reported once a second, while they last.
     pub fn want_long_waits(&self, ns: u64) {
         self.long_wait_ns.set(ns);
+    }
+
+    /// A statement waited for a lock another connection holds: who wakes such waits is followed for a while.
+    pub fn want_wakers(&self) {
+        self.wakers_until.set(Some(Instant::now() + WAKERS_LINGER));
     }
 
     /// The TLS fallback's uprobes are wanted from now on.
@@ -604,8 +615,9 @@ pub fn collect(
             cycle: opts.duty.as_ref().map_or(1, |d| d.every),
         },
         dispatch_links: Vec::new(),
-        tls_links: Vec::new(),
+        whole_trace_links: Vec::new(),
         execute_link: ExecuteLink::default(),
+        waking_link: statements.wait_sites.then_some(None),
         lost_said: Lost::default(),
         long_waits_read: Instant::now(),
     };
@@ -624,10 +636,12 @@ struct Statements<'a, A, F> {
     traced: u64,
     tracepoints: Tracepoints,
     dispatch_links: Vec<Link>,
-    /// The TLS probes, the wait types' and the spills', for the whole trace (a sampled one's closed periods too): each attach
-    /// costs the server a few milliseconds.
-    tls_links: Vec<Link>,
+    /// The TLS probes, the wait types' and the spills', for the whole trace (a sampled one's closed periods too):
+    /// each attach costs the server a few milliseconds.
+    whole_trace_links: Vec<Link>,
     execute_link: ExecuteLink,
+    /// `on_waking`, attached while `Control::want_wakers` asks (with wait sites); None once attaching it failed.
+    waking_link: Option<Option<Link>>,
     lost_said: Lost,
     long_waits_read: Instant,
 }
@@ -636,6 +650,25 @@ impl<A, F> Statements<'_, A, F>
 where
     F: FnMut(Event),
 {
+    /// Attaches `on_waking` while who wakes lock waits is wanted, detaches it once not; a failure is said once.
+    fn follow_wakers(&mut self, progs: &skel::QueriesProgs) {
+        let Some(link) = &mut self.waking_link else {
+            return;
+        };
+        let wanted = (self.control.wakers_until.get()).is_some_and(|t| Instant::now() < t);
+        match (link.is_some(), wanted) {
+            (false, true) => match progs.on_waking.attach() {
+                Ok(l) => *link = Some(l),
+                Err(e) => {
+                    say!("myprobe: warning: the holders of short lock waits are not named: {e:#}");
+                    self.waking_link = None;
+                }
+            },
+            (true, false) => *link = None,
+            _ => {}
+        }
+    }
+
     fn attach_dispatch(&mut self, progs: &skel::QueriesProgs, pid: u32) -> Result<()> {
         let wanted = self.control.dispatch_wanted.get();
         self.probes.dispatch.as_ref().map_or(Ok(()), |d| {
@@ -663,14 +696,14 @@ where
             .context("attaching to the socket and scheduler tracepoints")?;
         let (pid, progs) = (opts.pid, &skel.progs);
         if let Some(w) = &self.probes.wait_types {
-            self.tls_links = w.attach(&progs.on_wait_type, pid);
+            self.whole_trace_links = w.attach(&progs.on_wait_type, pid);
         }
         if let Some(s) = &self.probes.spills {
-            self.tls_links.extend(s.attach(progs, pid));
+            self.whole_trace_links.extend(s.attach(progs, pid));
         }
         if let Some(t) = &self.probes.tls {
             let links = t.attach_said(progs, pid, &mut self.on_event);
-            self.tls_links.extend(links);
+            self.whole_trace_links.extend(links);
         }
         self.attach_dispatch(progs, pid)?;
         let started = self.attached.take().map(|f| f()).unwrap_or_default();
@@ -714,6 +747,7 @@ where
         if let Some(bss) = step.skel.maps.bss_data.as_deref_mut() {
             bss.want_results = self.control.want_results.get();
         }
+        self.follow_wakers(&step.skel.progs);
         if !step.links.is_empty() {
             step.refresh_unwind()?;
         }
@@ -734,8 +768,9 @@ where
     /// the tracepoints last (the run's links), so that nothing is sent after the last read of the ring buffer and
     /// the threads' state is still when read.
     fn stop(&mut self) {
+        self.waking_link = None;
         self.dispatch_links.drain(..).for_each(drop);
-        self.tls_links.drain(..).rev().for_each(drop);
+        self.whole_trace_links.drain(..).rev().for_each(drop);
         self.execute_link = ExecuteLink::default();
     }
 
@@ -839,8 +874,10 @@ fn configure(
     let runq_from_sched_info = opts.features().sched_info;
     rodata.runq_from_sched_info = runq_from_sched_info;
     open.progs.on_wakeup.set_autoload(!runq_from_sched_info);
-    // Who let a lock wait go: one program at every wakeup of the host, for the waits' holders.
+    // Who let a lock wait go: one program at every wakeup of the host, attached while locks are waited for
+    // (`Control::want_wakers`).
     open.progs.on_waking.set_autoload(wait_sites);
+    open.progs.on_waking.set_autoattach(false);
     if let Some(d) = dispatch {
         rodata.dispatch_abi = match d.args {
             crate::server::DispatchArgs::Packet => dispatch_abi::DISPATCH_MARIADB,

@@ -757,6 +757,9 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
         record.name_io(|part, fd| files.cause(part, fd));
         let sites = &self.sites;
         record.name_waits(|stack, hint| Some((sites.cause_of(stack, hint)?, sites.of(stack))));
+        if record.waits.iter().any(|w| w.cause.has_holder()) {
+            self.control.want_wakers();
+        }
         if let Some(holders) = &mut self.holders {
             holders.name(&mut record);
         }
