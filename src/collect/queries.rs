@@ -461,9 +461,9 @@ pub struct Control {
     wakers_until: Cell<Option<Instant>>,
 }
 
-/// How long who wakes lock waits is followed after the last lock wait with a holder: a program at every wakeup of
-/// the host, attached only while locks are waited for.
-const WAKERS_LINGER: Duration = Duration::from_secs(60);
+/// How long who wakes lock waits is followed after the last lock wait of a millisecond or more with a holder: a
+/// program at every wakeup of the host, attached only while locks are waited for.
+const WAKERS_LINGER: Duration = Duration::from_secs(30);
 
 impl Control {
     /// Statements' futex waits longer than `ns` are reported once a second, while they last.
@@ -471,7 +471,7 @@ impl Control {
         self.long_wait_ns.set(ns);
     }
 
-    /// A statement waited for a lock another connection holds: who wakes such waits is followed for a while.
+    /// A statement waited long for a lock another connection holds: who wakes such waits is followed for a while.
     pub fn want_wakers(&self) {
         self.wakers_until.set(Some(Instant::now() + WAKERS_LINGER));
     }
