@@ -461,7 +461,7 @@ pub struct Control {
     wakers_until: Cell<Option<Instant>>,
 }
 
-/// How long who wakes lock waits is followed after the last lock wait of a millisecond or more with a holder: a
+/// How long who wakes lock waits is followed after the last lock wait of 10 ms or more with a holder: a
 /// program at every wakeup of the host, attached only while locks are waited for.
 const WAKERS_LINGER: Duration = Duration::from_secs(30);
 

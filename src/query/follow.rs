@@ -591,8 +591,9 @@ struct Sink<E> {
 }
 
 /// A lock wait this long (µs) has who wakes lock waits followed for a while (`Control::want_wakers`): a program at
-/// every wakeup of the host, for what a DBA looks into (sysbench's rare row lock waits last under a millisecond).
-const WAKERS_WANTED_US: u64 = 1000;
+/// every wakeup of the host, for what a DBA looks into (sysbench's rare row lock waits last under a millisecond, a
+/// scheduling hiccup's a few).
+const WAKERS_WANTED_US: u64 = 10_000;
 
 /// Statements kept in `Sink::ran` at most before they go to `Recent`.
 const RAN_BATCH: usize = 1024;
