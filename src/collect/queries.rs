@@ -578,6 +578,16 @@ impl WaitTypeProbe<'_> {
     }
 }
 
+/// Detaches `links`, each on a thread of its own: a uprobe's detach waits for a grace period (about 0.1 s here), which
+/// detaches under way at once share.
+fn detach_at_once(links: Vec<Link>) {
+    std::thread::scope(|s| {
+        for link in links {
+            s.spawn(move || drop(link));
+        }
+    });
+}
+
 /// What the statement tracer takes and sends, besides what every collector is given.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StatementOptions {
@@ -616,6 +626,7 @@ pub fn collect(
         },
         dispatch_links: Vec::new(),
         whole_trace_links: Vec::new(),
+        entry_links: Vec::new(),
         execute_link: ExecuteLink::default(),
         waking_link: statements.wait_sites.then_some(None),
         lost_said: Lost::default(),
@@ -636,9 +647,11 @@ struct Statements<'a, A, F> {
     traced: u64,
     tracepoints: Tracepoints,
     dispatch_links: Vec<Link>,
-    /// The TLS probes, the wait types' and the spills', for the whole trace (a sampled one's closed periods too):
-    /// each attach costs the server a few milliseconds.
+    /// The TLS probes, for the whole trace (a sampled one's closed periods too): each attach costs the server a few
+    /// milliseconds.
     whole_trace_links: Vec<Link>,
+    /// The wait types' and the spills' uprobes, for the whole trace: entry probes alone, detached at once.
+    entry_links: Vec<Link>,
     execute_link: ExecuteLink,
     /// `on_waking`, attached while `Control::want_wakers` asks (with wait sites); None once attaching it failed.
     waking_link: Option<Option<Link>>,
@@ -696,10 +709,10 @@ where
             .context("attaching to the socket and scheduler tracepoints")?;
         let (pid, progs) = (opts.pid, &skel.progs);
         if let Some(w) = &self.probes.wait_types {
-            self.whole_trace_links = w.attach(&progs.on_wait_type, pid);
+            self.entry_links = w.attach(&progs.on_wait_type, pid);
         }
         if let Some(s) = &self.probes.spills {
-            self.whole_trace_links.extend(s.attach(progs, pid));
+            self.entry_links.extend(s.attach(progs, pid));
         }
         if let Some(t) = &self.probes.tls {
             let links = t.attach_said(progs, pid, &mut self.on_event);
@@ -764,13 +777,14 @@ where
     }
 
     /// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
-    /// return probe first), the TLS probes the other way (the entry probes first; the wait types' after them);
-    /// the tracepoints last (the run's links), so that nothing is sent after the last read of the ring buffer and
-    /// the threads' state is still when read.
+    /// return probe first), the TLS probes the other way (the entry probes first), then the wait types' and the
+    /// spills' at once; the tracepoints last (the run's links), so that nothing is sent after the last read of the
+    /// ring buffer and the threads' state is still when read.
     fn stop(&mut self) {
         self.waking_link = None;
         self.dispatch_links.drain(..).for_each(drop);
         self.whole_trace_links.drain(..).rev().for_each(drop);
+        detach_at_once(std::mem::take(&mut self.entry_links));
         self.execute_link = ExecuteLink::default();
     }
 

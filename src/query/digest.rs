@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::record::{largest_remainder, CauseWait, QueryRecord, TimeParts, PARTS};
+use super::record::{largest_remainder, spill_counts, CauseWait, QueryRecord, TimeParts, PARTS};
 use crate::server::Cause;
 
 /// Distinct fingerprints kept at most; the rest are counted under one `(other)` row.
@@ -56,31 +56,10 @@ impl Spills {
 
     /// `3 of its 10 executions spilled to disk (3 temporary tables on disk, 12 sort merge passes)`, or nothing.
     pub fn words(&self, count: u64) -> Option<String> {
-        if self.statements == 0 {
-            return None;
-        }
-        let counted = |n: u64, one: &str, many: &str| {
-            (n > 0).then(|| format!("{n} {}", if n == 1 { one } else { many }))
-        };
-        let what: Vec<String> = [
-            counted(
-                self.tmp_disk_tables,
-                "temporary table on disk",
-                "temporary tables on disk",
-            ),
-            counted(
-                self.sort_merge_passes,
-                "sort merge pass",
-                "sort merge passes",
-            ),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let what = spill_counts(self.tmp_disk_tables, self.sort_merge_passes)?;
         Some(format!(
-            "{} of its {count} executions spilled to disk ({})",
-            self.statements,
-            what.join(", ")
+            "{} of its {count} executions spilled to disk ({what})",
+            self.statements
         ))
     }
 }

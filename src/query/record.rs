@@ -348,25 +348,10 @@ impl QueryRecord {
 
     /// What it spilled, counted: `1 temporary table on disk, 3 sort merge passes`.
     pub fn spilled(&self) -> Option<String> {
-        let counted = |n: u32, one: &str, many: &str| {
-            (n > 0).then(|| format!("{n} {}", if n == 1 { one } else { many }))
-        };
-        let parts: Vec<String> = [
-            counted(
-                self.tmp_disk_tables,
-                "temporary table on disk",
-                "temporary tables on disk",
-            ),
-            counted(
-                self.sort_merge_passes,
-                "sort merge pass",
-                "sort merge passes",
-            ),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        (!parts.is_empty()).then(|| parts.join(", "))
+        spill_counts(
+            u64::from(self.tmp_disk_tables),
+            u64::from(self.sort_merge_passes),
+        )
     }
 
     /// Its time by cause, adding up to its duration: on a CPU (a statement's that spilled to disk, the spill's),
@@ -517,6 +502,26 @@ pub fn largest_remainder<const N: usize>(values: &[u64; N], target: u64, unit: u
 
 /// A prepared statement: the socket of its connection (how the tracker knows connections) and its id.
 pub type StatementKey = (i32, u32);
+
+/// Temporary tables on disk and sort merge passes, counted in words: `1 temporary table on disk, 3 sort merge
+/// passes`; none when both are 0.
+pub fn spill_counts(tmp_disk_tables: u64, sort_merge_passes: u64) -> Option<String> {
+    let counted = |n: u64, one: &str, many: &str| {
+        (n > 0).then(|| format!("{n} {}", if n == 1 { one } else { many }))
+    };
+    let parts: Vec<String> = [
+        counted(
+            tmp_disk_tables,
+            "temporary table on disk",
+            "temporary tables on disk",
+        ),
+        counted(sort_merge_passes, "sort merge pass", "sort merge passes"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

@@ -81,22 +81,6 @@ impl Storm {
     }
 }
 
-/// `queries --json` following every statement of `db`'s server, for a minute at most.
-fn every_statement(db: &TestDb) -> Background {
-    let pid = db.pid.to_string();
-    let args = [
-        "queries",
-        "-p",
-        &pid,
-        "--json",
-        "--sample-every",
-        "1",
-        "-d",
-        "60",
-    ];
-    Background::start(&args, "tracing the statements")
-}
-
 /// A statement that waits two seconds for a row another connection holds, and times out; its connection.
 fn time_out(db: &TestDb) -> u64 {
     let out = db
@@ -253,15 +237,9 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
              CREATE TABLE IF NOT EXISTS lock_errors.audit (n INT) ENGINE=InnoDB; \
              REPLACE INTO lock_errors.held VALUES (1, 0)",
         );
-        let pid = db.pid.to_string();
         let tracer = every_statement(db);
         let dir = tempdir("held");
-        let page = dir.join("report.html");
-        let page_arg = page.to_str().unwrap();
-        let report = Background::start(
-            &["report", "-p", &pid, "-d", "5", "-o", page_arg],
-            "Ctrl-C ends early",
-        );
+        let (report, page) = report_in_background(db, 5, &dir);
         // Its transaction runs two statements, then sits idle holding the row.
         let mut holder = db.session();
         let holder_id = holder.connection_id();
@@ -329,15 +307,9 @@ fn a_hot_row_s_short_waits_are_named_with_the_holder_that_let_them_go_on_every_s
              CREATE TABLE IF NOT EXISTS lock_errors.hot (id INT PRIMARY KEY, v INT) ENGINE=InnoDB; \
              REPLACE INTO lock_errors.hot VALUES (1, 0)",
         );
-        let pid = db.pid.to_string();
         let tracer = every_statement(db);
         let dir = tempdir("hot");
-        let page = dir.join("report.html");
-        let page_arg = page.to_str().unwrap();
-        let report = Background::start(
-            &["report", "-p", &pid, "-d", "3", "-o", page_arg],
-            "Ctrl-C ends early",
-        );
+        let (report, page) = report_in_background(db, 3, &dir);
         // Three clients take the row in turn, each holding it 20 ms: each waits 20 to 40 ms for the others.
         let clients: Vec<u64> = std::thread::scope(|s| {
             let each: Vec<_> = (0..3)

@@ -28,18 +28,7 @@ fn fill(db: &TestDb) {
 /// Runs `statement` over and over for 2.5 s under a 2-s `report`: the report's findings.
 fn reported(kind: &str, db: &TestDb, statement: &str) -> Vec<String> {
     let dir = tempdir("spills");
-    let page = dir.join("report.html");
-    let pid = db.pid.to_string();
-    let args = [
-        "report",
-        "-p",
-        &pid,
-        "-d",
-        "2",
-        "-o",
-        page.to_str().unwrap(),
-    ];
-    let report = Background::start(&args, "Ctrl-C ends early");
+    let (report, page) = report_in_background(db, 2, &dir);
     let mut s = db.session();
     s.exec(SMALL_BUFFERS);
     let started = std::time::Instant::now();
@@ -97,18 +86,7 @@ fn temporary_tables_and_sorts_on_disk_are_named_on_every_server() {
     // One server at a time: three CPU-bound loops on two CPUs would wait for a CPU more than they run.
     for (kind, db) in &every_server() {
         fill(db);
-        let pid = db.pid.to_string();
-        let args = [
-            "queries",
-            "-p",
-            &pid,
-            "--json",
-            "--sample-every",
-            "1",
-            "-d",
-            "60",
-        ];
-        let tracer = Background::start(&args, "tracing the statements");
+        let tracer = every_statement(db);
         let grouped = reported(kind, db, GROUP_BY);
         let sorted = reported(kind, db, SORT);
         let (out, err) = tracer.stop();

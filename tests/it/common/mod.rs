@@ -369,6 +369,38 @@ pub fn on_every_server_at_once(check: impl Fn(&'static str, &TestDb) + Sync) {
     });
 }
 
+/// `myprobe queries --json` of every statement of `db` for up to a minute, running once it traces.
+pub fn every_statement(db: &TestDb) -> Background {
+    let pid = db.pid.to_string();
+    let args = [
+        "queries",
+        "-p",
+        &pid,
+        "--json",
+        "--sample-every",
+        "1",
+        "-d",
+        "60",
+    ];
+    Background::start(&args, "tracing the statements")
+}
+
+/// `myprobe report` of `db` for `secs`, its page in `dir`, running once it traces: the run, and the page.
+pub fn report_in_background(db: &TestDb, secs: u32, dir: &Path) -> (Background, PathBuf) {
+    let page = dir.join("report.html");
+    let (pid, secs) = (db.pid.to_string(), secs.to_string());
+    let args = [
+        "report",
+        "-p",
+        &pid,
+        "-d",
+        &secs,
+        "-o",
+        page.to_str().unwrap(),
+    ];
+    (Background::start(&args, "Ctrl-C ends early"), page)
+}
+
 /// The findings of the report at `page` (a `report -o page.html`), at least one, their text unescaped.
 pub fn report_findings(kind: &str, page: &std::path::Path) -> Vec<String> {
     let html = std::fs::read_to_string(page).unwrap();
