@@ -598,7 +598,7 @@ pub struct Holder {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ran_not_seen: bool,
     /// Known by having let the wait go (its thread woke the waiter: `query::released`), not from the server's
-    /// tables: what it ran then is not known.
+    /// tables: the statement it ran then (its COMMIT, most often) is not known.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
     /// When it was seen holding the lock (ns since the epoch; 0: unknown): what it ran after (its COMMIT, which
