@@ -923,17 +923,9 @@ mod tests {
                 object: None,
                 holder: other.map(|s| Holder {
                     conn: 6,
-                    user: None,
-                    host: None,
                     command: Some("Query".into()),
-                    command_s: None,
-                    transaction_s: None,
                     statement: Some(s.into()),
-                    queued_behind: None,
-                    ran: Vec::new(),
-                    ran_not_seen: false,
-                    released: false,
-                    seen_at_ns: 0,
+                    ..Holder::default()
                 }),
             }];
             r

@@ -107,18 +107,12 @@ pub fn name(record: &mut QueryRecord, latest: Option<&Deadlock>) {
     }
     wait.holder = Some(Holder {
         conn: other.conn,
-        user: None,
-        host: None,
         command: Some("Query".into()),
-        command_s: None,
         transaction_s: other.active_s,
         statement: other.query.clone(),
-        queued_behind: None,
-        ran: Vec::new(),
-        ran_not_seen: false,
-        released: false,
         // Waiting still when this statement was rolled back: what it ran up to then.
         seen_at_ns: ended,
+        ..Holder::default()
     });
 }
 
@@ -543,17 +537,9 @@ TABLE LOCK table `dl`.`t` trx id 1582 lock mode AUTO-INC waiting
         let mut r = victim(9, DEADLOCK);
         r.waits[0].holder = Some(Holder {
             conn: 6,
-            user: None,
-            host: None,
             command: Some("Query".into()),
-            command_s: None,
-            transaction_s: None,
             statement: Some("COMMIT".into()),
-            queued_behind: None,
-            ran: Vec::new(),
-            ran_not_seen: false,
-            released: false,
-            seen_at_ns: 0,
+            ..Holder::default()
         });
         name(&mut r, Some(&d));
         assert_eq!(

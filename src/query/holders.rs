@@ -323,16 +323,11 @@ fn holder_of(s: &Session, now_us: u64) -> Holder {
         host: s.host.as_deref().map(str::to_owned),
         command: s.command.map(str::to_string),
         command_s: s.started_us.map(|t| now_us.saturating_sub(t) / 1_000_000),
-        transaction_s: None,
         statement: match &s.query {
             Some(Query::Text(t) | Query::Truncated(t)) => Some(t.clone()),
             _ => None,
         },
-        queued_behind: None,
-        ran: Vec::new(),
-        ran_not_seen: false,
-        released: false,
-        seen_at_ns: 0,
+        ..Holder::default()
     }
 }
 
@@ -410,11 +405,7 @@ fn parse(row: Vec<Option<String>>, at_ns: u64) -> Option<(u64, Listed)> {
                 command_s: num(&time),
                 transaction_s: num(&trx_s),
                 statement: info,
-                queued_behind: None,
-                ran: Vec::new(),
-                ran_not_seen: false,
-                released: false,
-                seen_at_ns: 0,
+                ..Holder::default()
             },
             at_ns,
         },

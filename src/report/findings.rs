@@ -558,12 +558,7 @@ mod tests {
             command: Some("Sleep".into()),
             command_s: Some(38),
             transaction_s: Some(40),
-            statement: None,
-            queued_behind: None,
-            ran: Vec::new(),
-            ran_not_seen: false,
-            released: false,
-            seen_at_ns: 0,
+            ..Holder::default()
         };
         let mut digest = Digest::default();
         for (query, cause, object, us) in [
@@ -612,17 +607,10 @@ mod tests {
         use crate::query::{digest::Digest, CauseWait, Holder, QueryRecord};
         let holder = |conn: u64, command: &str, statement: Option<&str>| Holder {
             conn,
-            user: None,
-            host: None,
             command: Some(command.into()),
-            command_s: None,
             transaction_s: Some(40),
             statement: statement.map(String::from),
-            queued_behind: None,
-            ran: Vec::new(),
-            ran_not_seen: false,
-            released: false,
-            seen_at_ns: 0,
+            ..Holder::default()
         };
         let mut digest = Digest::default();
         let deadlock = Some(holder(
