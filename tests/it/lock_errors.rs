@@ -157,7 +157,7 @@ fn deadlocks_and_lock_wait_timeouts_are_named_with_the_other_side_on_every_serve
         let (out, err) = tracer.stop();
         let records = json_lines(&out);
         check_deadlocks(kind, &records, conns, told, &err);
-        check_timeouts(kind, &records, &timeouts, holder_id);
+        check_timeouts(kind, &records, &timeouts, holder_id, dropped_events(&err));
     }
 }
 
@@ -166,7 +166,14 @@ fn deadlocks_and_lock_wait_timeouts_are_named_with_the_other_side_on_every_serve
 fn check_deadlocks(kind: &str, records: &[Value], conns: [u64; 2], told: usize, err: &str) {
     let deadlocked: Vec<&Value> = records.iter().filter(|r| r["error"] == 1213).collect();
     assert!(told > 0, "{kind}: the storms made no deadlock");
-    assert_eq!(deadlocked.len(), told, "{kind}: {err}");
+    // Two storms make some 25,000 statements a second: on a busy host the reader can fall behind the ring
+    // buffer, and what it dropped is said. A deadlock is missing only where events were said dropped.
+    let dropped = dropped_events(err);
+    assert!(
+        deadlocked.len() <= told && told - deadlocked.len() <= dropped,
+        "{kind}: {} deadlocks of {told} recorded, {dropped} events said dropped: {err}",
+        deadlocked.len()
+    );
     let mut named = 0;
     for r in deadlocked {
         assert_eq!(r["cause"], "deadlock", "{kind}: {r}");
@@ -200,14 +207,20 @@ fn check_deadlocks(kind: &str, records: &[Value], conns: [u64; 2], told: usize, 
 /// Every statement that timed out is a record named `lock wait timeout`, with the lock and its holder where the
 /// server's lock tables were read while it waited (long waits are looked for once a second, and the tables read
 /// as often at most: on a busy host not during each wait).
-fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64) {
+fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64, dropped: usize) {
     assert!(!timeouts.is_empty(), "{kind}: no statement timed out");
     let mut named = 0;
     for &conn in timeouts {
-        let r = records
+        let Some(r) = records
             .iter()
             .find(|r| r["conn"] == conn && r["error"] == 1205)
-            .unwrap_or_else(|| panic!("{kind}: no record of connection {conn}'s timeout"));
+        else {
+            assert!(
+                dropped > 0,
+                "{kind}: no record of connection {conn}'s timeout, and no event was said dropped"
+            );
+            continue;
+        };
         assert_eq!(r["cause"], "lock wait timeout", "{kind}: {r}");
         let w = &r["waits"][0];
         assert_eq!(w["cause"], "lock wait timeout", "{kind}: {r}");

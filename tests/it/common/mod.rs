@@ -433,6 +433,19 @@ pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The events myprobe said it dropped because its ring buffer was full (its stderr's warning), 0 if none.
+pub fn dropped_events(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .find_map(|l| l.split_once("events dropped: ring buffer full: "))
+        .map(|(_, rest)| {
+            let n = rest.split_whitespace().next().unwrap_or_default();
+            n.parse()
+                .unwrap_or_else(|_| panic!("no count of dropped events in: {rest}"))
+        })
+        .unwrap_or(0)
+}
+
 /// A server of a test's own (see [`TestDb::start_another`]).
 pub struct OtherServer(pub TestDb);
 
