@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{skel::Skel, Link, UprobeOpts};
+use libbpf_rs::{skel::Skel, Link, ProgramAttachType, UprobeMultiOpts, UprobeOpts};
 
 use super::{
     lifecycle::{self, End, Lifecycle, Step},
@@ -554,22 +554,37 @@ pub struct WaitTypeProbe<'a> {
 }
 
 impl WaitTypeProbe<'_> {
-    /// Attaches them; a failure is said, and leaves those waits named by their stacks alone.
+    /// Attaches them (in one link where the kernel has uprobe_multi links); a failure is said, and leaves those
+    /// waits named by their stacks alone.
     fn attach(&self, prog: &libbpf_rs::ProgramMut, pid: u32) -> Vec<Link> {
+        let failed = |offset: Option<u64>, e: &dyn std::fmt::Display| {
+            let at = offset.map(|o| format!(" at {o:#x}")).unwrap_or_default();
+            say!(
+                "myprobe: warning: InnoDB's row and table lock waits are not told apart: attaching uprobes{at} \
+                 of {}: {e:#}",
+                self.binary.display()
+            );
+        };
+        if in_multi_links(prog) {
+            let multi = UprobeMultiOpts {
+                offsets: self.call_offsets.iter().map(|&o| o as usize).collect(),
+                ..Default::default()
+            };
+            return match prog.attach_uprobe_multi_with_opts(pid as i32, self.binary, "", multi) {
+                Ok(link) => vec![link],
+                Err(e) => {
+                    failed(None, &e);
+                    Vec::new()
+                }
+            };
+        }
         let mut links = Vec::new();
         for &offset in &self.call_offsets {
-            match prog.attach_uprobe_with_opts(
-                pid as i32,
-                self.binary,
-                offset as usize,
-                UprobeOpts::default(),
-            ) {
+            let opts = UprobeOpts::default();
+            match prog.attach_uprobe_with_opts(pid as i32, self.binary, offset as usize, opts) {
                 Ok(link) => links.push(link),
                 Err(e) => {
-                    say!(
-                        "myprobe: warning: InnoDB's row and table lock waits are not told apart: attaching a uprobe                          at {offset:#x} of {}: {e:#}",
-                        self.binary.display()
-                    );
+                    failed(Some(offset), &e);
                     break;
                 }
             }
@@ -782,9 +797,17 @@ where
     /// ring buffer and the threads' state is still when read.
     fn stop(&mut self) {
         self.waking_link = None;
-        self.dispatch_links.drain(..).for_each(drop);
-        self.whole_trace_links.drain(..).rev().for_each(drop);
-        detach_at_once(std::mem::take(&mut self.entry_links));
+        // Two rounds: the dispatch's return probe, the TLS entries and the entry probes; then the dispatch's entry
+        // and the TLS returns.
+        let mut dispatch = std::mem::take(&mut self.dispatch_links);
+        let mut tls = std::mem::take(&mut self.whole_trace_links);
+        let tls_returns: Vec<Link> = tls.drain(..tls.len() / 2).collect();
+        let dispatch_entry: Vec<Link> = dispatch.drain(dispatch.len().min(1)..).collect();
+        let mut first = std::mem::take(&mut self.entry_links);
+        first.extend(dispatch);
+        first.extend(tls);
+        detach_at_once(first);
+        detach_at_once(dispatch_entry.into_iter().chain(tls_returns).collect());
         self.execute_link = ExecuteLink::default();
     }
 
@@ -916,6 +939,23 @@ fn configure(
     ] {
         prog.set_autoattach(false);
     }
+    // The uprobes in uprobe_multi links where the kernel has them (6.6): a perf event's uprobe is detached under a
+    // lock of the kernel's, one after another, each waiting for a grace period (0.1 s); links wait at once.
+    if opts.features().uprobe_multi {
+        for prog in [
+            &mut open.progs.on_dispatch,
+            &mut open.progs.on_dispatch_return,
+            &mut open.progs.on_execute,
+            &mut open.progs.on_wait_type,
+            &mut open.progs.on_tmp_disk_table,
+            &mut open.progs.on_sort_merge_pass,
+            &mut open.progs.on_tls_read,
+            &mut open.progs.on_tls_write,
+            &mut open.progs.on_tls_return,
+        ] {
+            prog.set_attach_type(ProgramAttachType::TraceUprobeMulti);
+        }
+    }
     Ok(())
 }
 
@@ -1017,6 +1057,11 @@ fn status_line(
     )
 }
 
+/// Whether `prog` was loaded for uprobe_multi links (`configure`).
+fn in_multi_links(prog: &libbpf_rs::ProgramMut) -> bool {
+    matches!(prog.attach_type(), ProgramAttachType::TraceUprobeMulti)
+}
+
 /// Attaches `prog` to `function` of `binary` in process `pid`, as an entry or a return probe.
 fn attach_uprobe(
     prog: &libbpf_rs::ProgramMut,
@@ -1032,19 +1077,29 @@ fn attach_uprobe(
         Some(e) => (None, e.offset()),
         None => (Some(function.mangled.clone()), 0),
     };
-    let uprobe = UprobeOpts {
-        func_name,
-        retprobe,
-        ..Default::default()
+    let attached = if in_multi_links(prog) {
+        let multi = UprobeMultiOpts {
+            syms: func_name.into_iter().collect(),
+            offsets: function.entry.map(|e| e.offset()).into_iter().collect(),
+            retprobe,
+            ..Default::default()
+        };
+        prog.attach_uprobe_multi_with_opts(pid as i32, binary, "", multi)
+    } else {
+        let uprobe = UprobeOpts {
+            func_name,
+            retprobe,
+            ..Default::default()
+        };
+        prog.attach_uprobe_with_opts(pid as i32, binary, offset, uprobe)
     };
-    prog.attach_uprobe_with_opts(pid as i32, binary, offset, uprobe)
-        .with_context(|| {
-            format!(
-                "attaching a uprobe to {} in {}",
-                function.demangled,
-                binary.display()
-            )
-        })
+    attached.with_context(|| {
+        format!(
+            "attaching a uprobe to {} in {}",
+            function.demangled,
+            binary.display()
+        )
+    })
 }
 
 /// What a trace of statements counted besides its events.
