@@ -257,7 +257,7 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
         let waits = start(&db, kind, "before");
         std::thread::sleep(Duration::from_millis(300));
         let tracer = tracer(&db);
-        // Seeded waits count from tracing's start: long (200 ms) after it, looked for once a second; on a busy host
+        // Seeded waits count from tracing's start: long (20 ms) after it, looked for once a second; on a busy host
         // the first look can come late.
         std::thread::sleep(Duration::from_millis(3000));
         let (cold_id, cpu_id) = (cold.conn, cpu.conn);
