@@ -358,45 +358,7 @@ fn a_hot_row_s_short_waits_are_named_with_the_holder_that_let_them_go_on_every_s
             "{kind}: {} row lock waits:\n{err}",
             waited.len()
         );
-        let (mut named, mut by_tables) = (0, 0);
-        for r in &waited {
-            let w = &r["waits"][0];
-            let h = &w["holder"];
-            let Some(holder) = h["conn"].as_u64() else {
-                continue;
-            };
-            named += 1;
-            assert!(
-                clients.contains(&holder) && r["conn"] != holder,
-                "{kind}: {clients:?}: {r}"
-            );
-            // Listed by the server's tables, read while it waited: the table and index too.
-            if h["released"] != true {
-                assert!(
-                    w["object"]
-                        .as_str()
-                        .is_some_and(|o| o.starts_with("lock_errors.hot (PRIMARY, X")),
-                    "{kind}: {r}"
-                );
-                by_tables += 1;
-                continue;
-            }
-            let ran: Vec<&str> = h["ran"]
-                .as_array()
-                .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
-                .iter()
-                .map(|s| s["statement"].as_str().unwrap())
-                .collect();
-            assert_eq!(
-                ran,
-                [
-                    "SELECT SLEEP(?)",
-                    "UPDATE lock_errors.hot SET v = v + ? WHERE id = ?",
-                    "BEGIN"
-                ],
-                "{kind}: {r}"
-            );
-        }
+        let (named, by_tables) = check_hot_row_holders(kind, &waited, &clients);
         // Who wakes lock waits is followed from the first lock wait seen on (a tick later): from the first wait
         // named on, each is (but for one whose releaser's thread had run no statement yet).
         let pattern: String = waited
@@ -436,4 +398,49 @@ fn a_hot_row_s_short_waits_are_named_with_the_holder_that_let_them_go_on_every_s
         listed.into_inner() > 0,
         "no wait was named with its table by the server's tables"
     );
+}
+
+/// Each of a hot row's waits named (by who let it go, with what its transaction ran; or by the server's tables, with
+/// the row's table and index) names one of the other `clients`: how many are named, and how many by the tables.
+fn check_hot_row_holders(kind: &str, waited: &[Value], clients: &[u64]) -> (usize, usize) {
+    let (mut named, mut by_tables) = (0, 0);
+    for r in waited {
+        let w = &r["waits"][0];
+        let h = &w["holder"];
+        let Some(holder) = h["conn"].as_u64() else {
+            continue;
+        };
+        named += 1;
+        assert!(
+            clients.contains(&holder) && r["conn"] != holder,
+            "{kind}: {clients:?}: {r}"
+        );
+        // Listed by the server's tables, read while it waited: the table and index too.
+        if h["released"] != true {
+            assert!(
+                w["object"]
+                    .as_str()
+                    .is_some_and(|o| o.starts_with("lock_errors.hot (PRIMARY, X")),
+                "{kind}: {r}"
+            );
+            by_tables += 1;
+            continue;
+        }
+        let ran: Vec<&str> = h["ran"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
+            .iter()
+            .map(|s| s["statement"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ran,
+            [
+                "SELECT SLEEP(?)",
+                "UPDATE lock_errors.hot SET v = v + ? WHERE id = ?",
+                "BEGIN"
+            ],
+            "{kind}: {r}"
+        );
+    }
+    (named, by_tables)
 }
