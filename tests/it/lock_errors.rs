@@ -285,12 +285,7 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
             (&Value::from("row lock"), &Value::from(holder_id)),
             "{kind}: {r}"
         );
-        let ran: Vec<&str> = h["ran"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
-            .iter()
-            .map(|s| s["statement"].as_str().unwrap())
-            .collect();
+        let ran = holder_ran(kind, r, h);
         assert_eq!(
             ran,
             [
@@ -426,12 +421,7 @@ fn check_hot_row_holders(kind: &str, waited: &[Value], clients: &[u64]) -> (usiz
             by_tables += 1;
             continue;
         }
-        let ran: Vec<&str> = h["ran"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
-            .iter()
-            .map(|s| s["statement"].as_str().unwrap())
-            .collect();
+        let ran = holder_ran(kind, r, h);
         assert_eq!(
             ran,
             [
@@ -443,4 +433,14 @@ fn check_hot_row_holders(kind: &str, waited: &[Value], clients: &[u64]) -> (usiz
         );
     }
     (named, by_tables)
+}
+
+/// What the holder `h` of record `r`'s wait ran, newest first.
+fn holder_ran<'a>(kind: &str, r: &Value, h: &'a Value) -> Vec<&'a str> {
+    h["ran"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{kind}: no statements of the holder: {r}"))
+        .iter()
+        .map(|s| s["statement"].as_str().unwrap())
+        .collect()
 }
