@@ -791,14 +791,12 @@ where
         })
     }
 
-    /// Detaches the probes in an order that leaves no thread inside a call: the dispatch probes as attached (the
-    /// return probe first), the TLS probes the other way (the entry probes first), then the wait types' and the
-    /// spills' at once; the tracepoints last (the run's links), so that nothing is sent after the last read of the
-    /// ring buffer and the threads' state is still when read.
+    /// Detaches the probes in an order that leaves no thread inside a call, in two rounds of links detached at
+    /// once: the dispatch's return probe, the TLS entries, the wait types' and the spills'; then the dispatch's
+    /// entry and the TLS returns. The tracepoints last (the run's links), so that nothing is sent after the last
+    /// read of the ring buffer and the threads' state is still when read.
     fn stop(&mut self) {
         self.waking_link = None;
-        // Two rounds: the dispatch's return probe, the TLS entries and the entry probes; then the dispatch's entry
-        // and the TLS returns.
         let mut dispatch = std::mem::take(&mut self.dispatch_links);
         let mut tls = std::mem::take(&mut self.whole_trace_links);
         let tls_returns: Vec<Link> = tls.drain(..tls.len() / 2).collect();
