@@ -797,6 +797,8 @@ where
     /// read of the ring buffer and the threads' state is still when read.
     fn stop(&mut self) {
         self.waking_link = None;
+        // As attached: the dispatch's return, then its entry (`attach_if_wanted`); the TLS returns, then their
+        // entries, half each (`TlsProbe::attach`).
         let mut dispatch = std::mem::take(&mut self.dispatch_links);
         let mut tls = std::mem::take(&mut self.whole_trace_links);
         let tls_returns: Vec<Link> = tls.drain(..tls.len() / 2).collect();
