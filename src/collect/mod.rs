@@ -224,12 +224,47 @@ pub fn run_task_iterator(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<u8>> {
         .attach_iter_with_opts(libbpf_rs::IterOpts::None)
         .context("attaching the task iterator")?;
     let mut records = Vec::new();
+    read_task_iterator(&link, &mut records)?;
+    Ok(records)
+}
+
+/// Runs a task iterator's `link` once (made by [`process_task_iterator`] to run again), appending what it wrote to
+/// `records`.
+pub fn read_task_iterator(link: &libbpf_rs::Link, records: &mut Vec<u8>) -> Result<()> {
     std::io::Read::read_to_end(
-        &mut libbpf_rs::Iter::new(&link).context("running the task iterator")?,
-        &mut records,
+        &mut libbpf_rs::Iter::new(link).context("running the task iterator")?,
+        records,
     )
     .context("running the task iterator")?;
-    Ok(records)
+    Ok(())
+}
+
+/// A task iterator's link that walks the process `pid`'s threads only (kernels from 6.1), else every task of the
+/// host (where the program keeps the process's). libbpf-rs 0.27's options have no task, hence libbpf's own call.
+pub fn process_task_iterator(
+    program: &libbpf_rs::ProgramMut<'_>,
+    pid: u32,
+) -> Result<libbpf_rs::Link> {
+    use libbpf_rs::AsRawLibbpf;
+    let mut info = libbpf_sys::bpf_iter_link_info::default();
+    info.task.pid = pid;
+    let opts = libbpf_sys::bpf_iter_attach_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_iter_attach_opts>() as _,
+        link_info: &mut info,
+        link_info_len: std::mem::size_of::<libbpf_sys::bpf_iter_link_info>() as _,
+        ..Default::default()
+    };
+    // SAFETY: the program is loaded and outlives the call; `opts` and `info` live across it.
+    let link =
+        unsafe { libbpf_sys::bpf_program__attach_iter(program.as_libbpf_object().as_ptr(), &opts) };
+    // libbpf returns NULL with errno set on failure (libbpf 1.0's mode, libbpf-rs's).
+    match std::ptr::NonNull::new(link) {
+        // SAFETY: a link libbpf made, handed over whole: the `Link` destroys it.
+        Some(link) => Ok(unsafe { libbpf_rs::Link::from_ptr(link) }),
+        None => program
+            .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+            .context("attaching the task iterator"),
+    }
 }
 
 /// The CPUs perf events can be opened on.

@@ -110,8 +110,8 @@ pub enum Event {
     Executed(Executed),
     /// What the collector did or lost: no data, said for the consumer's notes and decisions.
     Status(Status),
-    /// The statements' futex waits under way for longer than `Control::want_long_waits` asks, looked for once a
-    /// second while wanted.
+    /// The statements' futex waits under way for longer than `Control::want_long_waits` asks, looked for every
+    /// `LONG_WAITS_LOOK` while wanted.
     LongWaits(Vec<LongWait>),
     /// Time passes: said at every poll of the ring buffer (about ten times a second), events or not.
     Tick,
@@ -455,7 +455,8 @@ pub struct Control {
     want_results: Cell<bool>,
     /// What the execution probe is to do.
     execute: Cell<ExecuteWish>,
-    /// Futex waits of statements longer than this are looked for once a second (`Event::LongWaits`); 0: none.
+    /// Futex waits of statements longer than this are looked for every `LONG_WAITS_LOOK` (`Event::LongWaits`); 0:
+    /// none.
     long_wait_ns: Cell<u64>,
     /// Until when who wakes the statements' lock waits is followed (`on_waking`).
     wakers_until: Cell<Option<Instant>>,
@@ -466,7 +467,7 @@ pub struct Control {
 const WAKERS_LINGER: Duration = Duration::from_secs(30);
 
 impl Control {
-    /// Statements' futex waits longer than `ns` are reported once a second, while they last.
+    /// Statements' futex waits longer than `ns` are reported every `LONG_WAITS_LOOK`, while they last.
     pub fn want_long_waits(&self, ns: u64) {
         self.long_wait_ns.set(ns);
     }
@@ -645,7 +646,12 @@ pub fn collect(
         execute_link: ExecuteLink::default(),
         waking_link: statements.wait_sites.then_some(None),
         lost_said: Lost::default(),
-        long_waits_read: Instant::now(),
+        long_waits: LongWaitLooks {
+            last: Instant::now(),
+            found: None,
+            link: None,
+            pid: opts.pid,
+        },
     };
     lifecycle::run(&mut run, opts)
 }
@@ -671,7 +677,16 @@ struct Statements<'a, A, F> {
     /// `on_waking`, attached while `Control::want_wakers` asks (with wait sites); None once attaching it failed.
     waking_link: Option<Option<Link>>,
     lost_said: Lost,
-    long_waits_read: Instant,
+    long_waits: LongWaitLooks,
+}
+
+/// Where the long waits were last looked for: when, when some were last found, and the `in_flight` iterator's link
+/// over the process `pid`'s threads, made at the first look and run at each.
+struct LongWaitLooks {
+    last: Instant,
+    found: Option<Instant>,
+    link: Option<Link>,
+    pid: u32,
 }
 
 impl<A, F> Statements<'_, A, F>
@@ -779,8 +794,8 @@ where
         if !step.links.is_empty() {
             step.refresh_unwind()?;
         }
-        let (lost_said, read) = (&mut self.lost_said, &mut self.long_waits_read);
-        let (l, said) = said_at_tick(step.skel, self.control, lost_said, read);
+        let (lost_said, looks) = (&mut self.lost_said, &mut self.long_waits);
+        let (l, said) = said_at_tick(step.skel, self.control, lost_said, looks);
         said.into_iter().for_each(|e| (self.on_event)(e));
         // While draining, the statements in flight are looked for as often as before.
         let due = (self.tracepoints.draining).then(|| Instant::now() + DRAIN_CHECK);
@@ -1146,7 +1161,7 @@ fn said_at_tick(
     skel: &skel::QueriesSkel<'_>,
     control: &Control,
     said: &mut Lost,
-    last: &mut Instant,
+    looks: &mut LongWaitLooks,
 ) -> (Lost, Vec<Event>) {
     let mut events = Vec::new();
     let lost = Skeleton::lost(skel);
@@ -1154,29 +1169,46 @@ fn said_at_tick(
         *said = lost;
         events.push(Event::Status(Status::Lost(lost)));
     }
-    if let Some(waits) = long_waits(&skel.progs.in_flight, control, last) {
+    if let Some(waits) = long_waits(&skel.progs.in_flight, control, looks) {
         events.push(Event::LongWaits(waits));
     }
     events.push(Event::Tick);
     (lost, events)
 }
 
-/// The futex waits under way longer than `control` asks, once a second at most (`last`: the last look), and only
-/// when there are: the threads in statements read by the `in_flight` iterator, which runs in myprobe's own time.
+/// How often the statements' futex waits under way are looked at, while long ones are wanted: often enough to see a
+/// hot row's waits of 20 to 50 ms while they last, once some were found in the last `LONG_WAITS_LINGER`; less
+/// often before. A look runs the `in_flight` iterator over the server's threads, in myprobe's own time (100 us for
+/// a server of 50 threads under load: 0.2% of a CPU at 20 looks a second).
+const LONG_WAITS_LOOK: Duration = Duration::from_millis(50);
+const LONG_WAITS_LOOK_CALM: Duration = Duration::from_millis(250);
+const LONG_WAITS_LINGER: Duration = Duration::from_secs(10);
+
+/// The futex waits under way longer than `control` asks, every `LONG_WAITS_LOOK` at most, and only when there
+/// are: the threads in statements read by the `in_flight` iterator.
 fn long_waits(
     iterator: &libbpf_rs::ProgramMut,
     control: &Control,
-    last: &mut Instant,
+    looks: &mut LongWaitLooks,
 ) -> Option<Vec<LongWait>> {
     let longer = control.long_wait_ns.get();
-    if longer == 0 || last.elapsed() < Duration::from_secs(1) {
+    let every = match looks.found.is_some_and(|t| t.elapsed() < LONG_WAITS_LINGER) {
+        true => LONG_WAITS_LOOK,
+        false => LONG_WAITS_LOOK_CALM,
+    };
+    if longer == 0 || looks.last.elapsed() < every {
         return None;
     }
-    *last = Instant::now();
+    looks.last = Instant::now();
     let now = super::monotonic_ns();
-    let waits: Vec<LongWait> = in_flight(iterator)
-        .ok()?
-        .into_iter()
+    if looks.link.is_none() {
+        looks.link = super::process_task_iterator(iterator, looks.pid).ok();
+    }
+    let mut records = Vec::new();
+    super::read_task_iterator(looks.link.as_ref()?, &mut records).ok()?;
+    let waits: Vec<LongWait> = records
+        .chunks_exact(std::mem::size_of::<query_thread>())
+        .filter_map(read_exact::<query_thread>)
         .filter(|st| st.lock_block_ts != 0 && now.saturating_sub(st.lock_block_ts) >= longer)
         .map(|st| LongWait {
             tid: st.ev.tid,
@@ -1184,7 +1216,11 @@ fn long_waits(
             hint: st.wait_hint,
         })
         .collect();
-    (!waits.is_empty()).then_some(waits)
+    if waits.is_empty() {
+        return None;
+    }
+    looks.found = Some(looks.last);
+    Some(waits)
 }
 
 fn in_flight(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<query_thread>> {

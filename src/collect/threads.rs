@@ -157,28 +157,6 @@ pub fn with_reader<R>(opts: &CollectOptions, each: impl FnOnce(&mut Reader<'_>) 
     Ok(each(&mut reader))
 }
 
-/// The task iterator given `pid`, so that it walks that process's threads only (kernels from 6.1; `None` before,
-/// where it walks every task of the host and the program keeps the process's). libbpf-rs 0.27's options have no
-/// task, hence libbpf's own call.
-fn attach_to_process(program: &libbpf_rs::ProgramMut<'_>, pid: u32) -> Option<libbpf_rs::Link> {
-    use libbpf_rs::AsRawLibbpf;
-    let mut info = libbpf_sys::bpf_iter_link_info::default();
-    info.task.pid = pid;
-    let opts = libbpf_sys::bpf_iter_attach_opts {
-        sz: std::mem::size_of::<libbpf_sys::bpf_iter_attach_opts>() as _,
-        link_info: &mut info,
-        link_info_len: std::mem::size_of::<libbpf_sys::bpf_iter_link_info>() as _,
-        ..Default::default()
-    };
-    // SAFETY: the program is loaded and outlives the call; `opts` and `info` live across it.
-    let link =
-        unsafe { libbpf_sys::bpf_program__attach_iter(program.as_libbpf_object().as_ptr(), &opts) };
-    // libbpf returns NULL with errno set on failure (libbpf 1.0's mode, libbpf-rs's).
-    let link = std::ptr::NonNull::new(link)?;
-    // SAFETY: a link libbpf made, handed over whole: the `Link` destroys it.
-    Some(unsafe { libbpf_rs::Link::from_ptr(link) })
-}
-
 /// Where a thread waits on a futex from: its thread pointer, its user stack pointer and the futex operation (not the
 /// futex: the same wait is on many lock words).
 pub type WaitPlace = (u64, u64, u64);
@@ -276,24 +254,16 @@ impl Reader<'_> {
         bss.run_began = 0;
         bss.wanted_found = 0;
         if self.link.is_none() {
-            let program = &self.skel.progs.snapshot;
-            let link = match attach_to_process(program, self.pid) {
-                Some(link) => link,
-                None => program
-                    .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-                    .context("attaching the task iterator")?,
-            };
-            self.link = Some(link);
+            self.link = Some(super::process_task_iterator(
+                &self.skel.progs.snapshot,
+                self.pid,
+            )?);
         }
         // The last run's buffer: a second's records are a few hundred KiB, grown once rather than each run.
         let mut bytes = std::mem::take(&mut self.records);
         bytes.clear();
         let link = self.link.as_ref().expect("attached above");
-        std::io::Read::read_to_end(
-            &mut libbpf_rs::Iter::new(link).context("running the task iterator")?,
-            &mut bytes,
-        )
-        .context("running the task iterator")?;
+        super::read_task_iterator(link, &mut bytes)?;
         let records = bytes
             .chunks_exact(std::mem::size_of::<thread_record>())
             .filter_map(read_exact::<thread_record>);

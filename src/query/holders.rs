@@ -1,7 +1,7 @@
 //! Who holds the lock a statement waits for, from the server's own tables (InnoDB's lock waits, performance_schema's
 //! data and metadata locks): read only while a statement has waited long for a lock another connection holds
-//! (`Event::LongWaits`), at most once a second, by a thread of its own with its own connection, so that the
-//! statements' pipeline never waits for the server.
+//! (`Event::LongWaits`), paced (`READ_GAP`, `READ_SHARE`), by a thread of its own with its own connection, so that
+//! the statements' pipeline never waits for the server.
 
 use std::{
     collections::HashMap,
@@ -25,9 +25,18 @@ use crate::{
 };
 
 /// A statement whose futex wait for a lock another connection holds lasts this long has its lock's holder looked
-/// for: a hot row's waits of 20 to 50 ms too, some of which the tables read once a second then catch (sysbench's
-/// lock waits, under 0.4 ms, never ask).
+/// for: a hot row's waits of 20 to 50 ms too (sysbench's lock waits, under 0.4 ms, never ask).
 pub const LONG_WAIT: Duration = Duration::from_millis(20);
+
+/// The least time between the end of one read of the tables and the next: InnoDB refreshes the copy of its locks
+/// that `information_schema` shows only when it was last read over 100 ms before (trx0i_s.cc's
+/// `CACHE_MIN_IDLE_TIME_US`), and a read sooner would show the last one's again. MySQL's `data_lock_waits` has no
+/// such copy: the same pace keeps it as cheap.
+const READ_GAP: Duration = Duration::from_millis(110);
+
+/// At most one part in this of the time is spent reading the tables: a read that takes long (a transaction holding
+/// millions of row locks, which the server copies under its lock system's latch) spaces the next ones out.
+const READ_SHARE: u32 = 50;
 
 /// The holders kept, by waiting connection; past it, the oldest reads are forgotten.
 const MAX_WAITING: usize = 10_000;
@@ -99,10 +108,10 @@ pub fn from_memory(memory: Option<&MemoryLocks>) -> anyhow::Result<Vec<(u64, Lis
 
 /// The reader of the server's lock tables, and what it found.
 pub struct Holders {
-    /// Asked once a second at most; it sends the waits it listed, by waiting connection.
+    /// Asked at every look that found a long wait, it reads at its own pace and sends the waits it listed, by
+    /// waiting connection.
     reader: Option<Reader<(), Vec<(u64, Listed)>>>,
     found: HashMap<u64, Vec<Listed>>,
-    asked: Option<Instant>,
 }
 
 impl Holders {
@@ -122,23 +131,15 @@ impl Holders {
         Holders {
             reader,
             found: HashMap::new(),
-            asked: None,
         }
     }
 
-    /// A statement waits long for a lock another connection holds: the tables are read, unless they were within
-    /// the last second.
+    /// A statement waits long for a lock another connection holds: the tables are read, as soon as their pace
+    /// allows (`read_when_asked`).
     pub fn ask(&mut self) {
         // What it listed before is taken in as the waits go on, not only at the next record: a pile-up that ends
         // no statement for long leaves no list in the channel.
         self.take_found();
-        if self
-            .asked
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        self.asked = Some(Instant::now());
         if let Some(reader) = &self.reader {
             reader.ask(());
         }
@@ -190,7 +191,8 @@ impl Holders {
     }
 }
 
-/// Reads the lock tables each time asked (once for the asks that came during a read), until the pipeline ends.
+/// Reads the lock tables each time asked (once for the asks that came during a read or its pause), until the
+/// pipeline ends: each read `READ_GAP` after the last, or longer where reads take long (`READ_SHARE`).
 fn read_when_asked(
     args: &ConnectArgs,
     pid: u32,
@@ -201,7 +203,12 @@ fn read_when_asked(
     let mut client = None;
     let mut said = false;
     let mut in_memory: Option<Option<MemoryLocks>> = None;
-    while asked.next().is_ok() && asked.take(|()| false).is_ok() {
+    let mut next_read = Instant::now();
+    while asked.next().is_ok() {
+        let pause = next_read.saturating_duration_since(Instant::now());
+        if asked.wait(pause, |()| false).is_err() || asked.take(|()| false).is_err() {
+            return;
+        }
         if client.is_none() {
             match own.connect(args, pid) {
                 Ok(c) => client = Some(c),
@@ -215,7 +222,9 @@ fn read_when_asked(
         }
         let Some(c) = client.as_mut() else { continue };
         let memory = in_memory.get_or_insert_with(|| MemoryLocks::of(pid, binary, c.server()));
+        let started = Instant::now();
         let (listed, failed) = listed(c, memory.as_ref());
+        next_read = Instant::now() + READ_GAP.max(started.elapsed() * READ_SHARE);
         if let Some(e) = failed.filter(|_| !std::mem::replace(&mut said, true)) {
             say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
         }
