@@ -257,9 +257,9 @@ fn waits_that_began_before_tracing_are_named_by_their_cause_on_every_server() {
         let waits = start(&db, kind, "before");
         std::thread::sleep(Duration::from_millis(300));
         let tracer = tracer(&db);
-        // Seeded waits count from tracing's start: long (20 ms) after it, looked for once a second; on a busy host
+        // Seeded waits count from tracing's start: long (20 ms) after it, looked for every 250 ms; on a busy host
         // the first look can come late.
-        std::thread::sleep(Duration::from_millis(3000));
+        std::thread::sleep(Duration::from_millis(1500));
         let (cold_id, cpu_id) = (cold.conn, cpu.conn);
         (cold.release)();
         (cpu.release)();

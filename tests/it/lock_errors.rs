@@ -206,8 +206,8 @@ fn check_deadlocks(kind: &str, records: &[Value], conns: [u64; 2], told: usize, 
 }
 
 /// Every statement that timed out is a record named `lock wait timeout`, with the lock and its holder where the
-/// server's lock tables were read while it waited (long waits are looked for once a second, and the tables read
-/// as often at most: on a busy host not during each wait).
+/// server's lock tables were read while it waited (long waits are looked for every 250 ms, then 50 ms, and the
+/// tables read every 110 ms at most: on a busy host not during each wait).
 fn check_timeouts(kind: &str, records: &[Value], timeouts: &[u64], holder: u64, dropped: usize) {
     assert!(!timeouts.is_empty(), "{kind}: no statement timed out");
     let mut named = 0;
@@ -265,7 +265,8 @@ fn what_an_idle_holder_s_transaction_ran_is_named_newest_first_on_every_server()
         let waiter_id = waiter.connection_id();
         waiter.send("UPDATE lock_errors.held SET v = v + 1 WHERE id = 1; SELECT 'waited'");
         db.wait_for_row_lock_wait(&format!("thread id {waiter_id},"));
-        // Long enough for the holder to be read while it waits (long waits are looked for once a second).
+        // Long enough for the holder to be read while it waits, on a busy host too (long waits are looked for every
+        // 250 ms).
         std::thread::sleep(Duration::from_millis(2500));
         holder.exec("COMMIT");
         waiter.read_until("waited");
