@@ -353,6 +353,92 @@ fn first_field_within(_code: &[u8], _arg: usize, _instructions: usize) -> Option
     None
 }
 
+/// Where a function that returns a pointer the calling thread keeps in a thread-local reads it (MariaDB's
+/// `_current_thd`, MySQL's `thd_get_current_thd()`, each thread's connection), from the thread pointer (`fs`'s
+/// base on x86-64, `pthread_self()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadLocal {
+    /// At this offset from the thread pointer (the local-exec model: `mov rax, fs:[0]; mov rax, [rax-0x68]`).
+    At(i64),
+    /// At the offset held by the GOT slot at this address of the binary (the initial-exec model, the slot written
+    /// by the dynamic linker at load: `mov rax, fs:[0]; add rax, [rip+SLOT]; mov rax, [rax]`).
+    Slot(u64),
+}
+
+/// Where `function` reads the pointer it returns from a thread-local (`ThreadLocal`); `None` when the binary
+/// defines no such function or its first instructions read no thread-local.
+pub fn thread_local_pointer(binary: &fs::File, function: &str) -> Result<Option<ThreadLocal>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let image = map_file(binary)?;
+    let elf = object::File::parse(&*image).context("parsing the binary")?;
+    let Some(symbol) = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(function))
+    else {
+        return Ok(None);
+    };
+    let code = symbol
+        .section_index()
+        .and_then(|i| elf.section_by_index(i).ok())
+        .and_then(|section| {
+            section
+                .data_range(symbol.address(), symbol.size().min(128))
+                .ok()
+                .flatten()
+        })
+        .unwrap_or_default();
+    Ok(thread_local_read(code, symbol.address()))
+}
+
+/// The thread-local read among the first instructions of `code` (at `address`): `fs:[0]` loaded into a register,
+/// then read at a displacement from it or added a GOT slot's offset; or `fs:[disp]` read at once.
+#[cfg(target_arch = "x86_64")]
+fn thread_local_read(code: &[u8], address: u64) -> Option<ThreadLocal> {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    // The register holding the thread pointer, then whether a slot's offset was added to it.
+    let (mut pointer, mut slot) = (Register::None, None);
+    for insn in decoder.iter().take(ACCESSOR_INSTRUCTIONS) {
+        let memory = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory);
+        let displacement = insn.memory_displacement64() as i64;
+        if memory && insn.memory_segment() == Register::FS && insn.memory_base() == Register::None {
+            if insn.mnemonic() != Mnemonic::Mov || insn.op0_kind() != OpKind::Register {
+                return None;
+            }
+            if displacement != 0 {
+                return Some(ThreadLocal::At(displacement));
+            }
+            pointer = insn.op0_register();
+            continue;
+        }
+        if pointer == Register::None || !memory {
+            continue;
+        }
+        match insn.mnemonic() {
+            Mnemonic::Add if insn.op0_register() == pointer && insn.is_ip_rel_memory_operand() => {
+                slot = Some(insn.ip_rel_memory_address());
+            }
+            Mnemonic::Mov
+                if insn.memory_base() == pointer && insn.memory_index() == Register::None =>
+            {
+                return match slot {
+                    Some(slot) if displacement == 0 => Some(ThreadLocal::Slot(slot)),
+                    None => Some(ThreadLocal::At(displacement)),
+                    Some(_) => None,
+                };
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn thread_local_read(_code: &[u8], _address: u64) -> Option<ThreadLocal> {
+    None
+}
+
 /// Where `function`, a method, stores what its call of `callee` (an imported function, called through the PLT)
 /// returned: the displacement from its object (`this`, its first argument, or a register it copied it to) of the
 /// first store of `rax` after that call (`mov rbx, rdi; …; call pthread_self@plt; …; mov [rbx+0x3f10], rax`).
@@ -963,6 +1049,56 @@ mod tests {
             let wide = accessor_fields(&file, &accessors).unwrap();
             assert!(narrow.iter().all(Option::is_some), "{path:?}: {narrow:?}");
             assert_eq!(narrow, wide, "{path:?}: {accessors:?}");
+        }
+    }
+
+    #[test]
+    fn each_server_s_thread_local_connection_is_decoded_from_its_exported_code() {
+        use object::{Object, ObjectSegment};
+        for (path, server) in server_binaries() {
+            let file = fs::File::open(&path).unwrap();
+            let found = thread_local_pointer(&file, server.sessions().current)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{path:?}: no thread-local read"));
+            eprintln!("{path:?}: {found:x?}");
+            let image = map_file(&file).unwrap();
+            let elf = object::File::parse(&*image).unwrap();
+            match found {
+                // In the executable's own block, which ends at the thread pointer (x86-64's TLS variant II).
+                ThreadLocal::At(offset) => {
+                    use object::read::elf::ProgramHeader;
+                    let tls = object::read::elf::ElfFile64::<object::Endianness>::parse(&*image)
+                        .unwrap()
+                        .elf_program_headers()
+                        .iter()
+                        .find(|h| h.p_type(object::Endianness::Little) == object::elf::PT_TLS)
+                        .map(|h| h.p_memsz(object::Endianness::Little))
+                        .unwrap_or_else(|| panic!("{path:?}: no TLS segment"));
+                    assert!(
+                        offset < 0 && offset.unsigned_abs() <= tls + 64,
+                        "{path:?}: {offset:#x}, {tls:#x}"
+                    );
+                }
+                // A slot the dynamic linker fills with a thread-local's offset.
+                ThreadLocal::Slot(slot) => {
+                    let relocation = elf
+                        .dynamic_relocations()
+                        .unwrap()
+                        .find(|(at, _)| *at == slot)
+                        .unwrap_or_else(|| panic!("{path:?}: nothing relocates {slot:#x}"))
+                        .1;
+                    assert_eq!(
+                        relocation.flags(),
+                        object::RelocationFlags::Elf {
+                            r_type: object::elf::R_X86_64_TPOFF64
+                        },
+                        "{path:?}: {slot:#x}"
+                    );
+                    assert!(elf
+                        .segments()
+                        .any(|s| (s.address()..s.address() + s.size()).contains(&slot)));
+                }
+            }
         }
     }
 

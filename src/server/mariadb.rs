@@ -190,6 +190,8 @@ impl Server for MariaDb {
             host: TextAccessor::CString("thd_client_host"),
             // THD::store_globals, as each thread takes a connection: real_id= pthread_self()
             thread: ("_ZN3THD13store_globalsEv", "pthread_self"),
+            // sql/sql_class.cc: `THD *_current_thd() { return THR_THD; }`, a thread_local.
+            current: "_current_thd",
             // variables.option_bits & OPTION_BEGIN (sql_priv.h: 1 << 20): from BEGIN or START TRANSACTION to the
             // transaction's end.
             transaction: ("thd_test_options", 1 << 20),

@@ -106,6 +106,9 @@ pub struct Sessions {
     /// Whether the connection is in a transaction: a function whose first read of its argument is a field in
     /// which these bits say so.
     pub transaction: (&'static str, u64),
+    /// The exported function that returns the calling thread's connection, which it reads from a thread-local
+    /// (`memory::thread_local_pointer`): where a thread's connection is, from its thread pointer alone.
+    pub current: &'static str,
 }
 
 /// How a server's functions reach a text of a connection.

@@ -193,6 +193,8 @@ impl Server for MySql {
             ),
             // THD::store_globals, as each thread takes a connection: real_id = my_thread_self()
             thread: ("_ZN3THD13store_globalsEv", "pthread_self"),
+            // sql/current_thd.cc: `THD *thd_get_current_thd() { return current_thd; }`, a thread_local.
+            current: "_Z19thd_get_current_thdv",
             // server_status & SERVER_STATUS_IN_TRANS: a multi-statement transaction under way.
             transaction: ("_Z36thd_in_active_multi_stmt_transactionPK3THD", 1),
         }
