@@ -368,6 +368,17 @@ pub enum ThreadLocal {
 /// Where `function` reads the pointer it returns from a thread-local (`ThreadLocal`); `None` when the binary
 /// defines no such function or its first instructions read no thread-local.
 pub fn thread_local_pointer(binary: &fs::File, function: &str) -> Result<Option<ThreadLocal>> {
+    read_function(binary, function, 128, thread_local_read)
+}
+
+/// What `read` finds in the code of `function` (its first `max_len` bytes, and its address); `None` when the binary
+/// defines no such function.
+fn read_function<T>(
+    binary: &fs::File,
+    function: &str,
+    max_len: u64,
+    read: impl FnOnce(&[u8], u64) -> Option<T>,
+) -> Result<Option<T>> {
     use object::{Object, ObjectSection, ObjectSymbol};
     let image = map_file(binary)?;
     let elf = object::File::parse(&*image).context("parsing the binary")?;
@@ -383,12 +394,11 @@ pub fn thread_local_pointer(binary: &fs::File, function: &str) -> Result<Option<
         .and_then(|i| elf.section_by_index(i).ok())
         .and_then(|section| {
             section
-                .data_range(symbol.address(), symbol.size().min(128))
+                .data_range(symbol.address(), symbol.size().min(max_len))
                 .ok()
                 .flatten()
-        })
-        .unwrap_or_default();
-    Ok(thread_local_read(code, symbol.address()))
+        });
+    Ok(code.and_then(|code| read(code, symbol.address())))
 }
 
 /// The thread-local read among the first instructions of `code` (at `address`): `fs:[0]` loaded into a register,
@@ -705,26 +715,7 @@ pub fn symbol_contents(binary: &fs::File, names: &[&str]) -> Result<Vec<Option<V
 /// `MDL_ticket::get_key()`, `return &m_lock->key`, says the key is the lock's first member. `None` when the
 /// function is not there or is anything else.
 pub fn returned_field(binary: &fs::File, function: &str) -> Result<Option<u64>> {
-    use object::{Object, ObjectSection, ObjectSymbol};
-    let image = map_file(binary)?;
-    let elf = object::File::parse(&*image).context("parsing the binary")?;
-    let Some(symbol) = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.is_definition() && s.size() > 0 && s.name() == Ok(function))
-    else {
-        return Ok(None);
-    };
-    let code = symbol
-        .section_index()
-        .and_then(|i| elf.section_by_index(i).ok())
-        .and_then(|section| {
-            section
-                .data_range(symbol.address(), symbol.size().min(64))
-                .ok()
-                .flatten()
-        });
-    Ok(code.and_then(returned_field_of))
+    read_function(binary, function, 64, |code, _| returned_field_of(code))
 }
 
 /// OFFSET where `code` is exactly `[endbr64;] mov rax, [rdi+OFFSET]; ret`.
