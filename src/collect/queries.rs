@@ -1206,9 +1206,7 @@ fn long_waits(
     }
     let mut records = Vec::new();
     super::read_task_iterator(looks.link.as_ref()?, &mut records).ok()?;
-    let waits: Vec<LongWait> = records
-        .chunks_exact(std::mem::size_of::<query_thread>())
-        .filter_map(read_exact::<query_thread>)
+    let waits: Vec<LongWait> = query_threads(&records)
         .filter(|st| st.lock_block_ts != 0 && now.saturating_sub(st.lock_block_ts) >= longer)
         .map(|st| LongWait {
             tid: st.ev.tid,
@@ -1224,10 +1222,14 @@ fn long_waits(
 }
 
 fn in_flight(iterator: &libbpf_rs::ProgramMut) -> Result<Vec<query_thread>> {
-    Ok(super::run_task_iterator(iterator)?
+    Ok(query_threads(&super::run_task_iterator(iterator)?).collect())
+}
+
+/// The threads' states the `in_flight` iterator wrote.
+fn query_threads(records: &[u8]) -> impl Iterator<Item = query_thread> + '_ {
+    records
         .chunks_exact(std::mem::size_of::<query_thread>())
         .filter_map(read_exact)
-        .collect())
 }
 
 fn statement(

@@ -38,6 +38,10 @@ const READ_GAP: Duration = Duration::from_millis(110);
 /// millions of row locks, which the server copies under its lock system's latch) spaces the next ones out.
 const READ_SHARE: u32 = 50;
 
+/// How long after a connection that failed the next is tried: asked at every look (20 a second), a server that
+/// turns myprobe away is not asked again at once.
+const CONNECT_RETRY: Duration = Duration::from_secs(1);
+
 /// The holders kept, by waiting connection; past it, the oldest reads are forgotten.
 const MAX_WAITING: usize = 10_000;
 
@@ -213,6 +217,7 @@ fn read_when_asked(
             match own.connect(args, pid) {
                 Ok(c) => client = Some(c),
                 Err(e) => {
+                    next_read = Instant::now() + CONNECT_RETRY;
                     if !std::mem::replace(&mut said, true) {
                         say!("myprobe: note: who holds the locks statements wait for is not read: {e:#}");
                     }
