@@ -288,6 +288,7 @@ impl Naming<'_> {
                 pid: self.target.pid,
                 per_thread: false,
                 addresses: false,
+                by_statement: false,
             },
         );
         let mut lock_waits = HashMap::new();

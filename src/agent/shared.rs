@@ -108,6 +108,7 @@ impl Sums {
                     key: *key,
                     stack: Arc::clone(stack),
                     values: values.clone(),
+                    statement: None,
                 })
                 .collect(),
             events: self.events,

@@ -11,6 +11,7 @@
 #include "maps.h"
 #include "stack_event.h"
 #include "stack_ids.h"
+#include "statement.h"
 #include "target.h"
 #include "wakeups.h"
 
@@ -59,6 +60,7 @@ struct thread_state {
 	__u32 tid;
 	__u32 period;   /* attach_period at its switch out */
 	__u32 pad;
+	__u64 statement; /* its statement when it left the CPU (statement.h) */
 	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
 };
 
@@ -73,6 +75,7 @@ struct offcpu_key {
 	__u32 tid;
 	__u32 tgid;  /* which process, where one set of programs traces several (many_targets) */
 	__u64 stack_id;
+	__u64 statement; /* statement.h's label; 0 without statement_labels */
 };
 
 struct offcpu_time {
@@ -163,6 +166,7 @@ SCHED_SWITCH_PROG(on_switch)
 				st->stack_id = stack_id_of_call(ctx, false);
 				st->leaf_ip = 0;
 			}
+			st->statement = current_statement(prev);
 			if (preemptors)
 				count_preemption(st, prev, next);
 		} else {
@@ -192,7 +196,12 @@ SCHED_SWITCH_PROG(on_switch)
 		if (!st->stack_id)
 			return 0;
 		__u64 woke = st->preempted ? 0 : woken_at(st, next, now, off);
-		struct offcpu_key k = { .tid = tid, .tgid = many_targets ? next->tgid : 0, .stack_id = st->stack_id };
+		struct offcpu_key k = {
+			.tid = tid,
+			.tgid = many_targets ? next->tgid : 0,
+			.stack_id = st->stack_id,
+			.statement = st->statement,
+		};
 		struct offcpu_time none = {};
 		struct offcpu_time *t = lookup_or_init(&totals, &k, &none);
 		if (!t) {
@@ -271,6 +280,7 @@ int blocked_threads(struct bpf_iter__task *ctx)
 		return 0;
 	long n = unwind_task_user_stack(task, e->ips);
 	e->tid = tid;
+	e->statement = task_statement(task, ctx->meta->seq);
 	__u32 user = n > 0 ? n : 0;
 	if (user > MAX_USER_FRAMES)
 		user = MAX_USER_FRAMES;

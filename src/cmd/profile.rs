@@ -77,6 +77,25 @@ pub struct TraceArgs {
     /// Frames as raw addresses (0x…) instead of function names, e.g. to compare with eu-stack or gdb
     #[arg(long)]
     pub addresses: bool,
+    /// Start every stack with a frame naming what it was split by: `statement`, the statement its thread ran (its
+    /// fingerprint, or `[between statements]`, `[no connection: the server's own threads]`) [cpu, offcpu]
+    #[arg(long, value_name = "WHAT", value_enum)]
+    pub by: Option<By>,
+    /// Keep only the samples of the statements whose fingerprint (or bracketed name) matches this regular
+    /// expression, e.g. `sbtest1 where id` [cpu, offcpu]
+    #[arg(long, value_name = "REGEX")]
+    pub statement: Option<String>,
+    /// Do not read which statement each sample was taken in (a few reads of the server's memory per event; pprof
+    /// output then has no `db_query_summary`, `connection`, `db_user` and `db_namespace` labels)
+    #[arg(long)]
+    pub no_statements: bool,
+}
+
+/// What `--by` splits stacks by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    /// The statement the thread ran.
+    Statement,
 }
 
 #[derive(Args)]
@@ -231,6 +250,7 @@ fn cpu(a: CpuArgs) -> Result<()> {
         "myprobe: sampling on-CPU stacks of {target} at {} Hz for {} s; Ctrl-C ends early",
         a.frequency, a.trace.duration
     );
+    s.label_statements()?;
     let collected = collect::cpu::collect(&s.opts, a.frequency)?;
     let mut namer = s.namer();
     let profile = stacks::on_cpu(&collected, &mut namer);
@@ -245,6 +265,7 @@ fn offcpu(a: OffcpuArgs) -> Result<()> {
         "myprobe: tracing off-CPU time of {target} (waits ≥ {} µs) for {} s; Ctrl-C ends early",
         a.min_block_us, a.trace.duration
     );
+    s.label_statements()?;
     let (collected, preemptions) = collect::offcpu::collect(
         &s.opts,
         collect::offcpu::Options {
@@ -269,6 +290,7 @@ fn offcpu(a: OffcpuArgs) -> Result<()> {
 fn alloc(a: AllocArgs) -> Result<()> {
     let alloc = a.filter.options(a.sample, None)?;
     let mut s = Session::start(&a.trace)?;
+    s.without_statements()?;
     let target = &s.target;
     let every = if alloc.sample_every > 1 {
         format!("every {}th call", alloc.sample_every)
@@ -295,6 +317,7 @@ fn alloc(a: AllocArgs) -> Result<()> {
 /// `profile locks`: the futex waits by lock and stack, with the table of the top locks before the results.
 fn locks(a: LocksArgs) -> Result<()> {
     let mut s = Session::start(&a.trace)?;
+    s.without_statements()?;
     let target = &s.target;
     let mut names =
         DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
@@ -314,6 +337,7 @@ fn locks(a: LocksArgs) -> Result<()> {
 fn memleak(a: MemleakArgs) -> Result<()> {
     let alloc = memleak_options(&a)?;
     let mut s = Session::start(&a.trace)?;
+    s.without_statements()?;
     let target = &s.target;
     s.opts.announce = format!(
         "myprobe: tracking the allocations of {target} not freed (older than {} ms at the end; {}) \
@@ -360,6 +384,7 @@ fn memleak_options(a: &MemleakArgs) -> Result<collect::alloc::AllocOptions> {
 fn syscalls(a: SyscallsArgs) -> Result<()> {
     let only = syscalls_named(&a.syscalls)?;
     let mut s = Session::start(&a.trace)?;
+    s.without_statements()?;
     let target = &s.target;
     let which = if only.is_empty() {
         "the syscalls".to_string()
@@ -405,6 +430,8 @@ struct Session<'a> {
     target: Target,
     opts: CollectOptions,
     symbolizer: Symbolizer,
+    /// `--statement`.
+    statement_filter: Option<regex::Regex>,
 }
 
 impl<'a> Session<'a> {
@@ -415,6 +442,12 @@ impl<'a> Session<'a> {
         if let Some(out) = &a.output {
             render::format_for(out)?;
         }
+        let statement_filter = a
+            .statement
+            .as_deref()
+            .map(regex::Regex::new)
+            .transpose()
+            .context("--statement is not a regular expression")?;
         let target = a.target.resolve()?;
         let unwind = UnwindStore::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {
@@ -430,7 +463,38 @@ impl<'a> Session<'a> {
             target,
             opts,
             symbolizer,
+            statement_filter,
         })
+    }
+
+    /// For the collectors that do not label their samples by statement: `--by statement` and `--statement` refused.
+    fn without_statements(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.a.by.is_none() && self.a.statement.is_none(),
+            "--by statement and --statement are for profile cpu and offcpu"
+        );
+        Ok(())
+    }
+
+    /// Labels the samples by statement, unless `--no-statements` or the process is no server.
+    fn label_statements(&mut self) -> Result<()> {
+        let asked = self.a.by == Some(By::Statement) || self.a.statement.is_some();
+        if self.a.no_statements || !self.target.flavor.is_server() {
+            anyhow::ensure!(
+                !asked,
+                "--by statement and --statement need the statements read: {}",
+                if self.a.no_statements {
+                    "drop --no-statements"
+                } else {
+                    "the process is no MySQL or MariaDB server"
+                }
+            );
+            return Ok(());
+        }
+        self.opts.statements = Some(collect::labels::StatementLabels::new(
+            crate::sessions::statements::StatementsInMemory::boxed(),
+        ));
+        Ok(())
     }
 
     fn stack_options(&self) -> StackOptions {
@@ -438,12 +502,14 @@ impl<'a> Session<'a> {
             pid: self.target.pid,
             per_thread: self.a.per_thread,
             addresses: self.a.addresses,
+            by_statement: self.a.by == Some(By::Statement),
         }
     }
 
     fn namer(&mut self) -> StackNamer<'_> {
         let opts = self.stack_options();
         StackNamer::new(&mut self.symbolizer, opts)
+            .with_statement_filter(self.statement_filter.clone())
     }
 
     /// Writes the results and reports on stderr: time to results, losses, top functions.

@@ -317,6 +317,7 @@ fn write_callers(
             pid: target.pid,
             per_thread: false,
             addresses: false,
+            by_statement: false,
         },
     );
     let (unit, column, scale) = if a.calls || !timed {

@@ -203,6 +203,7 @@ impl<R: FnMut(&Collected)> Alloc<'_, R> {
                 key: 0,
                 stack_id,
                 values: Box::new([scaled(bytes), scaled(count)]),
+                statement: 0,
             })
             .collect()
     }
@@ -268,7 +269,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
         Ok(Vec::new())
     }
 
-    fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &Stacks) -> Result<()> {
+    fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
         match self.periods.due() {
             Some(true) => match self.probes.attach_allocations(&skel.progs, &mut Vec::new()) {
                 Ok(links) => {
@@ -335,6 +336,7 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
                         key: 0,
                         stack_id,
                         values: Box::new([scale_up(t.bytes, every), scale_up(t.calls, every)]),
+                        statement: 0,
                     });
                 }
             },

@@ -81,6 +81,8 @@ pub struct Row {
     /// Shared by the rows of one stack; `Arc`, so that what a collector found can be handed to another thread.
     pub stack: Arc<RawStack>,
     pub values: Box<[u64]>,
+    /// The statement its thread ran (src/bpf/statement.h), where the collector labels its sums.
+    pub statement: Option<Arc<super::labels::Statement>>,
 }
 
 /// What was lost while tracing, by cause (`struct lost_counts` of src/bpf/lost.h, and what user space adds):

@@ -10,7 +10,7 @@ use perf_event_open_sys as perf;
 use super::{
     online_cpus,
     skeleton::stack_skeleton,
-    stack_collector::{self, Collector, Loaded, Stacks, Sum},
+    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected,
 };
 
@@ -18,6 +18,9 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/cpu.skel.rs"));
 }
 stack_skeleton!(Skeleton, CpuSkelBuilder, OpenCpuSkel, CpuSkel);
+const _: () = assert!(
+    std::mem::offset_of!(skel::types::statement_text, text) == super::labels::TEXT_HEADER_BYTES
+);
 
 /// Rows: `samples` per (thread, stack).
 pub fn collect(opts: &CollectOptions, freq_hz: u64) -> Result<Collected> {
@@ -35,6 +38,11 @@ impl Collector for Cpu {
 
     fn columns(&self) -> Vec<String> {
         vec!["samples".into()]
+    }
+
+    fn label_statements(&mut self, open: &mut Open<'_, Self>) -> Result<bool> {
+        super::rodata(open.maps.rodata_data.as_deref_mut())?.statement_labels = true;
+        Ok(true)
     }
 
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {

@@ -80,6 +80,7 @@ fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
                 key: k.addr,
                 stack_id: k.stack_id,
                 values: values.collect(),
+                statement: 0,
             });
         },
     )
@@ -98,6 +99,7 @@ fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
                 key: k.addr,
                 stack_id: k.stack_id,
                 values: values.collect(),
+                statement: 0,
             });
         },
     )

@@ -11,6 +11,7 @@ pub mod budget;
 mod collected;
 pub mod cpu;
 pub mod features;
+pub mod labels;
 pub mod lifecycle;
 pub mod load;
 pub mod locks;
@@ -132,6 +133,9 @@ pub struct CollectOptions {
     /// Load the programs, tell here what the verifier needed for each, and end there, nothing attached
     /// (`myprobe programs`).
     pub verify_only: Option<std::sync::mpsc::Sender<load::Verified>>,
+    /// Label each sample by the statement its thread runs (src/bpf/statement.h), where the collector can; the
+    /// servers' layouts are found once for the run's collectors.
+    pub statements: Option<Arc<labels::StatementLabels>>,
 }
 
 /// What a collector summed, moved out of the kernel every `every` while it goes on tracing, and sent as a
@@ -195,6 +199,7 @@ impl CollectOptions {
             stop,
             ring: RingOptions::default(),
             verify_only: None,
+            statements: None,
         }
     }
 

@@ -103,9 +103,9 @@ struct Offcpu {
     /// Sums are kept per thread only when asked: otherwise what user space holds is bounded by the stacks,
     /// not by the threads that ever ran.
     per_thread: bool,
-    /// The sums moved from the kernel so far, by (thread, stack id).
-    /// By process (0 for one), thread (0 unless per_thread) and stack id.
-    drained: HashMap<(u32, u32, u64), [u64; 3]>,
+    /// The sums moved from the kernel so far, by process (0 for one), thread (0 unless per_thread), statement
+    /// (`Stacks::labels`) and stack id.
+    drained: HashMap<(u32, u32, u32, u64), [u64; 3]>,
     last_drain: Option<Instant>,
     /// The threads blocked throughout are found by a task iterator when tracing ends.
     blocked_iterator: bool,
@@ -152,19 +152,24 @@ impl Collector for Offcpu {
         Ok(())
     }
 
+    fn label_statements(&mut self, open: &mut Open<'_, Self>) -> Result<bool> {
+        super::rodata(open.maps.rodata_data.as_deref_mut())?.statement_labels = true;
+        Ok(true)
+    }
+
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
         self.started_ns = monotonic_ns();
         self.last_drain = Some(Instant::now());
         attach_by_section(skel.object())
     }
 
-    fn tick(&mut self, skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {
+    fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
         if self
             .last_drain
             .is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL)
         {
             self.last_drain = Some(Instant::now());
-            self.drain(skel)?;
+            self.drain(skel, stacks)?;
         }
         Ok(())
     }
@@ -174,7 +179,7 @@ impl Collector for Offcpu {
     }
 
     fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
-        self.drain(skel)?;
+        self.drain(skel, stacks)?;
         if self.many {
             return Ok(self.take_drained());
         }
@@ -196,15 +201,15 @@ impl Collector for Offcpu {
                 },
             );
         }
-        if let Err(e) = self.add_open_waits(skel) {
+        if let Err(e) = self.add_open_waits(skel, stacks) {
             say!("myprobe: warning: the waits still open at the end are left out: {e:#}");
         }
         if self.blocked_iterator {
             let traced_ns = self.ended_ns.saturating_sub(self.started_ns);
             match blocked_throughout(&skel.progs.blocked_threads, stacks) {
                 Ok(blocked) => {
-                    for (tid, stack_id) in blocked {
-                        self.add(0, tid, stack_id, [traced_ns, 0, 1]);
+                    for (tid, stack_id, statement) in blocked {
+                        self.add((0, tid, statement, stack_id), [traced_ns, 0, 1]);
                     }
                 }
                 Err(e) => {
@@ -215,16 +220,20 @@ impl Collector for Offcpu {
         Ok(self.take_drained())
     }
 
-    fn slice(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
-        self.drain(skel)?;
+    fn slice(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        self.drain(skel, stacks)?;
         Ok(self.take_drained())
     }
 }
 
 impl Offcpu {
-    fn add(&mut self, tgid: u32, tid: u32, stack_id: u64, values: [u64; 3]) {
+    /// Adds to the sums of (process, thread, statement, stack id).
+    fn add(&mut self, (tgid, tid, statement, stack_id): (u32, u32, u32, u64), values: [u64; 3]) {
         let tid = if self.per_thread { tid } else { 0 };
-        let sum = self.drained.entry((tgid, tid, stack_id)).or_default();
+        let sum = self
+            .drained
+            .entry((tgid, tid, statement, stack_id))
+            .or_default();
         for (s, v) in sum.iter_mut().zip(values) {
             *s = s.saturating_add(v);
         }
@@ -233,25 +242,25 @@ impl Offcpu {
     fn take_drained(&mut self) -> Vec<Sum> {
         self.drained
             .drain()
-            .map(|((pid, tid, stack_id), values)| Sum {
+            .map(|((pid, tid, statement, stack_id), values)| Sum {
                 pid,
                 tid,
                 key: 0,
                 stack_id,
                 values: Box::new(values),
+                statement,
             })
             .collect()
     }
 
     /// Moves the kernel's sums here, emptying its map.
-    fn drain(&mut self, skel: &Loaded<'_, Self>) -> Result<()> {
+    fn drain(&mut self, skel: &Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
         drain_typed(
             &skel.maps.totals,
             |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
+                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
                 self.add(
-                    k.tgid,
-                    k.tid,
-                    k.stack_id,
+                    (k.tgid, k.tid, statement, k.stack_id),
                     [t.blocked_ns, t.runnable_ns, t.periods],
                 );
             },
@@ -262,7 +271,7 @@ impl Offcpu {
 
     /// The waits of the threads still off CPU when tracing ended (an idle connection blocked since its last
     /// statement), up to then, on the stack where each left the CPU.
-    fn add_open_waits(&mut self, skel: &Loaded<'_, Self>) -> Result<()> {
+    fn add_open_waits(&mut self, skel: &Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
         let end = self.ended_ns;
         let records = super::run_task_iterator(&skel.progs.open_waits)?;
         for st in records
@@ -285,24 +294,36 @@ impl Offcpu {
             } else {
                 [end - off, 0]
             };
-            self.add(0, st.tid, st.stack_id, [blocked, runnable, 1]);
+            let statement = stacks.labels.resolve(0, st.tid, st.statement);
+            self.add((0, st.tid, statement, st.stack_id), [blocked, runnable, 1]);
         }
         Ok(())
     }
 }
 
 /// The threads off CPU that never left it while tracing (the task iterator of offcpu.bpf.c), as (thread,
-/// stack id); their stacks are added to `stacks`.
+/// stack id, statement); their stacks are added to `stacks`.
 fn blocked_throughout(
     iterator: &libbpf_rs::ProgramMut,
     stacks: &mut Stacks,
-) -> Result<Vec<(u32, u64)>> {
+) -> Result<Vec<(u32, u64, u32)>> {
     let records = super::run_task_iterator(iterator)?;
     let mut blocked = Vec::new();
-    for record in records.chunks_exact(std::mem::size_of::<skel::types::stack_event>()) {
+    let mut rest = records.as_slice();
+    // Stacks, each after its statement's text where that had not been sent.
+    while rest.len() >= 8 {
+        let size = if rest[..8] == [0; 8] {
+            std::mem::size_of::<skel::types::statement_text>()
+        } else {
+            std::mem::size_of::<skel::types::stack_event>()
+        };
+        let Some(record) = rest.get(..size) else {
+            break;
+        };
         if let Some(stack) = stacks.add_record::<Skeleton>(record) {
             blocked.push(stack);
         }
+        rest = &rest[size..];
     }
     Ok(blocked)
 }

@@ -23,6 +23,8 @@ pub struct StackRecord<'a> {
     pub tid: u32,
     pub user_len: u16,
     pub kernel_len: u16,
+    /// A sample's statement (src/bpf/statement.h's label), where the collector labels samples; else 0.
+    pub statement: u64,
     pub ips: &'a [u64],
 }
 
@@ -211,6 +213,7 @@ macro_rules! stack_skeleton {
                     tid: e.tid,
                     user_len: e.user_len,
                     kernel_len: e.kernel_len,
+                    statement: e.statement,
                     ips: &e.ips,
                 }
             }
@@ -219,8 +222,8 @@ macro_rules! stack_skeleton {
 }
 pub(crate) use stack_skeleton;
 
-/// A `struct stack_event` record: its thread, stack id and stack; `None` if it is malformed (never trusted).
-pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, RawStack)> {
+/// A `struct stack_event` record: its thread, stack id, statement label and stack; `None` if it is malformed (never trusted).
+pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, u64, RawStack)> {
     let header = S::STACK_EVENT_HEADER;
     let event = read_prefix::<S::StackEvent>(bytes, header)?;
     let r = S::stack_record(&event);
@@ -233,7 +236,7 @@ pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, RawStac
         user_len: r.user_len,
         ips: ips.into(),
     };
-    Some((r.tid, r.stack_id, stack))
+    Some((r.tid, r.stack_id, r.statement, stack))
 }
 
 /// Sets the target of a skeleton that includes stack_ids.h and its unwind maps, before loading: the store's of

@@ -5,12 +5,17 @@
 //!
 //! A collector supplies only what differs: its own settings and programs, and its map of sums ([`Collector`]).
 
-use std::{collections::HashMap, sync::Arc, time::Duration, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use libbpf_rs::{skel::Skel, Link, MapCore};
 
 use super::{
+    labels::Resolver,
     lifecycle::{self, End, Lifecycle, Slicing, Step},
     periods::SamplePeriods,
     ring,
@@ -30,6 +35,8 @@ pub struct Sum {
     pub key: u64,
     pub stack_id: u64,
     pub values: Box<[u64]>,
+    /// Its statement's number among the run's (`Stacks::labels`); 0 where not labelled.
+    pub statement: u32,
 }
 
 /// What a collector supplies to [`run`].
@@ -59,8 +66,13 @@ pub trait Collector {
         attach_by_section(skel.object())
     }
 
+    /// Labels its sums by statement (src/bpf/statement.h) where it can, before loading: whether it does.
+    fn label_statements(&mut self, _open: &mut Open<'_, Self>) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Called after every read of the ring buffer (at least every poll interval, see `ring::poll`) while tracing.
-    fn tick(&mut self, _skel: &mut Loaded<'_, Self>, _stacks: &Stacks) -> Result<()> {
+    fn tick(&mut self, _skel: &mut Loaded<'_, Self>, _stacks: &mut Stacks) -> Result<()> {
         Ok(())
     }
 
@@ -87,9 +99,11 @@ pub trait Collector {
 #[derive(Default)]
 pub struct Stacks {
     by_id: HashMap<u64, Arc<RawStack>>,
-    /// Records received per (thread, stack id): one per stack for collectors that send a stack once, one per
-    /// sample for those that send every sample (cpu).
-    records: HashMap<(u32, u64), u64>,
+    /// Records received per (thread, statement, stack id): one per stack for collectors that send a stack once, one
+    /// per sample for those that send every sample (cpu).
+    records: HashMap<(u32, u32, u64), u64>,
+    /// The statements the samples were labelled by, and their texts as they came.
+    pub labels: Resolver,
     /// Records that were not stacks (never the case for a record of the same skeleton).
     malformed: u64,
     /// Sums of slices sent whose stacks were never defined.
@@ -97,25 +111,31 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    /// Adds a `struct stack_event` record and returns its thread and stack id; a malformed one is counted,
+    /// Adds a `struct stack_event` record and returns its thread, stack id and statement (its number, see
+    /// [`Resolver`]), or a statement's text (src/bpf/statement.h: its first word is 0); a malformed one is counted,
     /// never trusted.
-    pub fn add_record<S: StackSkeleton>(&mut self, bytes: &[u8]) -> Option<(u32, u64)> {
-        let Some((tid, stack_id, stack)) = decode_stack::<S>(bytes) else {
+    pub fn add_record<S: StackSkeleton>(&mut self, bytes: &[u8]) -> Option<(u32, u64, u32)> {
+        if bytes.get(..8).is_some_and(|w| w == [0; 8]) {
+            self.labels.add_text(bytes);
+            return None;
+        }
+        let Some((tid, stack_id, label, stack)) = decode_stack::<S>(bytes) else {
             self.malformed += 1;
             return None;
         };
         self.by_id
             .entry(stack_id)
             .or_insert_with(|| Arc::new(stack));
-        *self.records.entry((tid, stack_id)).or_default() += 1;
-        Some((tid, stack_id))
+        let statement = self.labels.resolve(0, tid, label);
+        *self.records.entry((tid, statement, stack_id)).or_default() += 1;
+        Some((tid, stack_id, statement))
     }
 
     /// Records received per thread and stack id, as sums of one value.
     pub fn records(&self) -> Vec<Sum> {
         self.records
             .iter()
-            .map(|(&(tid, stack_id), &n)| record_sum(tid, stack_id, n))
+            .map(|(&(tid, statement, stack_id), &n)| record_sum(tid, statement, stack_id, n))
             .collect()
     }
 
@@ -123,7 +143,7 @@ impl Stacks {
     pub fn take_records(&mut self) -> Vec<Sum> {
         self.records
             .drain()
-            .map(|((tid, stack_id), n)| record_sum(tid, stack_id, n))
+            .map(|((tid, statement, stack_id), n)| record_sum(tid, statement, stack_id, n))
             .collect()
     }
 
@@ -146,6 +166,7 @@ impl Stacks {
                     key: s.key,
                     stack: Arc::clone(stack),
                     values: s.values,
+                    statement: self.labels.statement(s.statement),
                 }),
                 None => undefined += 1,
             }
@@ -154,13 +175,14 @@ impl Stacks {
     }
 }
 
-fn record_sum(tid: u32, stack_id: u64, n: u64) -> Sum {
+fn record_sum(tid: u32, statement: u32, stack_id: u64, n: u64) -> Sum {
     Sum {
         pid: 0,
         tid,
         key: 0,
         stack_id,
         values: Box::new([n]),
+        statement,
     }
 }
 
@@ -172,15 +194,40 @@ const MAX_STACKS_KEPT: usize = 50_000;
 pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Collected> {
     let mut run = StackRun {
         collector,
-        stacks: Stacks::default(),
+        stacks: Stacks {
+            labels: Resolver::new(opts.statements.clone(), opts.pid),
+            ..Stacks::default()
+        },
+        layouts_written: HashSet::new(),
     };
     lifecycle::run(&mut run, opts)
 }
 
-/// A stack collector's hooks in the one life cycle: the collector, and the stacks its run has received.
+/// A stack collector's hooks in the one life cycle: the collector, the stacks its run has received, and the
+/// processes whose statements' layouts it gave the kernel.
 struct StackRun<'c, C> {
     collector: &'c mut C,
     stacks: Stacks,
+    layouts_written: HashSet<u32>,
+}
+
+impl<C: Collector> StackRun<'_, C> {
+    /// Gives the kernel where the statements of the processes traced are, for those not given yet.
+    fn publish_layouts(
+        &mut self,
+        skel: &Loaded<'_, C>,
+        opts: &CollectOptions,
+        pids: &[u32],
+    ) -> Result<()> {
+        match opts
+            .statements
+            .as_ref()
+            .filter(|_| self.stacks.labels.enabled())
+        {
+            Some(labels) => labels.publish(skel.object(), pids, &mut self.layouts_written),
+            None => Ok(()),
+        }
+    }
 }
 
 impl<C: Collector> Lifecycle for StackRun<'_, C> {
@@ -190,10 +237,16 @@ impl<C: Collector> Lifecycle for StackRun<'_, C> {
     const KIND: super::Kind = C::KIND;
 
     fn configure(&mut self, open: &mut Open<'_, C>, opts: &CollectOptions) -> Result<()> {
+        if self.stacks.labels.enabled() && !self.collector.label_statements(open)? {
+            self.stacks.labels.disable();
+        }
         self.collector.configure(open, &opts.features())
     }
 
-    fn attach(&mut self, skel: &mut Loaded<'_, C>, _opts: &CollectOptions) -> Result<Vec<Link>> {
+    fn attach(&mut self, skel: &mut Loaded<'_, C>, opts: &CollectOptions) -> Result<Vec<Link>> {
+        if opts.targets.is_none() {
+            self.publish_layouts(skel, opts, &[opts.pid])?;
+        }
         self.collector.attach(skel)
     }
 
@@ -221,7 +274,17 @@ impl<C: Collector> Lifecycle for StackRun<'_, C> {
         if (step.opts.targets.is_some() || attached) && !step.refresh_unwind()? {
             step.opts.stop.stop();
         }
-        self.collector.tick(step.skel, &self.stacks)?;
+        if step.opts.targets.is_some() {
+            let members: Vec<u32> = step
+                .publishing
+                .published
+                .members()
+                .keys()
+                .copied()
+                .collect();
+            self.publish_layouts(step.skel, step.opts, &members)?;
+        }
+        self.collector.tick(step.skel, &mut self.stacks)?;
         let lost = C::Skel::lost(step.skel).total();
         Ok(ring::Tick {
             status: format!(
@@ -366,6 +429,7 @@ mod tests {
             key: 0,
             stack: Arc::clone(&stack),
             values: values.into(),
+            statement: None,
         };
         let rows = [row(&[9, u64::MAX]), row(&[1, 2]), row(&[3])];
         assert_eq!(events(&rows, 0), 13);

@@ -100,6 +100,7 @@ impl Collector for Syscalls {
                     key: k.nr.into(),
                     stack_id: k.stack_id,
                     values: Box::new(sum_cpus(&per_cpu)),
+                    statement: 0,
                 });
             },
         );

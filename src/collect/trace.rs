@@ -455,6 +455,7 @@ impl Collector for Trace<'_> {
                         key: u64::from(k.func),
                         stack_id: k.stack_id,
                         values: Box::new([s.calls, s.total_ns]),
+                        statement: 0,
                     });
                 }
                 self.stats.push(KeyedStats {

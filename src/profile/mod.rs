@@ -33,13 +33,19 @@ impl Unit {
     }
 }
 
-/// A set of stacks, each a list of frame ids (root first), with a value per stack.
+/// Labels of samples, as pprof carries them (`key`, `value`): the statement a sample was taken in.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// A set of stacks, each a list of frame ids (root first), with a value per stack and set of labels.
 #[derive(Clone, Debug)]
 pub struct Profile {
     pub unit: Unit,
     frames: Vec<String>,
     frame_ids: HashMap<String, u32>,
-    stacks: HashMap<Vec<u32>, u64>,
+    /// By (frames, labels' id among `label_sets`: 0 for none).
+    stacks: HashMap<(Vec<u32>, u32), u64>,
+    label_sets: Vec<Labels>,
+    label_set_ids: HashMap<Labels, u32>,
 }
 
 impl Profile {
@@ -49,7 +55,23 @@ impl Profile {
             frames: Vec::new(),
             frame_ids: HashMap::new(),
             stacks: HashMap::new(),
+            label_sets: vec![Vec::new()],
+            label_set_ids: HashMap::new(),
         }
+    }
+
+    /// The id of a set of labels, interning it on first use.
+    pub fn intern_labels(&mut self, labels: Labels) -> u32 {
+        if labels.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.label_set_ids.get(&labels) {
+            return id;
+        }
+        let id = self.label_sets.len() as u32;
+        self.label_sets.push(labels.clone());
+        self.label_set_ids.insert(labels, id);
+        id
     }
 
     /// The id of a frame name, interning it on first use.
@@ -69,8 +91,13 @@ impl Profile {
 
     /// Adds `value` to the stack of interned frame ids (root first); a stack's value stops at `u64::MAX`.
     pub fn add_ids(&mut self, stack: Vec<u32>, value: u64) {
+        self.add_labelled(stack, 0, value);
+    }
+
+    /// [`Profile::add_ids`], for the samples of the labels `labels` (an id of [`Profile::intern_labels`]).
+    pub fn add_labelled(&mut self, stack: Vec<u32>, labels: u32, value: u64) {
         if value > 0 {
-            let sum = self.stacks.entry(stack).or_insert(0);
+            let sum = self.stacks.entry((stack, labels)).or_insert(0);
             *sum = sum.saturating_add(value);
         }
     }
@@ -81,12 +108,31 @@ impl Profile {
         self.add_ids(ids, value);
     }
 
-    /// Stacks as frame names (root first) with their values, sorted by stack for stable output.
+    /// Stacks as frame names (root first) with their values (those of every set of labels summed), sorted by
+    /// stack for stable output.
     pub fn stacks(&self) -> Vec<(Vec<&str>, u64)> {
-        let mut out: Vec<(Vec<&str>, u64)> = self
+        let mut merged: HashMap<&[u32], u64> = HashMap::with_capacity(self.stacks.len());
+        for ((ids, _), &v) in &self.stacks {
+            let sum = merged.entry(ids).or_insert(0);
+            *sum = sum.saturating_add(v);
+        }
+        let mut out: Vec<(Vec<&str>, u64)> = merged
+            .into_iter()
+            .map(|(ids, v)| (ids.iter().map(|&i| self.frame(i)).collect(), v))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Stacks as frame names (root first) with their labels and values, sorted for stable output.
+    pub fn labelled_stacks(&self) -> Vec<(Vec<&str>, &Labels, u64)> {
+        let mut out: Vec<(Vec<&str>, &Labels, u64)> = self
             .stacks
             .iter()
-            .map(|(ids, &v)| (ids.iter().map(|&i| self.frame(i)).collect(), v))
+            .map(|((ids, labels), &v)| {
+                let frames = ids.iter().map(|&i| self.frame(i)).collect();
+                (frames, &self.label_sets[*labels as usize], v)
+            })
             .collect();
         out.sort();
         out
@@ -108,7 +154,7 @@ impl Profile {
     /// Keeps only the stacks for which `keep` says yes (given the frame names, root first).
     pub fn retain(&mut self, mut keep: impl FnMut(&[&str]) -> bool) {
         let frames = &self.frames;
-        self.stacks.retain(|ids, _| {
+        self.stacks.retain(|(ids, _), _| {
             let names: Vec<&str> = ids.iter().map(|&i| frames[i as usize].as_str()).collect();
             keep(&names)
         });

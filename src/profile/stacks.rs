@@ -5,7 +5,7 @@ use std::{collections::HashMap, rc::Rc};
 
 use super::{Profile, Unit};
 use crate::{
-    collect::{Collected, RawStack, Row},
+    collect::{labels::Statement, Collected, RawStack, Row},
     process,
     symbolize::Symbolizer,
 };
@@ -18,6 +18,8 @@ pub struct StackOptions {
     pub per_thread: bool,
     /// Raw addresses (0x…) instead of function names.
     pub addresses: bool,
+    /// Start every stack with a frame naming the statement it was taken in (rows labelled by statement).
+    pub by_statement: bool,
 }
 
 /// The frame of a stack with no frames at all: threads of the process that never run user code (io_uring's
@@ -31,6 +33,8 @@ pub struct StackNamer<'a> {
     threads: HashMap<u32, Rc<str>>,
     /// Root first, by the stack's address: rows share their stacks.
     named: HashMap<*const RawStack, Rc<[Rc<str>]>>,
+    /// Only the rows of the statements whose frame this matches (`--statement`).
+    statement_filter: Option<regex::Regex>,
 }
 
 impl<'a> StackNamer<'a> {
@@ -40,12 +44,33 @@ impl<'a> StackNamer<'a> {
             opts,
             threads: HashMap::new(),
             named: HashMap::new(),
+            statement_filter: None,
         }
     }
 
-    /// The frames of a row's stack, root first: its thread (with `per_thread`), user frames, kernel frames.
+    /// The same, keeping only the rows of the statements whose frame (`labels::Statement::frame`) `filter`
+    /// matches.
+    pub fn with_statement_filter(mut self, filter: Option<regex::Regex>) -> Self {
+        self.statement_filter = filter;
+        self
+    }
+
+    /// Whether a row is kept (`--statement`).
+    pub fn keeps(&self, row: &Row) -> bool {
+        match (&self.statement_filter, &row.statement) {
+            (None, _) => true,
+            (Some(f), Some(s)) => f.is_match(&s.frame()),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// The frames of a row's stack, root first: its statement (with `by_statement`), its thread (with
+    /// `per_thread`), user frames, kernel frames.
     pub fn frames(&mut self, row: &Row) -> Vec<Rc<str>> {
-        let mut frames = Vec::with_capacity(row.stack.ips.len() + 2);
+        let mut frames = Vec::with_capacity(row.stack.ips.len() + 3);
+        if let Some(s) = row.statement.as_ref().filter(|_| self.opts.by_statement) {
+            frames.push(Rc::from(s.frame()));
+        }
         if self.opts.per_thread && row.tid != 0 {
             let pid = self.opts.pid;
             let thread = self
@@ -117,18 +142,28 @@ pub fn build(
     mut parts: impl FnMut(&Collected, &Row) -> Vec<Part>,
 ) -> Profile {
     let mut profile = Profile::new(unit);
+    // Each statement's labels, by its address: rows share their statements.
+    let mut labels: HashMap<*const Statement, u32> = HashMap::new();
     for row in &collected.rows {
+        if !namer.keeps(row) {
+            continue;
+        }
         let parts = parts(collected, row);
         if parts.iter().all(|p| p.value == 0) {
             continue;
         }
         let frames = namer.frames(row);
+        let labels = row.statement.as_ref().map_or(0, |s| {
+            *labels
+                .entry(std::sync::Arc::as_ptr(s))
+                .or_insert_with(|| profile.intern_labels(s.labels()))
+        });
         for part in parts.into_iter().filter(|p| p.value > 0) {
             let mut ids = Vec::with_capacity(frames.len() + 2);
             ids.extend(part.root.as_deref().map(|r| profile.intern(r)));
             ids.extend(frames.iter().map(|f| profile.intern(f)));
             ids.extend(part.leaf.as_deref().map(|l| profile.intern(l)));
-            profile.add_ids(ids, part.value);
+            profile.add_labelled(ids, labels, part.value);
         }
     }
     profile

@@ -197,8 +197,8 @@ pub fn build(profile: &Profile, opts: &RenderOptions) -> PprofProfile {
     let mut functions = Vec::new();
     let mut locations = Vec::new();
     let mut samples = Vec::new();
-    let stacks = profile.stacks();
-    for (frames, value) in &stacks {
+    let stacks = profile.labelled_stacks();
+    for (frames, labels, value) in &stacks {
         let mut ids = Vec::with_capacity(frames.len());
         for &name in frames.iter().rev() {
             let id = *location_ids.entry(name).or_insert_with(|| {
@@ -226,7 +226,14 @@ pub fn build(profile: &Profile, opts: &RenderOptions) -> PprofProfile {
         samples.push(Sample {
             location_id: ids,
             value: vec![(*value).min(i64::MAX as u64) as i64],
-            label: vec![],
+            label: labels
+                .iter()
+                .map(|(k, v)| Label {
+                    key: strings.get(k),
+                    str: strings.get(v),
+                    ..Default::default()
+                })
+                .collect(),
         });
     }
     // One mapping that says the functions are already symbolized, so pprof does not try to.

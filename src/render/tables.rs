@@ -256,6 +256,7 @@ mod tests {
     #[test]
     fn syscall_sums_past_the_largest_stop_there() {
         let row = |stack: &[u64], calls: u64, total_ns: u64| Row {
+            statement: None,
             tid: 0,
             key: 0,
             stack: std::sync::Arc::new(RawStack {

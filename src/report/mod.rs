@@ -108,6 +108,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             pid: target.pid,
             per_thread: false,
             addresses: false,
+            by_statement: false,
         },
     );
     let mut profiles = Vec::new();

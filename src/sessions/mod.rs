@@ -7,6 +7,7 @@
 //! list that does not end, ids not distinct, a text's pointer outside memory) is said, never shown.
 
 pub mod mdl;
+pub mod statements;
 
 use std::{fs, path::Path, sync::Arc};
 
@@ -370,6 +371,50 @@ impl Layout {
             host: None,
         }
     }
+}
+
+/// Where a thread finds the statement it runs in its connection object: the id's offset and width, the statement's
+/// `{ str, length }` and its start's `{ seconds; microseconds }`; `None` where the start is not known.
+pub struct StatementFields {
+    pub id: (u64, usize),
+    pub query: u64,
+    pub started: u64,
+}
+
+impl Layout {
+    /// What a thread's connection object says of the statement it runs (src/bpf/statement.h reads it).
+    pub fn statement_fields(&self) -> Option<StatementFields> {
+        Some(StatementFields {
+            id: (self.id_offset, self.id_width),
+            query: self.query_offset,
+            started: self.started_offset?,
+        })
+    }
+}
+
+/// The user and the database of the connection `id` whose object is at `thd`, where the layout knows them and
+/// the object still holds that connection; `None` where it does not.
+pub fn user_and_db(
+    mem: &impl Memory,
+    layout: &Layout,
+    thd: u64,
+    id: u64,
+) -> Option<(Option<String>, Option<String>)> {
+    let held = mem.bytes(thd.wrapping_add(layout.id_offset), layout.id_width)?;
+    let mut word = [0u8; 8];
+    word[..held.len()].copy_from_slice(&held);
+    if u64::from_le_bytes(word) != id || mem.u64_at(thd) != Some(layout.vtable_word) {
+        return None;
+    }
+    let user = layout.user.as_ref().and_then(|f| name(mem, thd, f));
+    let db = layout
+        .db_offset
+        .and_then(|o| query(mem, thd.wrapping_add(o)).ok().flatten())
+        .and_then(|q| match q {
+            Query::Text(t) => Some(t),
+            _ => None,
+        });
+    Some((user, db))
 }
 
 /// Every connection of process `pid`, read from `/proc/PID/mem` (see [`read`]).
