@@ -78,7 +78,7 @@ pub struct TraceArgs {
     #[arg(long)]
     pub addresses: bool,
     /// Start every stack with a frame naming what it was split by: `statement`, the statement its thread ran (its
-    /// fingerprint, or `[between statements]`, `[no connection: the server's own threads]`) [cpu, offcpu]
+    /// fingerprint, or `[no statement running]`, `[no connection: the server's own threads]`) [cpu, offcpu]
     #[arg(long, value_name = "WHAT", value_enum)]
     pub by: Option<By>,
     /// Keep only the samples of the statements whose fingerprint (or bracketed name) matches this regular

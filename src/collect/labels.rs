@@ -29,7 +29,8 @@ pub const TEXT_HEADER_BYTES: usize = 48;
 pub enum Statement {
     /// A statement: its fingerprint, and whose.
     Running(Running),
-    /// A connection's thread between its statements (waiting for the client's next).
+    /// A thread with a connection object but no statement: a connection's between its statements (waiting for the
+    /// client's next), or one of MySQL's background threads (which have objects of their own).
     Idle,
     /// A thread of the server without a connection: its own (InnoDB's I/O, purge, the page cleaner, …).
     NoConnection,
@@ -60,7 +61,7 @@ impl Statement {
                 format!("{}…", &r.fingerprint[..end])
             }
             Statement::Running(r) => r.fingerprint.to_string(),
-            Statement::Idle => "[between statements]".into(),
+            Statement::Idle => "[no statement running]".into(),
             Statement::NoConnection => "[no connection: the server's own threads]".into(),
             Statement::Unread => "[statement not read]".into(),
         }

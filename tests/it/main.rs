@@ -8,6 +8,7 @@ mod common;
 mod agent;
 mod agent_security;
 mod alloc;
+mod by_statement;
 mod causes;
 mod client;
 mod clients;

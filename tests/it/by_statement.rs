@@ -1,0 +1,148 @@
+//! `profile cpu` and `profile offcpu --by statement`: each sample under the statement its thread ran, read from the
+//! server's memory at the sample, on every server the tests start, beside sysbench.
+
+use crate::common::*;
+
+/// A statement whose CPU goes to a known function: a SHA-256 of each of 300,000 rows (well under a second).
+const HASHING: &str =
+    "SELECT SUM(LENGTH(SHA2(CONCAT(a.c, b.c), 256))) FROM (SELECT c FROM sbtest1 LIMIT 10000) a, \
+                       (SELECT c FROM sbtest1 LIMIT 30) b";
+const HASHING_ROOT: &str = "select sum(length(sha2(";
+const HASH_FUNCTION: &str = "Item_func_sha2::val_str_ascii";
+/// sysbench's point select, on any of its tables.
+fn is_point_select(root: &str) -> bool {
+    root.starts_with("select c from sbtest") && root.ends_with("where id = ?")
+}
+
+/// The stacks of a `--by statement` profile whose root (the statement) `pick` chooses, the root left out.
+fn under(stacks: &[(Vec<String>, u64)], pick: impl Fn(&str) -> bool) -> Vec<(Vec<String>, u64)> {
+    stacks
+        .iter()
+        .filter(|(f, _)| pick(&f[0]))
+        .map(|(f, v)| (f[1..].to_vec(), *v))
+        .collect()
+}
+
+fn total(stacks: &[(Vec<String>, u64)]) -> u64 {
+    stacks.iter().map(|(_, v)| v).sum()
+}
+
+#[test]
+fn each_statement_has_its_own_on_cpu_profile_on_every_server() {
+    for (kind, db) in every_server() {
+        let dir = tempdir("by-statement-cpu");
+        let load = db.running_load();
+        let mut hashing = db.session_in(Some("sbtest"));
+        let folded = dir.join("cpu.folded");
+        let mut tracer = myprobe()
+            .args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "4"])
+            .args(["-F", "199", "--by", "statement", "-o"])
+            .arg(&folded)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The hashing statement, one after the other, while the profile runs.
+        let mut ran = 0;
+        while tracer.try_wait().unwrap().is_none() {
+            hashing.send(HASHING);
+            hashing.read_line();
+            ran += 1;
+        }
+        let out = tracer.wait_with_output().unwrap();
+        load.finish();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{kind}: {stderr}");
+        let stacks = read_folded(&folded);
+        let heavy = under(&stacks, |r| r.starts_with(HASHING_ROOT));
+        let heavy_total = total(&heavy);
+        assert!(
+            heavy_total >= 20,
+            "{kind}: {heavy_total} samples under the hashing statement ({ran} run); roots: {:?}\n{stderr}",
+            roots(&stacks)
+        );
+        // Its own graph: the hash function in most of its samples.
+        let hashing_samples = value_with_frame(&heavy, |f| f == HASH_FUNCTION);
+        assert!(
+            hashing_samples * 2 >= heavy_total,
+            "{kind}: {HASH_FUNCTION} in {hashing_samples} of the hashing statement's {heavy_total} samples: {heavy:?}"
+        );
+        // sysbench's point selects have theirs, without the hash.
+        let points = under(&stacks, is_point_select);
+        assert!(
+            total(&points) > 0,
+            "{kind}: no sample under sysbench's point selects; roots: {:?}",
+            roots(&stacks)
+        );
+        assert_eq!(
+            value_with_frame(&points, |f| f.contains("sha2") || f.contains("SHA256")),
+            0,
+            "{kind}: the point selects' samples hold the hashing statement's functions: {points:?}"
+        );
+        // Every sample is under a statement or says why not.
+        for (frames, _) in &stacks {
+            let root = &frames[0];
+            assert!(
+                root.starts_with('[')
+                    || root.chars().next().is_some_and(|c| c.is_ascii_lowercase()),
+                "{kind}: a stack whose root is no statement: {frames:?}"
+            );
+        }
+    }
+}
+
+fn roots(stacks: &[(Vec<String>, u64)]) -> Vec<(String, u64)> {
+    let mut by_root: std::collections::BTreeMap<String, u64> = Default::default();
+    for (f, v) in stacks {
+        *by_root.entry(f[0].clone()).or_default() += v;
+    }
+    let mut roots: Vec<(String, u64)> = by_root.into_iter().collect();
+    roots.sort_by_key(|r| std::cmp::Reverse(r.1));
+    roots.truncate(15);
+    roots
+}
+
+#[test]
+fn a_statement_s_waits_are_under_it_even_one_begun_before_tracing_on_every_server() {
+    for (kind, db) in every_server() {
+        let dir = tempdir("by-statement-offcpu");
+        let load = db.running_load();
+        // In SLEEP() from before tracing to after: its thread is off CPU throughout (found at the end by the
+        // task iterator, its statement read from its memory then).
+        let mut sleeper = db.session();
+        sleeper.send("SELECT SLEEP(4)");
+        db.wait_until("the sleep to start", || {
+            db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(4)%'")
+                .trim()
+                == "1"
+        });
+        let folded = dir.join("offcpu.folded");
+        let stderr = run_ok(
+            myprobe()
+                .args(["profile", "offcpu", "-p", &db.pid.to_string(), "-d", "2"])
+                .args(["--by", "statement", "-o"])
+                .arg(&folded),
+        );
+        load.finish();
+        assert_eq!(sleeper.read_line(), "0", "{kind}: SLEEP(4) was cut short");
+        let stacks = read_folded(&folded);
+        let sleeping = under(&stacks, |r| r == "select sleep(?)");
+        let slept = value_with_frame(&sleeping, |f| f == "Item_func_sleep::val_int");
+        assert!(
+            slept >= 1_500_000,
+            "{kind}: {slept} µs in Item_func_sleep::val_int under the sleeping statement (2 s traced): {sleeping:?}; roots: {:?}\n{stderr}",
+            roots(&stacks)
+        );
+        // sysbench's statements wait too (a commit for its log), each under its own.
+        assert!(
+            total(&under(&stacks, |r| r == "commit")) > 0,
+            "{kind}: no off-CPU time under sysbench's commits; roots: {:?}",
+            roots(&stacks)
+        );
+        let points = under(&stacks, is_point_select);
+        assert_eq!(
+            value_with_frame(&points, |f| f.contains("sleep")),
+            0,
+            "{kind}: the point selects' waits hold the sleeping statement's: {points:?}"
+        );
+    }
+}
