@@ -102,6 +102,11 @@ pub fn trace(target: &Target, o: &Options, shared: &Shared, share: u32) -> Resul
         attached: None,
         stores: Some(&shared.unwind),
         shared: Vec::new(),
+        labels: o.statement_labels.then(|| {
+            crate::collect::labels::StatementLabels::new(
+                crate::sessions::statements::StatementsInMemory::boxed(),
+            )
+        }),
     };
     let prepared = runner::prepare(&plan)?;
     // Off-CPU and lock waits by the programs of the servers of the same store, where they can be shared.

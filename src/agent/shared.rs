@@ -15,6 +15,7 @@ use super::{metrics::Metrics, retain::Retention};
 use crate::{
     collect::{
         self,
+        labels::Statement,
         periods::{BudgetShares, Duty},
         targets::Targets,
         unwind_store::{Stores, UnwindStore},
@@ -64,14 +65,16 @@ pub struct Options {
     /// The statements' tracing: one second in N or more (`sampling`), its connection to the server (none:
     /// `--no-sql`), `--raw-sql`, `--btf`, memory.
     pub queries: FollowOptions,
+    /// The profiles' samples labelled by the statement their thread ran (none: `--no-statement-labels`).
+    pub statement_labels: bool,
 }
 
-/// Rows of one kind summed over a time (a window, or a request's seconds), by lock word and stack: bounded by
-/// the stacks seen, not by the time.
+/// Rows of one kind summed over a time (a window, or a request's seconds), by lock word, statement and stack:
+/// bounded by the stacks and statements seen, not by the time.
 #[derive(Default)]
 pub struct Sums {
     columns: Vec<String>,
-    pub(super) rows: HashMap<(u64, Arc<RawStack>), Box<[u64]>>,
+    pub(super) rows: HashMap<SumKey, Box<[u64]>>,
     events: u64,
     traced: Duration,
     lost: Lost,
@@ -86,7 +89,7 @@ impl Sums {
         for row in &c.rows {
             let sum = self
                 .rows
-                .entry((row.key, Arc::clone(&row.stack)))
+                .entry((row.key, row.statement.clone(), Arc::clone(&row.stack)))
                 .or_insert_with(|| vec![0; row.values.len()].into());
             for (s, v) in sum.iter_mut().zip(&row.values) {
                 *s = s.saturating_add(v.saturating_mul(scale));
@@ -103,12 +106,12 @@ impl Sums {
             rows: self
                 .rows
                 .iter()
-                .map(|((key, stack), values)| Row {
+                .map(|((key, statement, stack), values)| Row {
                     tid: 0,
                     key: *key,
                     stack: Arc::clone(stack),
                     values: values.clone(),
-                    statement: None,
+                    statement: statement.clone(),
                 })
                 .collect(),
             events: self.events,
@@ -118,6 +121,9 @@ impl Sums {
         }
     }
 }
+
+/// What a row is summed by: its lock word, its statement, its stack.
+pub(super) type SumKey = (u64, Option<Arc<Statement>>, Arc<RawStack>);
 
 /// A `/debug/pprof/...?seconds=N` waiting for its seconds to pass.
 pub struct ProfileRequest {

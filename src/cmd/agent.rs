@@ -77,6 +77,10 @@ pub struct AgentArgs {
     /// the DB load it gives /metrics
     #[arg(long)]
     pub no_history: bool,
+    /// Do not label the profiles' samples by the statement their thread ran (pprof's `db_query_summary`,
+    /// `connection`, `db_user`, `db_namespace`): a few reads of the server's memory per sample and wait saved
+    #[arg(long)]
+    pub no_statement_labels: bool,
     /// How long every second of the session history is kept
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     pub history_keep: Duration,
@@ -169,6 +173,7 @@ pub fn run(a: AgentArgs) -> Result<()> {
         }),
         any_process: a.target.any_process,
         programs_per_server: a.programs_per_server,
+        statement_labels: !a.no_statement_labels,
         queries: FollowOptions {
             sampling: match (a.sample_every, a.max_statements) {
                 (1, _) => SampleEvery::Every(1),

@@ -185,6 +185,7 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
         attached: Some(attached_tx),
         stores: o.unwind.as_deref(),
         shared: Vec::new(),
+        labels: None,
     };
     let stop = plan.stop().clone();
     // Before any collector starts: an error here must not leave them running.

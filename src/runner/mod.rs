@@ -48,6 +48,8 @@ pub struct Plan<'a> {
     /// The collectors that a set of programs shared with other servers runs for this one, rather than this run
     /// ([`Plan::shared_options`]).
     pub shared: Vec<Kind>,
+    /// The stack collectors' samples labelled by statement (src/bpf/statement.h), where they can be.
+    pub labels: Option<Arc<collect::labels::StatementLabels>>,
 }
 
 /// What the collectors share, read before any starts: an error here leaves nothing running.
@@ -102,6 +104,7 @@ impl Plan<'_> {
             attached: self.attached.clone(),
             slices: self.slices.clone(),
             duty,
+            statements: self.labels.clone(),
             ..self.statements.collect_options(self.target.pid)
         }
     }

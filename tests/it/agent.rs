@@ -274,8 +274,8 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
         "{policies:?}"
     );
 
-    let top = pprof_pulls_a_loaded_server_s_profile(db, agent_port, &dir, &running);
-    assert!(top.contains("Type: samples"), "{top}");
+    let raw = pprof_pulls_a_loaded_server_s_profile(db, agent_port, &dir, &running);
+    point_selects_alone(&raw);
     the_windows_are_kept_and_served(agent_port);
 
     let mut load = db.load(600);
@@ -328,7 +328,8 @@ fn prometheus_scrapes_the_statement_time_and_pprof_pulls_profiles() {
 /// pprof's own client pulls five seconds of on-CPU samples while the load runs: it is started, seen to reach the
 /// server (by the server's own count of statements, not the agent's), and seen still running when the profile has
 /// come back. A load that ended meanwhile (sysbench ends at its first error) is started again, up to three times:
-/// what is tested is the profile of a loaded server. pprof's `-top`.
+/// what is tested is the profile of a loaded server. pprof's `-raw`, of the samples of sysbench's point selects alone
+/// (`-tagfocus` on the statement each sample is labelled with).
 fn pprof_pulls_a_loaded_server_s_profile(
     db: &TestDb,
     agent_port: u16,
@@ -351,7 +352,8 @@ fn pprof_pulls_a_loaded_server_s_profile(
         }
         let running_after = started.elapsed();
         let out = Command::new(go())
-            .args(["tool", "pprof", "-top"])
+            .args(["tool", "pprof", "-raw"])
+            .arg(format!("-tagfocus=db_query_summary={POINT_SELECT}"))
             .arg(format!(
                 "http://127.0.0.1:{agent_port}/debug/pprof/profile?seconds=5"
             ))
@@ -387,6 +389,29 @@ fn pprof_pulls_a_loaded_server_s_profile(
         );
     };
     top
+}
+
+/// sysbench's point selects, as their samples are labelled.
+const POINT_SELECT: &str = r"^select c from sbtest\d+ where id = \?$";
+
+/// The samples of a profile that `-tagfocus` kept to the point selects: labelled with them alone, their connections,
+/// user and database.
+fn point_selects_alone(raw: &str) {
+    assert!(raw.contains("samples/count"), "{raw}");
+    let point_select = regex::Regex::new(POINT_SELECT).unwrap();
+    let statements: Vec<&str> = raw
+        .split("db_query_summary:[")
+        .skip(1)
+        .filter_map(|s| s.split(']').next())
+        .collect();
+    assert!(!statements.is_empty(), "no sample labelled: {raw}");
+    assert!(
+        statements.iter().all(|s| point_select.is_match(s)),
+        "samples of other statements kept: {statements:?}"
+    );
+    for label in ["connection:[", "db_user:[sbtest]", "db_namespace:[sbtest]"] {
+        assert!(raw.contains(label), "no {label} in {raw}");
+    }
 }
 
 /// The same for off-CPU time; the windows are kept as files, listed and served.
