@@ -1,7 +1,8 @@
 // Allocations by user stack: uprobes on the C library's allocation functions (C++ `new` reaches them too)
 // sum the requested size and the calls of every N-th call (`sample_every`) within [min_size, max_size] per
-// stack, in the kernel; each stack goes to user space once. With track_outstanding (memleak), each traced
-// allocation is kept by address from its return until free() or realloc() lets it go.
+// stack (and, with statement_labels, statement: statement.h), in the kernel; each stack goes to user space once.
+// With track_outstanding (memleak), each traced allocation is kept by address from its return until free() or
+// realloc() lets it go.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -9,6 +10,7 @@
 #include "maps.h"
 #include "session.h"
 #include "stack_ids.h"
+#include "statement.h"
 #include "target.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -46,11 +48,18 @@ struct alloc_total {
 	__u64 calls;
 };
 
-/* Stack id → what was allocated on it. Full: counted in lost.state, the call is not counted. */
+struct alloc_key {
+	__u64 stack_id;
+	__u64 statement; /* statement.h's label; 0 without statement_labels */
+	__u32 tid;       /* the thread whose statement it is, with a statement's label; else 0 */
+	__u32 _pad;
+};
+
+/* (stack, statement) → what was allocated there. Full: counted in lost.state, the call is not counted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_STACKS);
-	__type(key, __u64);
+	__type(key, struct alloc_key);
 	__type(value, struct alloc_total);
 } totals SEC(".maps");
 
@@ -127,8 +136,10 @@ static __always_inline int account(void *ctx, enum alloc_kind kind, __u64 size, 
 		p->kind = kind;
 		return 0;
 	}
+	struct alloc_key k = { .stack_id = id, .statement = current_statement(bpf_get_current_task_btf()) };
+	k.tid = statement_thread(k.statement, tid);
 	struct alloc_total zero_total = {};
-	struct alloc_total *t = id ? lookup_or_init(&totals, &id, &zero_total) : 0;
+	struct alloc_total *t = id ? lookup_or_init(&totals, &k, &zero_total) : 0;
 	if (!t) {
 		count_lost(state);
 		return 1;

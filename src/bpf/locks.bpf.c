@@ -1,7 +1,8 @@
 // Lock waits: every futex wait of the target (pthread mutexes, condition variables, rw-locks and InnoDB's own
 // latches all end there) is timed from the syscall's entry to its exit and summed in the kernel per (lock
 // word, waiter stack): count, total, longest, and a log2 histogram. Every wake of a lock word that has been
-// waited on is counted per (lock word, waker stack): the thread releasing the lock.
+// waited on is counted per (lock word, waker stack): the thread releasing the lock. With statement_labels, both
+// also per statement (statement.h): the waiter's when it began to wait, the waker's when it woke it.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -11,6 +12,7 @@
 #include "lost.h"
 #include "maps.h"
 #include "stack_ids.h"
+#include "statement.h"
 #include "target.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -25,7 +27,8 @@ struct lock_key {
 	__u64 addr;
 	__u64 stack_id;
 	__u32 tgid;  /* whose word, where one set of programs traces several processes (many_targets); else 0 */
-	__u32 _pad;
+	__u32 tid;   /* the thread whose statement it is, with a statement's label; else 0 */
+	__u64 statement; /* statement.h's label; 0 without statement_labels, and in `waited` */
 };
 
 /* The process of the current thread, in keys: 0 where the programs trace one. */
@@ -74,6 +77,7 @@ struct futex_call {
 	__u64 ts;
 	__u32 op;
 	__u32 period; /* attach_period at its entry */
+	__u64 statement; /* the statement that waits (statement.h) */
 };
 
 /* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
@@ -83,7 +87,7 @@ struct {
 } in_wait SEC(".maps");
 
 /* A futex call of the target entered. */
-static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
+static __always_inline void futex_entered(void *ctx, __u32 tid, __u64 addr, __u32 op)
 {
 	if (futex_op_waits(op)) {
 		struct futex_call none = {};
@@ -92,6 +96,7 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 			c->addr = addr;
 			c->op = op;
 			c->period = attach_period;
+			c->statement = current_statement(statement_current_task());
 			c->ts = bpf_ktime_get_ns();
 		} else {
 			count_lost(state);
@@ -103,6 +108,8 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 	struct lock_key k = { .addr = addr, .tgid = key_tgid() };
 	if (bpf_map_lookup_elem(&waited, &k)) {
 		k.stack_id = stack_id_of_call(ctx, false);
+		k.statement = current_statement(statement_current_task());
+		k.tid = statement_thread(k.statement, tid);
 		__u64 zero = 0;
 		__u64 *n = lookup_or_init(&wakes, &k, &zero);
 		if (n)
@@ -113,7 +120,7 @@ static __always_inline void futex_entered(void *ctx, __u64 addr, __u32 op)
 }
 
 /* A syscall of the target returned `ret`: a futex wait it was in ends. */
-static __always_inline void futex_exited(void *ctx, long ret)
+static __always_inline void futex_exited(void *ctx, __u32 tid, long ret)
 {
 	struct futex_call *c = current_thread_storage(&in_wait, false, 0);
 	if (!c || !c->ts)
@@ -122,6 +129,7 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	__u64 op_bit = 1ULL << (c->op & 15);
 	struct lock_key k = { .addr = c->addr, .tgid = key_tgid() };
 	__u32 period = c->period;
+	__u64 statement = c->statement;
 	c->ts = 0;
 	current_thread_storage_release(&in_wait);
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
@@ -131,6 +139,8 @@ static __always_inline void futex_exited(void *ctx, long ret)
 	__u8 one = 1;
 	bpf_map_update_elem(&waited, &k, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);
+	k.statement = statement;
+	k.tid = statement_thread(statement, tid);
 	struct lock_wait *w = lookup_or_init(&waits, &k, &no_waits);
 	if (!w) {
 		count_lost(state);
@@ -163,7 +173,7 @@ int on_futex_enter(struct trace_event_raw_sys_enter *ctx)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	futex_entered(ctx, ctx->args[0], ctx->args[1]);
+	futex_entered(ctx, tid, ctx->args[0], ctx->args[1]);
 	return 0;
 }
 
@@ -173,7 +183,7 @@ int on_futex_exit(struct trace_event_raw_sys_exit *ctx)
 	__u32 tid;
 	if (!current_is_target(&tid))
 		return 0;
-	futex_exited(ctx, ctx->ret);
+	futex_exited(ctx, tid, ctx->ret);
 	return 0;
 }
 
@@ -185,7 +195,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	__u32 tid;
 	if (id != futex_nr || !current_is_target(&tid))
 		return 0;
-	futex_entered(ctx, PT_REGS_PARM1_SYSCALL(regs), PT_REGS_PARM2_SYSCALL(regs));
+	futex_entered(ctx, tid, PT_REGS_PARM1_SYSCALL(regs), PT_REGS_PARM2_SYSCALL(regs));
 	return 0;
 }
 
@@ -202,6 +212,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 #endif
 	if (!current_is_target(&tid))
 		return 0;
-	futex_exited(ctx, ret);
+	futex_exited(ctx, tid, ret);
 	return 0;
 }

@@ -182,3 +182,10 @@ static __always_inline __u64 current_statement(struct task_struct *task)
 {
 	return task_statement(task, 0);
 }
+
+/* The thread to key a sum by with `label`: a statement's start names it only with its thread; the other labels
+ * need none (0, which keeps a sum per stack rather than per thread). */
+static __always_inline __u32 statement_thread(__u64 label, __u32 tid)
+{
+	return label > STATEMENT_NO_CONNECTION ? tid : 0;
+}

@@ -78,11 +78,11 @@ pub struct TraceArgs {
     #[arg(long)]
     pub addresses: bool,
     /// Start every stack with a frame naming what it was split by: `statement`, the statement its thread ran (its
-    /// fingerprint, or `[no statement running]`, `[no connection: the server's own threads]`) [cpu, offcpu]
+    /// fingerprint, or `[no statement running]`, `[no connection: the server's own threads]`) [cpu, offcpu, locks, alloc]
     #[arg(long, value_name = "WHAT", value_enum)]
     pub by: Option<By>,
     /// Keep only the samples of the statements whose fingerprint (or bracketed name) matches this regular
-    /// expression, e.g. `sbtest1 where id` [cpu, offcpu]
+    /// expression, e.g. `sbtest1 where id` [cpu, offcpu, locks, alloc]
     #[arg(long, value_name = "REGEX")]
     pub statement: Option<String>,
     /// Do not read which statement each sample was taken in (a few reads of the server's memory per event; pprof
@@ -290,7 +290,7 @@ fn offcpu(a: OffcpuArgs) -> Result<()> {
 fn alloc(a: AllocArgs) -> Result<()> {
     let alloc = a.filter.options(a.sample, None)?;
     let mut s = Session::start(&a.trace)?;
-    s.without_statements()?;
+    s.label_statements()?;
     let target = &s.target;
     let every = if alloc.sample_every > 1 {
         format!("every {}th call", alloc.sample_every)
@@ -317,7 +317,7 @@ fn alloc(a: AllocArgs) -> Result<()> {
 /// `profile locks`: the futex waits by lock and stack, with the table of the top locks before the results.
 fn locks(a: LocksArgs) -> Result<()> {
     let mut s = Session::start(&a.trace)?;
-    s.without_statements()?;
+    s.label_statements()?;
     let target = &s.target;
     let mut names =
         DataSymbolizer::new(s.target.pid).context("reading the process's memory map")?;
@@ -471,7 +471,7 @@ impl<'a> Session<'a> {
     fn without_statements(&self) -> Result<()> {
         anyhow::ensure!(
             self.a.by.is_none() && self.a.statement.is_none(),
-            "--by statement and --statement are for profile cpu and offcpu"
+            "--by statement and --statement are for profile cpu, offcpu, locks and alloc"
         );
         Ok(())
     }

@@ -17,7 +17,7 @@ use crate::process::{
 };
 
 use super::{
-    maps::{for_each_per_cpu, for_each_typed, Plain},
+    maps::{drain_typed, for_each_per_cpu, for_each_typed, Plain},
     monotonic_ns,
     periods::SamplePeriods,
     skeleton::stack_skeleton,
@@ -32,6 +32,8 @@ use skel::types::alloc_kind;
 stack_skeleton!(Skeleton, AllocSkelBuilder, OpenAllocSkel, AllocSkel);
 // SAFETY: generated from BTF structs of integers.
 unsafe impl Plain for skel::types::alloc_total {}
+// SAFETY: as above.
+unsafe impl Plain for skel::types::alloc_key {}
 // SAFETY: as above.
 unsafe impl Plain for skel::types::outstanding_alloc {}
 // SAFETY: as above.
@@ -91,6 +93,7 @@ pub fn collect(
         last_report: Instant::now(),
         report,
         tally: Tally::default(),
+        drained: HashMap::new(),
     };
     let mut collected = stack_collector::run(&mut collector, opts)?;
     collected.estimate = collector.estimate(true);
@@ -126,11 +129,28 @@ struct Alloc<'a, R> {
     last_report: Instant,
     report: R,
     tally: Tally,
+    /// profile alloc's sums moved from the kernel, by statement (`Stacks::labels`) and stack id.
+    drained: HashMap<(u32, u64), [u64; 2]>,
 }
 
 impl<R: FnMut(&Collected)> Alloc<'_, R> {
     fn leaks(&self) -> bool {
         self.alloc.outstanding_older_than.is_some()
+    }
+
+    /// Moves the kernel's sums here (profile alloc), emptying its map.
+    fn drain(&mut self, skel: &Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
+        drain_typed(
+            &skel.maps.totals,
+            |k: skel::types::alloc_key, t: skel::types::alloc_total| {
+                let statement = stacks.labels.resolve(0, k.tid, k.statement);
+                let sum = self.drained.entry((statement, k.stack_id)).or_default();
+                sum[0] = sum[0].saturating_add(t.bytes);
+                sum[1] = sum[1].saturating_add(t.calls);
+            },
+        )
+        .context("moving the allocation sums from the kernel")?;
+        Ok(())
     }
 
     fn read_tally(skel: &Loaded<'_, Self>) -> Tally {
@@ -222,6 +242,14 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
         1
     }
 
+    fn label_statements(&mut self, open: &mut Open<'_, Self>) -> Result<bool> {
+        if self.leaks() {
+            return Ok(false);
+        }
+        super::rodata(open.maps.rodata_data.as_deref_mut())?.statement_labels = true;
+        Ok(true)
+    }
+
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
         let leaks = self.leaks();
         let rodata = super::rodata(open.maps.rodata_data.as_deref_mut())?;
@@ -270,6 +298,10 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
+        // Sums per statement are keyed by each statement's start: the map would fill within a second.
+        if stacks.labels.enabled() {
+            self.drain(skel, stacks)?;
+        }
         match self.periods.due() {
             Some(true) => match self.probes.attach_allocations(&skel.progs, &mut Vec::new()) {
                 Ok(links) => {
@@ -319,29 +351,25 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
         self.frees.clear();
     }
 
-    fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
         self.tally = Self::read_tally(skel);
         if let Some(older) = self.alloc.outstanding_older_than {
             return Ok(self.outstanding(skel, older));
         }
+        self.drain(skel, stacks)?;
         let every = self.alloc.sample_every;
-        let mut sums = Vec::new();
-        for_each_typed(
-            &skel.maps.totals,
-            |stack_id: u64, t: skel::types::alloc_total| {
-                if t.calls > 0 {
-                    sums.push(Sum {
-                        pid: 0,
-                        tid: 0,
-                        key: 0,
-                        stack_id,
-                        values: Box::new([scale_up(t.bytes, every), scale_up(t.calls, every)]),
-                        statement: 0,
-                    });
-                }
-            },
-        );
-        Ok(sums)
+        Ok(self
+            .drained
+            .drain()
+            .map(|((statement, stack_id), [bytes, calls])| Sum {
+                pid: 0,
+                tid: 0,
+                key: 0,
+                stack_id,
+                values: Box::new([scale_up(bytes, every), scale_up(calls, every)]),
+                statement,
+            })
+            .collect())
     }
 }
 

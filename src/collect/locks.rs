@@ -1,6 +1,11 @@
 //! Lock waits (src/bpf/locks.bpf.c): futex waits per lock word and waiter stack, and the stacks that woke
 //! them.
 
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
 use anyhow::{Context, Result};
 
 use super::{
@@ -23,13 +28,24 @@ unsafe impl Plain for skel::types::lock_wait {}
 /// `wait_ns`, `max_wait_ns`, `futex_ops` (bit `op & 15` for each futex operation it waited with) and `hist_<i>`
 /// (waits of [2^i, 2^(i+1)) µs; `hist_0` below 2 µs); or a waker stack's `wakes`.
 pub fn collect(opts: &CollectOptions) -> Result<Collected> {
-    stack_collector::run(&mut Locks, opts)
+    stack_collector::run(&mut Locks::default(), opts)
 }
 
 /// The fixed columns, before the histogram's.
 const COLUMNS: [&str; 5] = ["waits", "wait_ns", "max_wait_ns", "futex_ops", "wakes"];
+const MAX_WAIT: usize = 2;
+const FUTEX_OPS: usize = 3;
 
-struct Locks;
+/// How often the kernel's sums are moved here while sums are kept per statement: a statement's waits are keyed by
+/// its start, and the map would fill within seconds.
+const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Locks {
+    /// The sums moved from the kernel, by process (0 for one), lock word, statement (`Stacks::labels`) and stack.
+    drained: HashMap<(u32, u64, u32, u64), Box<[u64]>>,
+    last_drain: Option<Instant>,
+}
 
 impl Collector for Locks {
     type Skel = Skeleton;
@@ -40,6 +56,11 @@ impl Collector for Locks {
         let buckets = skel::types::lock_wait::default().hist.len();
         let hist = (0..buckets).map(|i| format!("hist_{i}"));
         COLUMNS.map(String::from).into_iter().chain(hist).collect()
+    }
+
+    fn label_statements(&mut self, open: &mut Open<'_, Self>) -> Result<bool> {
+        super::rodata(open.maps.rodata_data.as_deref_mut())?.statement_labels = true;
+        Ok(true)
     }
 
     fn configure(&mut self, open: &mut Open<'_, Self>, features: &Features) -> Result<()> {
@@ -55,54 +76,88 @@ impl Collector for Locks {
         Ok(())
     }
 
-    fn read(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
-        sums(skel, false)
+    fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
+        if stacks.labels.enabled()
+            && self
+                .last_drain
+                .is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL)
+        {
+            self.last_drain = Some(Instant::now());
+            self.drain(skel, stacks)?;
+        }
+        Ok(())
     }
 
-    fn slice(&mut self, skel: &mut Loaded<'_, Self>, _: &mut Stacks) -> Result<Vec<Sum>> {
-        sums(skel, true)
+    fn read(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        self.drain(skel, stacks)?;
+        Ok(self.take_drained())
+    }
+
+    fn slice(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<Vec<Sum>> {
+        self.drain(skel, stacks)?;
+        Ok(self.take_drained())
     }
 }
 
-/// The waiters' and wakers' sums; `drain`: moved out of the kernel's maps, which are left empty.
-fn sums(skel: &Loaded<'_, Locks>, drain: bool) -> Result<Vec<Sum>> {
-    let mut sums = Vec::new();
-    read_typed(
-        &skel.maps.waits,
-        drain,
-        |k: skel::types::lock_key, w: skel::types::lock_wait| {
-            let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
-                .into_iter()
-                .chain(w.hist);
-            sums.push(Sum {
-                pid: k.tgid,
+impl Locks {
+    /// Adds a row's values to the sums of (process, lock word, statement, stack): the longest wait is the longest,
+    /// the futex operations each set's, the rest summed (stopping at `u64::MAX`).
+    fn add(&mut self, key: (u32, u64, u32, u64), values: impl Iterator<Item = u64>) {
+        let values: Vec<u64> = values.collect();
+        let sum = self
+            .drained
+            .entry(key)
+            .or_insert_with(|| vec![0; values.len()].into());
+        for (i, (s, v)) in sum.iter_mut().zip(values).enumerate() {
+            *s = match i {
+                MAX_WAIT => (*s).max(v),
+                FUTEX_OPS => *s | v,
+                _ => s.saturating_add(v),
+            };
+        }
+    }
+
+    fn take_drained(&mut self) -> Vec<Sum> {
+        self.drained
+            .drain()
+            .map(|((pid, key, statement, stack_id), values)| Sum {
+                pid,
                 tid: 0,
-                key: k.addr,
-                stack_id: k.stack_id,
-                values: values.collect(),
-                statement: 0,
-            });
-        },
-    )
-    .context("reading the lock waits' sums")?;
-    let buckets = skel::types::lock_wait::default().hist.len();
-    read_typed(
-        &skel.maps.wakes,
-        drain,
-        |k: skel::types::lock_key, wakes: u64| {
-            let values = [0, 0, 0, 0, wakes]
-                .into_iter()
-                .chain(std::iter::repeat_n(0, buckets));
-            sums.push(Sum {
-                pid: k.tgid,
-                tid: 0,
-                key: k.addr,
-                stack_id: k.stack_id,
-                values: values.collect(),
-                statement: 0,
-            });
-        },
-    )
-    .context("reading the lock wakes' sums")?;
-    Ok(sums)
+                key,
+                stack_id,
+                values,
+                statement,
+            })
+            .collect()
+    }
+
+    /// Moves the waiters' and wakers' sums out of the kernel's maps, which are left empty.
+    fn drain(&mut self, skel: &Loaded<'_, Locks>, stacks: &mut Stacks) -> Result<()> {
+        read_typed(
+            &skel.maps.waits,
+            true,
+            |k: skel::types::lock_key, w: skel::types::lock_wait| {
+                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
+                let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
+                    .into_iter()
+                    .chain(w.hist);
+                self.add((k.tgid, k.addr, statement, k.stack_id), values);
+            },
+        )
+        .context("reading the lock waits' sums")?;
+        let buckets = skel::types::lock_wait::default().hist.len();
+        read_typed(
+            &skel.maps.wakes,
+            true,
+            |k: skel::types::lock_key, wakes: u64| {
+                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
+                let values = [0, 0, 0, 0, wakes]
+                    .into_iter()
+                    .chain(std::iter::repeat_n(0, buckets));
+                self.add((k.tgid, k.addr, statement, k.stack_id), values);
+            },
+        )
+        .context("reading the lock wakes' sums")?;
+        Ok(())
+    }
 }

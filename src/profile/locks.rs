@@ -116,6 +116,9 @@ pub fn summarize(
         }
     }
     for l in locks.values_mut() {
+        // Rows of one stack by statement: one entry.
+        merge_by_stack(&mut l.waiters);
+        merge_by_stack(&mut l.wakers);
         l.kind = kinds
             .get(&l.addr)
             .and_then(|k| {
@@ -133,6 +136,16 @@ pub fn summarize(
     let mut locks: Vec<LockSummary> = locks.into_values().filter(|l| l.waits > 0).collect();
     locks.sort_by_key(|l| std::cmp::Reverse(l.total_ns));
     (profile, locks)
+}
+
+/// Entries of the same stack summed into one.
+fn merge_by_stack(entries: &mut Vec<(u64, String)>) {
+    let mut by_stack: HashMap<String, u64> = HashMap::with_capacity(entries.len());
+    for (n, stack) in entries.drain(..) {
+        let sum = by_stack.entry(stack).or_default();
+        *sum = sum.saturating_add(n);
+    }
+    entries.extend(by_stack.into_iter().map(|(stack, n)| (n, stack)));
 }
 
 #[cfg(test)]

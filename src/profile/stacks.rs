@@ -55,6 +55,12 @@ impl<'a> StackNamer<'a> {
         self
     }
 
+    /// The frame naming a row's statement, with `by_statement`: the root of its every stack.
+    pub fn statement_frame(&self, row: &Row) -> Option<String> {
+        let statement = row.statement.as_ref().filter(|_| self.opts.by_statement)?;
+        Some(statement.frame())
+    }
+
     /// Whether a row is kept (`--statement`).
     pub fn keeps(&self, row: &Row) -> bool {
         match (&self.statement_filter, &row.statement) {
@@ -64,13 +70,9 @@ impl<'a> StackNamer<'a> {
         }
     }
 
-    /// The frames of a row's stack, root first: its statement (with `by_statement`), its thread (with
-    /// `per_thread`), user frames, kernel frames.
+    /// The frames of a row's stack, root first: its thread (with `per_thread`), user frames, kernel frames.
     pub fn frames(&mut self, row: &Row) -> Vec<Rc<str>> {
-        let mut frames = Vec::with_capacity(row.stack.ips.len() + 3);
-        if let Some(s) = row.statement.as_ref().filter(|_| self.opts.by_statement) {
-            frames.push(Rc::from(s.frame()));
-        }
+        let mut frames = Vec::with_capacity(row.stack.ips.len() + 2);
         if self.opts.per_thread && row.tid != 0 {
             let pid = self.opts.pid;
             let thread = self
@@ -153,13 +155,15 @@ pub fn build(
             continue;
         }
         let frames = namer.frames(row);
+        let statement = namer.statement_frame(row).map(|s| profile.intern(&s));
         let labels = row.statement.as_ref().map_or(0, |s| {
             *labels
                 .entry(std::sync::Arc::as_ptr(s))
                 .or_insert_with(|| profile.intern_labels(s.labels()))
         });
         for part in parts.into_iter().filter(|p| p.value > 0) {
-            let mut ids = Vec::with_capacity(frames.len() + 2);
+            let mut ids = Vec::with_capacity(frames.len() + 3);
+            ids.extend(statement);
             ids.extend(part.root.as_deref().map(|r| profile.intern(r)));
             ids.extend(frames.iter().map(|f| profile.intern(f)));
             ids.extend(part.leaf.as_deref().map(|l| profile.intern(l)));

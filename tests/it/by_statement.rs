@@ -146,3 +146,102 @@ fn a_statement_s_waits_are_under_it_even_one_begun_before_tracing_on_every_serve
         );
     }
 }
+
+#[test]
+fn a_row_lock_wait_is_under_the_statement_that_waited_on_every_server() {
+    for (kind, db) in every_server() {
+        let dir = tempdir("by-statement-locks");
+        db.sql("CREATE DATABASE IF NOT EXISTS by_statement");
+        db.sql(
+            "CREATE TABLE IF NOT EXISTS by_statement.t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB",
+        );
+        db.sql("INSERT IGNORE INTO by_statement.t VALUES (1, 0)");
+        let folded = dir.join("locks.folded");
+        let pid = db.pid.to_string();
+        let file = folded.display().to_string();
+        let args = [
+            "profile",
+            "locks",
+            "-p",
+            &pid,
+            "-d",
+            "60",
+            "--by",
+            "statement",
+            "-o",
+            &file,
+        ];
+        let profile = Background::start(&args, "Ctrl-C ends early");
+        let mut holder = db.session();
+        holder.exec("BEGIN; UPDATE by_statement.t SET v = v + 1 WHERE id = 1");
+        let mut waiter = db.session();
+        waiter.send("UPDATE by_statement.t SET v = v + 10 WHERE id = 1; SELECT 'updated'");
+        db.wait_for_row_lock_wait("v + 10");
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        holder.exec("COMMIT");
+        assert_eq!(waiter.read_line(), "updated");
+        let (_, stderr) = profile.stop();
+        let stacks = read_folded(&folded);
+        let waited = total(&under(&stacks, |r| {
+            r == "update by_statement.t set v = v + ? where id = ?"
+        }));
+        assert!(
+            waited >= 700_000,
+            "{kind}: {waited} µs of lock waits under the waiting update (about 800 ms waited); roots: {:?}\n{stderr}",
+            roots(&stacks)
+        );
+    }
+}
+
+#[test]
+fn an_allocation_is_under_the_statement_that_made_it_on_every_server() {
+    for (kind, db) in every_server() {
+        let dir = tempdir("by-statement-alloc");
+        let load = db.running_load();
+        let folded = dir.join("alloc.folded");
+        let pid = db.pid.to_string();
+        let file = folded.display().to_string();
+        let args = [
+            "profile",
+            "alloc",
+            "-p",
+            &pid,
+            "-d",
+            "60",
+            "--by",
+            "statement",
+            "-o",
+            &file,
+        ];
+        let profile = Background::start(&args, "Ctrl-C ends early");
+        // A string of 10 MB, made by REPEAT: its buffer allocated in Item_func_repeat::val_str.
+        let mut session = db.session();
+        for _ in 0..3 {
+            assert_eq!(
+                session.query_row("SELECT LENGTH(REPEAT('x', 10000000))"),
+                "10000000"
+            );
+        }
+        let (_, stderr) = profile.stop();
+        load.finish();
+        let stacks = read_folded(&folded);
+        let repeating = under(&stacks, |r| r == "select length(repeat(?, ?))");
+        let bytes = value_with_frame(&repeating, |f| f == "Item_func_repeat::val_str");
+        assert!(
+            bytes >= 30_000_000,
+            "{kind}: {bytes} bytes allocated in Item_func_repeat::val_str under the repeating statement (3 × 10 MB): \
+             {repeating:?}; roots: {:?}\n{stderr}",
+            roots(&stacks)
+        );
+        let points = under(&stacks, is_point_select);
+        assert!(
+            total(&points) > 0,
+            "{kind}: no allocation under sysbench's point selects"
+        );
+        assert_eq!(
+            value_with_frame(&points, |f| f.contains("repeat")),
+            0,
+            "{kind}: the point selects' allocations hold the repeating statement's: {points:?}"
+        );
+    }
+}
