@@ -340,9 +340,16 @@ fn statements(h: &mut String, r: &Report) {
         } else {
             0.0
         };
+        let graphs = s
+            .graphs
+            .iter()
+            .position(|(fp, _)| *fp == row.fingerprint)
+            .map_or(String::new(), |n| {
+                format!(" <a class=\"graphs\" href=\"#graphs-{n}\">flame graphs</a>")
+            });
         let _ = write!(
             h,
-            "<tr><td class=\"fp\" title=\"{}\">{}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td>",
+            "<tr><td class=\"fp\" title=\"{}\">{}{graphs}</td><td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td>",
             escape(&row.fingerprint),
             escape(&clip(&row.fingerprint, 120)),
             row.count,
@@ -389,7 +396,57 @@ fn statements(h: &mut String, r: &Report) {
     }
     let lost = s.followed.lost.report(s.followed.seen);
     notes(h, &lost);
+    statement_graphs(h, &s.graphs);
     h.push_str("</section>\n");
+}
+
+/// Each of the top statements' own flame graphs, opened from its row.
+fn statement_graphs(h: &mut String, graphs: &[(String, Vec<ProfileSection>)]) {
+    if graphs.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<section id=\"statement-graphs\"><h3>Flame graphs by statement</h3>\n<p>Each statement's own samples: those \
+         its connection's thread took while running it.</p>\n",
+    );
+    for (n, (fingerprint, sections)) in graphs.iter().enumerate() {
+        let _ = writeln!(
+            h,
+            "<details id=\"graphs-{n}\" class=\"statement-graphs\"><summary>{}</summary>",
+            escape(&clip(fingerprint, 160))
+        );
+        for p in sections {
+            let _ = writeln!(
+                h,
+                "<section class=\"profile\" data-profile=\"{}\"><h4>{}</h4><p>{} events, total {} {}.</p>",
+                p.id,
+                escape(&p.title),
+                p.events,
+                p.profile.total(),
+                p.profile.unit.count_name()
+            );
+            flame(h, p);
+            h.push_str("</section>\n");
+        }
+        h.push_str("</details>\n");
+    }
+    h.push_str("</section>\n");
+}
+
+/// A flame graph in its frame, or that nothing was traced.
+fn flame(h: &mut String, p: &ProfileSection) {
+    if p.svg.is_empty() {
+        h.push_str("<p class=\"none\">Nothing was traced.</p>");
+        return;
+    }
+    let (svg, height) = framed_svg(&p.svg);
+    let _ = writeln!(
+        h,
+        "<iframe class=\"flame\" title=\"{}\" style=\"height:{}px\" srcdoc=\"{}\"></iframe>",
+        escape(&p.title),
+        height + 4,
+        escape(&svg)
+    );
 }
 
 /// The flame graphs, each with the line `about` says of it.
@@ -414,18 +471,7 @@ fn profiles(
             escape(&p.title),
             escape(&about(p)),
         );
-        if p.svg.is_empty() {
-            h.push_str("<p class=\"none\">Nothing was traced.</p>");
-        } else {
-            let (svg, height) = framed_svg(&p.svg);
-            let _ = writeln!(
-                h,
-                "<iframe class=\"flame\" title=\"{}\" style=\"height:{}px\" srcdoc=\"{}\"></iframe>",
-                escape(&p.title),
-                height + 4,
-                escape(&svg)
-            );
-        }
+        flame(h, p);
         notes(h, &p.lost);
         h.push_str("</section>\n");
     }

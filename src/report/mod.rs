@@ -24,6 +24,7 @@ use anyhow::{Context, Result};
 use crate::{
     collect::{
         self,
+        labels::Statement,
         unwind_store::{Stores, UnwindStore},
         CollectOptions, Collected, Kind, RingOptions, Stop,
     },
@@ -33,7 +34,7 @@ use crate::{
         stacks::{self, StackNamer, StackOptions},
         Profile,
     },
-    query::digest::Digest,
+    query::digest::{Digest, DigestRow},
     query::follow::{FollowOptions, Followed},
     render::Palette,
     runner::{self, Plan},
@@ -91,6 +92,7 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
             Some(Statements {
                 rows: digest.rows(),
                 followed,
+                graphs: Vec::new(),
             })
         }
         Err(e) => {
@@ -135,6 +137,10 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         };
         profiles.push(section(kind.name(), title, profile, c, palette)?);
     }
+    let mut statements = statements;
+    if let Some(s) = statements.as_mut() {
+        s.graphs = statement_graphs(&s.rows, &collected, &mut namer)?;
+    }
     let mut report = Report {
         target: target.to_string(),
         host: hostname(),
@@ -154,6 +160,71 @@ pub fn trace(target: &Target, o: &Options) -> Result<Report> {
         ended.elapsed().as_millis()
     );
     Ok(report)
+}
+
+/// The most statements given flame graphs of their own.
+const STATEMENT_GRAPHS: usize = 10;
+
+/// The on-CPU and off-CPU flame graphs of each of the top statements (`rows`, those with samples), from the
+/// samples labelled with their fingerprint.
+fn statement_graphs(
+    rows: &[DigestRow],
+    collected: &[(Kind, Collected)],
+    namer: &mut StackNamer,
+) -> Result<Vec<(String, Vec<ProfileSection>)>> {
+    let mut graphs = Vec::new();
+    for row in rows.iter().take(STATEMENT_GRAPHS) {
+        let mut sections = Vec::new();
+        for (kind, c) in collected {
+            let mine = Collected {
+                rows: c
+                    .rows
+                    .iter()
+                    .filter(|r| is_of(r, &row.fingerprint))
+                    .cloned()
+                    .collect(),
+                columns: c.columns.clone(),
+                ..Collected::default()
+            };
+            let (profile, title, palette, events) = match kind {
+                Kind::Cpu => (
+                    stacks::on_cpu(&mine, namer),
+                    "On-CPU (samples)",
+                    Palette::Hot,
+                    "samples",
+                ),
+                Kind::Offcpu => (
+                    stacks::off_cpu(&mine, namer),
+                    "Off-CPU time (µs)",
+                    Palette::Io,
+                    "periods",
+                ),
+                _ => continue,
+            };
+            if profile.is_empty() {
+                continue;
+            }
+            let events = mine.rows.iter().map(|r| mine.value(r, events)).sum();
+            let title = format!("{title}: {}", row.fingerprint);
+            sections.push(ProfileSection::drawn(
+                kind.name(),
+                title,
+                profile,
+                palette,
+                events,
+                Vec::new(),
+            )?);
+        }
+        if !sections.is_empty() {
+            graphs.push((row.fingerprint.clone(), sections));
+        }
+    }
+    Ok(graphs)
+}
+
+/// Whether a row's samples were taken in a statement of this fingerprint.
+fn is_of(row: &collect::Row, fingerprint: &str) -> bool {
+    matches!(row.statement.as_deref(), Some(Statement::Running(s)) if &*s.fingerprint == fingerprint)
 }
 
 fn not_traced(kind: Kind, e: &anyhow::Error, missing: &mut Vec<String>) {
@@ -185,7 +256,9 @@ fn run_collectors(target: &Target, o: &Options) -> Result<Found> {
         attached: Some(attached_tx),
         stores: o.unwind.as_deref(),
         shared: Vec::new(),
-        labels: None,
+        labels: Some(collect::labels::StatementLabels::new(
+            crate::sessions::statements::StatementsInMemory::boxed(),
+        )),
     };
     let stop = plan.stop().clone();
     // Before any collector starts: an error here must not leave them running.

@@ -60,6 +60,9 @@ impl ProfileSection {
 pub struct Statements {
     pub rows: Vec<DigestRow>,
     pub followed: Followed,
+    /// The top statements' own flame graphs (on-CPU, off-CPU), by fingerprint: their samples, each labelled with
+    /// the statement its thread ran.
+    pub graphs: Vec<(String, Vec<ProfileSection>)>,
 }
 
 /// Everything the page shows.

@@ -76,3 +76,11 @@ window.addEventListener("load", function () {
     searchFlames(term);
   }
 });
+
+// A statement's link to its own flame graphs opens them.
+document.querySelectorAll("a.graphs").forEach(function (a) {
+  a.addEventListener("click", function () {
+    var graphs = document.querySelector(a.getAttribute("href"));
+    if (graphs) graphs.open = true;
+  });
+});

@@ -82,6 +82,7 @@ fn report_of_a_loaded_server_in_chromium() {
     let dom = String::from_utf8(chromium(&profile, &["--dump-dom"], &url)).unwrap();
     the_digest_shows_sysbench_s_statements(&dom);
     each_flame_graph_searches_its_own_frames(&dom);
+    a_statement_opens_its_own_flame_graphs(&dom);
     the_findings_locks_and_threads_are_shown(&dom);
     a_screenshot_is_kept(&profile, &url);
 }
@@ -198,11 +199,58 @@ fn each_flame_graph_searches_its_own_frames(dom: &str) {
     }
     assert_eq!(searched, ["cpu", "offcpu", "locks"]);
     assert!(total >= 2, "do_command is on the CPU and off it: {total}");
+    // Every flame graph of the page, the statements' own too.
+    let all: usize = Regex::new(r#"<section class="profile"[^>]* data-highlighted="(\d+)""#)
+        .unwrap()
+        .captures_iter(dom)
+        .map(|c| c[1].parse::<usize>().unwrap())
+        .sum();
+    let graphs = dom.matches("<iframe class=\"flame\"").count();
+    assert!(
+        graphs > 3,
+        "the statements' own flame graphs: {graphs} in all"
+    );
     assert!(
         dom.contains(&format!(
-            "data-highlighted=\"{total}\">{total} frames highlighted in 3 flame graphs"
+            "data-highlighted=\"{all}\">{all} frames highlighted in {graphs} flame graphs"
         )),
         "the search's status line"
+    );
+}
+
+/// A statement's row links to its own flame graphs, which the link opens: the point select's on-CPU and off-CPU
+/// graphs, made of its samples alone.
+fn a_statement_opens_its_own_flame_graphs(dom: &str) {
+    let point_select = "select c from sbtest1 where id = ?";
+    let row = Regex::new(
+        r##"<td class="fp" title="([^"]*)">[^<]*<a class="graphs" href="#(graphs-\d+)">"##,
+    )
+    .unwrap();
+    let links: Vec<(String, String)> = row
+        .captures_iter(dom)
+        .map(|c| (unescape(&c[1]), c[2].to_string()))
+        .collect();
+    let (_, id) = links
+        .iter()
+        .find(|(fp, _)| fp == point_select)
+        .unwrap_or_else(|| panic!("no link to the point select's flame graphs: {links:?}"));
+    let graphs = Regex::new(&format!(
+        r#"(?s)<details id="{id}"[^>]*><summary>([^<]*)</summary>(.*?)</details>"#
+    ))
+    .unwrap();
+    let c = graphs.captures(dom).expect("the linked flame graphs");
+    assert_eq!(unescape(&c[1]), point_select);
+    for kind in ["cpu", "offcpu"] {
+        assert!(
+            c[2].contains(&format!("data-profile=\"{kind}\"")),
+            "the point select's {kind} graph: {}",
+            &c[2][..c[2].len().min(2000)]
+        );
+    }
+    // Its samples alone: no frame of sysbench's range selects' sort.
+    assert!(
+        !c[2].contains("filesort"),
+        "another statement's frames in the point select's graphs"
     );
 }
 
