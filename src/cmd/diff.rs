@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::cmd::flame::read_folded;
-use crate::profile::{folded, Unit};
-use crate::render::{self, Format, Palette, RenderOptions};
+use crate::profile::{folded, Profile, Unit};
+use crate::render::{self, pprof, Format, Palette, RenderOptions};
 
 #[derive(clap::Args)]
 pub struct DiffArgs {
@@ -36,6 +36,11 @@ pub struct DiffArgs {
     /// Background palette (frames are coloured red/blue by their change).
     #[arg(long = "colors", value_enum, default_value_t = Palette::Hot)]
     pub colors: Palette,
+    /// Compare one statement's samples: those whose statement (the root frame of a profile made with `--by
+    /// statement`, or a pprof sample's `db_query_summary` label, as the agent's windows have) this regular
+    /// expression matches, without that root
+    #[arg(long, value_name = "REGEX")]
+    pub statement: Option<String>,
 }
 
 pub fn run(a: DiffArgs) -> Result<()> {
@@ -46,7 +51,13 @@ pub fn run(a: DiffArgs) -> Result<()> {
     if let (Some(Format::Json | Format::Pprof), Some(path)) = (format, &a.output) {
         bail!("diff writes .svg or .folded/.txt, not {}", path.display());
     }
-    let lines = differential(&a.before, &a.after, a.normalize)?;
+    let statement = a
+        .statement
+        .as_deref()
+        .map(regex::Regex::new)
+        .transpose()
+        .context("--statement is not a regular expression")?;
+    let lines = differential(&a.before, &a.after, a.normalize, statement.as_ref())?;
     let opts = RenderOptions {
         title: a.title,
         palette: a.colors,
@@ -77,12 +88,17 @@ pub fn run(a: DiffArgs) -> Result<()> {
 /// after scaling BEFORE in floating point with `--normalize` (2^62 leaves room for its rounding).
 const MAX_TOTAL: u64 = 1 << 62;
 
-/// The differential folded lines `stack BEFORE AFTER` of two folded files, sorted by stack.
-/// Both inputs are checked (a corrupt line is an error naming its file and line) and handed
-/// to inferno's `differential`, which merges them and, with `normalize`, scales BEFORE.
-pub fn differential(before: &str, after: &str, normalize: bool) -> Result<Vec<String>> {
+/// The differential folded lines `stack BEFORE AFTER` of two profiles (folded, or pprof), sorted by stack: with
+/// `statement`, of that statement's samples alone. Both inputs are checked (a corrupt line is an error naming its
+/// file and line) and handed to inferno's `differential`, which merges them and, with `normalize`, scales BEFORE.
+pub fn differential(
+    before: &str,
+    after: &str,
+    normalize: bool,
+    statement: Option<&regex::Regex>,
+) -> Result<Vec<String>> {
     let canonical = |input: &str| -> Result<Vec<u8>> {
-        let profile = read_folded(input, Unit::Samples)?;
+        let profile = read_input(input, statement)?;
         if profile.total() > MAX_TOTAL {
             bail!("{input}: the values add up to more than {MAX_TOTAL}, too much to compare");
         }
@@ -102,6 +118,42 @@ pub fn differential(before: &str, after: &str, normalize: bool) -> Result<Vec<St
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     lines.sort_by(|x, y| stack_of(x).cmp(stack_of(y)).then(x.cmp(y)));
     Ok(lines)
+}
+
+/// A profile to compare, folded or pprof (by its first bytes), of `statement`'s samples alone where given.
+fn read_input(input: &str, statement: Option<&regex::Regex>) -> Result<Profile> {
+    let bytes = match input {
+        "-" => None,
+        path => Some(std::fs::read(path).with_context(|| format!("cannot open {path}"))?),
+    };
+    let pprof = bytes.as_deref().and_then(|b| {
+        let pprof = b.starts_with(&[0x1f, 0x8b]);
+        pprof.then(|| pprof::decode(b))
+    });
+    let Some(message) = pprof else {
+        let profile = read_folded(input, Unit::Samples)?;
+        return Ok(match statement {
+            Some(re) => statement_s_own(&profile, re),
+            None => profile,
+        });
+    };
+    let message = message.with_context(|| input.to_string())?;
+    let profile = match statement {
+        Some(re) => pprof::profile_labelled(&message, "db_query_summary", re),
+        None => pprof::profile_of(&message),
+    };
+    profile.with_context(|| format!("{input}: its values are in no unit a profile has"))
+}
+
+/// The stacks of a `--by statement` profile whose root (the statement) `re` matches, that root left out.
+fn statement_s_own(profile: &Profile, re: &regex::Regex) -> Profile {
+    let mut own = Profile::new(profile.unit);
+    for (frames, value) in profile.stacks() {
+        if let Some((_, rest)) = frames.split_first().filter(|(root, _)| re.is_match(root)) {
+            own.add(rest, value);
+        }
+    }
+    own
 }
 
 /// The stack part of a differential line (before its two value columns).
@@ -138,6 +190,7 @@ mod tests {
             title: "t".into(),
             count_name: "samples".into(),
             colors: Palette::Hot,
+            statement: None,
         };
         for (before, after) in [(&b, &a), (&a, &b)] {
             let err = format!("{:#}", run(args(before, after)).unwrap_err());
@@ -153,6 +206,66 @@ mod tests {
     }
 
     #[test]
+    fn one_statement_s_samples_are_compared_from_folded_roots_or_pprof_labels() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (b, a) = (dir.join("b.folded"), dir.join("a.folded"));
+        std::fs::write(&b, "select ?;main;a 10\ncommit;main;sync 7\n").unwrap();
+        // The same statement's samples, another statement's not compared.
+        std::fs::write(
+            &a,
+            "select ?;main;a 4\nselect ?;main;b 6\ncommit;main;sync 70\n",
+        )
+        .unwrap();
+        let select = regex::Regex::new("^select").unwrap();
+        let (bs, as_) = (b.to_str().unwrap(), a.to_str().unwrap());
+        assert_eq!(
+            differential(bs, as_, false, Some(&select)).unwrap(),
+            ["main;a 10 4", "main;b 0 6"]
+        );
+        // The agent's windows: pprof samples labelled with their statement.
+        let pprof_of = |stacks: &[(&[&str], &str, u64)], path: &std::path::Path| {
+            let mut p = Profile::new(Unit::Samples);
+            for (frames, statement, value) in stacks {
+                let ids = frames.iter().map(|f| p.intern(f)).collect();
+                let labels = p.intern_labels(vec![("db_query_summary", statement.to_string())]);
+                p.add_labelled(ids, labels, *value);
+            }
+            pprof::write(
+                &p,
+                &RenderOptions::default(),
+                std::fs::File::create(path).unwrap(),
+            )
+            .unwrap();
+        };
+        let (bp, ap) = (dir.join("b.pb.gz"), dir.join("a.pb.gz"));
+        pprof_of(
+            &[
+                (&["main", "a"], "select ?", 10),
+                (&["main", "sync"], "commit", 7),
+            ],
+            &bp,
+        );
+        pprof_of(
+            &[
+                (&["main", "a"], "select ?", 4),
+                (&["main", "sync"], "commit", 70),
+            ],
+            &ap,
+        );
+        assert_eq!(
+            differential(
+                bp.to_str().unwrap(),
+                ap.to_str().unwrap(),
+                false,
+                Some(&select)
+            )
+            .unwrap(),
+            ["main;a 10 4"]
+        );
+    }
+
+    #[test]
     fn merges_and_normalizes() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
@@ -161,16 +274,16 @@ mod tests {
         std::fs::write(&a, "main;a;x 15\nmain;b 2\nmain;c 4\n").unwrap();
         let (bs, as_) = (b.to_str().unwrap(), a.to_str().unwrap());
         assert_eq!(
-            differential(bs, as_, false).unwrap(),
+            differential(bs, as_, false, None).unwrap(),
             ["main;a;x 10 15", "main;b 5 2", "main;c 0 4"]
         );
         // BEFORE total 15 scaled to AFTER total 21: 10 → 14, 5 → 7.
         assert_eq!(
-            differential(bs, as_, true).unwrap(),
+            differential(bs, as_, true, None).unwrap(),
             ["main;a;x 14 15", "main;b 7 2", "main;c 0 4"]
         );
         std::fs::write(&b, "main;a;x 10\nmain;b five\n").unwrap();
-        let err = format!("{:#}", differential(bs, as_, false).unwrap_err());
+        let err = format!("{:#}", differential(bs, as_, false, None).unwrap_err());
         assert!(
             err.ends_with("b.folded: line 2: expected `frame;frame VALUE`, got \"main;b five\""),
             "{err}"

@@ -295,6 +295,32 @@ pub fn decode(bytes: &[u8]) -> Result<PprofProfile> {
 /// The profile a pprof message holds, stacks root first, in its first sample type: `None` when its unit is not one
 /// a profile has.
 pub fn profile_of(message: &PprofProfile) -> Option<Profile> {
+    profile_of_samples(message, |_| true)
+}
+
+/// The same, of the samples whose label `key` has a value that `value` matches (`db_query_summary`: one
+/// statement's).
+pub fn profile_labelled(
+    message: &PprofProfile,
+    key: &str,
+    value: &regex::Regex,
+) -> Option<Profile> {
+    let string = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| message.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    profile_of_samples(message, |sample| {
+        sample
+            .label
+            .iter()
+            .any(|l| string(l.key) == key && value.is_match(string(l.str)))
+    })
+}
+
+/// The profile of the samples `keep` keeps.
+fn profile_of_samples(message: &PprofProfile, keep: impl Fn(&Sample) -> bool) -> Option<Profile> {
     let string = |i: i64| {
         usize::try_from(i)
             .ok()
@@ -330,7 +356,7 @@ pub fn profile_of(message: &PprofProfile) -> Option<Profile> {
         })
         .collect();
     let mut profile = Profile::new(unit);
-    for sample in &message.sample {
+    for sample in message.sample.iter().filter(|s| keep(s)) {
         let Some(&value) = sample.value.first() else {
             continue;
         };

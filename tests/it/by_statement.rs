@@ -66,6 +66,33 @@ fn each_statement_has_its_own_on_cpu_profile_on_every_server() {
             hashing_samples * 2 >= heavy_total,
             "{kind}: {HASH_FUNCTION} in {hashing_samples} of the hashing statement's {heavy_total} samples: {heavy:?}"
         );
+        // `diff` compares that statement's samples alone: here the run with itself.
+        let diff = dir.join("diff.folded");
+        run_ok(
+            myprobe()
+                .args(["diff", "--statement", r"^select sum\(length\(sha2"])
+                .arg(&folded)
+                .arg(&folded)
+                .arg("-o")
+                .arg(&diff),
+        );
+        let diffed: u64 = std::fs::read_to_string(&diff)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: Vec<u64> = l
+                    .rsplitn(3, ' ')
+                    .take(2)
+                    .map(|v| v.parse().unwrap())
+                    .collect();
+                assert_eq!(v[0], v[1], "{kind}: {l}");
+                v[0]
+            })
+            .sum();
+        assert_eq!(
+            diffed, heavy_total,
+            "{kind}: the hashing statement's samples in diff"
+        );
         // sysbench's point selects have theirs, without the hash.
         let points = under(&stacks, is_point_select);
         assert!(
