@@ -50,8 +50,9 @@ struct alloc_total {
 
 struct alloc_key {
 	__u64 stack_id;
-	__u64 statement; /* statement.h's label; 0 without statement_labels */
-	__u32 tid;       /* the thread whose statement it is, with a statement's label; else 0 */
+	__u64 statement; /* statement.h's label and connection; 0 without statement_labels */
+	__u64 connection;
+	__u32 tid;       /* the thread whose statement it is, with a label by start; else 0 */
 	__u32 _pad;
 };
 
@@ -136,7 +137,8 @@ static __always_inline int account(void *ctx, enum alloc_kind kind, __u64 size, 
 		p->kind = kind;
 		return 0;
 	}
-	struct alloc_key k = { .stack_id = id, .statement = current_statement(bpf_get_current_task_btf()) };
+	struct statement_label statement = current_statement(bpf_get_current_task_btf());
+	struct alloc_key k = { .stack_id = id, .statement = statement.label, .connection = statement.connection };
 	k.tid = statement_thread(k.statement, tid);
 	struct alloc_total zero_total = {};
 	struct alloc_total *t = id ? lookup_or_init(&totals, &k, &zero_total) : 0;

@@ -20,10 +20,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (!current_is_target(&tid))
 		return 0;
 	/* Its statement's text, the first time, goes before the sample. */
-	__u64 statement = current_statement(statement_current_task());
+	struct statement_label statement = current_statement(statement_current_task());
 	struct stack_event *e = stack_event_now(ctx);
 	if (e) {
-		e->statement = statement;
+		e->statement = statement.label;
+		e->connection = statement.connection;
 		submit_event(e, stack_event_size(e));
 	}
 	return 0;

@@ -27,8 +27,9 @@ struct lock_key {
 	__u64 addr;
 	__u64 stack_id;
 	__u32 tgid;  /* whose word, where one set of programs traces several processes (many_targets); else 0 */
-	__u32 tid;   /* the thread whose statement it is, with a statement's label; else 0 */
-	__u64 statement; /* statement.h's label; 0 without statement_labels, and in `waited` */
+	__u32 tid;   /* the thread whose statement it is, with a label by start; else 0 */
+	__u64 statement; /* statement.h's label and connection; 0 without statement_labels, and in `waited` */
+	__u64 connection;
 };
 
 /* The process of the current thread, in keys: 0 where the programs trace one. */
@@ -77,7 +78,8 @@ struct futex_call {
 	__u64 ts;
 	__u32 op;
 	__u32 period; /* attach_period at its entry */
-	__u64 statement; /* the statement that waits (statement.h) */
+	__u64 statement; /* the statement that waits (statement.h), and its connection */
+	__u64 connection;
 };
 
 /* Per thread: the futex wait it is in (ts 0: none). Task storage: as many as the process has threads, freed
@@ -96,7 +98,9 @@ static __always_inline void futex_entered(void *ctx, __u32 tid, __u64 addr, __u3
 			c->addr = addr;
 			c->op = op;
 			c->period = attach_period;
-			c->statement = current_statement(statement_current_task());
+			struct statement_label statement = current_statement(statement_current_task());
+			c->statement = statement.label;
+			c->connection = statement.connection;
 			c->ts = bpf_ktime_get_ns();
 		} else {
 			count_lost(state);
@@ -108,7 +112,9 @@ static __always_inline void futex_entered(void *ctx, __u32 tid, __u64 addr, __u3
 	struct lock_key k = { .addr = addr, .tgid = key_tgid() };
 	if (bpf_map_lookup_elem(&waited, &k)) {
 		k.stack_id = stack_id_of_call(ctx, false);
-		k.statement = current_statement(statement_current_task());
+		struct statement_label statement = current_statement(statement_current_task());
+		k.statement = statement.label;
+		k.connection = statement.connection;
 		k.tid = statement_thread(k.statement, tid);
 		__u64 zero = 0;
 		__u64 *n = lookup_or_init(&wakes, &k, &zero);
@@ -129,7 +135,7 @@ static __always_inline void futex_exited(void *ctx, __u32 tid, long ret)
 	__u64 op_bit = 1ULL << (c->op & 15);
 	struct lock_key k = { .addr = c->addr, .tgid = key_tgid() };
 	__u32 period = c->period;
-	__u64 statement = c->statement;
+	__u64 statement = c->statement, connection = c->connection;
 	c->ts = 0;
 	current_thread_storage_release(&in_wait);
 	if (ret == -EAGAIN) /* the word changed before the wait began: nothing was waited for */
@@ -140,6 +146,7 @@ static __always_inline void futex_exited(void *ctx, __u32 tid, long ret)
 	bpf_map_update_elem(&waited, &k, &one, BPF_ANY);
 	k.stack_id = stack_id_of_call(ctx, false);
 	k.statement = statement;
+	k.connection = connection;
 	k.tid = statement_thread(statement, tid);
 	struct lock_wait *w = lookup_or_init(&waits, &k, &no_waits);
 	if (!w) {

@@ -60,7 +60,8 @@ struct thread_state {
 	__u32 tid;
 	__u32 period;   /* attach_period at its switch out */
 	__u32 pad;
-	__u64 statement; /* its statement when it left the CPU (statement.h) */
+	__u64 statement; /* its statement when it left the CPU (statement.h), and its connection */
+	__u64 connection;
 	struct preempt_key preempted_by; /* preemptors: who took the CPU at the last switch-out */
 };
 
@@ -76,6 +77,7 @@ struct offcpu_key {
 	__u32 tgid;  /* which process, where one set of programs traces several (many_targets) */
 	__u64 stack_id;
 	__u64 statement; /* statement.h's label; 0 without statement_labels */
+	__u64 connection;
 };
 
 struct offcpu_time {
@@ -166,7 +168,9 @@ SCHED_SWITCH_PROG(on_switch)
 				st->stack_id = stack_id_of_call(ctx, false);
 				st->leaf_ip = 0;
 			}
-			st->statement = current_statement(prev);
+			struct statement_label statement = current_statement(prev);
+			st->statement = statement.label;
+			st->connection = statement.connection;
 			if (preemptors)
 				count_preemption(st, prev, next);
 		} else {
@@ -201,6 +205,7 @@ SCHED_SWITCH_PROG(on_switch)
 			.tgid = many_targets ? next->tgid : 0,
 			.stack_id = st->stack_id,
 			.statement = st->statement,
+			.connection = st->connection,
 		};
 		struct offcpu_time none = {};
 		struct offcpu_time *t = lookup_or_init(&totals, &k, &none);
@@ -280,7 +285,9 @@ int blocked_threads(struct bpf_iter__task *ctx)
 		return 0;
 	long n = unwind_task_user_stack(task, e->ips);
 	e->tid = tid;
-	e->statement = task_statement(task, ctx->meta->seq);
+	struct statement_label statement = task_statement(task, ctx->meta->seq);
+	e->statement = statement.label;
+	e->connection = statement.connection;
 	__u32 user = n > 0 ? n : 0;
 	if (user > MAX_USER_FRAMES)
 		user = MAX_USER_FRAMES;

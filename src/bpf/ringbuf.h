@@ -25,8 +25,8 @@ struct {
 } sent_unchecked SEC(".maps");
 
 /* Sends `size` bytes of `data`, waking the reader at once if `now` (a rare event it must act on without delay), or
- * when a batch waits; counted in lost.ringbuf when the ring buffer is full. */
-static __always_inline void submit_event_waking(void *data, __u64 size, bool now)
+ * when a batch waits; counted in lost.ringbuf when the ring buffer is full. Whether it was sent. */
+static __always_inline bool submit_event_waking(void *data, __u64 size, bool now)
 {
 	__u32 zero = 0;
 	__u64 *sent = bpf_map_lookup_elem(&sent_unchecked, &zero); /* inlined by recent verifiers */
@@ -35,11 +35,14 @@ static __always_inline void submit_event_waking(void *data, __u64 size, bool now
 		*sent = 0;
 		wake = wake || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= RINGBUF_WAKE_BYTES;
 	}
-	if (bpf_ringbuf_output(&events, data, size, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP))
+	if (bpf_ringbuf_output(&events, data, size, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP)) {
 		count_lost(ringbuf);
+		return false;
+	}
+	return true;
 }
 
-static __always_inline void submit_event(void *data, __u64 size)
+static __always_inline bool submit_event(void *data, __u64 size)
 {
-	submit_event_waking(data, size, false);
+	return submit_event_waking(data, size, false);
 }

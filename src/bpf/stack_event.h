@@ -20,6 +20,7 @@ struct stack_event {
 	__u16 user_len;   /* ips[0 .. user_len): user frames, leaf first */
 	__u16 kernel_len; /* ips[user_len .. user_len + kernel_len): kernel frames, leaf first */
 	__u64 statement;  /* a sample's statement (statement.h's label), where the collector labels them; else 0 */
+	__u64 connection; /* and its connection's id */
 	__u64 ips[MAX_FRAMES];
 };
 
@@ -51,6 +52,7 @@ static __always_inline void capture_stacks(void *ctx, struct stack_event *e)
 	e->user_len = user;
 	e->kernel_len = 0;
 	e->statement = 0;
+	e->connection = 0;
 	if (!kernel_stacks)
 		return;
 	n = bpf_get_stack(ctx, &e->ips[user], sizeof(__u64) * MAX_KERNEL_FRAMES, 0);

@@ -176,6 +176,7 @@ static __always_inline __u64 leaf_only_stack_id(__u64 ip, __u32 tid)
 	e->kernel_len = 0;
 	e->tid = tid;
 	e->statement = 0;
+	e->connection = 0;
 	e->stack_id = stack_hash(e);
 	return define_stack(e);
 }

@@ -2,8 +2,9 @@
  * on that thread: no probe on the statements, nothing run per statement. The thread's connection object (THD) is
  * at a fixed offset from its thread pointer (the server's thread-local `current_thd`), and the object holds the
  * statement's text and when it began, at offsets user space read from the server's exported accessors
- * (sessions::Layout). A sum or sample is labelled by when its statement began; the text is sent once per thread
- * and statement (`struct statement_text`), which user space fingerprints. */
+ * (sessions::Layout). A sum or sample is labelled by its statement's text, hashed once per run of the statement on
+ * the thread, and by its connection; each label's text goes to user space once (`struct
+ * statement_text`), which fingerprints it, and each thread's connection when it changes. */
 #pragma once
 
 #include "vmlinux.h"
@@ -33,28 +34,48 @@ struct {
 	__type(value, struct statement_layout);
 } statement_layouts SEC(".maps");
 
-/* A label that is no statement's start: not read (no layout for the process, its memory not readable then); a
- * connection's thread between statements; a thread without a connection (the server's own). */
+/* A label that is no statement: not read (no layout for the process, its memory not readable then); a
+ * connection object without a statement (between a client's statements); a thread without a connection (the
+ * server's own). Other labels: a statement's text hashed (STATEMENT_HASHED set), the same for every run of it on
+ * any thread; or, for a text longer than STATEMENT_HASHED_MAX, the statement's start in microseconds since the
+ * epoch, which names it with its thread. */
 #define STATEMENT_NONE 0
 #define STATEMENT_IDLE 1
 #define STATEMENT_NO_CONNECTION 2
+#define STATEMENT_HASHED (1ULL << 63)
+
+/* The longest text hashed: a longer one is labelled by its run (its start), its text sent at each. */
+#define STATEMENT_HASHED_MAX 256
 
 #define STATEMENT_TEXT_MAX 1024
 
-/* Sent once per thread and statement, the first time an event is labelled by it. */
+/* What statement.h sends user space: each is a record whose first word is 0 (no stack's id is). */
+enum statement_record_kind : __u32 {
+	STATEMENT_TEXT = 0,       /* a label's text: once per hashed label, once per run for the others */
+	STATEMENT_CONNECTION = 1, /* a thread's connection, when it changes: where its user and database are */
+};
+
 struct statement_text {
-	__u64 marker; /* 0: not a struct stack_event (whose stack id never is) */
+	__u64 marker; /* 0 */
+	enum statement_record_kind kind;
 	__u32 tgid;
-	__u32 tid;
-	__u64 started_us; /* the label */
-	__u64 conn_id;
-	__u64 thd;    /* the connection's object, where user space reads its user and database */
+	__u32 tid;    /* the thread it ran on (a label by start names a statement with its thread) */
 	__u32 length; /* the whole text's */
+	__u64 label;
 	__u32 kept;   /* bytes of it in text */
+	__u32 _pad;
 	char text[STATEMENT_TEXT_MAX];
 };
 
 #define STATEMENT_TEXT_HEADER_BYTES __builtin_offsetof(struct statement_text, text)
+
+struct statement_connection {
+	__u64 marker; /* 0 */
+	enum statement_record_kind kind;
+	__u32 tgid;
+	__u64 connection; /* its id */
+	__u64 thd;        /* its object, where user space reads its user and database */
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -63,15 +84,37 @@ struct {
 	__type(value, struct statement_text);
 } statement_scratch SEC(".maps");
 
-/* The statement each thread's text was last sent for. */
-struct statement_sent {
+/* The statement a thread ran at its last event, and its label: read again only when its start changes. */
+struct statement_thread {
 	__u64 thd;
 	__u64 started_us;
+	__u64 label;
+	__u64 connection;
 };
 
 struct {
-	THREAD_STORAGE(struct statement_sent, 16384);
-} statements_sent SEC(".maps");
+	THREAD_STORAGE(struct statement_thread, 16384);
+} statement_threads SEC(".maps");
+
+struct statement_text_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 label;
+};
+
+/* The hashed labels whose text was sent; one forgotten is sent again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct statement_text_key);
+	__type(value, __u8);
+} statement_texts_sent SEC(".maps");
+
+/* An event's statement: its label, and its connection's id (0 without one). */
+struct statement_label {
+	__u64 label;
+	__u64 connection;
+};
 
 /* The current task, as task storage takes it (the compat build's storage is keyed by its id). */
 static __always_inline struct task_struct *statement_current_task(void)
@@ -98,94 +141,171 @@ static __always_inline long read_task_user(void *dst, __u32 size, __u64 src, str
 	return bpf_probe_read_user(dst, size, (const void *)src);
 }
 
-/* Sends the text of the statement `q` of `thd`, begun at `started_us`, through the ring buffer, or a task
- * iterator's `seq` (the whole struct, which its reader takes for one record); whether it was sent. */
-static __always_inline bool send_statement_text(const struct statement_layout *l, struct task_struct *task,
-						struct seq_file *seq, __u32 tgid, __u64 thd, __u64 started_us,
-						const __u64 *q)
+/* Sends a record through the ring buffer, or a task iterator's `seq` (a whole struct, which its reader takes for
+ * one record); whether it was sent. */
+static __always_inline bool send_statement_record(void *record, __u64 size, __u64 whole, struct seq_file *seq)
+{
+#ifdef MYPROBE_COMPAT
+	(void)whole;
+	(void)seq;
+#else
+	if (seq)
+		return !bpf_seq_write(seq, record, whole);
+#endif
+	return submit_event(record, size);
+}
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+
+/* FNV-1a of a statement's text, 8 bytes a step (a bpf_loop callback, verified once): every run of a statement of
+ * one text (a prepared statement's, whatever its parameters) has one label; user space fingerprints the text sent,
+ * and joins the labels of one fingerprint. */
+struct statement_hashing {
+	__u64 h;
+	__u32 kept;
+	__u32 _pad;
+};
+
+static long statement_hash_word(__u32 i, void *data)
+{
+	struct statement_hashing *s = data;
+	__u32 zero = 0;
+	struct statement_text *t = bpf_map_lookup_elem(&statement_scratch, &zero);
+	__u32 at = i * 8;
+	if (!t || at >= s->kept || at >= STATEMENT_HASHED_MAX)
+		return 1;
+	__u64 h = s->h;
+#pragma unroll
+	for (int j = 0; j < 8; j++) {
+		__u32 k = at + j;
+		/* Past the text, zeros: the same for every text of this length, and the length is hashed with it. */
+		__u8 c = k < s->kept ? t->text[k & (STATEMENT_TEXT_MAX - 1)] : 0;
+		h = (h ^ c) * FNV_PRIME;
+	}
+	s->h = h;
+	return 0;
+}
+
+static __always_inline __u64 statement_hash(__u32 kept)
+{
+	struct statement_hashing s = { .h = (FNV_OFFSET ^ kept) * FNV_PRIME, .kept = kept };
+	bpf_loop((kept + 7) / 8, statement_hash_word, &s, 0);
+	return s.h | STATEMENT_HASHED;
+}
+
+/* The label of the statement `q` (its `{ str, length }`), begun at `started_us` on `task`: its text read into the
+ * scratch record and sent where user space has not had it; 0 where the scratch is missing. */
+static __always_inline __u64 label_statement(struct task_struct *task, struct seq_file *seq, __u32 tgid,
+					     __u64 started_us, const __u64 *q)
 {
 	__u32 zero = 0;
 	struct statement_text *t = bpf_map_lookup_elem(&statement_scratch, &zero);
 	if (!t)
-		return false;
-	t->marker = 0;
-	t->tgid = tgid;
-	t->tid = BPF_CORE_READ(task, pid);
-	t->started_us = started_us;
-	t->thd = thd;
-	t->conn_id = 0;
-	__u32 width = l->id_width == 4 ? 4 : 8;
-	read_task_user(&t->conn_id, width, thd + l->id_offset, task, seq);
+		return STATEMENT_NONE;
 	__u64 length = q[1];
 	/* At most STATEMENT_TEXT_MAX - 1 bytes, a bound the mask shows the verifier. */
 	__u32 kept = (length < STATEMENT_TEXT_MAX ? length : STATEMENT_TEXT_MAX - 1) & (STATEMENT_TEXT_MAX - 1);
-	t->length = length > 0xffffffffULL ? 0xffffffffU : length;
 	if (read_task_user(t->text, kept, q[0], task, seq))
 		kept = 0;
-	t->kept = kept;
-#ifndef MYPROBE_COMPAT
-	if (seq)
-		return !bpf_seq_write(seq, t, sizeof(*t));
+#ifdef MYPROBE_COMPAT
+	/* No bpf_loop before 5.17: every statement labelled by its start. */
+	bool hashed = false;
+	__u64 label = started_us;
+#else
+	bool hashed = length <= STATEMENT_HASHED_MAX && kept == length;
+	__u64 label = hashed ? statement_hash(kept) : started_us;
 #endif
-	if (bpf_ringbuf_output(&events, t, STATEMENT_TEXT_HEADER_BYTES + kept, 0)) {
-		count_lost(ringbuf);
-		return false;
+	struct statement_text_key k = { .tgid = tgid, .label = label };
+	if (hashed && bpf_map_lookup_elem(&statement_texts_sent, &k))
+		return label;
+	t->marker = 0;
+	t->kind = STATEMENT_TEXT;
+	t->tgid = tgid;
+	t->tid = BPF_CORE_READ(task, pid);
+	t->length = length > 0xffffffffULL ? 0xffffffffU : length;
+	t->label = label;
+	t->kept = kept;
+	if (send_statement_record(t, STATEMENT_TEXT_HEADER_BYTES + kept, sizeof(*t), seq) && hashed) {
+		__u8 one = 1;
+		bpf_map_update_elem(&statement_texts_sent, &k, &one, BPF_ANY);
 	}
-	return true;
+	return label;
 }
 
-/* The label of the statement `task` runs (the current task; or any, given a sleepable task iterator's `seq`,
- * to which its text then goes): when it began, in microseconds since the epoch; STATEMENT_IDLE between
- * statements, STATEMENT_NO_CONNECTION without a connection, STATEMENT_NONE where nothing could be read. */
-static __always_inline __u64 task_statement(struct task_struct *task, struct seq_file *seq)
+/* The statement `task` runs (the current task; or any, given a sleepable task iterator's `seq`, to which its
+ * records then go), read from its connection object: three reads of its memory, and at the first event of each of
+ * its statements the text, hashed. */
+static __always_inline struct statement_label task_statement(struct task_struct *task, struct seq_file *seq)
 {
+	struct statement_label none = { .label = STATEMENT_NONE };
 	if (!statement_labels)
-		return STATEMENT_NONE;
+		return none;
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 	struct statement_layout *l = bpf_map_lookup_elem(&statement_layouts, &tgid);
 	if (!l)
-		return STATEMENT_NONE;
+		return none;
 	__u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
 	__u64 thd = 0;
 	if (!fsbase || read_task_user(&thd, sizeof(thd), fsbase + l->thd_tpoff, task, seq))
-		return STATEMENT_NONE;
+		return none;
+	struct statement_label found = { .label = STATEMENT_NO_CONNECTION };
 	if (!thd)
-		return STATEMENT_NO_CONNECTION;
+		return found;
 	__u64 q[2];
 	if (read_task_user(q, sizeof(q), thd + l->query_offset, task, seq))
-		return STATEMENT_NONE;
+		return none;
+	found.label = STATEMENT_IDLE;
 	if (!q[0] || !q[1])
-		return STATEMENT_IDLE;
+		return found;
 	__u64 started[2];
 	if (read_task_user(started, sizeof(started), thd + l->started_offset, task, seq))
-		return STATEMENT_NONE;
+		return none;
 	__u64 us = started[0] * 1000000 + started[1];
-	if (us <= STATEMENT_NO_CONNECTION)
-		return STATEMENT_NONE;
-	struct statement_sent none = {};
-	struct statement_sent *sent = task_thread_storage(&statements_sent, task, true, &none);
-	if (!sent) {
+	if (us <= STATEMENT_NO_CONNECTION || us >= STATEMENT_HASHED)
+		return none;
+	struct statement_thread empty = {};
+	struct statement_thread *st = task_thread_storage(&statement_threads, task, true, &empty);
+	if (!st) {
 		count_lost(state);
-		return us;
+		return none;
 	}
-	if (sent->thd == thd && sent->started_us == us)
-		return us;
-	if (send_statement_text(l, task, seq, tgid, thd, us, q)) {
-		sent->thd = thd;
-		sent->started_us = us;
+	if (st->thd == thd && st->started_us == us) {
+		found.label = st->label;
+		found.connection = st->connection;
+		return found;
 	}
-	return us;
+	/* Another statement: its connection's id, said where it changed, and its label. */
+	__u64 connection = 0;
+	read_task_user(&connection, l->id_width == 4 ? 4 : 8, thd + l->id_offset, task, seq);
+	if (st->thd != thd || st->connection != connection) {
+		struct statement_connection c = {
+			.kind = STATEMENT_CONNECTION, .tgid = tgid, .connection = connection, .thd = thd
+		};
+		if (!send_statement_record(&c, sizeof(c), sizeof(c), seq))
+			return none;
+		st->thd = thd;
+		st->connection = connection;
+	}
+	__u64 label = label_statement(task, seq, tgid, us, q);
+	if (label == STATEMENT_NONE)
+		return none;
+	st->started_us = us;
+	st->label = label;
+	found.label = label;
+	found.connection = connection;
+	return found;
 }
 
-/* The label of the statement the current task runs (see task_statement). */
-static __always_inline __u64 current_statement(struct task_struct *task)
+/* The statement the current task runs (see task_statement). */
+static __always_inline struct statement_label current_statement(struct task_struct *task)
 {
 	return task_statement(task, 0);
 }
 
-/* The thread to key a sum by with `label`: a statement's start names it only with its thread; the other labels
- * need none (0, which keeps a sum per stack rather than per thread). */
+/* The thread to key a sum by with `label`: a label by start names a statement only with its thread; the other
+ * labels need none (0, which keeps a sum per stack rather than per thread). */
 static __always_inline __u32 statement_thread(__u64 label, __u32 tid)
 {
-	return label > STATEMENT_NO_CONNECTION ? tid : 0;
+	return label > STATEMENT_NO_CONNECTION && label < STATEMENT_HASHED ? tid : 0;
 }

@@ -220,6 +220,7 @@ int snapshot(struct bpf_iter__task *ctx)
 	__u32 user = n > MAX_USER_FRAMES ? MAX_USER_FRAMES : n;
 	e->tid = r->tid;
 	e->statement = 0;
+	e->connection = 0;
 	e->stack_id = 0;
 	e->user_len = user;
 	e->kernel_len = 0;

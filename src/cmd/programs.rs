@@ -340,9 +340,14 @@ fn load(c: &Configuration, context: &Context<'_>, features: &Features) -> Vec<Ou
         )];
     }
     let (send, verified) = mpsc::channel();
+    // Samples labelled by statement, as every command that can label them does by default (memleak's, syscalls'
+    // and trace's programs cannot, and ignore it).
     let opts = CollectOptions {
         unwind: context.tables.clone(),
         verify_only: Some(send),
+        statements: Some(collect::labels::StatementLabels::new(
+            crate::sessions::statements::StatementsInMemory::boxed(),
+        )),
         ..context.args.collect_options(context.target)
     };
     let result = (c.load)(context, opts);

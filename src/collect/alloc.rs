@@ -143,7 +143,7 @@ impl<R: FnMut(&Collected)> Alloc<'_, R> {
         drain_typed(
             &skel.maps.totals,
             |k: skel::types::alloc_key, t: skel::types::alloc_total| {
-                let statement = stacks.labels.resolve(0, k.tid, k.statement);
+                let statement = stacks.labels.resolve(0, k.tid, k.statement, k.connection);
                 let sum = self.drained.entry((statement, k.stack_id)).or_default();
                 sum[0] = sum[0].saturating_add(t.bytes);
                 sum[1] = sum[1].saturating_add(t.calls);

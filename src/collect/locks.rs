@@ -137,7 +137,9 @@ impl Locks {
             &skel.maps.waits,
             true,
             |k: skel::types::lock_key, w: skel::types::lock_wait| {
-                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
+                let statement = stacks
+                    .labels
+                    .resolve(k.tgid, k.tid, k.statement, k.connection);
                 let values = [w.count, w.total_ns, w.max_ns, w.futex_ops, 0]
                     .into_iter()
                     .chain(w.hist);
@@ -150,7 +152,9 @@ impl Locks {
             &skel.maps.wakes,
             true,
             |k: skel::types::lock_key, wakes: u64| {
-                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
+                let statement = stacks
+                    .labels
+                    .resolve(k.tgid, k.tid, k.statement, k.connection);
                 let values = [0, 0, 0, 0, wakes]
                     .into_iter()
                     .chain(std::iter::repeat_n(0, buckets));

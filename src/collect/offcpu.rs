@@ -258,7 +258,9 @@ impl Offcpu {
         drain_typed(
             &skel.maps.totals,
             |k: skel::types::offcpu_key, t: skel::types::offcpu_time| {
-                let statement = stacks.labels.resolve(k.tgid, k.tid, k.statement);
+                let statement = stacks
+                    .labels
+                    .resolve(k.tgid, k.tid, k.statement, k.connection);
                 self.add(
                     (k.tgid, k.tid, statement, k.stack_id),
                     [t.blocked_ns, t.runnable_ns, t.periods],
@@ -294,7 +296,9 @@ impl Offcpu {
             } else {
                 [end - off, 0]
             };
-            let statement = stacks.labels.resolve(0, st.tid, st.statement);
+            let statement = stacks
+                .labels
+                .resolve(0, st.tid, st.statement, st.connection);
             self.add((0, st.tid, statement, st.stack_id), [blocked, runnable, 1]);
         }
         Ok(())
@@ -313,7 +317,11 @@ fn blocked_throughout(
     // Stacks, each after its statement's text where that had not been sent.
     while rest.len() >= 8 {
         let size = if rest[..8] == [0; 8] {
-            std::mem::size_of::<skel::types::statement_text>()
+            // statement.h's: a text, or a connection (kind 1).
+            match rest.get(8..12) {
+                Some([1, 0, 0, 0]) => super::labels::CONNECTION_BYTES,
+                _ => std::mem::size_of::<skel::types::statement_text>(),
+            }
         } else {
             std::mem::size_of::<skel::types::stack_event>()
         };

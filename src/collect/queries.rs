@@ -1284,7 +1284,8 @@ fn statement(
 /// first word is not 0).
 fn decode(data: &[u8]) -> Option<Event> {
     if data.get(..4)? != [0; 4] {
-        let (_, id, _, stack) = decode_stack::<Skeleton>(data)?;
+        let decoded = decode_stack::<Skeleton>(data)?;
+        let (id, stack) = (decoded.stack_id, decoded.stack);
         return Some(Event::Stack { id, stack });
     }
     if data.get(4..8)? == query_event_kind::EVENT_EXECUTED.0.to_ne_bytes() {

@@ -23,8 +23,9 @@ pub struct StackRecord<'a> {
     pub tid: u32,
     pub user_len: u16,
     pub kernel_len: u16,
-    /// A sample's statement (src/bpf/statement.h's label), where the collector labels samples; else 0.
+    /// A sample's statement (src/bpf/statement.h's label) and connection, where the collector labels samples; else 0.
     pub statement: u64,
+    pub connection: u64,
     pub ips: &'a [u64],
 }
 
@@ -214,6 +215,7 @@ macro_rules! stack_skeleton {
                     user_len: e.user_len,
                     kernel_len: e.kernel_len,
                     statement: e.statement,
+                    connection: e.connection,
                     ips: &e.ips,
                 }
             }
@@ -222,8 +224,8 @@ macro_rules! stack_skeleton {
 }
 pub(crate) use stack_skeleton;
 
-/// A `struct stack_event` record: its thread, stack id, statement label and stack; `None` if it is malformed (never trusted).
-pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, u64, RawStack)> {
+/// A `struct stack_event` record; `None` if it is malformed (never trusted).
+pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<DecodedStack> {
     let header = S::STACK_EVENT_HEADER;
     let event = read_prefix::<S::StackEvent>(bytes, header)?;
     let r = S::stack_record(&event);
@@ -236,7 +238,20 @@ pub fn decode_stack<S: StackSkeleton>(bytes: &[u8]) -> Option<(u32, u64, u64, Ra
         user_len: r.user_len,
         ips: ips.into(),
     };
-    Some((r.tid, r.stack_id, r.statement, stack))
+    Some(DecodedStack {
+        tid: r.tid,
+        stack_id: r.stack_id,
+        statement: (r.statement, r.connection),
+        stack,
+    })
+}
+
+/// A `struct stack_event` record decoded: its thread, stack id, statement label and connection, and stack.
+pub struct DecodedStack {
+    pub tid: u32,
+    pub stack_id: u64,
+    pub statement: (u64, u64),
+    pub stack: RawStack,
 }
 
 /// Sets the target of a skeleton that includes stack_ids.h and its unwind maps, before loading: the store's of

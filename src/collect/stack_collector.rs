@@ -119,14 +119,16 @@ impl Stacks {
             self.labels.add_text(bytes);
             return None;
         }
-        let Some((tid, stack_id, label, stack)) = decode_stack::<S>(bytes) else {
+        let Some(decoded) = decode_stack::<S>(bytes) else {
             self.malformed += 1;
             return None;
         };
+        let (tid, stack_id, (label, connection)) =
+            (decoded.tid, decoded.stack_id, decoded.statement);
         self.by_id
             .entry(stack_id)
-            .or_insert_with(|| Arc::new(stack));
-        let statement = self.labels.resolve(0, tid, label);
+            .or_insert_with(|| Arc::new(decoded.stack));
+        let statement = self.labels.resolve(0, tid, label, connection);
         *self.records.entry((tid, statement, stack_id)).or_default() += 1;
         Some((tid, stack_id, statement))
     }
@@ -195,7 +197,7 @@ pub fn run<C: Collector>(collector: &mut C, opts: &CollectOptions) -> Result<Col
     let mut run = StackRun {
         collector,
         stacks: Stacks {
-            labels: Resolver::new(opts.statements.clone(), opts.pid),
+            labels: Resolver::new(opts.statements.clone(), opts.pid, opts.slices.is_some()),
             ..Stacks::default()
         },
         layouts_written: HashSet::new(),
@@ -374,7 +376,7 @@ fn collected<C: Collector>(
     let (rows, undefined) = stacks.join(sums);
     stacks.undefined += undefined;
     let mut lost = C::Skel::lost(skel);
-    lost.ringbuf += stacks.malformed;
+    lost.ringbuf += stacks.malformed + stacks.labels.malformed;
     lost.undefined_stacks += stacks.undefined;
     Collected {
         columns: collector.columns(),
