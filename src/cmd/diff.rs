@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cmd::flame::read_folded;
+use crate::cmd::flame::{compile, read_folded};
 use crate::profile::{folded, Profile, Unit};
 use crate::render::{self, pprof, Format, Palette, RenderOptions};
 
@@ -54,9 +54,8 @@ pub fn run(a: DiffArgs) -> Result<()> {
     let statement = a
         .statement
         .as_deref()
-        .map(regex::Regex::new)
-        .transpose()
-        .context("--statement is not a regular expression")?;
+        .map(|re| compile("--statement", re))
+        .transpose()?;
     let lines = differential(&a.before, &a.after, a.normalize, statement.as_ref())?;
     let opts = RenderOptions {
         title: a.title,

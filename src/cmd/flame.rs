@@ -89,7 +89,7 @@ pub fn read_folded(input: &str, unit: Unit) -> Result<Profile> {
 }
 
 /// Compiles a regex; the error is one line (regex's own message spans several).
-fn compile(flag: &str, re: &str) -> Result<Regex> {
+pub(crate) fn compile(flag: &str, re: &str) -> Result<Regex> {
     Regex::new(re).map_err(|e| {
         let msg = e.to_string();
         let why = msg

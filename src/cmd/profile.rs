@@ -445,9 +445,8 @@ impl<'a> Session<'a> {
         let statement_filter = a
             .statement
             .as_deref()
-            .map(regex::Regex::new)
-            .transpose()
-            .context("--statement is not a regular expression")?;
+            .map(|re| crate::cmd::flame::compile("--statement", re))
+            .transpose()?;
         let target = a.target.resolve()?;
         let unwind = UnwindStore::for_tracing(target.pid, a.frame_pointers)?;
         let opts = CollectOptions {

@@ -23,6 +23,28 @@ fn under(stacks: &[(Vec<String>, u64)], pick: impl Fn(&str) -> bool) -> Vec<(Vec
         .collect()
 }
 
+/// `profile COLLECTOR --by statement` of `db` into `folded`, tracing until stopped.
+fn by_statement_in_background(
+    collector: &str,
+    db: &TestDb,
+    folded: &std::path::Path,
+) -> Background {
+    let (pid, file) = (db.pid.to_string(), folded.display().to_string());
+    let args = [
+        "profile",
+        collector,
+        "-p",
+        &pid,
+        "-d",
+        "60",
+        "--by",
+        "statement",
+        "-o",
+        &file,
+    ];
+    Background::start(&args, "Ctrl-C ends early")
+}
+
 fn total(stacks: &[(Vec<String>, u64)]) -> u64 {
     stacks.iter().map(|(_, v)| v).sum()
 }
@@ -35,7 +57,7 @@ fn each_statement_has_its_own_on_cpu_profile_on_every_server() {
         let mut hashing = db.session_in(Some("sbtest"));
         let folded = dir.join("cpu.folded");
         let mut tracer = myprobe()
-            .args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "4"])
+            .args(["profile", "cpu", "-p", &db.pid.to_string(), "-d", "3"])
             .args(["-F", "199", "--by", "statement", "-o"])
             .arg(&folded)
             .stderr(std::process::Stdio::piped())
@@ -184,21 +206,7 @@ fn a_row_lock_wait_is_under_the_statement_that_waited_on_every_server() {
         );
         db.sql("INSERT IGNORE INTO by_statement.t VALUES (1, 0)");
         let folded = dir.join("locks.folded");
-        let pid = db.pid.to_string();
-        let file = folded.display().to_string();
-        let args = [
-            "profile",
-            "locks",
-            "-p",
-            &pid,
-            "-d",
-            "60",
-            "--by",
-            "statement",
-            "-o",
-            &file,
-        ];
-        let profile = Background::start(&args, "Ctrl-C ends early");
+        let profile = by_statement_in_background("locks", &db, &folded);
         let mut holder = db.session();
         holder.exec("BEGIN; UPDATE by_statement.t SET v = v + 1 WHERE id = 1");
         let mut waiter = db.session();
@@ -226,21 +234,7 @@ fn an_allocation_is_under_the_statement_that_made_it_on_every_server() {
         let dir = tempdir("by-statement-alloc");
         let load = db.running_load();
         let folded = dir.join("alloc.folded");
-        let pid = db.pid.to_string();
-        let file = folded.display().to_string();
-        let args = [
-            "profile",
-            "alloc",
-            "-p",
-            &pid,
-            "-d",
-            "60",
-            "--by",
-            "statement",
-            "-o",
-            &file,
-        ];
-        let profile = Background::start(&args, "Ctrl-C ends early");
+        let profile = by_statement_in_background("alloc", &db, &folded);
         // A string of 10 MB, made by REPEAT: its buffer allocated in Item_func_repeat::val_str.
         let mut session = db.session();
         for _ in 0..3 {
