@@ -298,7 +298,8 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
-        // Sums per statement are keyed by each statement's start: the map would fill within a second.
+        // Sums per statement and connection (and per run, for a text over 256 bytes) fill the map far sooner than
+        // sums per stack alone.
         if stacks.labels.enabled() {
             self.drain(skel, stacks)?;
         }

@@ -1,6 +1,7 @@
 //! Each sample's statement (src/bpf/statement.h): the BPF side reads, at the moment of an event, which statement
-//! the thread runs from the server's own memory, and labels the event by when that statement began; the first
-//! event of a thread's statement sends its text. Here: where each server keeps its statements
+//! the thread runs from the server's own memory, and labels the event by the statement's text, hashed (or, for a
+//! long one, by when it began) and its connection; each text and each thread's connection go to user space once.
+//! Here: where each server keeps its statements
 //! ([`StatementLabels`], written to the kernel for each process traced; found by a [`StatementSource`] of a layer
 //! above, `sessions::statements`), and the labels turned into statements people read ([`Resolver`]: fingerprint,
 //! connection, user, database).
@@ -16,7 +17,7 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use crate::wire::fingerprint;
 
-/// statement.h's labels that are no statement's start.
+/// statement.h's labels that are no statement.
 const NOT_READ: u64 = 0;
 const IDLE: u64 = 1;
 const NO_CONNECTION: u64 = 2;

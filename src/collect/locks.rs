@@ -36,8 +36,8 @@ const COLUMNS: [&str; 5] = ["waits", "wait_ns", "max_wait_ns", "futex_ops", "wak
 const MAX_WAIT: usize = 2;
 const FUTEX_OPS: usize = 3;
 
-/// How often the kernel's sums are moved here while sums are kept per statement: a statement's waits are keyed by
-/// its start, and the map would fill within seconds.
+/// How often the kernel's sums are moved here while they are kept per statement and connection (and per run, for a
+/// text over 256 bytes): the map would fill far sooner than with sums per stack alone.
 const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
