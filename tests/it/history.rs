@@ -106,7 +106,9 @@ fn held(db: &TestDb, sql: &str, n: u32) -> i64 {
     db.wait_until(&format!("{n} of {sql}"), || {
         db.sql(sql).trim().parse::<u32>().unwrap_or(0) >= n
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // Long enough for the holder's statement to have gone through the agent's pipeline (read once a second) on a
+    // busy host: seen by the history's seconds of the moment.
+    std::thread::sleep(Duration::from_secs(3));
     let t = now_s();
     std::thread::sleep(Duration::from_millis(1500));
     t
