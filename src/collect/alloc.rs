@@ -21,7 +21,7 @@ use super::{
     monotonic_ns,
     periods::SamplePeriods,
     skeleton::stack_skeleton,
-    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
+    stack_collector::{self, Collector, DrainPacing, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Estimate, Features,
 };
 
@@ -94,6 +94,7 @@ pub fn collect(
         report,
         tally: Tally::default(),
         drained: HashMap::new(),
+        drains: DrainPacing::default(),
     };
     let mut collected = stack_collector::run(&mut collector, opts)?;
     collected.estimate = collector.estimate(true);
@@ -131,6 +132,7 @@ struct Alloc<'a, R> {
     tally: Tally,
     /// profile alloc's sums moved from the kernel, by statement (`Stacks::labels`) and stack id.
     drained: HashMap<(u32, u64), [u64; 2]>,
+    drains: DrainPacing,
 }
 
 impl<R: FnMut(&Collected)> Alloc<'_, R> {
@@ -298,9 +300,8 @@ impl<R: FnMut(&Collected)> Collector for Alloc<'_, R> {
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
-        // Sums per statement and connection (and per run, for a text over 256 bytes) fill the map far sooner than
-        // sums per stack alone.
-        if stacks.labels.enabled() {
+        // Sums per statement and connection fill the map far sooner than sums per stack alone.
+        if stacks.labels.enabled() && self.drains.due() {
             self.drain(skel, stacks)?;
         }
         match self.periods.due() {

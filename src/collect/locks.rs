@@ -1,17 +1,14 @@
 //! Lock waits (src/bpf/locks.bpf.c): futex waits per lock word and waiter stack, and the stacks that woke
 //! them.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 
 use super::{
     maps::{read_typed, Plain},
     skeleton::stack_skeleton,
-    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
+    stack_collector::{self, Collector, DrainPacing, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 
@@ -36,15 +33,11 @@ const COLUMNS: [&str; 5] = ["waits", "wait_ns", "max_wait_ns", "futex_ops", "wak
 const MAX_WAIT: usize = 2;
 const FUTEX_OPS: usize = 3;
 
-/// How often the kernel's sums are moved here while they are kept per statement and connection (and per run, for a
-/// text over 256 bytes): the map would fill far sooner than with sums per stack alone.
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
-
 #[derive(Default)]
 struct Locks {
     /// The sums moved from the kernel, by process (0 for one), lock word, statement (`Stacks::labels`) and stack.
     drained: HashMap<(u32, u64, u32, u64), Box<[u64]>>,
-    last_drain: Option<Instant>,
+    drains: DrainPacing,
 }
 
 impl Collector for Locks {
@@ -77,12 +70,8 @@ impl Collector for Locks {
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
-        if stacks.labels.enabled()
-            && self
-                .last_drain
-                .is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL)
-        {
-            self.last_drain = Some(Instant::now());
+        // Sums per statement and connection fill the map far sooner than sums per stack alone.
+        if stacks.labels.enabled() && self.drains.due() {
             self.drain(skel, stacks)?;
         }
         Ok(())

@@ -1,10 +1,7 @@
 //! Off-CPU time (src/bpf/offcpu.bpf.c): scheduler tracepoints time every wait of the process's threads,
 //! split into blocked and runnable time, summed per (thread, stack) in the kernel.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use libbpf_rs::{skel::Skel, Link};
@@ -13,7 +10,7 @@ use super::{
     maps::{drain_typed, for_each_typed, read_exact, Plain},
     monotonic_ns,
     skeleton::{attach_by_section, stack_skeleton},
-    stack_collector::{self, Collector, Loaded, Open, Stacks, Sum},
+    stack_collector::{self, Collector, DrainPacing, Loaded, Open, Stacks, Sum},
     CollectOptions, Collected, Features,
 };
 
@@ -89,11 +86,6 @@ fn comm(bytes: &[i8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// How often the kernel's sums are moved to user space while tracing. Every thread leaves entries behind
-/// when it exits, and a server under connection churn starts new ones all the time: left in the kernel, they
-/// filled the map within minutes (a fifth of the waits of an hour went uncounted).
-const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
-
 #[derive(Default)]
 struct Offcpu {
     /// Several processes traced (`CollectOptions::targets`): each sum's process in its key, and what is read
@@ -106,7 +98,7 @@ struct Offcpu {
     /// The sums moved from the kernel so far, by process (0 for one), thread (0 unless per_thread), statement
     /// (`Stacks::labels`) and stack id.
     drained: HashMap<(u32, u32, u32, u64), [u64; 3]>,
-    last_drain: Option<Instant>,
+    drains: DrainPacing,
     /// The threads blocked throughout are found by a task iterator when tracing ends.
     blocked_iterator: bool,
     started_ns: u64,
@@ -159,16 +151,12 @@ impl Collector for Offcpu {
 
     fn attach(&mut self, skel: &mut Loaded<'_, Self>) -> Result<Vec<Link>> {
         self.started_ns = monotonic_ns();
-        self.last_drain = Some(Instant::now());
+        self.drains.restart();
         attach_by_section(skel.object())
     }
 
     fn tick(&mut self, skel: &mut Loaded<'_, Self>, stacks: &mut Stacks) -> Result<()> {
-        if self
-            .last_drain
-            .is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL)
-        {
-            self.last_drain = Some(Instant::now());
+        if self.drains.due() {
             self.drain(skel, stacks)?;
         }
         Ok(())

@@ -188,6 +188,32 @@ fn record_sum(tid: u32, statement: u32, stack_id: u64, n: u64) -> Sum {
     }
 }
 
+/// How often a collector's sums are moved from the kernel's map while tracing, where they would fill it otherwise:
+/// offcpu's per thread (a server under connection churn starts threads all the time: left in the kernel, their
+/// entries filled the map within minutes, and a fifth of the waits of an hour went uncounted), and every collector's
+/// per statement and connection (`Stacks::labels`).
+const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a collector's sums are next due to be moved from the kernel: once a [`DRAIN_INTERVAL`].
+#[derive(Default)]
+pub struct DrainPacing(Option<Instant>);
+
+impl DrainPacing {
+    /// Counts from now.
+    pub fn restart(&mut self) {
+        self.0 = Some(Instant::now());
+    }
+
+    /// Whether the sums are due now (then the next are due a [`DRAIN_INTERVAL`] later).
+    pub fn due(&mut self) -> bool {
+        let due = self.0.is_none_or(|t| t.elapsed() >= DRAIN_INTERVAL);
+        if due {
+            self.restart();
+        }
+        due
+    }
+}
+
 /// Stacks user space keeps while slices are read: past this many, they are forgotten on both sides, so that
 /// an agent's memory does not grow with every stack it ever saw.
 const MAX_STACKS_KEPT: usize = 50_000;
