@@ -118,6 +118,7 @@ impl Sums {
             lost: self.lost,
             traced: self.traced,
             estimate: None,
+            statement_texts: None,
         }
     }
 }

@@ -2,8 +2,8 @@
  * on that thread: no probe on the statements, nothing run per statement. The thread's connection object (THD) is
  * at a fixed offset from its thread pointer (the server's thread-local `current_thd`), and the object holds the
  * statement's text and when it began, at offsets user space read from the server's exported accessors
- * (sessions::Layout). A sum or sample is labelled by its statement's text, hashed once per run of the statement on
- * the thread, and by its connection; each label's text goes to user space once (`struct
+ * (sessions::Layout). A sum or sample is labelled by its statement's text, hashed without its literals once per
+ * run of the statement on its thread, and by its connection; each label's text goes to user space once (`struct
  * statement_text`), which fingerprints it, and each thread's connection when it changes. */
 #pragma once
 
@@ -36,16 +36,13 @@ struct {
 
 /* A label that is no statement: not read (no layout for the process, its memory not readable then); a
  * connection object without a statement (between a client's statements); a thread without a connection (the
- * server's own). Other labels: a statement's text hashed (STATEMENT_HASHED set), the same for every run of it on
- * any thread; or, for a text longer than STATEMENT_HASHED_MAX, the statement's start in microseconds since the
- * epoch, which names it with its thread. */
+ * server's own). Other labels: a statement's text hashed without its literals (STATEMENT_HASHED set), the same
+ * for every run of it on any thread; or, where its text could not be read (or in the compat build), the statement's
+ * start in microseconds since the epoch, which names it with its thread. */
 #define STATEMENT_NONE 0
 #define STATEMENT_IDLE 1
 #define STATEMENT_NO_CONNECTION 2
 #define STATEMENT_HASHED (1ULL << 63)
-
-/* The longest text hashed: a longer one is labelled by its run (its start), its text sent at each. */
-#define STATEMENT_HASHED_MAX 256
 
 #define STATEMENT_TEXT_MAX 1024
 
@@ -158,30 +155,86 @@ static __always_inline bool send_statement_record(void *record, __u64 size, __u6
 #define FNV_OFFSET 0xcbf29ce484222325ULL
 #define FNV_PRIME 0x100000001b3ULL
 
-/* FNV-1a of a statement's text, 8 bytes a step (a bpf_loop callback, verified once): every run of a statement of
- * one text (a prepared statement's, whatever its parameters) has one label; user space fingerprints the text sent,
- * and joins the labels of one fingerprint. */
+/* Where the normalizing hash is in a statement's text: between tokens, in a word (an identifier's letters and
+ * digits), in a number, in a quoted string (after its backslash), in a backquoted name. */
+enum statement_scan : __u32 {
+	SCAN_PLAIN = 0,
+	SCAN_WORD,
+	SCAN_NUMBER,
+	SCAN_QUOTED,
+	SCAN_ESCAPED,
+	SCAN_BACKQUOTED,
+};
+
+/* The scan's state, in map memory rather than on the stack: the verifier does not follow values through map
+ * memory, so each byte's step starts from one state whatever the bytes before it, which keeps the callback's
+ * verification to one pass over its paths. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} statement_scan_state SEC(".maps");
+
+/* FNV-1a of a statement's text without its literals (numbers, and quoted strings' contents), 8 bytes a step (a
+ * bpf_loop callback, verified once): every run of one statement, whatever its literals or parameters, has one
+ * label. User space fingerprints the first text sent of each label. A backquoted name is hashed whole, and a
+ * word's digits are kept (sbtest1 is not sbtest2); double quotes, which name things in ANSI_QUOTES mode, are
+ * not read as strings. */
 struct statement_hashing {
 	__u64 h;
 	__u32 kept;
 	__u32 _pad;
 };
 
+static __always_inline bool statement_word_byte(__u8 c)
+{
+	return (__u8)((c | 0x20) - 'a') < 26 || (__u8)(c - '0') < 10 || c == '_' || c == '$' || c >= 0x80;
+}
+
 static long statement_hash_word(__u32 i, void *data)
 {
 	struct statement_hashing *s = data;
 	__u32 zero = 0;
 	struct statement_text *t = bpf_map_lookup_elem(&statement_scratch, &zero);
+	volatile __u32 *scan = bpf_map_lookup_elem(&statement_scan_state, &zero);
 	__u32 at = i * 8;
-	if (!t || at >= s->kept || at >= STATEMENT_HASHED_MAX)
+	if (!t || !scan || at >= s->kept || at >= STATEMENT_TEXT_MAX)
 		return 1;
 	__u64 h = s->h;
 #pragma unroll
 	for (int j = 0; j < 8; j++) {
 		__u32 k = at + j;
-		/* Past the text, zeros: the same for every text of this length, and the length is hashed with it. */
-		__u8 c = k < s->kept ? t->text[k & (STATEMENT_TEXT_MAX - 1)] : 0;
-		h = (h ^ c) * FNV_PRIME;
+		if (k >= s->kept)
+			break;
+		__u8 c = t->text[k & (STATEMENT_TEXT_MAX - 1)];
+		__u32 was = *scan, next = SCAN_PLAIN;
+		bool keep = false;
+		if (was == SCAN_QUOTED) {
+			keep = c == '\'';
+			next = c == '\\' ? SCAN_ESCAPED : keep ? SCAN_PLAIN : SCAN_QUOTED;
+		} else if (was == SCAN_ESCAPED) {
+			next = SCAN_QUOTED;
+		} else if (was == SCAN_BACKQUOTED) {
+			keep = true;
+			next = c == '`' ? SCAN_PLAIN : SCAN_BACKQUOTED;
+		} else if (was == SCAN_NUMBER && (statement_word_byte(c) || c == '.')) {
+			next = SCAN_NUMBER; /* 1.5e3, 0x1F */
+		} else if (c == '\'') {
+			keep = true;
+			next = SCAN_QUOTED;
+		} else if (c == '`') {
+			keep = true;
+			next = SCAN_BACKQUOTED;
+		} else if ((__u8)(c - '0') < 10 && was != SCAN_WORD) {
+			next = SCAN_NUMBER;
+		} else {
+			keep = true;
+			next = statement_word_byte(c) ? SCAN_WORD : SCAN_PLAIN;
+		}
+		*scan = next;
+		if (keep)
+			h = (h ^ c) * FNV_PRIME;
 	}
 	s->h = h;
 	return 0;
@@ -189,7 +242,12 @@ static long statement_hash_word(__u32 i, void *data)
 
 static __always_inline __u64 statement_hash(__u32 kept)
 {
-	struct statement_hashing s = { .h = (FNV_OFFSET ^ kept) * FNV_PRIME, .kept = kept };
+	__u32 zero = 0;
+	__u32 *scan = bpf_map_lookup_elem(&statement_scan_state, &zero);
+	if (!scan)
+		return STATEMENT_NONE;
+	*scan = SCAN_PLAIN;
+	struct statement_hashing s = { .h = FNV_OFFSET, .kept = kept };
 	bpf_loop((kept + 7) / 8, statement_hash_word, &s, 0);
 	return s.h | STATEMENT_HASHED;
 }
@@ -213,8 +271,11 @@ static __always_inline __u64 label_statement(struct task_struct *task, struct se
 	bool hashed = false;
 	__u64 label = started_us;
 #else
-	bool hashed = length <= STATEMENT_HASHED_MAX && kept == length;
+	/* A text read whole, or its first STATEMENT_TEXT_MAX - 1 bytes (what user space is sent and fingerprints). */
+	bool hashed = kept && kept == (length < STATEMENT_TEXT_MAX ? length : STATEMENT_TEXT_MAX - 1);
 	__u64 label = hashed ? statement_hash(kept) : started_us;
+	if (label == STATEMENT_NONE)
+		return label;
 #endif
 	struct statement_text_key k = { .tgid = tgid, .label = label };
 	if (hashed && bpf_map_lookup_elem(&statement_texts_sent, &k))

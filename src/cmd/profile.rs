@@ -529,6 +529,12 @@ impl<'a> Session<'a> {
         meta.insert("duration_s".into(), collected.traced.as_secs_f64().into());
         meta.insert("events".into(), collected.events.into());
         meta.insert("lost".into(), collected.lost.to_json());
+        if let Some(t) = collected.statement_texts {
+            meta.insert(
+                "statements".into(),
+                serde_json::json!({ "fingerprints": t.fingerprints, "texts": t.labels }),
+            );
+        }
         let estimate = collected.estimate.as_ref();
         if let Some(e) = estimate {
             meta.insert("estimate".into(), e.to_json());
@@ -563,6 +569,13 @@ impl<'a> Session<'a> {
                 profile.len(),
                 e.describe()
             ),
+        }
+        if let Some(t) = collected.statement_texts {
+            say!(
+                "myprobe: statements: {} fingerprints, from {} texts read",
+                t.fingerprints,
+                t.labels
+            );
         }
         for line in collected.lost.report(collected.events) {
             say!("myprobe: warning: {line}");

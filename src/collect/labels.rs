@@ -1,6 +1,6 @@
 //! Each sample's statement (src/bpf/statement.h): the BPF side reads, at the moment of an event, which statement
-//! the thread runs from the server's own memory, and labels the event by the statement's text, hashed (or, for a
-//! long one, by when it began) and its connection; each text and each thread's connection go to user space once.
+//! the thread runs from the server's own memory, and labels the event by the statement's text, hashed without its
+//! literals (or, where it could not be read, by when it began) and its connection; each text and each thread's connection go to user space once.
 //! Here: where each server keeps its statements
 //! ([`StatementLabels`], written to the kernel for each process traced; found by a [`StatementSource`] of a layer
 //! above, `sessions::statements`), and the labels turned into statements people read ([`Resolver`]: fingerprint,
@@ -15,6 +15,7 @@ use std::{
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
+use crate::collect::collected::StatementTexts;
 use crate::wire::fingerprint;
 
 /// statement.h's labels that are no statement.
@@ -237,6 +238,10 @@ pub struct Resolver {
     used_before: HashSet<u32>,
     /// Records that were not statement.h's (never trusted).
     pub malformed: u64,
+    /// The labels whose text came, by fingerprint (forgotten with the fingerprints).
+    labels_by_fingerprint: HashMap<Arc<str>, u64>,
+    labels_forgotten: u64,
+    fingerprints_forgotten: u64,
 }
 
 impl Resolver {
@@ -328,6 +333,15 @@ impl Resolver {
         Some(id)
     }
 
+    /// The labels whose text came and the fingerprints they made; `None` where labels are off.
+    pub fn texts(&self) -> Option<StatementTexts> {
+        self.labels.as_ref()?;
+        Some(StatementTexts {
+            labels: self.labels_forgotten + self.labels_by_fingerprint.values().sum::<u64>(),
+            fingerprints: self.fingerprints_forgotten + self.labels_by_fingerprint.len() as u64,
+        })
+    }
+
     /// A record of statement.h (one whose first word is 0): a label's text, or a thread's connection.
     pub fn add_text(&mut self, bytes: &[u8]) {
         let Some(labels) = self.labels.clone() else {
@@ -373,6 +387,9 @@ impl Resolver {
             None => {
                 if self.fingerprints.len() >= FINGERPRINTS_KEPT {
                     self.fingerprints.clear();
+                    self.labels_forgotten += self.labels_by_fingerprint.values().sum::<u64>();
+                    self.fingerprints_forgotten += self.labels_by_fingerprint.len() as u64;
+                    self.labels_by_fingerprint.clear();
                 }
                 let f: Arc<str> = fingerprint::fingerprint_bytes(text).into();
                 self.fingerprints.insert(text.into(), Arc::clone(&f));
@@ -380,7 +397,13 @@ impl Resolver {
             }
         };
         let now = Instant::now();
-        let tid = tid as u32;
+        let tid = if label & HASHED != 0 { 0 } else { tid as u32 };
+        if !self.texts.contains_key(&(pid, tid, label)) {
+            *self
+                .labels_by_fingerprint
+                .entry(Arc::clone(&fingerprint))
+                .or_default() += 1;
+        }
         if label & HASHED != 0 {
             self.texts.insert((pid, 0, label), (fingerprint, None));
         } else {
@@ -533,6 +556,33 @@ mod tests {
         off.add_text(&text(7, 8, HASH, "SELECT 1"));
         assert_eq!(off.resolve(7, 8, HASH, 42), 0);
         assert_eq!(off.statement(0), None);
+        assert_eq!(off.texts(), None);
+    }
+
+    #[test]
+    fn the_texts_read_are_counted_by_label_against_their_fingerprints() {
+        let mut r = resolver(false);
+        r.add_text(&text(7, 8, HASH, "SELECT c FROM t WHERE id=5"));
+        // The same label sent twice (two CPUs at once): one text.
+        r.add_text(&text(7, 9, HASH, "SELECT c FROM t WHERE id=6"));
+        assert_eq!(
+            r.texts(),
+            Some(StatementTexts {
+                labels: 1,
+                fingerprints: 1
+            })
+        );
+        // A label of another text of that fingerprint, and a run's: literals that made labels of their own.
+        r.add_text(&text(7, 8, HASHED | 0x99, "select c from t where id = 7"));
+        r.add_text(&text(7, 8, STARTED, "SELECT c FROM t WHERE id=8"));
+        r.add_text(&text(7, 8, HASHED | 0x98, "SELECT 1"));
+        assert_eq!(
+            r.texts(),
+            Some(StatementTexts {
+                labels: 4,
+                fingerprints: 2
+            })
+        );
     }
 
     #[test]

@@ -411,6 +411,7 @@ fn collected<C: Collector>(
         lost,
         traced,
         estimate: None,
+        statement_texts: stacks.labels.texts(),
     }
 }
 

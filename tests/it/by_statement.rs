@@ -235,15 +235,27 @@ fn an_allocation_is_under_the_statement_that_made_it_on_every_server() {
         let load = db.running_load();
         let folded = dir.join("alloc.folded");
         let profile = by_statement_in_background("alloc", &db, &folded);
-        // A string of 10 MB, made by REPEAT: its buffer allocated in Item_func_repeat::val_str.
+        // A string of 10 MB, made by REPEAT: its buffer allocated in Item_func_repeat::val_str. Each with its own
+        // literals, which make no label of their own.
         let mut session = db.session();
-        for _ in 0..3 {
-            assert_eq!(
-                session.query_row("SELECT LENGTH(REPEAT('x', 10000000))"),
-                "10000000"
-            );
+        for (i, (literal, chars)) in [("x", 1), ("it\\'s", 4), ("10", 2)].into_iter().enumerate() {
+            let times = 10_000_000 / chars + i;
+            let got = session.query_row(&format!("SELECT LENGTH(REPEAT('{literal}', {times}))"));
+            assert_eq!(got, (times * chars).to_string());
         }
         let (_, stderr) = profile.stop();
+        let texts = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("myprobe: statements: "))
+            .unwrap_or_else(|| panic!("{kind}: no count of the statements' texts: {stderr}"));
+        let (fingerprints, read) = texts
+            .split_once(" fingerprints, from ")
+            .unwrap_or_else(|| panic!("{kind}: {texts}"));
+        assert_eq!(
+            read.strip_suffix(" texts read"),
+            Some(fingerprints),
+            "{kind}: a statement's literals made a label of their own: {fingerprints} fingerprints from {read}"
+        );
         load.finish();
         let stacks = read_folded(&folded);
         let repeating = under(&stacks, |r| r == "select length(repeat(?, ?))");
