@@ -194,15 +194,7 @@ pub struct Collected {
     /// When the values were scaled up from a sample: how (every figure shown from them says it is estimated).
     pub estimate: Option<Estimate>,
     /// Where samples were labelled by statement: the statements' texts read.
-    pub statement_texts: Option<StatementTexts>,
-}
-
-/// The statements' texts the kernel sent (one per label: a text without its literals, or a run where its text
-/// could not be read), and the fingerprints they made: the two match where literals made no label of their own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatementTexts {
-    pub labels: u64,
-    pub fingerprints: u64,
+    pub statement_texts: Option<super::labels::StatementTexts>,
 }
 
 /// Figures scaled up from a sample of what happened.

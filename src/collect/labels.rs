@@ -15,7 +15,6 @@ use std::{
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::collect::collected::StatementTexts;
 use crate::wire::fingerprint;
 
 /// statement.h's labels that are no statement.
@@ -206,6 +205,14 @@ const LATEST_KEPT: Duration = Duration::from_secs(600);
 
 /// Connections kept at most: past it they are forgotten (their samples then without user and database).
 const CONNECTIONS_KEPT: usize = 20_000;
+
+/// The statements' texts the kernel sent (one per label: a text without its literals, or a run where its text
+/// could not be read), and the fingerprints they made: the two match where literals made no label of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatementTexts {
+    pub labels: u64,
+    pub fingerprints: u64,
+}
 
 /// Labels turned into statements: a collector run's, given each text and connection as they come and each label as
 /// its sums do. A label's statement is a number (`u32`) among those of the run: 0 for none (labels off).
