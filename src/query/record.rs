@@ -360,13 +360,15 @@ impl QueryRecord {
     pub fn by_cause(&self) -> Vec<(Cause, u64)> {
         let t = &self.time;
         let spill = self.spill();
-        let mut out = vec![
+        // Called twice a statement: one allocation, of room for every cause pushed below.
+        let mut out = Vec::with_capacity(10 + self.waits.len() + self.io.len());
+        out.extend([
             (
                 spill.unwrap_or(Cause::Cpu),
                 t.user_us.saturating_add(t.sys_us),
             ),
             (Cause::RunQueue, t.runq_us),
-        ];
+        ]);
         let mut waited = 0u64;
         for w in self.waits.iter().filter(|w| w.cause != Cause::Sleep) {
             let us = w.us.min(t.lock_us - waited);

@@ -3,7 +3,7 @@
 //! time, and holds nothing shared; what later stages learn comes back to it through its caller
 //! ([`Tracker::learn`]), and what it noticed is returned with each record ([`Handled`]).
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use rustc_hash::FxHashMap;
 
@@ -242,12 +242,12 @@ struct Request {
 
 impl Request {
     /// The statement's fingerprint and its text as records show it.
-    fn shown(self, raw_sql: bool) -> (Option<Text>, Option<Text>) {
+    fn shown(self, raw_sql: bool, texts: &mut ShownTexts) -> (Option<Text>, Option<Text>) {
         match (self.text, self.execution) {
-            (Some(t), _) => (
-                Some(fingerprint::fingerprint(&t).into()),
-                Some(shown_text(t, raw_sql).into()),
-            ),
+            (Some(t), _) => {
+                let (fingerprint, shown) = texts.of(t, raw_sql);
+                (Some(fingerprint), Some(shown))
+            }
             (None, Some(p)) => (Some(p.fingerprint), p.query),
             // Prepared before tracing: its text went by unseen; the server's statement id still tells the
             // statements apart.
@@ -309,6 +309,39 @@ pub struct Tracker {
     /// The server takes query attributes (MySQL): a COM_QUERY of a connection whose capabilities went by
     /// unseen is read past them when it starts as they do.
     query_attributes: bool,
+    shown: ShownTexts,
+}
+
+/// Query texts seen lately, with their fingerprint and their text as shown: clients send the same texts again and
+/// again (`BEGIN`, `COMMIT`, a statement with the same values), and the two passes over a text cost more than the
+/// rest of its record. Forgotten all at once past [`SHOWN_TEXTS_KEPT`].
+#[derive(Default)]
+struct ShownTexts {
+    by_text: HashMap<String, (Text, Text), foldhash::fast::RandomState>,
+}
+
+/// Texts kept: at most 1 KiB each (what the kernel side keeps of a request), three times (the text, its fingerprint,
+/// its shown text).
+const SHOWN_TEXTS_KEPT: usize = 2048;
+
+impl ShownTexts {
+    fn of(&mut self, text: String, raw_sql: bool) -> (Text, Text) {
+        if let Some((fingerprint, shown)) = self.by_text.get(&text) {
+            return (Arc::clone(fingerprint), Arc::clone(shown));
+        }
+        if self.by_text.len() >= SHOWN_TEXTS_KEPT {
+            self.by_text.clear();
+        }
+        let fingerprint: Text = fingerprint::fingerprint(&text).into();
+        let shown: Text = if raw_sql {
+            text.as_str().into()
+        } else {
+            fingerprint::normalize(&text).into()
+        };
+        self.by_text
+            .insert(text, (Arc::clone(&fingerprint), Arc::clone(&shown)));
+        (fingerprint, shown)
+    }
 }
 
 impl Tracker {
@@ -320,6 +353,7 @@ impl Tracker {
             forgotten_conns: 0,
             realtime_offset_ns: realtime_offset_ns(),
             query_attributes: false,
+            shown: ShownTexts::default(),
         }
     }
 
@@ -481,7 +515,7 @@ impl Tracker {
         // An execution's text is its prepare's, cut as that was.
         let truncated = truncated || request.execution.as_ref().is_some_and(|p| p.truncated);
         let prepared = request.prepared;
-        let (fingerprint, query) = request.shown(raw_sql);
+        let (fingerprint, query) = request.shown(raw_sql, &mut self.shown);
         let c = &s.counters;
         let us = |ns: u64| ns.saturating_add(500) / 1000;
         let lock_addr_raw = if c.lock_waits > 0 { c.lock_addr } else { 0 };
@@ -586,6 +620,26 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_seen_again_is_shown_as_before_without_reading_it_again() {
+        let mut texts = ShownTexts::default();
+        let (f, shown) = texts.of("SELECT c FROM t WHERE id=5".into(), false);
+        assert_eq!(
+            (&*f, &*shown),
+            ("select c from t where id = ?", "SELECT c FROM t WHERE id=?")
+        );
+        let (again, shown_again) = texts.of("SELECT c FROM t WHERE id=5".into(), false);
+        assert!(Arc::ptr_eq(&f, &again) && Arc::ptr_eq(&shown, &shown_again));
+        let (other, _) = texts.of("SELECT c FROM t WHERE id=6".into(), false);
+        assert_eq!(other, f, "another text, the same fingerprint");
+        let mut raw = ShownTexts::default();
+        assert_eq!(&*raw.of("SELECT 5".into(), true).1, "SELECT 5");
+        for i in 0..=SHOWN_TEXTS_KEPT {
+            texts.of(format!("SELECT {i}"), false);
+        }
+        assert!(texts.by_text.len() <= SHOWN_TEXTS_KEPT, "bounded");
+    }
 
     /// A statement of thread `tid` on socket `fd` (-1: seen at dispatch_command), with its request and reply.
     fn statement(tid: u32, fd: i32, request: &[u8], reply: Vec<u8>) -> Wire {
