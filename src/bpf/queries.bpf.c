@@ -30,6 +30,7 @@
 #include "protocol.h"
 #include "queries.h"
 #include "ringbuf.h"
+#include "run_costs.h"
 #include "stack_ids.h"
 #include "target.h"
 #include "wakeups.h"
@@ -1159,18 +1160,18 @@ static __always_inline void tls_socket_call(struct query_thread *st, __s32 fd, _
 /* The kernel's socket tracepoints: run at the end of each recv and send on a socket of the host (not at every
  * syscall), inside the syscall, whose registers name the descriptor and the bytes (not io_uring's, nor readv's:
  * only the calls of socket_call's classes are followed, and read and write within the server's TLS calls). */
-static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
+static __always_inline enum run_outcome on_socket(struct sock *sk, long ret, bool recv)
 {
 	__u32 tid;
 	struct task_struct *task = current_target(&tid);
 	if (!task)
-		return 0;
+		return RUN_OTHER_PROCESS;
 	struct query_thread *st = thread_state(task, false);
 	/* A recv that found nothing (the next request not there yet: MariaDB's read before it polls) can only end a
 	 * statement whose reply went out, or add to one's time: its registers are not read (TLS's calls aside). */
 	if (recv && ret <= 0) {
 		if (!st)
-			return 0;
+			return RUN_NO_BYTES;
 		if (!st->tls_call) {
 			if (st->phase == PHASE_REPLIED)
 				finish_statement(st);
@@ -1179,40 +1180,42 @@ static __always_inline int on_socket(struct sock *sk, long ret, bool recv)
 				connection_ended(st, bpf_ktime_get_ns()); /* the client closed it before the reply */
 			else if (in_statement(st))
 				count_net_call(st, bpf_ktime_get_ns(), ret, false);
-			return 0;
+			return RUN_NO_BYTES;
 		}
 	}
 	enum syscall_class cls;
 	__u64 fd, buf;
 	if (!syscall_of(current_regs(task, st), &cls, &fd, &buf))
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	bool followed = recv ? is_recv(cls) : is_send(cls);
 	/* OpenSSL's socket calls are read and write. */
 	if (!followed && cls != (recv ? SYSCALL_READ : SYSCALL_WRITE))
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	/* A thread's state is made at its first socket call. */
 	if (!st && followed)
 		st = thread_state(task, true);
 	if (!st)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	if (st->tls_call) {
 		tls_socket_call(st, (__s32)fd, (__u64)sk, ret, false);
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	}
 	if (!followed)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	st->call_sk = (__u64)sk;
+	bool was = in_statement(st);
 	socket_call(st, tid, cls, (__s32)fd, buf, ret, false);
-	return 0;
+	return was ? RUN_IN_STATEMENT : in_statement(st) ? RUN_STARTS : RUN_OUTSIDE;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
-	if (flags & MSG_PEEK)
-		return 0; /* a look at what is there (a check that the client is connected): read again later */
-	return on_socket(sk, ret, true);
+	__u64 started = run_cost_start();
+	/* A peek is a look at what is there (a check that the client is connected): read again later. */
+	run_cost_end(COST_SOCK_RECV, flags & MSG_PEEK ? RUN_NOT_FOLLOWED : on_socket(sk, ret, true), started);
+	return 0;
 }
 
 SEC("tp_btf/sock_send_length")
@@ -1220,55 +1223,58 @@ int BPF_PROG(on_sock_send, struct sock *sk, int ret, int flags)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	(void)flags;
-	return on_socket(sk, ret, false);
+	__u64 started = run_cost_start();
+	run_cost_end(COST_SOCK_SEND, on_socket(sk, ret, false), started);
+	return 0;
 }
 
 /* Where the kernel has no socket tracepoints, or with `syscall_cpu`: the same from every syscall exit, and the
  * statement's syscalls and bytes read and written counted. */
-SEC("tp_btf/sys_exit")
-int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+static __always_inline enum run_outcome sys_exit(struct pt_regs *regs, long ret)
 {
-	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
 	/* Every syscall of the host comes here, half of them other processes' under load: the first
 	 * instructions turn those away, before any map or storage is touched. */
 	__u32 tid;
 	struct task_struct *task = current_target(&tid);
 	if (!task)
-		return 0;
+		return RUN_OTHER_PROCESS;
 	long id = regs->orig_ax;
 	if (id < 0 || id >= MAX_SYSCALL_NR)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	enum syscall_class cls = syscall_class[id];
 	bool net = is_recv(cls) || is_send(cls);
 	/* A thread's state is made at its first socket syscall: one that was in a recv when tracing began (a
 	 * connection waiting for its next request) is followed from what that recv read. */
 	struct query_thread *st = thread_state(task, net);
 	if (!st)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	bool counted = in_statement(st);
 	__s32 fd = (__s32)PT_REGS_PARM1_SYSCALL(regs);
 	if (st->tls_call && (net || cls == SYSCALL_READ || cls == SYSCALL_WRITE)) {
 		tls_socket_call(st, fd, 0, ret, true);
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	}
 	if (!counted && !net && cls != SYSCALL_CLOSE)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	__u64 buf = PT_REGS_PARM2_SYSCALL(regs);
 	st->call_sk = 0;
 	if (net) {
 		socket_call(st, tid, cls, fd, buf, ret, true);
-		return 0;
+		/* Told apart only where measured: the verifier follows no more paths otherwise. */
+		if (!run_costs || counted)
+			return RUN_IN_STATEMENT;
+		return in_statement(st) ? RUN_STARTS : ret <= 0 ? RUN_NO_BYTES : RUN_OUTSIDE;
 	}
 	if (cls == SYSCALL_CLOSE) {
 		if (ignored(st, fd))
 			st->ignoring = 0; /* the socket number may next be a followed connection's */
 		if (counted && fd == st->fd) {
 			connection_ended(st, bpf_ktime_get_ns());
-			return 0;
+			return RUN_IN_STATEMENT;
 		}
 	}
 	if (!counted)
-		return 0;
+		return RUN_NOT_FOLLOWED;
 	charge(st, bpf_ktime_get_ns(), PART_USER);
 	struct query_counters *c = &st->c;
 	c->syscalls++;
@@ -1276,6 +1282,15 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 		c->read_bytes += ret;
 	else if (ret > 0 && cls == SYSCALL_WRITE)
 		c->write_bytes += ret;
+	return RUN_IN_STATEMENT;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u64 started = run_cost_start();
+	run_cost_end(COST_SYS_EXIT, sys_exit(regs, ret), started);
 	return 0;
 }
 
@@ -1530,10 +1545,14 @@ static __always_inline void io_unblocked(struct query_thread *st, __u64 now)
 SCHED_SWITCH_PROG(on_switch)
 {
 	(void)ctx; /* declared by the BPF_PROG/BPF_KPROBE macros */
+	__u64 started = run_cost_start();
+	enum run_outcome outcome = RUN_OTHER_PROCESS;
 	__u64 now = 0;
 	if (task_is_target(prev)) {
 		struct query_thread *st = thread_state(prev, false);
+		outcome = RUN_NOT_FOLLOWED;
 		if (st && in_statement(st)) {
+			outcome = RUN_IN_STATEMENT;
 			now = bpf_ktime_get_ns();
 			if (preempt || prev_state == TASK_RUNNING) {
 				charge(st, now, PART_RUNQ);
@@ -1587,7 +1606,10 @@ SCHED_SWITCH_PROG(on_switch)
 	}
 	if (task_is_target(next)) {
 		struct query_thread *st = thread_state(next, false);
+		if (outcome == RUN_OTHER_PROCESS)
+			outcome = RUN_NOT_FOLLOWED;
 		if (st && in_statement(st)) {
+			outcome = RUN_IN_STATEMENT;
 			if (!now)
 				now = bpf_ktime_get_ns();
 			if (st->place == PLACE_BLOCKED)
@@ -1603,6 +1625,7 @@ SCHED_SWITCH_PROG(on_switch)
 			lock_wait_ended(st, now);
 		}
 	}
+	run_cost_end(COST_SWITCH, outcome, started);
 	return 0;
 }
 

@@ -269,7 +269,27 @@ const CONFIGURATIONS: &[Configuration] = &[
         set: false,
         load: |c, o| c.follow(o, statements(true, false, 1)),
     },
+    // The cost model's (bench/statement-cost): each run timed.
+    Configuration {
+        label: "queries --run-costs",
+        object: "queries",
+        set: false,
+        load: |c, o| c.follow(o, measured(statements(false, false, 0))),
+    },
+    Configuration {
+        label: "queries --run-costs --syscall-cpu",
+        object: "queries",
+        set: false,
+        load: |c, o| c.follow(o, measured(statements(false, true, 0))),
+    },
 ];
+
+fn measured(options: FollowOptions) -> FollowOptions {
+    FollowOptions {
+        run_costs: true,
+        ..options
+    }
+}
 
 /// One line of the table: a program a configuration loaded, or what kept it from loading.
 enum Outcome {

@@ -74,6 +74,10 @@ pub struct QueriesArgs {
     /// With `--sample-every auto`: the share of one CPU, in percent, that tracing statements may take
     #[arg(long, value_name = "PERCENT", default_value_t = AUTO_CPU_PER_MILLE as f64 / 10.0, value_parser = parse_cpu_percent)]
     pub max_cpu: f64,
+    /// The cost model (bench/statement-cost): each run of the busiest programs timed and counted by what it was,
+    /// a table on stderr at the end. The timing itself adds to each run
+    #[arg(long, hide = true)]
+    pub run_costs: bool,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -98,6 +102,7 @@ impl QueriesArgs {
             frame_pointers: self.frame_pointers,
             wait_sites: !self.no_wait_sites,
             syscall_cpu: self.syscall_cpu,
+            run_costs: self.run_costs,
             sampling: self.sample_every,
             max_cpu_pct: self.max_cpu,
             ..FollowOptions::new((!self.no_sql).then(|| self.connect.clone()))
@@ -243,6 +248,36 @@ fn write_losses(out: &mut impl Write, followed: &Followed) -> std::io::Result<()
     writeln!(out, "{losses}")
 }
 
+/// `--run-costs`' table: each program's runs by what they were, a statement's share of them and their time.
+fn run_cost_table(costs: &[crate::collect::queries::RunCost], statements: u64) -> String {
+    let per = |v: u64| v as f64 / statements.max(1) as f64;
+    let mut t = format!(
+        "myprobe: the programs' runs by what they were, over {statements} statements (each run timed: the timing \
+         adds to it)\n{:<14} {:<32} {:>12} {:>9} {:>12}\n",
+        "program", "run", "runs a stmt", "ns a run", "ns a stmt"
+    );
+    for c in costs {
+        t += &format!(
+            "{:<14} {:<32} {:>12.2} {:>9.0} {:>12.0}\n",
+            c.program,
+            c.outcome,
+            per(c.runs),
+            c.ns as f64 / c.runs.max(1) as f64,
+            per(c.ns)
+        );
+    }
+    let ns: u64 = costs.iter().map(|c| c.ns).sum();
+    t += &format!(
+        "{:<14} {:<32} {:>12} {:>9} {:>12.0}\n",
+        "all",
+        "",
+        "",
+        "",
+        per(ns)
+    );
+    t
+}
+
 /// The counts on stderr once the records are out: statements traced and reported, the sampling, the notes.
 fn say_summary(a: &QueriesArgs, followed: &Followed, reported: u64, ended: Instant) {
     say!(
@@ -269,6 +304,9 @@ fn say_summary(a: &QueriesArgs, followed: &Followed, reported: u64, ended: Insta
         );
     }
     followed.say_notes();
+    if !followed.run_costs.is_empty() {
+        say_part!("{}", run_cost_table(&followed.run_costs, followed.seen));
+    }
     if a.summary {
         say!(
             "myprobe: results written in {:.0} ms after tracing ended",

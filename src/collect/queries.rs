@@ -9,7 +9,9 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{skel::Skel, Link, ProgramAttachType, UprobeMultiOpts, UprobeOpts};
+use libbpf_rs::{
+    skel::Skel, Link, MapCore, MapFlags, ProgramAttachType, UprobeMultiOpts, UprobeOpts,
+};
 
 use super::{
     lifecycle::{self, End, Lifecycle, Step},
@@ -35,6 +37,8 @@ unsafe impl Plain for query_thread {}
 unsafe impl Plain for executed_event {}
 // SAFETY: as above.
 unsafe impl Plain for started_statement {}
+// SAFETY: as above.
+unsafe impl Plain for run_cost {}
 
 /// `query_event::compressed`: the request kept is a packet's body, its header sent alone before (queries.h).
 const COMPRESSED_BODY: u8 = 2;
@@ -615,6 +619,8 @@ pub struct StatementOptions {
     /// Statements shorter are counted and dropped in the kernel, but for those whose record a later one needs
     /// (`--min-ms`; 0: none).
     pub min_statement_ns: u64,
+    /// Each run of the busiest programs timed and counted by what it was (src/bpf/run_costs.h): `Traced::run_costs`.
+    pub run_costs: bool,
 }
 
 /// Traces until the duration ends or Ctrl-C, handing each event to `on_event` as it arrives (`attached` is
@@ -829,6 +835,11 @@ where
     fn finish(&mut self, skel: &mut QueriesSkel<'_>, end: End<'_>) -> Result<Traced> {
         report_in_flight(&skel.progs.in_flight, &mut self.on_event);
         Ok(Traced {
+            run_costs: if self.statements.run_costs {
+                read_run_costs(&skel.maps.run_cost_table)
+            } else {
+                Vec::new()
+            },
             lost: Skeleton::lost(skel),
             scale: end.periods.map_or(1.0, SamplePeriods::scale),
             below_min: skel
@@ -842,6 +853,56 @@ where
     fn unloaded(&mut self) -> Traced {
         Traced::nothing()
     }
+}
+
+/// The programs of src/bpf/run_costs.h, in its order.
+const RUN_COST_PROGRAMS: [&str; 4] = ["on_sock_recv", "on_sock_send", "on_switch", "on_sys_exit"];
+/// What a run was (src/bpf/run_costs.h's outcomes, in its order).
+pub const RUN_OUTCOMES: [&str; 6] = [
+    "another process's",
+    "a recv that found nothing",
+    "the server's, no protocol byte",
+    "outside statements",
+    "starts a statement",
+    "in a statement",
+];
+
+/// The runs of one program that turned out one way, and the time they took in all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunCost {
+    pub program: &'static str,
+    pub outcome: &'static str,
+    pub runs: u64,
+    pub ns: u64,
+}
+
+/// The per-CPU table of src/bpf/run_costs.h, summed over the CPUs; the (program, outcome) never run left out.
+fn read_run_costs(map: &dyn MapCore) -> Vec<RunCost> {
+    let mut costs = Vec::new();
+    for (p, program) in RUN_COST_PROGRAMS.iter().enumerate() {
+        for (o, outcome) in RUN_OUTCOMES.iter().enumerate() {
+            let key = ((p * RUN_OUTCOMES.len() + o) as u32).to_ne_bytes();
+            let Ok(Some(per_cpu)) = map.lookup_percpu(&key, MapFlags::ANY) else {
+                continue;
+            };
+            let (mut runs, mut ns) = (0u64, 0u64);
+            for v in &per_cpu {
+                if let Some(c) = read_exact::<run_cost>(v) {
+                    runs += c.runs;
+                    ns += c.ns;
+                }
+            }
+            if runs > 0 {
+                costs.push(RunCost {
+                    program,
+                    outcome,
+                    runs,
+                    ns,
+                });
+            }
+        }
+    }
+    costs
 }
 
 /// Puts the threads of `started` in their statements (`start_statements`), their waits' stacks sent first; a thread
@@ -910,7 +971,9 @@ fn configure(
         wait_sites,
         syscall_cpu,
         min_statement_ns,
+        run_costs,
     } = statements;
+    rodata.run_costs = run_costs;
     rodata.wait_sites = wait_sites;
     rodata.syscall_cpu = syscall_cpu;
     rodata.min_statement_ns = min_statement_ns;
@@ -1119,6 +1182,8 @@ fn attach_uprobe(
 
 /// What a trace of statements counted besides its events.
 pub struct Traced {
+    /// With `StatementOptions::run_costs`: what the busiest programs' runs were, and cost.
+    pub run_costs: Vec<RunCost>,
     pub lost: Lost,
     /// The time traced over the time statements were followed (1: all of it).
     pub scale: f64,
@@ -1130,6 +1195,7 @@ impl Traced {
     /// A trace of nothing (the programs loaded, never attached: `CollectOptions::verify_only`).
     fn nothing() -> Traced {
         Traced {
+            run_costs: Vec::new(),
             lost: Lost::default(),
             scale: 1.0,
             below_min: 0,

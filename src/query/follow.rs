@@ -63,6 +63,8 @@ pub struct FollowOptions {
     pub wait_sites: bool,
     /// A statement's CPU time inside syscalls split out of `user` (a program at every syscall of the host).
     pub syscall_cpu: bool,
+    /// The busiest programs' runs timed and counted by what they were (`Followed::run_costs`).
+    pub run_costs: bool,
     /// The connection to the server for the texts of statements prepared before tracing (its process list and
     /// tables, and calibrating the execution probe on statements of myprobe's own); `None`: never connect.
     pub connect: Option<ConnectArgs>,
@@ -97,6 +99,7 @@ impl FollowOptions {
             frame_pointers: false,
             wait_sites: true,
             syscall_cpu: false,
+            run_costs: false,
             connect,
             sampling: SampleEvery::Every(1),
             max_cpu_pct: AUTO_CPU_PER_MILLE as f64 / 10.0,
@@ -225,6 +228,8 @@ pub struct Followed {
     pub scale: f64,
     /// The wait sites whose cause their name does not say, with it (`SiteNames::causes`).
     pub site_causes: Vec<(String, Cause)>,
+    /// With `FollowOptions::run_costs`: what the busiest programs' runs were, and cost.
+    pub run_costs: Vec<collect::queries::RunCost>,
 }
 
 impl Followed {
@@ -506,6 +511,7 @@ pub fn follow(
         wait_sites: a.wait_sites,
         syscall_cpu: a.syscall_cpu,
         min_statement_ns: a.min_statement_ns,
+        run_costs: a.run_costs,
     };
     let attached = || {
         attached();
@@ -818,6 +824,7 @@ impl<E: FnMut(QueryRecord), L: FnMut(collect::Lost)> Stages<'_, E, L> {
             forgotten_conns: self.tracker.forgotten_conns,
             scale: traced.scale,
             site_causes: self.sites.causes(),
+            run_costs: traced.run_costs,
         }
     }
 }
