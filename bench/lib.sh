@@ -16,7 +16,7 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 # median [VALUE...]: median of the numeric arguments, "n/a" if none
 median() {
-    printf '%s\n' "$@" | awk '/^[0-9.]+$/ { v[n++] = $1 }
+    printf '%s\n' "$@" | awk '/^-?[0-9.]+$/ { v[n++] = $1 }
         END {
             if (n == 0) { print "n/a"; exit }
             for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
