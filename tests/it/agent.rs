@@ -723,15 +723,17 @@ fn a_long_run_closes_only_what_it_owns_and_stays_flat() {
     // 13 to 26 MiB are allocated, and after a restart up to 30 MiB more, as the two arenas hold the new server's
     // tables and objects beside what the one before left free in pieces. Most runs' second restart adds nothing
     // to that, but one in three added 10 to 15 MiB (40 then 53 and 55 MiB; the same with the build before
-    // 2e4da13): each restart is held to what the first may add, which a leak of 40 MiB a restart does not pass.
+    // 2e4da13). The first restart once added 36 MiB (16.4 then 52.4, the second 50.7) where the same code had
+    // passed: each restart is held to 40 MiB, which a leak of 40 MiB a restart does not pass (the arenas' own
+    // 20 to 36 MiB come on top of it).
     eprintln!(
         "anonymous RSS after the second restart {:.1} MiB",
         median_mib(&last)
     );
     assert!(
         median_mib(late) <= median_mib(early) * 1.1 + 8.0
-            && median_mib(&after) <= median_mib(&before) + 32.0
-            && median_mib(&last) <= median_mib(&after) + 32.0,
+            && median_mib(&after) <= median_mib(&before) + 40.0
+            && median_mib(&last) <= median_mib(&after) + 40.0,
         "RSS grew: {before:?} then {after:?} then {last:?}"
     );
     drop(third);
