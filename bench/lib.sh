@@ -11,6 +11,9 @@ bpf_programs() {
             "\(.id) \(.name) \(.run_time_ns // 0) \(.run_cnt // 0)"'
 }
 
+# questions DIR: the statements the server of scripts/testdb's DIR has run so far (its status' Questions)
+questions() { scripts/testdb sql "$1" "SHOW GLOBAL STATUS LIKE 'Questions'" -N -B | awk '{ print $2 }'; }
+
 # cpu_ticks PID: user + system clock ticks of a process so far
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 

@@ -1,7 +1,7 @@
 //! Each sample's statement (src/bpf/statement.h): the BPF side reads, at the moment of an event, which statement
 //! the thread runs from the server's own memory, and labels the event by the statement's text, hashed without its
-//! literals (or, where it could not be read, by when it began) and its connection; each text and each thread's connection go to user space once.
-//! Here: where each server keeps its statements
+//! literals (or, where it could not be read, by when it began) and its connection; each text and each thread's
+//! connection go to user space once. Here: where each server keeps its statements
 //! ([`StatementLabels`], written to the kernel for each process traced; found by a [`StatementSource`] of a layer
 //! above, `sessions::statements`), and the labels turned into statements people read ([`Resolver`]: fingerprint,
 //! connection, user, database).
@@ -404,6 +404,7 @@ impl Resolver {
             }
         };
         let now = Instant::now();
+        // A hashed label names its statement on any thread.
         let tid = if label & HASHED != 0 { 0 } else { tid as u32 };
         if !self.texts.contains_key(&(pid, tid, label)) {
             *self
@@ -411,11 +412,10 @@ impl Resolver {
                 .entry(Arc::clone(&fingerprint))
                 .or_default() += 1;
         }
-        if label & HASHED != 0 {
-            self.texts.insert((pid, 0, label), (fingerprint, None));
-        } else {
-            self.texts
-                .insert((pid, tid, label), (fingerprint, Some(now)));
+        let by_start = label & HASHED == 0;
+        self.texts
+            .insert((pid, tid, label), (fingerprint, by_start.then_some(now)));
+        if by_start {
             self.latest.insert((pid, tid), label);
         }
         self.prune(now);

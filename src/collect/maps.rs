@@ -177,7 +177,7 @@ fn batches(map: &dyn MapCore, delete: bool, f: &mut dyn FnMut(&[u8], &[u8])) -> 
     }
 }
 
-/// Calls `f(key, values)` for every entry of a per-CPU hash map, typed, with one value per possible CPU. The
+/// Calls `f(key, values)` for every entry of a per-CPU hash or array map, typed, with one value per possible CPU. The
 /// kernel has no batch lookup that libbpf-rs offers for these maps: one key at a time (entries removed
 /// meanwhile are skipped).
 pub fn for_each_per_cpu<K: Plain, V: Plain>(map: &dyn MapCore, mut f: impl FnMut(K, Vec<V>)) {

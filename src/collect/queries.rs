@@ -9,13 +9,11 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use libbpf_rs::{
-    skel::Skel, Link, MapCore, MapFlags, ProgramAttachType, UprobeMultiOpts, UprobeOpts,
-};
+use libbpf_rs::{skel::Skel, Link, MapCore, ProgramAttachType, UprobeMultiOpts, UprobeOpts};
 
 use super::{
     lifecycle::{self, End, Lifecycle, Step},
-    maps::{read_exact, read_prefix, read_prefix_into, Plain},
+    maps::{for_each_per_cpu, read_exact, read_prefix, read_prefix_into, Plain},
     periods::SamplePeriods,
     ring,
     skeleton::{attach_by_section, decode_stack, stack_skeleton, StackSkeleton},
@@ -879,29 +877,25 @@ pub struct RunCost {
 /// The per-CPU table of src/bpf/run_costs.h, summed over the CPUs; the (program, outcome) never run left out.
 fn read_run_costs(map: &dyn MapCore) -> Vec<RunCost> {
     let mut costs = Vec::new();
-    for (p, program) in RUN_COST_PROGRAMS.iter().enumerate() {
-        for (o, outcome) in RUN_OUTCOMES.iter().enumerate() {
-            let key = ((p * RUN_OUTCOMES.len() + o) as u32).to_ne_bytes();
-            let Ok(Some(per_cpu)) = map.lookup_percpu(&key, MapFlags::ANY) else {
-                continue;
-            };
-            let (mut runs, mut ns) = (0u64, 0u64);
-            for v in &per_cpu {
-                if let Some(c) = read_exact::<run_cost>(v) {
-                    runs += c.runs;
-                    ns += c.ns;
-                }
-            }
-            if runs > 0 {
-                costs.push(RunCost {
-                    program,
-                    outcome,
-                    runs,
-                    ns,
-                });
-            }
+    for_each_per_cpu::<u32, run_cost>(map, |k, per_cpu| {
+        let k = k as usize;
+        let (Some(&program), Some(&outcome)) = (
+            RUN_COST_PROGRAMS.get(k / RUN_OUTCOMES.len()),
+            RUN_OUTCOMES.get(k % RUN_OUTCOMES.len()),
+        ) else {
+            return;
+        };
+        let runs = per_cpu.iter().map(|c| c.runs).sum();
+        let ns = per_cpu.iter().map(|c| c.ns).sum();
+        if runs > 0 {
+            costs.push(RunCost {
+                program,
+                outcome,
+                runs,
+                ns,
+            });
         }
-    }
+    });
     costs
 }
 

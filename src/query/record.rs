@@ -330,7 +330,7 @@ impl QueryRecord {
     /// Hides the literals of the statements its waits' holders ran, which the server gave as they were.
     pub fn hide_holders_literals(&mut self) {
         for h in self.waits.iter_mut().filter_map(|w| w.holder.as_mut()) {
-            h.statement = h.statement.take().map(|s| shown_text(s, false));
+            h.statement = h.statement.take().map(|s| shown_text(&s, false));
         }
     }
 
@@ -554,18 +554,26 @@ pub enum Learned {
 impl QueryRecord {
     /// Gives this record, an execution of a statement whose text went by unseen, the text learned for it.
     pub fn name_statement(&mut self, text: &str, raw_sql: bool) {
-        self.fingerprint = Some(fingerprint::fingerprint(text).into());
-        self.query = Some(shown_text(text.to_string(), raw_sql).into());
+        let (fingerprint, query) = fingerprint_and_shown(text, raw_sql);
+        (self.fingerprint, self.query) = (Some(fingerprint), Some(query));
     }
 }
 
 /// A statement's text as records show it: literals hidden unless raw SQL is asked for.
-pub fn shown_text(text: String, raw_sql: bool) -> String {
+pub fn shown_text(text: &str, raw_sql: bool) -> String {
     if raw_sql {
-        text
+        text.to_string()
     } else {
-        fingerprint::normalize(&text)
+        fingerprint::normalize(text)
     }
+}
+
+/// A statement's fingerprint, and its text as records show it.
+pub fn fingerprint_and_shown(text: &str, raw_sql: bool) -> (Text, Text) {
+    (
+        fingerprint::fingerprint(text).into(),
+        shown_text(text, raw_sql).into(),
+    )
 }
 
 /// The connection that holds what a statement waits for, as the server said while it waited.
@@ -651,10 +659,7 @@ impl Holder {
                     .command_s
                     .map(|s| format!(" for {s} s"))
                     .unwrap_or_default();
-                format!(
-                    "{who}, running{running}: {}",
-                    shown_text(statement.clone(), false)
-                )
+                format!("{who}, running{running}: {}", shown_text(statement, false))
             }
             _ if self.released => format!("{who}, which let it go"),
             _ => who,
@@ -674,7 +679,7 @@ impl Holder {
             .iter()
             .map(|r| {
                 let at = r.ended.get(11..19).unwrap_or(&r.ended);
-                format!("{} (ended {at})", shown_text(r.statement.clone(), false))
+                format!("{} (ended {at})", shown_text(&r.statement, false))
             })
             .collect();
         format!(

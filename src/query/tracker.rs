@@ -8,14 +8,11 @@ use std::{collections::HashMap, sync::Arc};
 use rustc_hash::FxHashMap;
 
 use super::record::{
-    dispatch_fd, realtime_offset_ns, shown_text, Learned, QueryRecord, StatementKey, Text,
-    TimeParts, Timestamp, WaitSlot,
+    dispatch_fd, fingerprint_and_shown, realtime_offset_ns, Learned, QueryRecord, StatementKey,
+    Text, TimeParts, Timestamp, WaitSlot,
 };
 use crate::collect::queries::{Counters, RawStatement, Wire};
-use crate::wire::{
-    fingerprint,
-    protocol::{self, Reply},
-};
+use crate::wire::protocol::{self, Reply};
 
 /// The fingerprint of executions of a statement prepared before tracing began, followed by ` #<statement id>`.
 pub const UNKNOWN_PREPARED: &str = "statement prepared before tracing";
@@ -215,9 +212,10 @@ struct Prepared {
 
 impl Prepared {
     fn of(text: &str, raw_sql: bool, truncated: bool) -> Self {
+        let (fingerprint, query) = fingerprint_and_shown(text, raw_sql);
         Prepared {
-            fingerprint: fingerprint::fingerprint(text).into(),
-            query: Some(shown_text(text.to_string(), raw_sql).into()),
+            fingerprint,
+            query: Some(query),
             truncated,
         }
     }
@@ -332,12 +330,7 @@ impl ShownTexts {
         if self.by_text.len() >= SHOWN_TEXTS_KEPT {
             self.by_text.clear();
         }
-        let fingerprint: Text = fingerprint::fingerprint(&text).into();
-        let shown: Text = if raw_sql {
-            text.as_str().into()
-        } else {
-            fingerprint::normalize(&text).into()
-        };
+        let (fingerprint, shown) = fingerprint_and_shown(&text, raw_sql);
         self.by_text
             .insert(text, (Arc::clone(&fingerprint), Arc::clone(&shown)));
         (fingerprint, shown)
